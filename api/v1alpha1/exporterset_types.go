@@ -1,0 +1,195 @@
+package v1alpha1
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Well-known label keys and condition types of ExporterSets.
+const (
+	// LeaseLabel marks a pod as leased. Its value names the holder. A client
+	// claims a Ready, unleased pod by adding it (see docs/exporterset.md) and
+	// releases the pod by removing the label or deleting the pod.
+	LeaseLabel = "qemu-kubelet.io/leased-by"
+	// UsedLabel is the durable mark a claim leaves behind: a pod that carries
+	// it without LeaseLabel has been leased and released. With the Replace
+	// policy such a pod is deleted; with Reuse the controller removes the
+	// mark and hands the pod out again.
+	UsedLabel = "qemu-kubelet.io/used"
+	// TemplateHashLabel holds the hash of the pod template a pod was created
+	// from; pods whose hash differs from the set's current one are rolled.
+	TemplateHashLabel = "qemu-kubelet.io/template-hash"
+
+	// ConditionAvailable is True when the set has at least its target number
+	// of Ready pods and its warm buffer of Ready unleased pods.
+	ConditionAvailable = "Available"
+	// ConditionProgressing is True while pods are being created, deleted or
+	// rolled towards the target.
+	ConditionProgressing = "Progressing"
+	// ConditionReplicaFailure is True when pods cannot be created or keep
+	// failing to start; the reason names the failure (e.g. ImagePullBackOff).
+	ConditionReplicaFailure = "ReplicaFailure"
+)
+
+// RecyclePolicy says what happens to a pod whose lease ended.
+// +kubebuilder:validation:Enum=Replace;Reuse
+type RecyclePolicy string
+
+const (
+	// RecyclePolicyReplace deletes a released pod; a fresh one refills the
+	// buffer. A used pod is never handed out again.
+	RecyclePolicyReplace RecyclePolicy = "Replace"
+	// RecyclePolicyReuse returns a released pod to the warm buffer.
+	RecyclePolicyReuse RecyclePolicy = "Reuse"
+)
+
+// ExporterSetSpec is the desired state of an ExporterSet.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.maxReplicas) || !has(self.minAvailable) || self.minAvailable <= self.maxReplicas",message="spec.minAvailable must not exceed spec.maxReplicas"
+// +kubebuilder:validation:XValidation:rule="!has(self.maxReplicas) || !has(self.replicas) || self.replicas <= self.maxReplicas",message="spec.replicas must not exceed spec.maxReplicas"
+// +kubebuilder:validation:XValidation:rule="!has(self.selector.matchLabels) || self.selector.matchLabels.all(k, has(self.template.metadata) && has(self.template.metadata.labels) && k in self.template.metadata.labels && self.template.metadata.labels[k] == self.selector.matchLabels[k])",message="spec.template.metadata.labels must contain every spec.selector.matchLabels entry"
+type ExporterSetSpec struct {
+	// Replicas is the baseline number of pods. The scale subresource
+	// (kubectl scale, HPA, KEDA) sets this field. The controller keeps
+	// max(replicas, leased + minAvailable) pods, capped by maxReplicas.
+	// +optional
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=0
+	Replicas *int32 `json:"replicas,omitempty"`
+
+	// MinAvailable is the warm buffer: the number of unleased pods kept on top
+	// of the leased ones, so that a lease is served at once by a booted pod.
+	// +optional
+	// +kubebuilder:default=0
+	// +kubebuilder:validation:Minimum=0
+	MinAvailable *int32 `json:"minAvailable,omitempty"`
+
+	// MaxReplicas, when set, caps the number of pods the set creates, whatever
+	// replicas and minAvailable ask for. Leased pods are never deleted to meet
+	// it.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	MaxReplicas *int32 `json:"maxReplicas,omitempty"`
+
+	// Selector selects the set's pods. It must match the template's labels
+	// and cannot change after creation.
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.selector is immutable"
+	// +kubebuilder:validation:XValidation:rule="(has(self.matchLabels) && size(self.matchLabels) > 0) || (has(self.matchExpressions) && size(self.matchExpressions) > 0)",message="spec.selector must not be empty"
+	Selector *metav1.LabelSelector `json:"selector"`
+
+	// Template describes the pods the set creates. Changing it rolls the
+	// set: unleased pods are replaced first, leased ones after release.
+	Template corev1.PodTemplateSpec `json:"template"`
+
+	// RecyclePolicy says what happens to a pod whose lease ended: Replace
+	// (default) deletes it and a fresh pod refills the buffer; Reuse returns
+	// it to the buffer.
+	// +optional
+	// +kubebuilder:default=Replace
+	RecyclePolicy RecyclePolicy `json:"recyclePolicy,omitempty"`
+
+	// ScaleDownCooldown is how long the set must have had more pods than its
+	// target before unleased pods are deleted to scale down. It avoids
+	// deleting warm pods that a burst of leases would need again. Replacing
+	// released, failed or outdated pods does not wait for it.
+	// +optional
+	// +kubebuilder:default="30s"
+	ScaleDownCooldown *metav1.Duration `json:"scaleDownCooldown,omitempty"`
+}
+
+// ExporterSetStatus is the observed state of an ExporterSet.
+type ExporterSetStatus struct {
+	// Replicas is the number of pods the set owns that are neither
+	// terminating nor finished. The scale subresource reads it.
+	// +optional
+	Replicas int32 `json:"replicas"`
+
+	// DesiredReplicas is the effective target:
+	// max(replicas, leased + minAvailable), capped by maxReplicas.
+	// +optional
+	DesiredReplicas int32 `json:"desiredReplicas"`
+
+	// ReadyReplicas is the number of pods with a Ready condition.
+	// +optional
+	ReadyReplicas int32 `json:"readyReplicas"`
+
+	// AvailableReplicas is the number of Ready pods that are not leased and
+	// not waiting to be recycled: the warm buffer clients can claim.
+	// +optional
+	AvailableReplicas int32 `json:"availableReplicas"`
+
+	// LeasedReplicas is the number of pods that carry the lease label.
+	// +optional
+	LeasedReplicas int32 `json:"leasedReplicas"`
+
+	// UpdatedReplicas is the number of pods created from the current template.
+	// +optional
+	UpdatedReplicas int32 `json:"updatedReplicas"`
+
+	// Selector is the label selector of the pods in string form, for the
+	// scale subresource (HPA).
+	// +optional
+	Selector string `json:"selector,omitempty"`
+
+	// ObservedGeneration is the generation of the spec this status reflects.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// ScaleDownPendingSince is when the set first had more pods than its
+	// target; scale-down happens once scaleDownCooldown has passed since.
+	// +optional
+	ScaleDownPendingSince *metav1.Time `json:"scaleDownPendingSince,omitempty"`
+
+	// ConsecutiveFailures counts pods that failed since a pod last became
+	// Ready; replacements of failed pods back off exponentially with it.
+	// +optional
+	ConsecutiveFailures int32 `json:"consecutiveFailures,omitempty"`
+
+	// LastFailureTime is when a failed pod was last seen.
+	// +optional
+	LastFailureTime *metav1.Time `json:"lastFailureTime,omitempty"`
+
+	// Conditions are Available, Progressing and ReplicaFailure.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// ExporterSet keeps a number of pods (virtual test targets) and a warm buffer
+// of Ready, unleased ones. Clients lease a pod by labelling it; the set grows
+// to keep the buffer and recycles released pods.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:shortName=exs,categories=all
+// +kubebuilder:subresource:status
+// +kubebuilder:subresource:scale:specpath=.spec.replicas,statuspath=.status.replicas,selectorpath=.status.selector
+// +kubebuilder:printcolumn:name="Desired",type=integer,JSONPath=`.status.desiredReplicas`,description="Effective target: max(replicas, leased + minAvailable), capped by maxReplicas"
+// +kubebuilder:printcolumn:name="Current",type=integer,JSONPath=`.status.replicas`,description="Pods owned by the set"
+// +kubebuilder:printcolumn:name="Ready",type=integer,JSONPath=`.status.readyReplicas`,description="Ready pods"
+// +kubebuilder:printcolumn:name="Available",type=integer,JSONPath=`.status.availableReplicas`,description="Ready, unleased pods"
+// +kubebuilder:printcolumn:name="Leased",type=integer,JSONPath=`.status.leasedReplicas`,description="Leased pods"
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type ExporterSet struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// Spec is the desired state.
+	Spec ExporterSetSpec `json:"spec"`
+	// Status is the observed state, written by the controller.
+	// +optional
+	Status ExporterSetStatus `json:"status,omitempty"`
+}
+
+// ExporterSetList is a list of ExporterSets.
+//
+// +kubebuilder:object:root=true
+type ExporterSetList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []ExporterSet `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&ExporterSet{}, &ExporterSetList{})
+}
