@@ -1,0 +1,193 @@
+package qemu
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// AccelPolicy is the caller's choice of accelerator.
+type AccelPolicy string
+
+const (
+	// AccelRequireKVM fails when KVM does not run guest code.
+	AccelRequireKVM AccelPolicy = "require-kvm"
+	// AccelPreferKVM uses KVM when it runs guest code, TCG otherwise.
+	AccelPreferKVM AccelPolicy = "prefer-kvm"
+	// AccelTCGOnly never tries KVM.
+	AccelTCGOnly AccelPolicy = "tcg"
+)
+
+// Accelerator is the accelerator a VM runs with.
+type Accelerator string
+
+const (
+	AccelKVM Accelerator = "kvm"
+	AccelTCG Accelerator = "tcg"
+)
+
+// DefaultQEMUBinary is the x86_64 system emulator looked up in $PATH.
+const DefaultQEMUBinary = "qemu-system-x86_64"
+
+// ProbeOptions configures ProbeAccelerator.
+type ProbeOptions struct {
+	// QEMUBinary defaults to qemu-system-x86_64.
+	QEMUBinary string
+	// Policy defaults to AccelPreferKVM.
+	Policy AccelPolicy
+	// Timeout bounds the KVM probe VM (default 10s). A KVM that works runs
+	// the probe guest in well under a second.
+	Timeout time.Duration
+	// WorkDir holds the probe's boot sector; default a fresh temp dir,
+	// removed afterwards.
+	WorkDir string
+}
+
+// ProbeResult is the decision and why.
+type ProbeResult struct {
+	Accelerator Accelerator
+	// Reason is for humans, e.g. "KVM probe failed: ...; falling back to TCG".
+	Reason string
+	// KVMError is why KVM was not usable ("" when KVM works or was not tried).
+	KVMError string
+	// KVMProbeDuration is how long the KVM probe VM took (0 when not tried).
+	KVMProbeDuration time.Duration
+}
+
+// probeExitValue is written by the probe guest to isa-debug-exit; QEMU then
+// exits with (value<<1)|1.
+const (
+	probeExitValue = 0x31
+	probeExitCode  = probeExitValue<<1 | 1 // 99
+)
+
+// probeBootSector is a 512-byte real-mode boot sector: mov al,0x31;
+// out 0xf4,al (isa-debug-exit); hlt; jmp $. It proves the firmware ran and
+// handed control to guest code, and that guest I/O reaches QEMU.
+func probeBootSector() []byte {
+	b := make([]byte, 512)
+	copy(b, []byte{0xb0, probeExitValue, 0xe6, 0xf4, 0xf4, 0xeb, 0xfe})
+	b[510], b[511] = 0x55, 0xaa
+	return b
+}
+
+// ProbeAccelerator decides KVM vs TCG by actually starting a tiny VM under
+// KVM: firmware boots a boot sector that signals through isa-debug-exit, so a
+// /dev/kvm that opens but cannot run guest code (nested virtualization, as on
+// some CI machines) is detected. Under AccelRequireKVM a failed KVM probe is
+// an error naming why; under AccelTCGOnly KVM is not tried.
+func ProbeAccelerator(ctx context.Context, opts ProbeOptions) (ProbeResult, error) {
+	if opts.QEMUBinary == "" {
+		opts.QEMUBinary = DefaultQEMUBinary
+	}
+	if opts.Policy == "" {
+		opts.Policy = AccelPreferKVM
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = 10 * time.Second
+	}
+	switch opts.Policy {
+	case AccelTCGOnly:
+		return ProbeResult{Accelerator: AccelTCG, Reason: "accelerator policy is tcg; KVM not tried"}, nil
+	case AccelPreferKVM, AccelRequireKVM:
+	default:
+		return ProbeResult{}, fmt.Errorf("unknown accelerator policy %q (want %q, %q or %q)", opts.Policy, AccelRequireKVM, AccelPreferKVM, AccelTCGOnly)
+	}
+	start := time.Now()
+	kvmErr := probeKVM(ctx, opts)
+	took := time.Since(start)
+	if kvmErr == nil {
+		return ProbeResult{Accelerator: AccelKVM, Reason: fmt.Sprintf("KVM probe VM ran guest code in %s", took.Round(time.Millisecond)), KVMProbeDuration: took}, nil
+	}
+	if ctx.Err() != nil {
+		return ProbeResult{}, fmt.Errorf("probe KVM: %w", ctx.Err())
+	}
+	res := ProbeResult{KVMError: kvmErr.Error(), KVMProbeDuration: took}
+	if opts.Policy == AccelRequireKVM {
+		return res, fmt.Errorf("accelerator policy require-kvm: KVM probe failed: %w", kvmErr)
+	}
+	res.Accelerator = AccelTCG
+	res.Reason = fmt.Sprintf("KVM probe failed: %s; falling back to TCG", kvmErr)
+	return res, nil
+}
+
+func probeKVM(ctx context.Context, opts ProbeOptions) error {
+	f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("open /dev/kvm: %w", err)
+	}
+	f.Close()
+
+	dir := opts.WorkDir
+	if dir == "" {
+		dir, err = os.MkdirTemp("", "qk-kvm-probe-")
+		if err != nil {
+			return fmt.Errorf("create probe dir: %w", err)
+		}
+		defer os.RemoveAll(dir)
+	} else if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create probe dir %s: %w", dir, err)
+	}
+	img := filepath.Join(dir, "kvm-probe-boot.img")
+	if err := os.WriteFile(img, probeBootSector(), 0o600); err != nil {
+		return fmt.Errorf("write probe boot sector: %w", err)
+	}
+	defer os.Remove(img)
+
+	pctx, cancel := context.WithTimeout(ctx, opts.Timeout)
+	defer cancel()
+	cmd := exec.CommandContext(pctx, opts.QEMUBinary,
+		"-accel", "kvm", "-machine", "pc", "-cpu", "host",
+		"-nodefaults", "-no-user-config", "-display", "none", "-m", "16",
+		"-drive", "file="+img+",format=raw,if=floppy,readonly=on",
+		"-device", "isa-debug-exit,iobase=0xf4,iosize=0x04",
+		"-no-reboot")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 2 * time.Second
+	err = cmd.Run()
+	msg := strings.TrimSpace(stderr.String())
+	var ee *exec.ExitError
+	switch {
+	case pctx.Err() != nil && ctx.Err() == nil:
+		return fmt.Errorf("KVM guest did not run its probe code within %s (QEMU stderr: %q)", opts.Timeout, msg)
+	case err == nil:
+		return fmt.Errorf("QEMU under KVM exited 0 without the probe guest signalling (stderr: %q)", msg)
+	case errors.As(err, &ee) && ee.ExitCode() == probeExitCode:
+		return nil
+	default:
+		return fmt.Errorf("QEMU under KVM failed: %v (stderr: %q)", err, msg)
+	}
+}
+
+var versionRE = regexp.MustCompile(`version (\d+\.\d+(?:\.\d+)?)`)
+
+// Version returns the QEMU version, e.g. "7.2.22", from `<binary> --version`.
+func Version(ctx context.Context, qemuBinary string) (string, error) {
+	if qemuBinary == "" {
+		qemuBinary = DefaultQEMUBinary
+	}
+	out, err := exec.CommandContext(ctx, qemuBinary, "--version").Output()
+	if err != nil {
+		return "", fmt.Errorf("run %s --version: %w", qemuBinary, err)
+	}
+	return parseVersion(string(out))
+}
+
+func parseVersion(out string) (string, error) {
+	m := versionRE.FindStringSubmatch(out)
+	if m == nil {
+		return "", fmt.Errorf("no version in QEMU output %q", strings.TrimSpace(out))
+	}
+	return m[1], nil
+}
