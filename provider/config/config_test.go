@@ -1,0 +1,198 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+)
+
+const header = "apiVersion: qemu-kubelet.io/v1alpha1\nkind: NodeConfiguration\n"
+
+var env = Environment{Hostname: "Host-A", HostIP: "10.0.0.5"}
+
+func TestDecode(t *testing.T) {
+	tests := []struct {
+		name    string
+		in      string
+		wantErr []string // substrings; empty = success
+	}{
+		{name: "minimal", in: header},
+		{name: "json", in: `{"apiVersion":"qemu-kubelet.io/v1alpha1","kind":"NodeConfiguration","maxVMs":3}`},
+		{name: "empty file", in: "", wantErr: []string{"empty file"}},
+		{name: "wrong kind", in: "apiVersion: qemu-kubelet.io/v1alpha1\nkind: KubeletConfiguration\n", wantErr: []string{`kind "KubeletConfiguration"`, Kind}},
+		{name: "missing apiVersion", in: "kind: NodeConfiguration\n", wantErr: []string{`apiVersion ""`}},
+		{name: "unknown top-level field", in: header + "maxVM: 3\n", wantErr: []string{`unknown field "maxVM"`}},
+		{name: "unknown nested field", in: header + "reserved: {memory: 1Gi}\nserver:\n  prot: 1\n", wantErr: []string{`unknown field "server.prot"`}},
+		{name: "unknown taint field", in: header + "taints:\n- key: a\n  effect: NoSchedule\n  colour: red\n", wantErr: []string{`unknown field "taints[0].colour"`}},
+		{name: "duplicate field", in: header + "maxVMs: 3\nmaxVMs: 4\n", wantErr: []string{"maxVMs"}},
+		{name: "wrong type names field", in: header + "maxVMs: many\n", wantErr: []string{"maxVMs"}},
+		{name: "bad yaml", in: header + "labels: [\n", wantErr: []string{"parse YAML"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Decode([]byte(tt.in))
+			if len(tt.wantErr) == 0 {
+				require.NoError(t, err)
+				assert.Equal(t, APIVersion, c.APIVersion)
+				return
+			}
+			require.Error(t, err)
+			for _, w := range tt.wantErr {
+				assert.Contains(t, err.Error(), w)
+			}
+		})
+	}
+}
+
+func TestLoadNamesFile(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "node.yaml")
+	require.NoError(t, os.WriteFile(p, []byte(header+"bogus: 1\n"), 0o600))
+	_, err := Load(p)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), p)
+	assert.Contains(t, err.Error(), `unknown field "bogus"`)
+
+	_, err = Load(filepath.Join(t.TempDir(), "missing.yaml"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "missing.yaml")
+}
+
+func TestResolveDefaults(t *testing.T) {
+	c, err := Decode([]byte(header))
+	require.NoError(t, err)
+	n, err := Resolve(c, env)
+	require.NoError(t, err)
+
+	assert.Equal(t, "host-a", n.NodeName)
+	assert.Equal(t, "Host-A", n.Hostname)
+	assert.Equal(t, "10.0.0.5", n.NodeIP)
+	assert.Equal(t, DefaultStateDir, n.StateDir)
+	assert.Equal(t, DefaultQEMUBinary(), n.QEMUBinary)
+	assert.Equal(t, int32(DefaultMaxVMs), n.MaxVMs)
+	assert.Equal(t, 1.0, n.CPUOvercommit)
+	assert.Equal(t, 1.0, n.MemoryOvercommit)
+	assert.Equal(t, PolicyPreferKVM, n.AcceleratorPolicy)
+	assert.Equal(t, 30*time.Second, n.ProbeTimeout)
+	assert.Equal(t, DefaultTaints(), n.Taints)
+	assert.Equal(t, "0.0.0.0", n.ListenAddress)
+	assert.Equal(t, int32(10250), n.Port)
+	assert.Equal(t, 10*time.Second, n.StatusUpdateFrequency)
+	assert.Equal(t, Threshold{Amount: 100 << 20}, n.MemoryAvailable)
+	assert.Equal(t, Threshold{Percent: 10, IsPercent: true}, n.DiskAvailable)
+	assert.Equal(t, Threshold{Percent: 5, IsPercent: true}, n.PIDAvailable)
+	mem := n.Reserved[corev1.ResourceMemory]
+	assert.Equal(t, int64(512<<20), mem.Value())
+
+	// Resolve does not modify its input.
+	assert.Empty(t, c.NodeName)
+	assert.Nil(t, c.Taints)
+}
+
+func TestResolveExplicit(t *testing.T) {
+	c, err := Decode([]byte(header + `
+nodeName: vm-host-1
+nodeIP: 127.0.0.1
+stateDir: /srv/qk
+qemuBinary: /opt/qemu/bin/qemu-system-x86_64
+maxVMs: 7
+reserved: {cpu: 0.5, memory: 2Gi}
+overcommit: {cpu: 4, memory: 1.5}
+accelerator: {policy: tcg, probeTimeout: 5s}
+taints: []
+labels: {pool: ci}
+server: {address: 127.0.0.1, port: 11250, tlsCertFile: /c.pem, tlsPrivateKeyFile: /k.pem}
+nodeStatusUpdateFrequency: 2s
+pressure: {memoryAvailable: "0", diskAvailable: 5Gi, pidAvailable: 1000}
+`))
+	require.NoError(t, err)
+	n, err := Resolve(c, env)
+	require.NoError(t, err)
+	assert.Equal(t, "vm-host-1", n.NodeName)
+	assert.Equal(t, int32(7), n.MaxVMs)
+	assert.Empty(t, n.Taints, "an explicit empty list means no taint")
+	assert.NotNil(t, n.Taints)
+	assert.Equal(t, 4.0, n.CPUOvercommit)
+	assert.Equal(t, 1.5, n.MemoryOvercommit)
+	assert.Equal(t, PolicyTCG, n.AcceleratorPolicy)
+	assert.Equal(t, map[string]string{"pool": "ci"}, n.Labels)
+	assert.Equal(t, int32(11250), n.Port)
+	assert.Equal(t, "/c.pem", n.TLSCertFile)
+	cpu := n.Reserved[corev1.ResourceCPU]
+	assert.Equal(t, int64(500), cpu.MilliValue())
+	_, hasStorage := n.Reserved[corev1.ResourceEphemeralStorage]
+	assert.False(t, hasStorage, "an explicit reserved map replaces the default")
+	assert.False(t, n.MemoryAvailable.Crossed(0, 100), "0 disables")
+	assert.Equal(t, int64(1000), n.PIDAvailable.Amount)
+}
+
+func TestResolveValidation(t *testing.T) {
+	tests := []struct {
+		name string
+		body string
+		want []string
+	}{
+		{"negative reserved memory", "reserved: {memory: -1Gi}", []string{"reserved[memory]", "must not be negative"}},
+		{"bad reserved quantity", "reserved: {cpu: lots}", []string{"reserved[cpu]", `"lots"`, "resource quantity"}},
+		{"unsupported reserved resource", "reserved: {gpu: 1}", []string{"reserved[gpu]", "supported values"}},
+		{"zero max VMs", "maxVMs: 0", []string{"maxVMs", "between 1 and 10000"}},
+		{"bad node name", "nodeName: Bad_Name", []string{"nodeName", "Bad_Name"}},
+		{"bad node IP", "nodeIP: not-an-ip", []string{"nodeIP"}},
+		{"relative state dir", "stateDir: var/lib", []string{"stateDir", "absolute"}},
+		{"overcommit zero", "overcommit: {cpu: 0}", []string{"overcommit.cpu"}},
+		{"overcommit huge", "overcommit: {memory: 1000}", []string{"overcommit.memory"}},
+		{"bad policy", "accelerator: {policy: kvm-please}", []string{"accelerator.policy", "require-kvm"}},
+		{"bad probe timeout", "accelerator: {probeTimeout: soon}", []string{"accelerator.probeTimeout", "duration"}},
+		{"bad taint effect", "taints: [{key: a, effect: Sometimes}]", []string{"taints[0].effect"}},
+		{"bad taint key", "taints: [{key: 'a b', effect: NoSchedule}]", []string{"taints[0].key"}},
+		{"duplicate taint", "taints: [{key: a, effect: NoSchedule}, {key: a, value: b, effect: NoSchedule}]", []string{"taints[1]", "Duplicate"}},
+		{"bad label", "labels: {'x/y/z': v}", []string{"labels[x/y/z]"}},
+		{"bad port", "server: {port: 70000}", []string{"server.port"}},
+		{"bad address", "server: {address: localhost}", []string{"server.address"}},
+		{"cert without key", "server: {tlsCertFile: /c.pem}", []string{"server.tlsCertFile", "together"}},
+		{"too fast status", "nodeStatusUpdateFrequency: 10ms", []string{"nodeStatusUpdateFrequency", "at least 1s"}},
+		{"bad percent", "pressure: {diskAvailable: 150%}", []string{"pressure.diskAvailable", "percentage"}},
+		{"bad threshold", "pressure: {memoryAvailable: plenty}", []string{"pressure.memoryAvailable"}},
+		{"several errors listed", "maxVMs: -1\nserver: {port: 0}", []string{"maxVMs", "server.port"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Decode([]byte(header + tt.body + "\n"))
+			require.NoError(t, err)
+			_, err = Resolve(c, env)
+			require.Error(t, err)
+			for _, w := range tt.want {
+				assert.Contains(t, err.Error(), w)
+			}
+		})
+	}
+}
+
+func TestThreshold(t *testing.T) {
+	tests := []struct {
+		in               string
+		available, total int64
+		crossed          bool
+	}{
+		{"10%", 9, 100, true},
+		{"10%", 10, 100, false},
+		{"100Mi", 99 << 20, 1 << 40, true},
+		{"100Mi", 101 << 20, 1 << 40, false},
+		{"0", 0, 100, false},
+		{"0%", 0, 100, false},
+	}
+	for _, tt := range tests {
+		th, err := ParseThreshold(tt.in)
+		require.NoError(t, err, tt.in)
+		assert.Equal(t, tt.crossed, th.Crossed(tt.available, tt.total), "%s %d/%d", tt.in, tt.available, tt.total)
+		back, err := ParseThreshold(th.String())
+		require.NoError(t, err)
+		assert.Equal(t, th, back, "String round-trips")
+	}
+	_, err := ParseThreshold("-5Mi")
+	assert.Error(t, err)
+}

@@ -1,0 +1,381 @@
+package config
+
+import (
+	"fmt"
+	"maps"
+	"math"
+	"net"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+)
+
+// Defaults of the optional fields.
+const (
+	DefaultStateDir                                 = "/var/lib/qemu-kubelet"
+	DefaultMaxVMs                                   = 20
+	DefaultAcceleratorPolicy                        = PolicyPreferKVM
+	DefaultProbeTimeout                             = "30s"
+	DefaultServerAddress                            = "0.0.0.0"
+	DefaultServerPort                               = 10250
+	DefaultNodeStatusUpdateFrequency                = "10s"
+	DefaultMemoryAvailable           QuantityString = "100Mi"
+	DefaultDiskAvailable             QuantityString = "10%"
+	DefaultPIDAvailable              QuantityString = "5%"
+	// ProviderTaintKey is the key of the default taint.
+	ProviderTaintKey = "virtual-kubelet.io/provider"
+)
+
+// DefaultReserved is what is held back from capacity when reserved is absent.
+var DefaultReserved = map[string]QuantityString{"cpu": "0", "memory": "512Mi", "ephemeral-storage": "1Gi"}
+
+// DefaultTaints is the taint list registered when taints is absent.
+func DefaultTaints() []corev1.Taint {
+	return []corev1.Taint{{Key: ProviderTaintKey, Value: "qemu", Effect: corev1.TaintEffectNoSchedule}}
+}
+
+// DefaultQEMUBinary is the qemu-system binary for the host architecture.
+func DefaultQEMUBinary() string {
+	switch runtime.GOARCH {
+	case "arm64":
+		return "qemu-system-aarch64"
+	default:
+		return "qemu-system-x86_64"
+	}
+}
+
+// Environment carries the host facts defaults are derived from, so that
+// defaulting stays a pure function.
+type Environment struct {
+	// Hostname of the machine (default node name).
+	Hostname string
+	// HostIP is the default InternalIP.
+	HostIP string
+}
+
+// Node is the resolved, validated configuration: plain data with parsed
+// quantities and durations.
+type Node struct {
+	NodeName          string
+	NodeIP            string
+	Hostname          string
+	StateDir          string
+	QEMUBinary        string
+	MaxVMs            int32
+	Reserved          corev1.ResourceList
+	CPUOvercommit     float64
+	MemoryOvercommit  float64
+	AcceleratorPolicy string
+	ProbeTimeout      time.Duration
+	Taints            []corev1.Taint
+	Labels            map[string]string
+	ListenAddress     string
+	Port              int32
+	TLSCertFile       string
+	TLSKeyFile        string
+	// StatusUpdateFrequency is the period of host readings / status pushes.
+	StatusUpdateFrequency time.Duration
+	MemoryAvailable       Threshold
+	DiskAvailable         Threshold
+	PIDAvailable          Threshold
+}
+
+// Default fills the absent fields of c (in place) with their defaults.
+func Default(c *NodeConfiguration, env Environment) {
+	if c.NodeName == "" {
+		c.NodeName = strings.ToLower(env.Hostname)
+	}
+	if c.NodeIP == "" {
+		c.NodeIP = env.HostIP
+		if c.NodeIP == "" {
+			c.NodeIP = "127.0.0.1"
+		}
+	}
+	if c.StateDir == "" {
+		c.StateDir = DefaultStateDir
+	}
+	if c.QEMUBinary == "" {
+		c.QEMUBinary = DefaultQEMUBinary()
+	}
+	if c.MaxVMs == nil {
+		v := int32(DefaultMaxVMs)
+		c.MaxVMs = &v
+	}
+	if c.Reserved == nil {
+		c.Reserved = maps.Clone(DefaultReserved)
+	}
+	one := 1.0
+	if c.Overcommit.CPU == nil {
+		c.Overcommit.CPU = &one
+	}
+	if c.Overcommit.Memory == nil {
+		c.Overcommit.Memory = &one
+	}
+	if c.Accelerator.Policy == "" {
+		c.Accelerator.Policy = DefaultAcceleratorPolicy
+	}
+	if c.Accelerator.ProbeTimeout == "" {
+		c.Accelerator.ProbeTimeout = DefaultProbeTimeout
+	}
+	if c.Taints == nil {
+		c.Taints = DefaultTaints()
+	}
+	if c.Server.Address == "" {
+		c.Server.Address = DefaultServerAddress
+	}
+	if c.Server.Port == nil {
+		p := int32(DefaultServerPort)
+		c.Server.Port = &p
+	}
+	if c.NodeStatusUpdateFrequency == "" {
+		c.NodeStatusUpdateFrequency = DefaultNodeStatusUpdateFrequency
+	}
+	if c.Pressure.MemoryAvailable == "" {
+		c.Pressure.MemoryAvailable = DefaultMemoryAvailable
+	}
+	if c.Pressure.DiskAvailable == "" {
+		c.Pressure.DiskAvailable = DefaultDiskAvailable
+	}
+	if c.Pressure.PIDAvailable == "" {
+		c.Pressure.PIDAvailable = DefaultPIDAvailable
+	}
+}
+
+// Resolve defaults a copy of c, validates it and returns the parsed Node.
+// The error lists every invalid field with its path, one per line.
+func Resolve(c *NodeConfiguration, env Environment) (*Node, error) {
+	cc := *c
+	cc.Reserved = maps.Clone(c.Reserved)
+	cc.Labels = maps.Clone(c.Labels)
+	cc.Taints = slices.Clone(c.Taints)
+	Default(&cc, env)
+	n, errs := validate(&cc)
+	if len(errs) > 0 {
+		lines := make([]string, 0, len(errs))
+		for _, e := range errs {
+			lines = append(lines, e.Error())
+		}
+		return nil, fmt.Errorf("invalid configuration:\n  %s", strings.Join(lines, "\n  "))
+	}
+	n.Hostname = env.Hostname
+	if n.Hostname == "" {
+		n.Hostname = n.NodeName
+	}
+	return n, nil
+}
+
+func validate(c *NodeConfiguration) (*Node, field.ErrorList) {
+	var errs field.ErrorList
+	n := &Node{
+		NodeName:          c.NodeName,
+		NodeIP:            c.NodeIP,
+		StateDir:          c.StateDir,
+		QEMUBinary:        c.QEMUBinary,
+		MaxVMs:            *c.MaxVMs,
+		Reserved:          corev1.ResourceList{},
+		CPUOvercommit:     *c.Overcommit.CPU,
+		MemoryOvercommit:  *c.Overcommit.Memory,
+		AcceleratorPolicy: c.Accelerator.Policy,
+		Taints:            c.Taints,
+		Labels:            c.Labels,
+		ListenAddress:     c.Server.Address,
+		Port:              *c.Server.Port,
+		TLSCertFile:       c.Server.TLSCertFile,
+		TLSKeyFile:        c.Server.TLSPrivateKeyFile,
+	}
+
+	if c.NodeName == "" {
+		errs = append(errs, field.Required(field.NewPath("nodeName"), "no host name to default it from"))
+	} else {
+		for _, m := range validation.IsDNS1123Subdomain(c.NodeName) {
+			errs = append(errs, field.Invalid(field.NewPath("nodeName"), c.NodeName, m))
+		}
+	}
+	if net.ParseIP(c.NodeIP) == nil {
+		errs = append(errs, field.Invalid(field.NewPath("nodeIP"), c.NodeIP, "must be an IP address"))
+	}
+	if !filepath.IsAbs(c.StateDir) {
+		errs = append(errs, field.Invalid(field.NewPath("stateDir"), c.StateDir, "must be an absolute path"))
+	}
+	if n.MaxVMs < 1 || n.MaxVMs > 10000 {
+		errs = append(errs, field.Invalid(field.NewPath("maxVMs"), n.MaxVMs, "must be between 1 and 10000"))
+	}
+
+	resPath := field.NewPath("reserved")
+	for _, k := range slices.Sorted(maps.Keys(c.Reserved)) {
+		v := c.Reserved[k]
+		p := resPath.Key(k)
+		switch corev1.ResourceName(k) {
+		case corev1.ResourceCPU, corev1.ResourceMemory, corev1.ResourceEphemeralStorage:
+		default:
+			errs = append(errs, field.NotSupported(p, k, []string{"cpu", "memory", "ephemeral-storage"}))
+			continue
+		}
+		q, err := resource.ParseQuantity(string(v))
+		if err != nil {
+			errs = append(errs, field.Invalid(p, v, "must be a resource quantity such as 500m, 2 or 1Gi"))
+			continue
+		}
+		if q.Sign() < 0 {
+			errs = append(errs, field.Invalid(p, v, "must not be negative"))
+			continue
+		}
+		n.Reserved[corev1.ResourceName(k)] = q
+	}
+
+	ocPath := field.NewPath("overcommit")
+	for _, oc := range []struct {
+		name string
+		v    float64
+	}{{"cpu", n.CPUOvercommit}, {"memory", n.MemoryOvercommit}} {
+		name, v := oc.name, oc.v
+		if !(v > 0 && v <= 100) || math.IsNaN(v) {
+			errs = append(errs, field.Invalid(ocPath.Child(name), v, "must be a ratio greater than 0 and at most 100"))
+		}
+	}
+
+	accPath := field.NewPath("accelerator")
+	switch c.Accelerator.Policy {
+	case PolicyRequireKVM, PolicyPreferKVM, PolicyTCG:
+	default:
+		errs = append(errs, field.NotSupported(accPath.Child("policy"), c.Accelerator.Policy, []string{PolicyRequireKVM, PolicyPreferKVM, PolicyTCG}))
+	}
+	n.ProbeTimeout, errs = parseDuration(accPath.Child("probeTimeout"), c.Accelerator.ProbeTimeout, time.Second, errs)
+
+	taintsPath := field.NewPath("taints")
+	seen := map[string]bool{}
+	for i, t := range c.Taints {
+		p := taintsPath.Index(i)
+		for _, m := range validation.IsQualifiedName(t.Key) {
+			errs = append(errs, field.Invalid(p.Child("key"), t.Key, m))
+		}
+		if t.Value != "" {
+			for _, m := range validation.IsValidLabelValue(t.Value) {
+				errs = append(errs, field.Invalid(p.Child("value"), t.Value, m))
+			}
+		}
+		switch t.Effect {
+		case corev1.TaintEffectNoSchedule, corev1.TaintEffectPreferNoSchedule, corev1.TaintEffectNoExecute:
+		default:
+			errs = append(errs, field.NotSupported(p.Child("effect"), t.Effect, []string{"NoSchedule", "PreferNoSchedule", "NoExecute"}))
+		}
+		if t.TimeAdded != nil {
+			errs = append(errs, field.Forbidden(p.Child("timeAdded"), "is set by the API server"))
+		}
+		id := t.Key + ":" + string(t.Effect)
+		if seen[id] {
+			errs = append(errs, field.Duplicate(p, id))
+		}
+		seen[id] = true
+	}
+
+	labelsPath := field.NewPath("labels")
+	for _, k := range slices.Sorted(maps.Keys(c.Labels)) {
+		v := c.Labels[k]
+		for _, m := range validation.IsQualifiedName(k) {
+			errs = append(errs, field.Invalid(labelsPath.Key(k), k, m))
+		}
+		for _, m := range validation.IsValidLabelValue(v) {
+			errs = append(errs, field.Invalid(labelsPath.Key(k), v, m))
+		}
+	}
+
+	srvPath := field.NewPath("server")
+	if net.ParseIP(c.Server.Address) == nil {
+		errs = append(errs, field.Invalid(srvPath.Child("address"), c.Server.Address, "must be an IP address"))
+	}
+	if n.Port < 1 || n.Port > 65535 {
+		errs = append(errs, field.Invalid(srvPath.Child("port"), n.Port, "must be between 1 and 65535"))
+	}
+	if (n.TLSCertFile == "") != (n.TLSKeyFile == "") {
+		errs = append(errs, field.Invalid(srvPath.Child("tlsCertFile"), n.TLSCertFile, "tlsCertFile and tlsPrivateKeyFile must be set together (or both left empty for a generated self-signed pair)"))
+	}
+
+	n.StatusUpdateFrequency, errs = parseDuration(field.NewPath("nodeStatusUpdateFrequency"), c.NodeStatusUpdateFrequency, time.Second, errs)
+
+	prPath := field.NewPath("pressure")
+	n.MemoryAvailable, errs = parseThreshold(prPath.Child("memoryAvailable"), c.Pressure.MemoryAvailable, errs)
+	n.DiskAvailable, errs = parseThreshold(prPath.Child("diskAvailable"), c.Pressure.DiskAvailable, errs)
+	n.PIDAvailable, errs = parseThreshold(prPath.Child("pidAvailable"), c.Pressure.PIDAvailable, errs)
+	return n, errs
+}
+
+func parseDuration(p *field.Path, s string, min time.Duration, errs field.ErrorList) (time.Duration, field.ErrorList) {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, append(errs, field.Invalid(p, s, "must be a duration such as 10s or 1m"))
+	}
+	if d < min {
+		return 0, append(errs, field.Invalid(p, s, fmt.Sprintf("must be at least %s", min)))
+	}
+	return d, errs
+}
+
+func parseThreshold(p *field.Path, qs QuantityString, errs field.ErrorList) (Threshold, field.ErrorList) {
+	s := string(qs)
+	t, err := ParseThreshold(s)
+	if err != nil {
+		return t, append(errs, field.Invalid(p, s, err.Error()))
+	}
+	return t, errs
+}
+
+// Threshold is an "available" level: an absolute amount or a percentage of
+// the total. The zero Threshold is disabled.
+type Threshold struct {
+	// Amount in base units (bytes, or a count of PIDs).
+	Amount int64
+	// Percent of the total, used when IsPercent.
+	Percent   float64
+	IsPercent bool
+}
+
+// ParseThreshold parses "10%" or a quantity such as "100Mi" or "1000".
+func ParseThreshold(s string) (Threshold, error) {
+	if strings.HasSuffix(s, "%") {
+		v, err := strconv.ParseFloat(strings.TrimSuffix(s, "%"), 64)
+		if err != nil || v < 0 || v > 100 || math.IsNaN(v) {
+			return Threshold{}, fmt.Errorf("must be a percentage between 0%% and 100%%")
+		}
+		return Threshold{Percent: v, IsPercent: true}, nil
+	}
+	q, err := resource.ParseQuantity(s)
+	if err != nil {
+		return Threshold{}, fmt.Errorf("must be a quantity such as 100Mi or a percentage such as 10%%")
+	}
+	if q.Sign() < 0 {
+		return Threshold{}, fmt.Errorf("must not be negative")
+	}
+	return Threshold{Amount: q.Value()}, nil
+}
+
+// Level returns the threshold in base units for a given total.
+func (t Threshold) Level(total int64) int64 {
+	if t.IsPercent {
+		return int64(float64(total) * t.Percent / 100)
+	}
+	return t.Amount
+}
+
+// Crossed reports whether available is below the threshold (never for a
+// disabled, zero threshold).
+func (t Threshold) Crossed(available, total int64) bool {
+	l := t.Level(total)
+	return l > 0 && available < l
+}
+
+// String renders the threshold as it would be written in the file.
+func (t Threshold) String() string {
+	if t.IsPercent {
+		return strconv.FormatFloat(t.Percent, 'f', -1, 64) + "%"
+	}
+	return resource.NewQuantity(t.Amount, resource.BinarySI).String()
+}

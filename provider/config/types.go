@@ -1,0 +1,140 @@
+// Package config owns the versioned node configuration file of qemu-kubelet
+// (apiVersion qemu-kubelet.io/v1alpha1, kind NodeConfiguration): its file
+// type, strict decoding, defaults, validation, and the resolved plain-data
+// form (Node) the rest of the program consumes.
+//
+// The file type keeps quantities and durations as strings so that a bad value
+// is reported with its field path ("reserved.memory: Invalid value ...")
+// instead of an anonymous decoder error.
+package config
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// APIVersion and Kind identify the node configuration file format.
+const (
+	APIVersion = "qemu-kubelet.io/v1alpha1"
+	Kind       = "NodeConfiguration"
+)
+
+// Accelerator policies.
+const (
+	// PolicyRequireKVM refuses to run VMs unless a KVM VM really starts.
+	PolicyRequireKVM = "require-kvm"
+	// PolicyPreferKVM uses KVM when a probe VM starts with it, else TCG.
+	PolicyPreferKVM = "prefer-kvm"
+	// PolicyTCG always uses TCG (software emulation).
+	PolicyTCG = "tcg"
+)
+
+// NodeConfiguration is the on-disk configuration file of qemu-kubelet.
+// Every field is optional except apiVersion and kind; see Default for the
+// defaults and docs/node-config.md for the reference.
+type NodeConfiguration struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+
+	// NodeName is the name of the Node object. Default: the host name
+	// (lower-cased). The --node-name flag overrides it.
+	NodeName string `json:"nodeName,omitempty"`
+	// NodeIP is the address published as the node's InternalIP (the API
+	// server reaches the kubelet API there). Default: the first non-loopback
+	// IPv4 address of the host, else 127.0.0.1.
+	NodeIP string `json:"nodeIP,omitempty"`
+	// StateDir holds VM state, the generated serving certificate and the
+	// disk whose space is reported as ephemeral-storage.
+	StateDir string `json:"stateDir,omitempty"`
+	// QEMUBinary is the qemu-system binary (name looked up in PATH, or path).
+	QEMUBinary string `json:"qemuBinary,omitempty"`
+	// MaxVMs is the node's "pods" capacity.
+	MaxVMs *int32 `json:"maxVMs,omitempty"`
+	// Reserved is subtracted from capacity to give allocatable. Keys: cpu,
+	// memory, ephemeral-storage; values are resource quantities.
+	Reserved map[string]QuantityString `json:"reserved,omitempty"`
+	// Overcommit multiplies the host's CPUs and memory into capacity.
+	Overcommit Overcommit `json:"overcommit,omitempty"`
+	// Accelerator selects KVM or TCG.
+	Accelerator Accelerator `json:"accelerator,omitempty"`
+	// Taints are put on the Node when it is registered (created). Absent:
+	// virtual-kubelet.io/provider=qemu:NoSchedule. An empty list: no taint.
+	// Taints set later by admins are kept across restarts.
+	Taints []corev1.Taint `json:"taints,omitempty"`
+	// Labels are added to the node's labels. Keys in the kubernetes.io and
+	// k8s.io domains are restricted by the NodeRestriction admission plugin.
+	Labels map[string]string `json:"labels,omitempty"`
+	// Server is the kubelet API (logs, exec, port-forward, pods, stats).
+	Server Server `json:"server,omitempty"`
+	// NodeStatusUpdateFrequency is how often host readings are taken and
+	// the node status is pushed when it changed (duration, default 10s).
+	NodeStatusUpdateFrequency string `json:"nodeStatusUpdateFrequency,omitempty"`
+	// Pressure holds the thresholds of the pressure conditions.
+	Pressure PressureThresholds `json:"pressure,omitempty"`
+}
+
+// Overcommit ratios (>= 1 means more than the host has, < 1 holds back).
+type Overcommit struct {
+	CPU    *float64 `json:"cpu,omitempty"`
+	Memory *float64 `json:"memory,omitempty"`
+}
+
+// Accelerator configures the KVM probe.
+type Accelerator struct {
+	// Policy is require-kvm, prefer-kvm (default) or tcg.
+	Policy string `json:"policy,omitempty"`
+	// ProbeTimeout bounds the probe VM start (duration, default 30s).
+	ProbeTimeout string `json:"probeTimeout,omitempty"`
+}
+
+// Server configures the kubelet API server.
+type Server struct {
+	// Address to listen on (default 0.0.0.0).
+	Address string `json:"address,omitempty"`
+	// Port to listen on (default 10250); published as the node's
+	// daemonEndpoints.kubeletEndpoint.Port.
+	Port *int32 `json:"port,omitempty"`
+	// TLSCertFile and TLSPrivateKeyFile are the serving certificate and key
+	// (PEM). Both empty: a self-signed pair is generated into
+	// <stateDir>/pki, like the kubelet does.
+	TLSCertFile       string `json:"tlsCertFile,omitempty"`
+	TLSPrivateKeyFile string `json:"tlsPrivateKeyFile,omitempty"`
+}
+
+// PressureThresholds are the "available" levels under which a pressure
+// condition turns True. Each is a quantity ("500Mi") or a percentage of the
+// total ("10%"); "0" disables the condition.
+type PressureThresholds struct {
+	// MemoryAvailable against /proc/meminfo MemAvailable (default 100Mi).
+	MemoryAvailable QuantityString `json:"memoryAvailable,omitempty"`
+	// DiskAvailable against the free space of stateDir (default 10%).
+	DiskAvailable QuantityString `json:"diskAvailable,omitempty"`
+	// PIDAvailable against pid_max minus the processes running (default 5%).
+	PIDAvailable QuantityString `json:"pidAvailable,omitempty"`
+}
+
+// QuantityString is a quantity or percentage kept as written; it accepts a
+// YAML string ("1Gi") or a bare number (2), which quantities commonly are.
+type QuantityString string
+
+// UnmarshalJSON accepts a JSON string or number.
+func (q *QuantityString) UnmarshalJSON(b []byte) error {
+	s := strings.TrimSpace(string(b))
+	if strings.HasPrefix(s, `"`) {
+		var v string
+		if err := json.Unmarshal(b, &v); err != nil {
+			return err
+		}
+		*q = QuantityString(v)
+		return nil
+	}
+	var n json.Number
+	if err := json.Unmarshal(b, &n); err != nil {
+		return fmt.Errorf("want a quantity string or number, got %s", s)
+	}
+	*q = QuantityString(n.String())
+	return nil
+}
