@@ -1,0 +1,59 @@
+# qemu-kubelet — common tasks. The first two are the README's quick start.
+#   make run    local control plane + a virtual node + the controller + a sample pool
+#   make test   everything CI runs (installs what a fresh machine lacks)
+#   make bench  benchmarks; results written to $(BENCH_OUT)
+
+GO        ?= go
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+PKG       := github.com/qemu-kubelet/qemu-kubelet
+LDFLAGS   := -X $(PKG)/provider.Version=$(VERSION)
+BIN       := bin
+BENCH_OUT ?= bench-results.txt
+BENCHTIME ?= 3x
+TEST_TIMEOUT ?= 25m
+
+export GOFLAGS ?= -mod=mod
+export GOTOOLCHAIN ?= local
+
+.PHONY: all build test unit vet fmt-check verify run bench deps control-plane clean
+
+all: build
+
+deps:
+	@hack/install-deps.sh
+
+control-plane: deps
+	@hack/build-control-plane.sh
+
+build:
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
+
+vet:
+	$(GO) vet ./...
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+# verify: generated files are up to date (scripts added by the packages that generate).
+verify: fmt-check vet
+	@if [ -x hack/verify-crds.sh ]; then hack/verify-crds.sh; fi
+
+test: deps verify
+	QK_CONTROL_PLANE_BIN=$$(hack/build-control-plane.sh) \
+	  $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+unit:
+	$(GO) test -count=1 -short ./...
+
+run: deps build
+	QK_CONTROL_PLANE_BIN=$$(hack/build-control-plane.sh) \
+	  $(GO) run ./hack/local-up --bin-dir $(BIN)
+
+bench: deps
+	@echo "# qemu-kubelet benchmarks $$(date -u +%FT%TZ) $$(git rev-parse --short HEAD 2>/dev/null)" > $(BENCH_OUT)
+	QK_CONTROL_PLANE_BIN=$$(hack/build-control-plane.sh) \
+	  $(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -benchmem -timeout 60m ./... 2>&1 | tee -a $(BENCH_OUT)
+	@echo "results: $(BENCH_OUT)"
+
+clean:
+	rm -rf $(BIN) $(BENCH_OUT)
