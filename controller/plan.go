@@ -1,0 +1,410 @@
+package controller
+
+import (
+	"fmt"
+	"sort"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
+)
+
+// Reasons a pod is deleted, as found in Deletion.Reason and in events.
+const (
+	ReasonFailed    = "Failed"    // the pod ended (phase Failed or Succeeded)
+	ReasonReleased  = "Released"  // Replace policy: the pod's lease ended
+	ReasonOutdated  = "Outdated"  // the pod's template hash is not the set's
+	ReasonScaleDown = "ScaleDown" // more pods than the target
+)
+
+// Backoff of replacements for failed pods: the first replacement is
+// immediate, then failureBackoffBase doubling up to failureBackoffMax.
+const (
+	failureBackoffBase = 10 * time.Second
+	failureBackoffMax  = 5 * time.Minute
+	// failureThreshold consecutive failed pods make ReplicaFailure True.
+	failureThreshold = 3
+)
+
+// startFailureReasons are container waiting reasons that mean the pod cannot
+// start on its own soon; they surface as ReplicaFailure. The pod is left to
+// its node's retry (no delete/recreate churn).
+var startFailureReasons = map[string]bool{
+	"ErrImagePull":               true,
+	"ImagePullBackOff":           true,
+	"InvalidImageName":           true,
+	"ErrImageNeverPull":          true,
+	"CrashLoopBackOff":           true,
+	"CreateContainerConfigError": true,
+	"CreateContainerError":       true,
+	"RunContainerError":          true,
+	"StartError":                 true,
+}
+
+// PodState is what the planner knows about one pod the set owns.
+type PodState struct {
+	Name            string
+	UID             types.UID
+	ResourceVersion string
+	Created         time.Time
+	Phase           corev1.PodPhase
+	Ready           bool
+	Terminating     bool // deletionTimestamp is set
+	Leased          bool
+	Used            bool // has been leased since it was last recycled
+	TemplateHash    string
+	// WaitingReason/WaitingMessage: the first container waiting reason, if any.
+	WaitingReason  string
+	WaitingMessage string
+	// FailedReason/FailedMessage: why a Failed pod ended, if known.
+	FailedReason  string
+	FailedMessage string
+}
+
+// Input is everything a reconcile decision depends on.
+type Input struct {
+	Replicas     int32
+	MinAvailable int32
+	MaxReplicas  *int32
+	Recycle      v1alpha1.RecyclePolicy
+	Cooldown     time.Duration
+	TemplateHash string
+
+	// Pods are the owned pods as the cache shows them, minus pods whose
+	// deletion this controller issued and is still waiting to observe.
+	Pods []PodState
+	// PendingCreates counts pods created but not yet seen in the cache
+	// (expectations): they exist, so they are never created again.
+	PendingCreates int32
+	// Demand counts leases waiting for a pod (from the lease source); they
+	// count like leased pods towards the target.
+	Demand int32
+
+	// State carried in the status from the previous reconcile.
+	ScaleDownPendingSince *time.Time
+	ConsecutiveFailures   int32
+	LastFailureTime       *time.Time
+
+	Now time.Time
+}
+
+// PodRef names one pod version: actions on it carry the UID and
+// resourceVersion as preconditions, so a pod changed since the decision
+// (e.g. claimed by a client) is left alone.
+type PodRef struct {
+	Name            string
+	UID             types.UID
+	ResourceVersion string
+}
+
+// Deletion is one pod to delete and why.
+type Deletion struct {
+	PodRef
+	Reason string
+}
+
+// Condition is a status condition without its timestamps.
+type Condition struct {
+	Type    string
+	Status  metav1.ConditionStatus
+	Reason  string
+	Message string
+}
+
+// Status is the planned status of the set.
+type Status struct {
+	Replicas, Desired, Ready, Available, Leased, Updated int32
+	ScaleDownPendingSince                                *time.Time
+	ConsecutiveFailures                                  int32
+	LastFailureTime                                      *time.Time
+	Conditions                                           []Condition
+}
+
+// Actions is the outcome of Plan.
+type Actions struct {
+	// Create is the number of pods to create from the current template.
+	Create int32
+	// Delete lists pods to delete, each with preconditions.
+	Delete []Deletion
+	// ClearUsed lists released pods (Reuse policy) whose used mark must be
+	// removed so that they can be claimed again.
+	ClearUsed []PodRef
+	Status    Status
+	// RequeueAfter, when non-zero, is when the plan should be made again
+	// even without events (cooldown or backoff expiry).
+	RequeueAfter time.Duration
+}
+
+// Target is the effective number of pods the set wants:
+// max(replicas, leased + demand + minAvailable), capped by maxReplicas.
+func Target(replicas, minAvailable, leased, demand int32, maxReplicas *int32) int32 {
+	t := max(replicas, leased+demand+minAvailable)
+	if maxReplicas != nil {
+		t = min(t, *maxReplicas)
+	}
+	return max(t, 0)
+}
+
+// Plan decides what to create and delete and what the status is. It is pure:
+// the same input always gives the same actions.
+func Plan(in Input) Actions {
+	var acts Actions
+	var requeue []time.Duration
+
+	// 1. Finished pods go (unless leased: the holder sees the failure and
+	//    releases it); live pods are the rest.
+	var live []PodState
+	var newFailures int32
+	var lastFailed *PodState
+	for i := range in.Pods {
+		p := in.Pods[i]
+		switch {
+		case p.Terminating:
+		case p.Phase == corev1.PodFailed || p.Phase == corev1.PodSucceeded:
+			if p.Leased {
+				continue
+			}
+			acts.Delete = append(acts.Delete, Deletion{PodRef: p.ref(), Reason: ReasonFailed})
+			if p.Phase == corev1.PodFailed {
+				newFailures++
+				lastFailed = &in.Pods[i]
+			}
+		default:
+			live = append(live, p)
+		}
+	}
+
+	// 2. Released pods: Replace deletes them, Reuse clears the used mark.
+	kept := live[:0:0]
+	var retiring int
+	for _, p := range live {
+		if p.Used && !p.Leased {
+			if in.Recycle == v1alpha1.RecyclePolicyReuse {
+				acts.ClearUsed = append(acts.ClearUsed, p.ref())
+			} else {
+				acts.Delete = append(acts.Delete, Deletion{PodRef: p.ref(), Reason: ReasonReleased})
+				retiring++
+				continue
+			}
+		}
+		kept = append(kept, p)
+	}
+	live = kept
+
+	// 3. Counts and target.
+	var leased, ready, available int32
+	var updated, oldLeased, oldUnleased []PodState
+	var newReadyUnleased int32
+	for _, p := range live {
+		if p.Leased {
+			leased++
+		}
+		if p.Ready {
+			ready++
+			if !p.Leased && !p.Used {
+				available++
+			}
+		}
+		switch {
+		case p.TemplateHash == in.TemplateHash:
+			updated = append(updated, p)
+			if p.Ready && !p.Leased && !p.Used {
+				newReadyUnleased++
+			}
+		case p.Leased:
+			oldLeased = append(oldLeased, p)
+		default:
+			oldUnleased = append(oldUnleased, p)
+		}
+	}
+	target := Target(in.Replicas, in.MinAvailable, leased, in.Demand, in.MaxReplicas)
+
+	// 4. Failure bookkeeping and backoff.
+	failures, lastFailure := in.ConsecutiveFailures, in.LastFailureTime
+	if newFailures > 0 {
+		failures += newFailures
+		now := in.Now
+		lastFailure = &now
+	} else if failures > 0 && lastFailure != nil {
+		for _, p := range live {
+			if p.Ready && p.Created.After(*lastFailure) {
+				failures = 0 // a pod started after the last failure: starts work
+				break
+			}
+		}
+	}
+	var backoffWait time.Duration
+	if failures > 1 && lastFailure != nil {
+		d := failureBackoffBase << min(failures-2, 16)
+		d = min(d, failureBackoffMax)
+		backoffWait = lastFailure.Add(d).Sub(in.Now)
+	}
+
+	// 5. Creates: everything missing at once, within maxReplicas.
+	have := int32(len(updated)+len(oldLeased)) + in.PendingCreates
+	need := max(target-have, 0)
+	create := need
+	cappedByMax := false
+	if in.MaxReplicas != nil {
+		room := max(*in.MaxReplicas-int32(len(live))-in.PendingCreates, 0)
+		if create > room {
+			create, cappedByMax = room, true
+		}
+	}
+	backingOff := false
+	if create > 0 && backoffWait > 0 {
+		backingOff = true
+		create = 0
+		requeue = append(requeue, backoffWait)
+	}
+	acts.Create = create
+
+	// 6. Rollout: outdated unleased pods go, not-ready ones at once, Ready
+	//    ones only while enough Ready unleased pods remain.
+	sortForDeletion(oldUnleased)
+	wantUnleased := max(target-leased, 0)
+	var readyOld []PodState
+	for _, p := range oldUnleased {
+		if p.Ready {
+			readyOld = append(readyOld, p)
+		} else {
+			acts.Delete = append(acts.Delete, Deletion{PodRef: p.ref(), Reason: ReasonOutdated})
+		}
+	}
+	allowed := max(newReadyUnleased+int32(len(readyOld))-wantUnleased, 0)
+	if allowed == 0 && cappedByMax && len(readyOld) > 0 && len(readyOld) == len(oldUnleased) {
+		allowed = 1 // maxReplicas leaves no room to surge: replace one at a time
+	}
+	for _, p := range readyOld[:min(int(allowed), len(readyOld))] {
+		acts.Delete = append(acts.Delete, Deletion{PodRef: p.ref(), Reason: ReasonOutdated})
+	}
+
+	// 7. Scale-down of current pods, never leased ones, after the cooldown.
+	excess := have - target
+	var candidates []PodState
+	for _, p := range updated {
+		if !p.Leased {
+			candidates = append(candidates, p)
+		}
+	}
+	var pendingSince *time.Time
+	scaleDownWaiting := false
+	if excess > 0 && len(candidates) > 0 {
+		since := in.Now
+		if in.ScaleDownPendingSince != nil {
+			since = *in.ScaleDownPendingSince
+		}
+		if wait := since.Add(in.Cooldown).Sub(in.Now); wait > 0 {
+			pendingSince = &since
+			scaleDownWaiting = true
+			requeue = append(requeue, wait)
+		} else {
+			sortForDeletion(candidates)
+			for _, p := range candidates[:min(int(excess), len(candidates))] {
+				acts.Delete = append(acts.Delete, Deletion{PodRef: p.ref(), Reason: ReasonScaleDown})
+			}
+		}
+	}
+
+	// 8. Status.
+	st := Status{
+		Replicas:              int32(len(live)),
+		Desired:               target,
+		Ready:                 ready,
+		Available:             available,
+		Leased:                leased,
+		Updated:               int32(len(updated)),
+		ScaleDownPendingSince: pendingSince,
+		ConsecutiveFailures:   failures,
+		LastFailureTime:       lastFailure,
+	}
+	wantAvailable := min(in.MinAvailable, wantUnleased)
+	if ready >= target && available >= wantAvailable {
+		st.Conditions = append(st.Conditions, Condition{v1alpha1.ConditionAvailable, metav1.ConditionTrue,
+			"MinimumReplicasAvailable", fmt.Sprintf("%d/%d pods ready, %d/%d available", ready, target, available, wantAvailable)})
+	} else {
+		st.Conditions = append(st.Conditions, Condition{v1alpha1.ConditionAvailable, metav1.ConditionFalse,
+			"MinimumReplicasUnavailable", fmt.Sprintf("%d/%d pods ready, %d/%d available", ready, target, available, wantAvailable)})
+	}
+
+	prog := Condition{Type: v1alpha1.ConditionProgressing, Status: metav1.ConditionTrue}
+	switch {
+	case backingOff:
+		prog.Reason, prog.Message = "FailureBackoff", fmt.Sprintf("%d pods failed in a row; next create in %s", failures, backoffWait.Round(time.Second))
+	case create > 0 || in.PendingCreates > 0:
+		prog.Reason, prog.Message = "ScalingUp", fmt.Sprintf("creating %d pods (%d in flight) towards %d", create, in.PendingCreates, target)
+	case retiring > 0:
+		prog.Reason, prog.Message = "Recycling", fmt.Sprintf("deleting %d released pods", retiring)
+	case len(oldUnleased) > 0 || len(oldLeased) > 0:
+		prog.Reason, prog.Message = "RollingOut", fmt.Sprintf("%d pods outdated (%d leased, replaced after release)", len(oldUnleased)+len(oldLeased), len(oldLeased))
+	case scaleDownWaiting:
+		prog.Reason, prog.Message = "ScaleDownCooldown", fmt.Sprintf("%d pods above target %d; waiting for the cooldown", excess, target)
+	case excess > 0 && len(candidates) > 0:
+		prog.Reason, prog.Message = "ScalingDown", fmt.Sprintf("deleting %d pods towards %d", min(int(excess), len(candidates)), target)
+	default:
+		prog.Status, prog.Reason, prog.Message = metav1.ConditionFalse, "Complete", fmt.Sprintf("%d pods at the current template", len(updated))
+	}
+	st.Conditions = append(st.Conditions, prog)
+
+	st.Conditions = append(st.Conditions, replicaFailure(live, failures, lastFailed))
+	acts.Status = st
+
+	for _, d := range requeue {
+		if d > 0 && (acts.RequeueAfter == 0 || d < acts.RequeueAfter) {
+			acts.RequeueAfter = d
+		}
+	}
+	return acts
+}
+
+func replicaFailure(live []PodState, failures int32, lastFailed *PodState) Condition {
+	var stuck []PodState
+	for _, p := range live {
+		if startFailureReasons[p.WaitingReason] {
+			stuck = append(stuck, p)
+		}
+	}
+	if len(stuck) > 0 {
+		sort.Slice(stuck, func(i, j int) bool { return stuck[i].Name < stuck[j].Name })
+		p := stuck[0]
+		return Condition{v1alpha1.ConditionReplicaFailure, metav1.ConditionTrue, p.WaitingReason,
+			fmt.Sprintf("%d pods cannot start; pod %s: %s", len(stuck), p.Name, p.WaitingMessage)}
+	}
+	if failures >= failureThreshold {
+		reason, msg := "PodFailed", ""
+		if lastFailed != nil {
+			if lastFailed.FailedReason != "" {
+				reason = lastFailed.FailedReason
+			}
+			msg = fmt.Sprintf("; last: pod %s: %s", lastFailed.Name, lastFailed.FailedMessage)
+		}
+		return Condition{v1alpha1.ConditionReplicaFailure, metav1.ConditionTrue, reason,
+			fmt.Sprintf("%d pods failed in a row%s", failures, msg)}
+	}
+	return Condition{v1alpha1.ConditionReplicaFailure, metav1.ConditionFalse, "NoFailures", "pods start"}
+}
+
+func (p PodState) ref() PodRef {
+	return PodRef{Name: p.Name, UID: p.UID, ResourceVersion: p.ResourceVersion}
+}
+
+// sortForDeletion orders pods best-to-delete first: not Ready before Ready,
+// not yet running before running, then newest first (the least invested).
+func sortForDeletion(pods []PodState) {
+	sort.SliceStable(pods, func(i, j int) bool {
+		a, b := pods[i], pods[j]
+		if a.Ready != b.Ready {
+			return !a.Ready
+		}
+		if ar, br := a.Phase == corev1.PodRunning, b.Phase == corev1.PodRunning; ar != br {
+			return !ar
+		}
+		if !a.Created.Equal(b.Created) {
+			return a.Created.After(b.Created)
+		}
+		return a.Name > b.Name
+	})
+}

@@ -1,0 +1,439 @@
+package controller
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+
+	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
+)
+
+var t0 = time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+
+const curHash = "cur"
+
+// pod builds a running, Ready, unleased pod at the current template created
+// age ago; opts adjust it.
+func pod(name string, age time.Duration, opts ...func(*PodState)) PodState {
+	p := PodState{Name: name, UID: types.UID("uid-" + name), ResourceVersion: "rv-" + name,
+		Created: t0.Add(-age), Phase: corev1.PodRunning, Ready: true, TemplateHash: curHash}
+	for _, o := range opts {
+		o(&p)
+	}
+	return p
+}
+
+func notReady(p *PodState) { p.Ready = false }
+func pending(p *PodState)  { p.Ready = false; p.Phase = corev1.PodPending }
+func leased(p *PodState)   { p.Leased = true; p.Used = true }
+func used(p *PodState)     { p.Used = true }
+func old(p *PodState)      { p.TemplateHash = "old" }
+func term(p *PodState)     { p.Terminating = true }
+func failed(reason string) func(*PodState) {
+	return func(p *PodState) {
+		p.Phase, p.Ready, p.FailedReason, p.FailedMessage = corev1.PodFailed, false, reason, "qemu exited 1"
+	}
+}
+func waiting(reason string) func(*PodState) {
+	return func(p *PodState) {
+		p.Phase, p.Ready, p.WaitingReason, p.WaitingMessage = corev1.PodPending, false, reason, "pull oci://x: not found"
+	}
+}
+
+func base(replicas, minAvailable int32, pods ...PodState) Input {
+	return Input{Replicas: replicas, MinAvailable: minAvailable, Recycle: v1alpha1.RecyclePolicyReplace,
+		Cooldown: 30 * time.Second, TemplateHash: curHash, Pods: pods, Now: t0}
+}
+
+func with(in Input, f func(*Input)) Input { f(&in); return in }
+
+func deletions(a Actions) []string {
+	var out []string
+	for _, d := range a.Delete {
+		out = append(out, d.Name+":"+d.Reason)
+	}
+	return out
+}
+
+func cond(a Actions, typ string) Condition {
+	for _, c := range a.Status.Conditions {
+		if c.Type == typ {
+			return c
+		}
+	}
+	return Condition{}
+}
+
+func TestPlan(t *testing.T) {
+	cases := []struct {
+		name       string
+		in         Input
+		wantCreate int32
+		wantDelete []string
+		wantClear  []string
+		check      func(t *testing.T, a Actions)
+	}{
+		{
+			name: "scale up from zero creates every missing pod in one pass",
+			in:   base(100, 0), wantCreate: 100,
+			check: func(t *testing.T, a Actions) {
+				assert.Equal(t, int32(100), a.Status.Desired)
+				assert.Equal(t, "ScalingUp", cond(a, "Progressing").Reason)
+			},
+		},
+		{
+			name: "pending creates (expectations) are never created again",
+			in:   with(base(5, 0, pod("a", time.Minute), pod("b", time.Minute)), func(i *Input) { i.PendingCreates = 3 }),
+			check: func(t *testing.T, a Actions) {
+				assert.Equal(t, "ScalingUp", cond(a, "Progressing").Reason)
+			},
+		},
+		{
+			name: "pending creates count against scale-down too",
+			in: with(base(2, 0, pod("a", time.Minute), pod("b", 2*time.Minute)), func(i *Input) {
+				i.PendingCreates = 1
+				i.ScaleDownPendingSince = ptr.To(t0.Add(-time.Hour))
+			}),
+			wantDelete: []string{"a:ScaleDown"},
+		},
+		{
+			name: "warm buffer: target is leased + minAvailable above replicas",
+			in:   base(1, 2, pod("a", time.Minute, leased), pod("b", time.Minute)), wantCreate: 1,
+			check: func(t *testing.T, a Actions) {
+				assert.Equal(t, int32(3), a.Status.Desired)
+				assert.Equal(t, int32(1), a.Status.Leased)
+				assert.Equal(t, int32(1), a.Status.Available)
+			},
+		},
+		{
+			name: "replicas wins when above leased + minAvailable",
+			in:   base(4, 1, pod("a", time.Minute, leased)), wantCreate: 3,
+		},
+		{
+			name: "maxReplicas caps the target",
+			in:   with(base(1, 5), func(i *Input) { i.MaxReplicas = ptr.To[int32](3) }), wantCreate: 3,
+			check: func(t *testing.T, a Actions) { assert.Equal(t, int32(3), a.Status.Desired) },
+		},
+		{
+			name: "lease demand from the source scales from zero",
+			in:   with(base(0, 1), func(i *Input) { i.Demand = 2 }), wantCreate: 3,
+		},
+		{
+			name: "scale-down waits for the cooldown and asks to be requeued",
+			in:   base(1, 0, pod("a", 3*time.Minute), pod("b", 2*time.Minute), pod("c", time.Minute)),
+			check: func(t *testing.T, a Actions) {
+				assert.Equal(t, &t0, a.Status.ScaleDownPendingSince)
+				assert.Equal(t, 30*time.Second, a.RequeueAfter)
+				assert.Equal(t, "ScaleDownCooldown", cond(a, "Progressing").Reason)
+			},
+		},
+		{
+			name: "scale-down within the cooldown keeps the first time and waits the rest",
+			in: with(base(1, 0, pod("a", 3*time.Minute), pod("b", 2*time.Minute)), func(i *Input) {
+				i.ScaleDownPendingSince = ptr.To(t0.Add(-20 * time.Second))
+			}),
+			check: func(t *testing.T, a Actions) {
+				assert.Equal(t, t0.Add(-20*time.Second), *a.Status.ScaleDownPendingSince)
+				assert.Equal(t, 10*time.Second, a.RequeueAfter)
+			},
+		},
+		{
+			name: "scale-down after the cooldown removes not-ready first, then newest",
+			in: with(base(1, 0,
+				pod("oldest", 4*time.Minute), pod("older-notready", 3*time.Minute, notReady),
+				pod("newer", 2*time.Minute), pod("newest", time.Minute)), func(i *Input) {
+				i.ScaleDownPendingSince = ptr.To(t0.Add(-time.Minute))
+			}),
+			wantDelete: []string{"older-notready:ScaleDown", "newest:ScaleDown", "newer:ScaleDown"},
+			check: func(t *testing.T, a Actions) {
+				assert.Nil(t, a.Status.ScaleDownPendingSince)
+				assert.Equal(t, "ScalingDown", cond(a, "Progressing").Reason)
+			},
+		},
+		{
+			name: "scale-down ranks pending pods before running not-ready ones",
+			in: with(base(1, 0, pod("keep", 4*time.Minute), pod("running-notready", time.Minute, notReady),
+				pod("pending", 3*time.Minute, pending)), func(i *Input) { i.Cooldown = 0 }),
+			wantDelete: []string{"pending:ScaleDown", "running-notready:ScaleDown"},
+		},
+		{
+			name: "scale to zero never deletes leased pods",
+			in: with(base(0, 0, pod("l1", time.Minute, leased), pod("l2", time.Minute, leased, notReady),
+				pod("free", time.Minute)), func(i *Input) { i.Cooldown = 0 }),
+			wantDelete: []string{"free:ScaleDown"},
+			check: func(t *testing.T, a Actions) { assert.Equal(t, int32(2), a.Status.Desired) },
+		},
+		{
+			name: "scale to zero with minAvailable keeps the buffer next to the leased pod",
+			in: with(base(0, 2, pod("l", 5*time.Minute, leased), pod("a", 4*time.Minute), pod("b", 3*time.Minute),
+				pod("c", 2*time.Minute), pod("d", time.Minute)), func(i *Input) { i.Cooldown = 0 }),
+			wantDelete: []string{"d:ScaleDown", "c:ScaleDown"},
+		},
+		{
+			name: "maxReplicas below the leased count deletes no leased pod",
+			in: with(base(0, 0, pod("l1", time.Minute, leased), pod("l2", time.Minute, leased)), func(i *Input) {
+				i.MaxReplicas = ptr.To[int32](1)
+				i.Cooldown = 0
+			}),
+		},
+		{
+			name: "Replace: a used, released pod is deleted at once and refilled",
+			in:   base(1, 2, pod("released", time.Minute, used), pod("a", time.Minute), pod("l", time.Minute, leased)),
+			// target = max(1, 1+2) = 3; live = a, l -> create 1
+			wantCreate: 1, wantDelete: []string{"released:Released"},
+			check: func(t *testing.T, a Actions) {
+				assert.Equal(t, int32(2), a.Status.Replicas)
+				assert.Equal(t, int32(3), a.Status.Desired)
+			},
+		},
+		{
+			name: "Replace: a used pod that is still leased stays",
+			in:   base(0, 0, pod("l", time.Minute, leased)),
+		},
+		{
+			name: "Reuse: a released pod gets its used mark cleared and stays",
+			in: with(base(2, 0, pod("released", time.Minute, used), pod("a", time.Minute)), func(i *Input) {
+				i.Recycle = v1alpha1.RecyclePolicyReuse
+			}),
+			wantClear: []string{"released"},
+			check: func(t *testing.T, a Actions) {
+				assert.Equal(t, int32(1), a.Status.Available, "a pod with the used mark is not claimable")
+			},
+		},
+		{
+			name: "terminating pods do not count",
+			in:   base(2, 0, pod("a", time.Minute), pod("gone", time.Minute, term)), wantCreate: 1,
+		},
+		{
+			name: "rollout: outdated not-ready pods go at once, ready ones wait for new ready pods",
+			in:   base(2, 0, pod("o1", time.Minute, old), pod("o2", time.Minute, old, notReady)),
+			// replacements surge: 2 created; o2 (not ready) deleted; o1 kept while nothing new is ready
+			wantCreate: 2, wantDelete: []string{"o2:Outdated"},
+			check: func(t *testing.T, a Actions) {
+				assert.Equal(t, int32(0), a.Status.Updated)
+			},
+		},
+		{
+			name: "rollout: outdated ready pods go once new pods are ready",
+			in:   base(2, 0, pod("o1", 3*time.Minute, old), pod("o2", 2*time.Minute, old), pod("n1", time.Minute), pod("n2", time.Minute)),
+			wantDelete: []string{"o2:Outdated", "o1:Outdated"},
+			check: func(t *testing.T, a Actions) {
+				assert.Equal(t, int32(2), a.Status.Updated)
+				assert.Equal(t, "RollingOut", cond(a, "Progressing").Reason)
+			},
+		},
+		{
+			name: "rollout: outdated leased pods stay until release and count as existing",
+			in:   base(2, 0, pod("ol", time.Minute, old, leased), pod("n", time.Minute)),
+			check: func(t *testing.T, a Actions) {
+				assert.Equal(t, "RollingOut", cond(a, "Progressing").Reason)
+				assert.Equal(t, int32(1), a.Status.Updated)
+			},
+		},
+		{
+			name: "rollout: released outdated pod under Replace is deleted as released",
+			in:   base(1, 0, pod("ou", time.Minute, old, used)), wantCreate: 1, wantDelete: []string{"ou:Released"},
+		},
+		{
+			name: "rollout at maxReplicas replaces one ready pod at a time",
+			in: with(base(2, 0, pod("o1", 2*time.Minute, old), pod("o2", time.Minute, old)), func(i *Input) {
+				i.MaxReplicas = ptr.To[int32](2)
+			}),
+			wantDelete: []string{"o2:Outdated"},
+		},
+		{
+			name: "a failed pod is deleted and replaced at once",
+			in:   base(2, 0, pod("a", time.Minute), pod("f", time.Minute, failed("Error"))),
+			wantCreate: 1, wantDelete: []string{"f:Failed"},
+			check: func(t *testing.T, a Actions) {
+				assert.Equal(t, int32(1), a.Status.ConsecutiveFailures)
+				assert.Equal(t, t0, *a.Status.LastFailureTime)
+				assert.Equal(t, metav1.ConditionFalse, cond(a, "ReplicaFailure").Status)
+			},
+		},
+		{
+			name: "repeated failures back off instead of a hot loop",
+			in: with(base(1, 0, pod("f", time.Second, failed("Error"))), func(i *Input) {
+				i.ConsecutiveFailures = 1
+				i.LastFailureTime = ptr.To(t0.Add(-2 * time.Second))
+			}),
+			wantDelete: []string{"f:Failed"},
+			check: func(t *testing.T, a Actions) {
+				assert.Equal(t, int32(2), a.Status.ConsecutiveFailures)
+				assert.Equal(t, failureBackoffBase, a.RequeueAfter)
+				assert.Equal(t, "FailureBackoff", cond(a, "Progressing").Reason)
+			},
+		},
+		{
+			name: "backoff doubles and ends: create resumes after the wait",
+			in: with(base(1, 0), func(i *Input) {
+				i.ConsecutiveFailures = 3
+				i.LastFailureTime = ptr.To(t0.Add(-2 * failureBackoffBase))
+			}),
+			wantCreate: 1,
+		},
+		{
+			name: "backoff is capped",
+			in: with(base(1, 0), func(i *Input) {
+				i.ConsecutiveFailures = 40
+				i.LastFailureTime = ptr.To(t0.Add(-time.Minute))
+			}),
+			check: func(t *testing.T, a Actions) {
+				assert.Equal(t, failureBackoffMax-time.Minute, a.RequeueAfter)
+			},
+		},
+		{
+			name: "repeated failures surface ReplicaFailure with the pod's reason",
+			in: with(base(1, 0, pod("f", time.Second, failed("QEMUExited"))), func(i *Input) {
+				i.ConsecutiveFailures = 2
+				i.LastFailureTime = ptr.To(t0.Add(-time.Hour))
+			}),
+			wantDelete: []string{"f:Failed"},
+			check: func(t *testing.T, a Actions) {
+				assert.Equal(t, 2*failureBackoffBase, a.RequeueAfter, "third failure waits twice the base")
+				c := cond(a, "ReplicaFailure")
+				assert.Equal(t, metav1.ConditionTrue, c.Status)
+				assert.Equal(t, "QEMUExited", c.Reason)
+				assert.Contains(t, c.Message, "pod f: qemu exited 1")
+			},
+		},
+		{
+			name: "a pod Ready after the last failure resets the failure count",
+			in: with(base(1, 0, pod("a", 0)), func(i *Input) {
+				i.ConsecutiveFailures = 5
+				i.LastFailureTime = ptr.To(t0.Add(-time.Minute))
+			}),
+			check: func(t *testing.T, a Actions) {
+				assert.Equal(t, int32(0), a.Status.ConsecutiveFailures)
+				assert.Equal(t, metav1.ConditionFalse, cond(a, "ReplicaFailure").Status)
+			},
+		},
+		{
+			name: "image pull errors surface as ReplicaFailure and cause no churn",
+			in:   base(2, 0, pod("p1", time.Minute, waiting("ImagePullBackOff")), pod("p2", time.Minute, waiting("ErrImagePull"))),
+			check: func(t *testing.T, a Actions) {
+				c := cond(a, "ReplicaFailure")
+				assert.Equal(t, metav1.ConditionTrue, c.Status)
+				assert.Equal(t, "ImagePullBackOff", c.Reason)
+				assert.Contains(t, c.Message, "2 pods cannot start; pod p1: pull oci://x: not found")
+				assert.Equal(t, metav1.ConditionFalse, cond(a, "Available").Status)
+			},
+		},
+		{
+			name: "a leased pod that failed is kept for its holder",
+			in:   base(0, 0, pod("lf", time.Minute, leased, failed("Error"))),
+		},
+		{
+			name: "status counts and Available condition",
+			in: base(2, 1, pod("l", time.Minute, leased), pod("a", time.Minute), pod("n", time.Minute, notReady),
+				pod("o", time.Minute, old, leased)),
+			// leased 2 -> target max(2, 2+1) = 3; have = 3 (l, a, n updated + o old leased) -> 4 > 3 scale-down waits
+			check: func(t *testing.T, a Actions) {
+				s := a.Status
+				assert.Equal(t, Status{Replicas: 4, Desired: 3, Ready: 3, Available: 1, Leased: 2, Updated: 3,
+					ScaleDownPendingSince: &t0}, Status{s.Replicas, s.Desired, s.Ready, s.Available, s.Leased, s.Updated,
+					s.ScaleDownPendingSince, 0, nil, nil})
+				assert.Equal(t, metav1.ConditionTrue, cond(a, "Available").Status)
+			},
+		},
+		{
+			name: "Available is False while the warm buffer is short",
+			in:   base(1, 2, pod("l", time.Minute, leased), pod("a", time.Minute), pod("b", time.Minute, notReady)),
+			check: func(t *testing.T, a Actions) {
+				c := cond(a, "Available")
+				assert.Equal(t, metav1.ConditionFalse, c.Status)
+				assert.Equal(t, "2/3 pods ready, 1/2 available", c.Message)
+			},
+		},
+		{
+			name: "converged set reports Progressing False",
+			in:   base(2, 0, pod("a", time.Minute), pod("b", time.Minute)),
+			check: func(t *testing.T, a Actions) {
+				assert.Equal(t, metav1.ConditionFalse, cond(a, "Progressing").Status)
+				assert.Equal(t, metav1.ConditionTrue, cond(a, "Available").Status)
+				assert.Zero(t, a.RequeueAfter)
+			},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			a := Plan(tc.in)
+			assert.Equal(t, tc.wantCreate, a.Create, "create")
+			assert.Equal(t, tc.wantDelete, deletions(a), "delete")
+			var clear []string
+			for _, c := range a.ClearUsed {
+				clear = append(clear, c.Name)
+			}
+			assert.Equal(t, tc.wantClear, clear, "clear used")
+			for _, d := range a.Delete {
+				assert.NotEmpty(t, d.UID, "deletion without UID precondition")
+				assert.NotEmpty(t, d.ResourceVersion, "deletion without resourceVersion precondition")
+			}
+			if tc.check != nil {
+				tc.check(t, a)
+			}
+		})
+	}
+}
+
+// TestPlanNeverDeletesLeased checks the leased-pod rule over many random
+// inputs, whatever the other rules decide.
+func TestPlanNeverDeletesLeased(t *testing.T) {
+	opts := []func(*PodState){notReady, pending, leased, used, old, term, failed("E"), waiting("ErrImagePull")}
+	for seed := 0; seed < 2000; seed++ {
+		r := seed
+		next := func(n int) int { r = (r*1103515245 + 12345) & 0x7fffffff; return r % n }
+		var pods []PodState
+		for i := 0; i < next(8); i++ {
+			var o []func(*PodState)
+			for _, f := range opts {
+				if next(3) == 0 {
+					o = append(o, f)
+				}
+			}
+			pods = append(pods, pod(fmt.Sprintf("p%d", i), time.Duration(next(600))*time.Second, o...))
+		}
+		in := base(int32(next(5)), int32(next(3)), pods...)
+		in.Cooldown = 0
+		if next(2) == 0 {
+			in.MaxReplicas = ptr.To(int32(next(6)))
+		}
+		if next(2) == 0 {
+			in.Recycle = v1alpha1.RecyclePolicyReuse
+		}
+		a := Plan(in)
+		leasedNames := map[string]bool{}
+		for _, p := range pods {
+			if p.Leased {
+				leasedNames[p.Name] = true
+			}
+		}
+		seen := map[string]bool{}
+		for _, d := range a.Delete {
+			if leasedNames[d.Name] {
+				t.Fatalf("seed %d: leased pod %s deleted (%s); input %+v", seed, d.Name, d.Reason, in)
+			}
+			if seen[d.Name] {
+				t.Fatalf("seed %d: pod %s deleted twice", seed, d.Name)
+			}
+			seen[d.Name] = true
+		}
+		if in.MaxReplicas != nil {
+			var live int32
+			for _, p := range pods {
+				if !p.Terminating && p.Phase != corev1.PodFailed && p.Phase != corev1.PodSucceeded {
+					live++
+				}
+			}
+			if live < *in.MaxReplicas && live+a.Create > *in.MaxReplicas {
+				t.Fatalf("seed %d: %d live + %d created exceeds maxReplicas %d", seed, live, a.Create, *in.MaxReplicas)
+			}
+		}
+	}
+}
