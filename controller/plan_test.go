@@ -167,7 +167,7 @@ func TestPlan(t *testing.T) {
 			in: with(base(0, 0, pod("l1", time.Minute, leased), pod("l2", time.Minute, leased, notReady),
 				pod("free", time.Minute)), func(i *Input) { i.Cooldown = 0 }),
 			wantDelete: []string{"free:ScaleDown"},
-			check: func(t *testing.T, a Actions) { assert.Equal(t, int32(2), a.Status.Desired) },
+			check:      func(t *testing.T, a Actions) { assert.Equal(t, int32(2), a.Status.Desired) },
 		},
 		{
 			name: "scale to zero with minAvailable keeps the buffer next to the leased pod",
@@ -220,8 +220,8 @@ func TestPlan(t *testing.T) {
 			},
 		},
 		{
-			name: "rollout: outdated ready pods go once new pods are ready",
-			in:   base(2, 0, pod("o1", 3*time.Minute, old), pod("o2", 2*time.Minute, old), pod("n1", time.Minute), pod("n2", time.Minute)),
+			name:       "rollout: outdated ready pods go once new pods are ready",
+			in:         base(2, 0, pod("o1", 3*time.Minute, old), pod("o2", 2*time.Minute, old), pod("n1", time.Minute), pod("n2", time.Minute)),
 			wantDelete: []string{"o2:Outdated", "o1:Outdated"},
 			check: func(t *testing.T, a Actions) {
 				assert.Equal(t, int32(2), a.Status.Updated)
@@ -248,8 +248,8 @@ func TestPlan(t *testing.T) {
 			wantDelete: []string{"o2:Outdated"},
 		},
 		{
-			name: "a failed pod is deleted and replaced at once",
-			in:   base(2, 0, pod("a", time.Minute), pod("f", time.Minute, failed("Error"))),
+			name:       "a failed pod is deleted and replaced at once",
+			in:         base(2, 0, pod("a", time.Minute), pod("f", time.Minute, failed("Error"))),
 			wantCreate: 1, wantDelete: []string{"f:Failed"},
 			check: func(t *testing.T, a Actions) {
 				assert.Equal(t, int32(1), a.Status.ConsecutiveFailures)
