@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -20,9 +21,9 @@ type TarEntry struct {
 	Linkname string
 }
 
-// Tar builds an uncompressed tar layer.
-func Tar(tb testing.TB, entries ...TarEntry) []byte {
-	tb.Helper()
+// Tar builds an uncompressed tar layer. Writing to memory cannot fail except
+// for invalid headers, which are programming errors: it panics then.
+func Tar(entries ...TarEntry) []byte {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	for _, e := range entries {
@@ -37,16 +38,16 @@ func Tar(tb testing.TB, entries ...TarEntry) []byte {
 			h.Mode = 0o755
 		}
 		if err := tw.WriteHeader(h); err != nil {
-			tb.Fatal(err)
+			panic(fmt.Sprintf("tar header %q: %v", e.Name, err))
 		}
 		if h.Size > 0 {
 			if _, err := tw.Write(e.Body); err != nil {
-				tb.Fatal(err)
+				panic(err)
 			}
 		}
 	}
 	if err := tw.Close(); err != nil {
-		tb.Fatal(err)
+		panic(err)
 	}
 	return buf.Bytes()
 }
