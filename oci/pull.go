@@ -598,6 +598,9 @@ func (c *countingIngester) Writer(ctx context.Context, opts ...content.WriterOpt
 		}
 	}
 	w, err := c.Ingester.Writer(ctx, opts...)
+	if errdefs.IsAlreadyExists(err) {
+		c.p.add(wo.Desc.Size) // verified earlier: done without downloading
+	}
 	if err != nil {
 		return nil, err
 	}
