@@ -151,12 +151,12 @@ func roleFromTitle(title string) (Role, Compression, bool) {
 		}
 	}
 	switch {
-	case strings.HasSuffix(name, ".qcow2"), strings.HasSuffix(name, ".raw"), strings.HasSuffix(name, ".img"):
-		return RoleDisk, comp, true
 	case name == "kernel" || name == "bzimage" || strings.HasPrefix(name, "vmlinuz") || strings.HasPrefix(name, "vmlinux"):
 		return RoleKernel, comp, true
-	case strings.HasPrefix(name, "initrd") || strings.HasPrefix(name, "initramfs"):
+	case strings.HasPrefix(name, "initrd") || strings.HasPrefix(name, "initramfs"): // before .img: initrd.img
 		return RoleInitrd, comp, true
+	case strings.HasSuffix(name, ".qcow2"), strings.HasSuffix(name, ".raw"), strings.HasSuffix(name, ".img"):
+		return RoleDisk, comp, true
 	case name == "cmdline" || name == "cmdline.txt":
 		return RoleCmdline, comp, true
 	}

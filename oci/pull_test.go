@@ -159,9 +159,9 @@ func TestPullKernelInitrdFiles(t *testing.T) {
 	dir := t.TempDir()
 	kernel, initrd := randomBytes(t, 300<<10), randomBytes(t, 200<<10)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "vmlinuz-6.1"), kernel, 0o644))
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "initramfs.cpio"), initrd, 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "initrd.img"), initrd, 0o644))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "args"), []byte("console=ttyS0 quiet\n"), 0o644))
-	orasPush(t, reg, "os/tiny:1", dir, "vmlinuz-6.1", "initramfs.cpio", "args:"+MediaTypeCmdline)
+	orasPush(t, reg, "os/tiny:1", dir, "vmlinuz-6.1", "initrd.img", "args:"+MediaTypeCmdline)
 
 	s := openStore(t, "", Options{})
 	img, err := s.Pull(ctx, reg.Addr+"/os/tiny:1", PullOptions{})
