@@ -1,0 +1,49 @@
+#!/bin/busybox sh
+# init for the qemu-kubelet test images (hack/build-test-image.sh).
+# VARIANT is substituted at build time: acpi | noacpi | panic.
+VARIANT=@VARIANT@
+/bin/busybox --install -s /bin
+export PATH=/bin
+mkdir -p /proc /sys /dev /tmp /run /www
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+for m in $(cat /etc/qk-modules); do
+  [ -f "/lib/modules/$m.ko" ] && insmod "/lib/modules/$m.ko" 2>/dev/null
+done
+echo 1 > /proc/sys/kernel/printk 2>/dev/null
+
+ifconfig lo 127.0.0.1 up
+# virtio-net appears asynchronously after insmod: wait up to ~3s for eth0.
+i=0
+while [ ! -e /sys/class/net/eth0 ] && [ $i -lt 30 ]; do usleep 100000; i=$((i+1)); done
+if ifconfig eth0 10.0.2.15 netmask 255.255.255.0 up 2>/dev/null; then
+  route add default gw 10.0.2.2 2>/dev/null
+fi
+echo "QK-HTTP-OK" > /www/index.html
+httpd -p 8080 -h /www
+
+if [ "$VARIANT" = acpi ]; then
+  # busybox acpid's built-in tables map KEY_POWER to the event PWRF/00000080
+  # and run ./PWRF/00000080 under the -c directory.
+  mkdir -p /etc/acpi/PWRF
+  printf '#!/bin/sh\necho QK-ACPI-POWERDOWN > /dev/ttyS0\nexec poweroff -f\n' > /etc/acpi/PWRF/00000080
+  chmod 0755 /etc/acpi/PWRF/00000080
+  acpid -c /etc/acpi -l /tmp/acpid.log
+fi
+
+echo "QK-BOOT-OK variant=$VARIANT kernel=$(uname -r)"
+
+if [ "$VARIANT" = panic ]; then
+  echo "QK-PANIC-NOW"
+  echo c > /proc/sysrq-trigger
+  exit 1
+fi
+
+# Console: echo every line typed on ttyS0 back, prefixed, forever.
+while true; do
+  while read -r line; do
+    echo "QK-ECHO: $line"
+  done < /dev/ttyS0 > /dev/ttyS0 2>&1
+  sleep 1
+done
