@@ -1,0 +1,110 @@
+package controller
+
+import (
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// expectationTTL bounds how long an unobserved create or delete is trusted
+// (as in the ReplicaSet controller): after it, the cache is believed again.
+const expectationTTL = 5 * time.Minute
+
+// expectations remembers, per set, the pods this controller created or
+// deleted that its informer cache has not shown yet, so that a lagging cache
+// never leads to creating (or deleting) the same pods twice.
+type expectations struct {
+	mu   sync.Mutex
+	sets map[types.NamespacedName]*setExpectations
+}
+
+type setExpectations struct {
+	creates map[string]time.Time    // pod name -> when created
+	deletes map[types.UID]time.Time // pod UID -> when deleted
+}
+
+func newExpectations() *expectations {
+	return &expectations{sets: map[types.NamespacedName]*setExpectations{}}
+}
+
+func (e *expectations) get(key types.NamespacedName) *setExpectations {
+	s := e.sets[key]
+	if s == nil {
+		s = &setExpectations{creates: map[string]time.Time{}, deletes: map[types.UID]time.Time{}}
+		e.sets[key] = s
+	}
+	return s
+}
+
+// ExpectCreate records a pod created for the set.
+func (e *expectations) ExpectCreate(key types.NamespacedName, pod string, now time.Time) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.get(key).creates[pod] = now
+}
+
+// ExpectDelete records a pod deleted for the set.
+func (e *expectations) ExpectDelete(key types.NamespacedName, uid types.UID, now time.Time) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.get(key).deletes[uid] = now
+}
+
+// Observe is called from informer events: a pod that was seen existing or
+// deleted is no longer an unobserved create; a pod seen deleted is no longer
+// an unobserved delete.
+func (e *expectations) Observe(key types.NamespacedName, pod string, uid types.UID, deleted bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s := e.sets[key]
+	if s == nil {
+		return
+	}
+	delete(s.creates, pod)
+	if deleted {
+		delete(s.deletes, uid)
+	}
+}
+
+// Forget drops everything about a set (it was deleted).
+func (e *expectations) Forget(key types.NamespacedName) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	delete(e.sets, key)
+}
+
+// Pending settles the expectations against the pods the cache shows and
+// returns how many created pods are still missing from it and the UIDs of
+// deleted pods it still shows as live (to be left out of the plan).
+func (e *expectations) Pending(key types.NamespacedName, cached []corev1.Pod, now time.Time) (int32, map[types.UID]bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s := e.sets[key]
+	if s == nil {
+		return 0, nil
+	}
+	byName := make(map[string]bool, len(cached))
+	live := make(map[types.UID]bool, len(cached))
+	for i := range cached {
+		byName[cached[i].Name] = true
+		if cached[i].DeletionTimestamp == nil {
+			live[cached[i].UID] = true
+		}
+	}
+	for name, at := range s.creates {
+		if byName[name] || now.Sub(at) > expectationTTL {
+			delete(s.creates, name)
+		}
+	}
+	deleting := map[types.UID]bool{}
+	for uid, at := range s.deletes {
+		if !live[uid] || now.Sub(at) > expectationTTL {
+			delete(s.deletes, uid)
+			continue
+		}
+		deleting[uid] = true
+	}
+	return int32(len(s.creates)), deleting
+}

@@ -1,0 +1,392 @@
+package controller
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	crcontroller "sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
+)
+
+// Event reasons.
+const (
+	EventSuccessfulCreate = "SuccessfulCreate"
+	EventFailedCreate     = "FailedCreate"
+	EventSuccessfulDelete = "SuccessfulDelete"
+	EventFailedDelete     = "FailedDelete"
+)
+
+// Reconciler applies Plan to ExporterSets through the Kubernetes API.
+type Reconciler struct {
+	// Client writes (pods, status) and, unless Reader is set, reads.
+	Client client.Client
+	// Reader, when set, is where sets and pods are read from (tests use it to
+	// simulate a lagging cache).
+	Reader   client.Reader
+	Recorder events.EventRecorder
+	Leases   LeaseSource
+	// Metrics, when set, receives per-set gauges.
+	Metrics *Metrics
+	// Now, when set, replaces time.Now.
+	Now func() time.Time
+
+	exp *expectations
+}
+
+// NewReconciler returns a Reconciler with the label lease source.
+func NewReconciler(c client.Client, rec events.EventRecorder, m *Metrics) *Reconciler {
+	return &Reconciler{Client: c, Recorder: rec, Leases: LabelLeases{}, Metrics: m, exp: newExpectations()}
+}
+
+func (r *Reconciler) reader() client.Reader {
+	if r.Reader != nil {
+		return r.Reader
+	}
+	return r.Client
+}
+
+func (r *Reconciler) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
+// SetupWithManager registers the controller: it watches ExporterSets (spec
+// changes) and the pods they control. workers is the number of sets
+// reconciled in parallel.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, workers int) error {
+	owner := handler.EnqueueRequestForOwner(mgr.GetScheme(), mgr.GetRESTMapper(), &v1alpha1.ExporterSet{}, handler.OnlyControllerOwner())
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("exporterset").
+		For(&v1alpha1.ExporterSet{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&corev1.Pod{}, podEvents{exp: r.exp, inner: owner}).
+		WithOptions(crcontroller.Options{MaxConcurrentReconciles: max(workers, 1)}).
+		Complete(r)
+}
+
+// podEvents settles expectations from pod events before queueing the owner.
+type podEvents struct {
+	exp   *expectations
+	inner handler.EventHandler
+}
+
+type queue = workqueue.TypedRateLimitingInterface[reconcile.Request]
+
+func (h podEvents) observe(obj client.Object, deleted bool) {
+	ref := metav1.GetControllerOf(obj)
+	if ref == nil || ref.Kind != "ExporterSet" || ref.APIVersion != v1alpha1.GroupVersion.String() {
+		return
+	}
+	h.exp.Observe(types.NamespacedName{Namespace: obj.GetNamespace(), Name: ref.Name}, obj.GetName(), obj.GetUID(), deleted)
+}
+
+func (h podEvents) Create(ctx context.Context, e event.CreateEvent, q queue) {
+	h.observe(e.Object, false)
+	h.inner.Create(ctx, e, q)
+}
+
+func (h podEvents) Update(ctx context.Context, e event.UpdateEvent, q queue) {
+	h.observe(e.ObjectNew, false)
+	h.inner.Update(ctx, e, q)
+}
+
+func (h podEvents) Delete(ctx context.Context, e event.DeleteEvent, q queue) {
+	h.observe(e.Object, true)
+	h.inner.Delete(ctx, e, q)
+}
+
+func (h podEvents) Generic(ctx context.Context, e event.GenericEvent, q queue) {
+	h.inner.Generic(ctx, e, q)
+}
+
+// Reconcile makes one plan for one set and applies it.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	log := logf.FromContext(ctx)
+	key := req.NamespacedName
+	var set v1alpha1.ExporterSet
+	if err := r.reader().Get(ctx, key, &set); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.exp.Forget(key)
+			r.Metrics.forget(key)
+			return ctrl.Result{}, nil
+		}
+		return ctrl.Result{}, fmt.Errorf("get exporterset %s: %w", key, err)
+	}
+	if set.DeletionTimestamp != nil {
+		return ctrl.Result{}, nil // the garbage collector deletes the pods
+	}
+	now := r.now()
+
+	sel, err := metav1.LabelSelectorAsSelector(set.Spec.Selector)
+	if err == nil && (sel.Empty() || !sel.Matches(labels.Set(set.Spec.Template.Labels))) {
+		err = fmt.Errorf("selector %q does not match the template labels %v", sel, set.Spec.Template.Labels)
+	}
+	if err != nil {
+		cond := Condition{v1alpha1.ConditionReplicaFailure, metav1.ConditionTrue, "InvalidSelector", err.Error()}
+		return ctrl.Result{}, r.writeStatus(ctx, &set, Status{Conditions: []Condition{cond}}, "", now)
+	}
+
+	var list corev1.PodList
+	if err := r.reader().List(ctx, &list, client.InNamespace(set.Namespace), client.MatchingLabelsSelector{Selector: sel}); err != nil {
+		return ctrl.Result{}, fmt.Errorf("list pods of exporterset %s: %w", key, err)
+	}
+	owned := list.Items[:0]
+	for i := range list.Items {
+		if metav1.IsControlledBy(&list.Items[i], &set) {
+			owned = append(owned, list.Items[i])
+		}
+	}
+	leases, demand, err := r.Leases.Leases(ctx, &set, owned)
+	if err != nil {
+		return ctrl.Result{}, fmt.Errorf("lease state of exporterset %s: %w", key, err)
+	}
+	pendingCreates, deleting := r.exp.Pending(key, owned, now)
+
+	hash := TemplateHash(&set.Spec.Template)
+	in := Input{
+		Replicas:       derefOr(set.Spec.Replicas, 1),
+		MinAvailable:   derefOr(set.Spec.MinAvailable, 0),
+		MaxReplicas:    set.Spec.MaxReplicas,
+		Recycle:        set.Spec.RecyclePolicy,
+		Cooldown:       30 * time.Second,
+		TemplateHash:   hash,
+		PendingCreates: pendingCreates,
+		Demand:         demand,
+		Now:            now,
+
+		ConsecutiveFailures: set.Status.ConsecutiveFailures,
+	}
+	if in.Recycle == "" {
+		in.Recycle = v1alpha1.RecyclePolicyReplace
+	}
+	if set.Spec.ScaleDownCooldown != nil {
+		in.Cooldown = set.Spec.ScaleDownCooldown.Duration
+	}
+	if t := set.Status.ScaleDownPendingSince; t != nil {
+		in.ScaleDownPendingSince = &t.Time
+	}
+	if t := set.Status.LastFailureTime; t != nil {
+		in.LastFailureTime = &t.Time
+	}
+	for i := range owned {
+		if !deleting[owned[i].UID] {
+			in.Pods = append(in.Pods, podState(&owned[i], leases[owned[i].Name]))
+		}
+	}
+
+	acts := Plan(in)
+	log.V(1).Info("plan", "create", acts.Create, "delete", len(acts.Delete), "clearUsed", len(acts.ClearUsed),
+		"pods", len(in.Pods), "pendingCreates", pendingCreates, "target", acts.Status.Desired)
+
+	execErr := r.execute(ctx, &set, key, hash, acts, now)
+	if execErr != nil {
+		acts.Status.Conditions = append(acts.Status.Conditions,
+			Condition{v1alpha1.ConditionReplicaFailure, metav1.ConditionTrue, EventFailedCreate, execErr.Error()})
+	}
+	if err := r.writeStatus(ctx, &set, acts.Status, sel.String(), now); err != nil {
+		return ctrl.Result{}, errors.Join(execErr, err)
+	}
+	r.Metrics.observe(key, acts.Status)
+	return ctrl.Result{RequeueAfter: acts.RequeueAfter}, execErr
+}
+
+// execute applies the plan's pod actions. It returns an error when pods
+// could not be created (the request is then retried with rate-limited
+// backoff); failed deletes and precondition conflicts are retried on the
+// next event or requeue.
+func (r *Reconciler) execute(ctx context.Context, set *v1alpha1.ExporterSet, key types.NamespacedName, hash string, acts Actions, now time.Time) error {
+	log := logf.FromContext(ctx)
+	for _, p := range acts.ClearUsed {
+		patch := fmt.Appendf(nil, `{"metadata":{"resourceVersion":%q,"labels":{%q:null}}}`, p.ResourceVersion, v1alpha1.UsedLabel)
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: set.Namespace}}
+		if err := r.Client.Patch(ctx, pod, client.RawPatch(types.MergePatchType, patch)); err != nil && !apierrors.IsNotFound(err) {
+			log.Info("clear used mark", "pod", p.Name, "err", err.Error())
+		}
+	}
+	for _, d := range acts.Delete {
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: d.Name, Namespace: set.Namespace}}
+		uid, rv := d.UID, d.ResourceVersion
+		err := r.Client.Delete(ctx, pod, client.Preconditions{UID: &uid, ResourceVersion: &rv})
+		switch {
+		case err == nil:
+			r.exp.ExpectDelete(key, d.UID, now)
+			r.Recorder.Eventf(set, nil, corev1.EventTypeNormal, EventSuccessfulDelete, "Delete", "Deleted pod: %s (%s)", d.Name, d.Reason)
+		case apierrors.IsNotFound(err):
+		case apierrors.IsConflict(err):
+			// Changed since the decision (e.g. just claimed): keep it; the
+			// change's event brings a fresh plan.
+			log.V(1).Info("pod changed since the plan; not deleted", "pod", d.Name, "reason", d.Reason)
+		default:
+			r.Recorder.Eventf(set, nil, corev1.EventTypeWarning, EventFailedDelete, "Delete", "Error deleting pod %s: %v", d.Name, err)
+		}
+	}
+	if acts.Create > 0 {
+		if err := r.createPods(ctx, set, key, hash, int(acts.Create), now); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// createPods creates n pods in slow-start batches (1, 2, 4, ...) as the
+// ReplicaSet controller does: all of them in one pass when the API accepts
+// them, few wasted calls when it refuses (quota, admission).
+func (r *Reconciler) createPods(ctx context.Context, set *v1alpha1.ExporterSet, key types.NamespacedName, hash string, n int, now time.Time) error {
+	for batch, done := 1, 0; done < n; batch *= 2 {
+		size := min(batch, n-done)
+		errs := make([]error, size)
+		var wg sync.WaitGroup
+		for i := range size {
+			wg.Go(func() {
+				pod := newPod(set, hash)
+				if err := r.Client.Create(ctx, pod); err != nil {
+					errs[i] = err
+					r.Recorder.Eventf(set, nil, corev1.EventTypeWarning, EventFailedCreate, "Create", "Error creating pod: %v", err)
+					return
+				}
+				r.exp.ExpectCreate(key, pod.Name, now)
+				r.Recorder.Eventf(set, pod, corev1.EventTypeNormal, EventSuccessfulCreate, "Create", "Created pod: %s", pod.Name)
+			})
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			return fmt.Errorf("create pods for exporterset %s (%d of %d done): %w", key, done, n, err)
+		}
+		done += size
+	}
+	return nil
+}
+
+// writeStatus merges the planned status into the set's status and writes it
+// when it changed.
+func (r *Reconciler) writeStatus(ctx context.Context, set *v1alpha1.ExporterSet, st Status, selector string, now time.Time) error {
+	ns := set.Status.DeepCopy()
+	ns.Replicas, ns.DesiredReplicas, ns.ReadyReplicas = st.Replicas, st.Desired, st.Ready
+	ns.AvailableReplicas, ns.LeasedReplicas, ns.UpdatedReplicas = st.Available, st.Leased, st.Updated
+	ns.ConsecutiveFailures = st.ConsecutiveFailures
+	ns.ScaleDownPendingSince = metaTime(st.ScaleDownPendingSince)
+	ns.LastFailureTime = metaTime(st.LastFailureTime)
+	if selector != "" {
+		ns.Selector = selector
+	}
+	ns.ObservedGeneration = set.Generation
+	seen := map[string]bool{}
+	for _, c := range st.Conditions {
+		if seen[c.Type] {
+			meta.RemoveStatusCondition(&ns.Conditions, c.Type) // a later one overrides
+		}
+		seen[c.Type] = true
+		meta.SetStatusCondition(&ns.Conditions, metav1.Condition{Type: c.Type, Status: c.Status, Reason: c.Reason,
+			Message: c.Message, ObservedGeneration: set.Generation, LastTransitionTime: metav1.NewTime(now.Truncate(time.Second))})
+	}
+	if equality.Semantic.DeepEqual(&set.Status, ns) {
+		return nil
+	}
+	patch := client.MergeFrom(set.DeepCopy())
+	set.Status = *ns
+	if err := r.Client.Status().Patch(ctx, set, patch); err != nil {
+		return fmt.Errorf("update status of exporterset %s/%s: %w", set.Namespace, set.Name, err)
+	}
+	return nil
+}
+
+func metaTime(t *time.Time) *metav1.Time {
+	if t == nil {
+		return nil
+	}
+	mt := metav1.NewTime(t.Truncate(time.Second))
+	return &mt
+}
+
+func derefOr(p *int32, def int32) int32 {
+	if p == nil {
+		return def
+	}
+	return *p
+}
+
+// podState extracts what the planner needs from a pod.
+func podState(p *corev1.Pod, l Lease) PodState {
+	s := PodState{
+		Name: p.Name, UID: p.UID, ResourceVersion: p.ResourceVersion, Created: p.CreationTimestamp.Time,
+		Phase: p.Status.Phase, Terminating: p.DeletionTimestamp != nil,
+		Leased: l.Leased, Used: l.Used, TemplateHash: p.Labels[v1alpha1.TemplateHashLabel],
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+			s.Ready = true
+		}
+	}
+	statuses := append(append([]corev1.ContainerStatus{}, p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...)
+	for _, cs := range statuses {
+		if w := cs.State.Waiting; w != nil && w.Reason != "" && s.WaitingReason == "" {
+			s.WaitingReason, s.WaitingMessage = w.Reason, w.Message
+		}
+		if t := cs.State.Terminated; t != nil && s.FailedReason == "" && t.ExitCode != 0 {
+			s.FailedReason, s.FailedMessage = t.Reason, fmt.Sprintf("container %s exited %d: %s", cs.Name, t.ExitCode, t.Message)
+		}
+	}
+	if p.Status.Reason != "" {
+		s.FailedReason, s.FailedMessage = p.Status.Reason, p.Status.Message
+	}
+	return s
+}
+
+// TemplateHash is a short, stable hash of a pod template; pods carry it in
+// v1alpha1.TemplateHashLabel.
+func TemplateHash(t *corev1.PodTemplateSpec) string {
+	h := fnv.New32a()
+	b, _ := json.Marshal(t) // a PodTemplateSpec always marshals
+	h.Write(b)
+	return rand.SafeEncodeString(strconv.FormatUint(uint64(h.Sum32()), 10))
+}
+
+// newPod builds a pod of the set from its template.
+func newPod(set *v1alpha1.ExporterSet, hash string) *corev1.Pod {
+	t := set.Spec.Template.DeepCopy()
+	lbls := make(map[string]string, len(t.Labels)+1)
+	for k, v := range t.Labels {
+		lbls[k] = v
+	}
+	delete(lbls, v1alpha1.LeaseLabel) // a new pod is never born leased
+	delete(lbls, v1alpha1.UsedLabel)
+	lbls[v1alpha1.TemplateHashLabel] = hash
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			GenerateName:    set.Name + "-",
+			Namespace:       set.Namespace,
+			Labels:          lbls,
+			Annotations:     t.Annotations,
+			Finalizers:      t.Finalizers,
+			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(set, v1alpha1.GroupVersion.WithKind("ExporterSet"))},
+		},
+		Spec: t.Spec,
+	}
+}
