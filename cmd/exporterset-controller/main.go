@@ -1,12 +1,103 @@
-// Command exporterset-controller runs the ExporterSet controller manager.
+// Command exporterset-controller runs the ExporterSet controller manager:
+// it keeps each ExporterSet's pods and warm buffer of unleased pods (see
+// docs/exporterset.md), with leader election, Prometheus metrics and health
+// endpoints.
 package main
 
 import (
+	"errors"
+	"flag"
 	"fmt"
 	"os"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
+	"github.com/qemu-kubelet/qemu-kubelet/controller"
 )
 
+type options struct {
+	metricsAddr, healthAddr string
+	leaderElect             bool
+	leaderElectionNamespace string
+	leaderElectionID        string
+	workers                 int
+	namespace               string
+}
+
 func main() {
-	fmt.Fprintln(os.Stderr, "exporterset-controller: not built yet (tracked by the ExporterSet issue)")
-	os.Exit(1)
+	var o options
+	fs := flag.CommandLine // holds --kubeconfig, registered by controller-runtime
+	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus /metrics endpoint (0 disables it)")
+	fs.StringVar(&o.healthAddr, "health-probe-bind-address", ":8081", "address of the /healthz and /readyz endpoints (0 disables them)")
+	fs.BoolVar(&o.leaderElect, "leader-elect", false, "elect a leader so that only one replica reconciles")
+	fs.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election Lease (default: the pod's namespace)")
+	fs.StringVar(&o.leaderElectionID, "leader-election-id", "exporterset-controller.qemu-kubelet.io", "name of the leader election Lease")
+	fs.IntVar(&o.workers, "workers", 4, "number of ExporterSets reconciled in parallel")
+	fs.StringVar(&o.namespace, "namespace", "", "watch only this namespace (default: all)")
+	klog.InitFlags(fs)
+	flag.Parse()
+	ctrl.SetLogger(klog.NewKlogr())
+
+	if err := run(o); err != nil {
+		klog.ErrorS(err, "exporterset-controller failed")
+		klog.Flush()
+		os.Exit(1)
+	}
+	klog.Flush()
+}
+
+func run(o options) error {
+	if o.workers < 1 {
+		return fmt.Errorf("--workers must be at least 1, got %d", o.workers)
+	}
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		return fmt.Errorf("load kubeconfig: %w", err)
+	}
+	scheme := runtime.NewScheme()
+	if err := errors.Join(clientgoscheme.AddToScheme(scheme), v1alpha1.AddToScheme(scheme)); err != nil {
+		return fmt.Errorf("build scheme: %w", err)
+	}
+	mopts := ctrl.Options{
+		Scheme:                  scheme,
+		Metrics:                 metricsserver.Options{BindAddress: o.metricsAddr},
+		HealthProbeBindAddress:  o.healthAddr,
+		LeaderElection:          o.leaderElect,
+		LeaderElectionID:        o.leaderElectionID,
+		LeaderElectionNamespace: o.leaderElectionNamespace,
+	}
+	if o.namespace != "" {
+		mopts.Cache.DefaultNamespaces = map[string]cache.Config{o.namespace: {}}
+	}
+	mgr, err := ctrl.NewManager(cfg, mopts)
+	if err != nil {
+		return fmt.Errorf("create manager: %w", err)
+	}
+	m, err := controller.NewMetrics(metrics.Registry)
+	if err != nil {
+		return err
+	}
+	r := controller.NewReconciler(mgr.GetClient(), mgr.GetEventRecorder("exporterset-controller"), m)
+	if err := r.SetupWithManager(mgr, o.workers); err != nil {
+		return fmt.Errorf("set up exporterset controller: %w", err)
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return fmt.Errorf("add healthz check: %w", err)
+	}
+	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
+		return fmt.Errorf("add readyz check: %w", err)
+	}
+	klog.InfoS("starting exporterset-controller", "metrics", o.metricsAddr, "health", o.healthAddr, "leaderElect", o.leaderElect, "namespace", o.namespace)
+	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil {
+		return fmt.Errorf("run manager: %w", err)
+	}
+	return nil
 }
