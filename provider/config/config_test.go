@@ -105,7 +105,7 @@ overcommit: {cpu: 4, memory: 1.5}
 accelerator: {policy: tcg, probeTimeout: 5s}
 taints: []
 labels: {pool: ci}
-server: {address: 127.0.0.1, port: 11250, tlsCertFile: /c.pem, tlsPrivateKeyFile: /k.pem}
+server: {address: 127.0.0.1, port: 11250, tlsCertFile: /c.pem, tlsPrivateKeyFile: /k.pem, clientCAFile: /ca.pem}
 nodeStatusUpdateFrequency: 2s
 pressure: {memoryAvailable: "0", diskAvailable: 5Gi, pidAvailable: 1000}
 `))
@@ -122,6 +122,7 @@ pressure: {memoryAvailable: "0", diskAvailable: 5Gi, pidAvailable: 1000}
 	assert.Equal(t, map[string]string{"pool": "ci"}, n.Labels)
 	assert.Equal(t, int32(11250), n.Port)
 	assert.Equal(t, "/c.pem", n.TLSCertFile)
+	assert.Equal(t, "/ca.pem", n.ClientCAFile)
 	cpu := n.Reserved[corev1.ResourceCPU]
 	assert.Equal(t, int64(500), cpu.MilliValue())
 	_, hasStorage := n.Reserved[corev1.ResourceEphemeralStorage]

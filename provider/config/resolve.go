@@ -81,6 +81,7 @@ type Node struct {
 	Port              int32
 	TLSCertFile       string
 	TLSKeyFile        string
+	ClientCAFile      string
 	// StatusUpdateFrequency is the period of host readings / status pushes.
 	StatusUpdateFrequency time.Duration
 	MemoryAvailable       Threshold
@@ -190,6 +191,7 @@ func validate(c *NodeConfiguration) (*Node, field.ErrorList) {
 		Port:              *c.Server.Port,
 		TLSCertFile:       c.Server.TLSCertFile,
 		TLSKeyFile:        c.Server.TLSPrivateKeyFile,
+		ClientCAFile:      c.Server.ClientCAFile,
 	}
 
 	if c.NodeName == "" {

@@ -102,6 +102,10 @@ type Server struct {
 	// <stateDir>/pki, like the kubelet does.
 	TLSCertFile       string `json:"tlsCertFile,omitempty"`
 	TLSPrivateKeyFile string `json:"tlsPrivateKeyFile,omitempty"`
+	// ClientCAFile is the CA bundle (PEM) that verifies client certificates,
+	// e.g. the API server's kubelet client certificate. Empty: only bearer
+	// tokens authenticate (through TokenReview).
+	ClientCAFile string `json:"clientCAFile,omitempty"`
 }
 
 // PressureThresholds are the "available" levels under which a pressure

@@ -1,0 +1,263 @@
+// Command qemu-kubelet is the node agent of qemu-kubelet: it reads the node
+// configuration file and flags, probes the host (QEMU, accelerator) and runs
+// a virtual-kubelet node whose capacity is the host's VM capacity.
+//
+// Wiring only: decisions live in package provider and provider/config.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"syscall"
+	"time"
+
+	"github.com/qemu-kubelet/qemu-kubelet/provider"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
+	"github.com/qemu-kubelet/qemu-kubelet/qemu"
+	vklog "github.com/virtual-kubelet/virtual-kubelet/log"
+	vklogklog "github.com/virtual-kubelet/virtual-kubelet/log/klogv2"
+	"github.com/virtual-kubelet/virtual-kubelet/node"
+	"github.com/virtual-kubelet/virtual-kubelet/node/nodeutil"
+	"k8s.io/apiserver/pkg/server/dynamiccertificates"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+)
+
+// version is the qemu-kubelet version, set with
+// -ldflags "-X main.version=v1.2.3"; it is the node's kubeletVersion.
+var version = "v0.1.0-dev"
+
+type options struct {
+	configFile  string
+	kubeconfig  string
+	nodeName    string
+	showVersion bool
+}
+
+func main() {
+	os.Exit(run())
+}
+
+func run() int {
+	fs := flag.NewFlagSet("qemu-kubelet", flag.ContinueOnError)
+	var o options
+	fs.StringVar(&o.configFile, "config", "", "path to the NodeConfiguration file (apiVersion "+config.APIVersion+"); empty: all defaults")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig with the node's credentials (default $KUBECONFIG, else in-cluster)")
+	fs.StringVar(&o.nodeName, "node-name", "", "node name; overrides nodeName of the config file")
+	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
+	klog.InitFlags(fs)
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		return 2
+	}
+	if o.showVersion {
+		fmt.Printf("qemu-kubelet %s\n", version)
+		return 0
+	}
+
+	cfg, err := loadConfig(o)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "qemu-kubelet: %v\n", err)
+		return 1
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	logger := klog.Background().WithValues("node", cfg.NodeName)
+	ctx = klog.NewContext(ctx, logger)
+	vklog.L = vklogklog.New(vklog.Fields{"node": cfg.NodeName})
+
+	if err := runNode(ctx, o, cfg); err != nil {
+		logger.Error(err, "qemu-kubelet failed")
+		klog.Flush()
+		return 1
+	}
+	logger.Info("qemu-kubelet stopped")
+	klog.Flush()
+	return 0
+}
+
+// loadConfig reads the file (if any), applies flag overrides, defaults and
+// validation. Nothing here talks to the API server.
+func loadConfig(o options) (*config.Node, error) {
+	file := &config.NodeConfiguration{APIVersion: config.APIVersion, Kind: config.Kind}
+	where := "default configuration"
+	if o.configFile != "" {
+		var err error
+		if file, err = config.Load(o.configFile); err != nil {
+			return nil, err
+		}
+		where = "config file " + o.configFile
+	}
+	if o.nodeName != "" {
+		file.NodeName = o.nodeName
+	}
+	hostname, _ := os.Hostname()
+	n, err := config.Resolve(file, config.Environment{Hostname: hostname, HostIP: firstHostIPv4()})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", where, err)
+	}
+	return n, nil
+}
+
+func firstHostIPv4() string {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return ""
+	}
+	for _, a := range addrs {
+		if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil && !ipn.IP.IsLoopback() && !ipn.IP.IsLinkLocalUnicast() {
+			return ipn.IP.String()
+		}
+	}
+	return ""
+}
+
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig == "" {
+		kubeconfig = os.Getenv("KUBECONFIG")
+	}
+	var rc *rest.Config
+	var err error
+	if kubeconfig == "" {
+		rc, err = rest.InClusterConfig()
+	} else {
+		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("client configuration (kubeconfig %q): %w", kubeconfig, err)
+	}
+	rc.UserAgent = "qemu-kubelet/" + version
+	return rc, nil
+}
+
+// probe gathers the facts fixed for the life of the process.
+func probe(ctx context.Context, cfg *config.Node) provider.Facts {
+	logger := klog.FromContext(ctx)
+	f := provider.Facts{Config: cfg, Version: version, Host: provider.ReadHostInfo()}
+	if v, err := qemu.Version(ctx, cfg.QEMUBinary); err != nil {
+		logger.Error(err, "QEMU version unknown", "binary", cfg.QEMUBinary)
+	} else {
+		f.QEMUVersion = v
+	}
+	res, err := qemu.ProbeAccelerator(ctx, qemu.ProbeOptions{
+		QEMUBinary: cfg.QEMUBinary,
+		Policy:     qemu.AccelPolicy(cfg.AcceleratorPolicy),
+		Timeout:    cfg.ProbeTimeout,
+		WorkDir:    filepath.Join(cfg.StateDir, "probe"),
+	})
+	f.Accelerator = provider.Accelerator{Name: string(res.Accelerator), Reason: res.Reason, KVMError: res.KVMError}
+	if err != nil {
+		f.Accelerator.Name = ""
+		f.Accelerator.Error = err.Error()
+		logger.Error(err, "No usable accelerator; the node stays NotReady", "policy", cfg.AcceleratorPolicy)
+	} else {
+		logger.Info("Accelerator probed", "accelerator", res.Accelerator, "reason", res.Reason)
+	}
+	return f
+}
+
+func runNode(ctx context.Context, o options, cfg *config.Node) error {
+	logger := klog.FromContext(ctx)
+	if err := os.MkdirAll(cfg.StateDir, 0o750); err != nil {
+		return fmt.Errorf("create state directory: %w", err)
+	}
+	certFile, keyFile, err := servingCert(cfg)
+	if err != nil {
+		return err
+	}
+	rc, err := restConfig(o.kubeconfig)
+	if err != nil {
+		return err
+	}
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return fmt.Errorf("create client: %w", err)
+	}
+
+	facts := probe(ctx, cfg)
+	host := provider.HostSource{StateDir: cfg.StateDir, QEMUBinary: cfg.QEMUBinary}
+	status := provider.NewNodeStatus(ctx, facts, host.Read)
+	pods := provider.NewUnsupportedPods(cfg.NodeName, version)
+
+	auth, err := nodeutil.WebhookAuth(client, cfg.NodeName, func(c *nodeutil.WebhookAuthConfig) error {
+		if cfg.ClientCAFile == "" {
+			return nil
+		}
+		ca, err := dynamiccertificates.NewDynamicCAContentFromFile("client-ca", cfg.ClientCAFile)
+		if err != nil {
+			return fmt.Errorf("server.clientCAFile: %w", err)
+		}
+		c.AuthnConfig.ClientCertificateCAContentProvider = ca
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("kubelet API authentication: %w", err)
+	}
+	mux := httpMux()
+	listen := net.JoinHostPort(cfg.ListenAddress, fmt.Sprint(cfg.Port))
+
+	n, err := nodeutil.NewNode(cfg.NodeName,
+		func(nodeutil.ProviderConfig) (nodeutil.Provider, node.NodeProvider, error) {
+			return pods, status, nil
+		},
+		nodeutil.WithClient(client),
+		func(c *nodeutil.NodeConfig) error {
+			c.NodeSpec = *status.RegistrationNode()
+			c.HTTPListenAddr = listen
+			c.Handler = nodeutil.WithAuth(auth, mux)
+			c.NumWorkers = max(2, runtime.NumCPU())
+			c.InformerResyncPeriod = time.Minute
+			// No container is started, so nothing needs secrets or
+			// config maps resolved into environment variables.
+			c.SkipDownwardAPIResolution = true
+			return nil
+		},
+		nodeutil.AttachProviderRoutes(mux),
+		nodeutil.WithTLSConfig(nodeutil.WithKeyPairFromPath(certFile, keyFile)),
+	)
+	if err != nil {
+		return fmt.Errorf("create node: %w", err)
+	}
+
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go status.Run(runCtx)
+	go func() {
+		if err := n.Run(runCtx); err != nil && !errors.Is(err, context.Canceled) {
+			logger.Error(err, "Node controller stopped")
+		}
+	}()
+	logger.Info("Starting node", "version", version, "kubeletAPI", listen, "accelerator", facts.Accelerator.Name, "qemu", facts.QEMUVersion)
+	if err := n.WaitReady(ctx, 0); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("node %s did not start: %w", cfg.NodeName, err)
+	}
+	logger.Info("Node registered and running")
+	select {
+	case <-ctx.Done():
+		logger.Info("Shutting down on signal")
+		cancel()
+		select {
+		case <-n.Done():
+		case <-time.After(10 * time.Second):
+			logger.Info("Node controllers did not stop within 10s; exiting anyway")
+		}
+		return nil
+	case <-n.Done():
+		if err := n.Err(); err != nil && !errors.Is(err, context.Canceled) {
+			return fmt.Errorf("node controllers exited: %w", err)
+		}
+		return errors.New("node controllers exited")
+	}
+}
