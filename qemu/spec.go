@@ -1,0 +1,416 @@
+package qemu
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
+	"regexp"
+	"strings"
+)
+
+// Arch is the guest architecture. Only x86_64 is implemented.
+type Arch string
+
+const ArchX86_64 Arch = "x86_64"
+
+// Firmware selects how the machine boots before the kernel.
+type Firmware string
+
+const (
+	// FirmwareBIOS is SeaBIOS (QEMU's default firmware).
+	FirmwareBIOS Firmware = "bios"
+	// FirmwareUEFI is OVMF: Spec.UEFICode (read-only) and a private copy of
+	// Spec.UEFIVarsTemplate in the state dir.
+	FirmwareUEFI Firmware = "uefi"
+)
+
+// DiskFormat is a QEMU block format.
+type DiskFormat string
+
+const (
+	FormatQCOW2 DiskFormat = "qcow2"
+	FormatRaw   DiskFormat = "raw"
+)
+
+// Disk is one virtio block device.
+type Disk struct {
+	// Path to the image; must be inside Spec.AllowedDirs (or the state dir).
+	Path     string
+	Format   DiskFormat
+	ReadOnly bool
+	// Serial is visible to the guest (/dev/disk/by-id/virtio-<serial>);
+	// optional, at most 20 characters of [A-Za-z0-9._-].
+	Serial string
+}
+
+// PortForward forwards a host loopback TCP port to a guest TCP port through
+// user-mode networking.
+type PortForward struct {
+	// HostPort on 127.0.0.1; 0 is not allowed here (use FreeLoopbackPort).
+	HostPort  int
+	GuestPort int
+}
+
+// Limits bound what a spec may ask for.
+type Limits struct {
+	MaxCPUs      int // default 64
+	MaxMemoryMiB int // default 262144 (256 GiB)
+	MinMemoryMiB int // default 32
+}
+
+func (l Limits) withDefaults() Limits {
+	if l.MaxCPUs <= 0 {
+		l.MaxCPUs = 64
+	}
+	if l.MaxMemoryMiB <= 0 {
+		l.MaxMemoryMiB = 256 << 10
+	}
+	if l.MinMemoryMiB <= 0 {
+		l.MinMemoryMiB = 32
+	}
+	return l
+}
+
+// Spec describes one VM. It is plain data: Validate checks it and Args turns
+// it into a QEMU command line; nothing in it is passed to QEMU unchecked.
+type Spec struct {
+	// Name is a label for logs and QEMU's -name ([A-Za-z0-9._-], <= 63).
+	Name string
+	// Arch defaults to x86_64.
+	Arch Arch
+	// QEMUBinary defaults to qemu-system-x86_64.
+	QEMUBinary string
+	// Accelerator, normally from ProbeAccelerator. Defaults to TCG.
+	Accelerator Accelerator
+	// Machine is q35 (default), pc or microvm.
+	Machine   string
+	CPUs      int
+	MemoryMiB int
+	// Firmware defaults to BIOS.
+	Firmware         Firmware
+	UEFICode         string
+	UEFIVarsTemplate string
+
+	// Direct kernel boot: Kernel (+ Initrd, Cmdline). When Kernel is empty
+	// the firmware boots Disks[0].
+	Kernel  string
+	Initrd  string
+	Cmdline string
+
+	Disks []Disk
+
+	// Network enables user-mode networking (virtio-net) with these forwards.
+	Network  bool
+	Forwards []PortForward
+
+	// RunAsUser makes QEMU drop privileges to this user after start (-runas).
+	RunAsUser string
+
+	// AllowedDirs: every file the VM opens (kernel, initrd, disks, firmware)
+	// must be inside one of them or inside the state dir. Empty means only
+	// the state dir.
+	AllowedDirs []string
+	Limits      Limits
+
+	// StateDir is the per-VM directory (0700) holding the QMP and console
+	// sockets, console log, pidfile and exit record. Set by Start.
+	StateDir string
+}
+
+// Files inside the state dir.
+const (
+	QMPSocketName     = "qmp.sock"
+	ConsoleSocketName = "console.sock"
+	ConsoleLogName    = "console.log"
+	PidfileName       = "qemu.pid"
+	QEMULogName       = "qemu.log"
+	SpecFileName      = "spec.json"
+	ExitFileName      = "exit.json"
+	UEFIVarsName      = "uefi-vars.fd"
+)
+
+// maxSocketPath is sun_path's size minus the NUL.
+const maxSocketPath = 107
+
+var (
+	nameRE   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+	serialRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,20}$`)
+	userRE   = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
+)
+
+// withDefaults fills the defaults Validate and Args assume.
+func (s Spec) withDefaults() Spec {
+	if s.Arch == "" {
+		s.Arch = ArchX86_64
+	}
+	if s.QEMUBinary == "" {
+		s.QEMUBinary = DefaultQEMUBinary
+	}
+	if s.Accelerator == "" {
+		s.Accelerator = AccelTCG
+	}
+	if s.Machine == "" {
+		s.Machine = "q35"
+	}
+	if s.Firmware == "" {
+		s.Firmware = FirmwareBIOS
+	}
+	for i := range s.Disks {
+		if s.Disks[i].Format == "" {
+			s.Disks[i].Format = FormatQCOW2
+		}
+	}
+	s.Limits = s.Limits.withDefaults()
+	return s
+}
+
+// Validate checks the spec and returns every problem found, each naming the
+// field and why. It touches no files.
+func (s Spec) Validate() error {
+	s = s.withDefaults()
+	var errs []error
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+
+	if !nameRE.MatchString(s.Name) {
+		bad("name %q: must be 1-63 characters of [A-Za-z0-9._-] starting with a letter or digit", s.Name)
+	}
+	if s.Arch != ArchX86_64 {
+		bad("arch %q: only %q is supported", s.Arch, ArchX86_64)
+	}
+	switch s.Accelerator {
+	case AccelKVM, AccelTCG:
+	default:
+		bad("accelerator %q: want %q or %q", s.Accelerator, AccelKVM, AccelTCG)
+	}
+	switch s.Machine {
+	case "q35", "pc", "microvm":
+	default:
+		bad("machine %q: want q35, pc or microvm", s.Machine)
+	}
+	if s.CPUs < 1 || s.CPUs > s.Limits.MaxCPUs {
+		bad("cpus %d: must be between 1 and %d", s.CPUs, s.Limits.MaxCPUs)
+	}
+	if s.MemoryMiB < s.Limits.MinMemoryMiB || s.MemoryMiB > s.Limits.MaxMemoryMiB {
+		bad("memory %d MiB: must be between %d and %d MiB", s.MemoryMiB, s.Limits.MinMemoryMiB, s.Limits.MaxMemoryMiB)
+	}
+	if s.StateDir == "" || !filepath.IsAbs(s.StateDir) {
+		bad("state dir %q: must be an absolute path", s.StateDir)
+	} else if l := len(filepath.Join(s.StateDir, ConsoleSocketName)); l > maxSocketPath {
+		bad("state dir %q: too long for unix sockets (%d > %d bytes)", s.StateDir, l, maxSocketPath)
+	}
+	for i, d := range s.AllowedDirs {
+		if !filepath.IsAbs(d) {
+			bad("allowed dir [%d] %q: must be absolute", i, d)
+		}
+	}
+	checkPath := func(what, p string) {
+		if p == "" {
+			bad("%s: path is empty", what)
+			return
+		}
+		if !filepath.IsAbs(p) {
+			bad("%s %q: must be an absolute path", what, p)
+			return
+		}
+		if strings.ContainsAny(p, ",\n") {
+			bad("%s %q: commas and newlines are not allowed in paths", what, p)
+			return
+		}
+		if !s.pathAllowed(p) {
+			bad("%s %q: outside the allowed dirs %v and the state dir", what, p, s.AllowedDirs)
+		}
+	}
+	switch s.Firmware {
+	case FirmwareBIOS:
+	case FirmwareUEFI:
+		if s.Machine == "microvm" {
+			bad("firmware uefi: not supported with machine microvm")
+		}
+		checkPath("uefi code", s.UEFICode)
+		checkPath("uefi vars template", s.UEFIVarsTemplate)
+	default:
+		bad("firmware %q: want %q or %q", s.Firmware, FirmwareBIOS, FirmwareUEFI)
+	}
+	if s.Kernel == "" {
+		if s.Initrd != "" || s.Cmdline != "" {
+			bad("initrd/cmdline given without a kernel")
+		}
+		if len(s.Disks) == 0 {
+			bad("boot source: no kernel and no disk to boot from")
+		}
+		if s.Machine == "microvm" {
+			bad("machine microvm: needs a kernel (no disk boot)")
+		}
+	} else {
+		checkPath("kernel", s.Kernel)
+		if s.Initrd != "" {
+			checkPath("initrd", s.Initrd)
+		}
+		if strings.ContainsAny(s.Cmdline, "\n\x00") || len(s.Cmdline) > 4096 {
+			bad("cmdline: must be one line of at most 4096 bytes")
+		}
+	}
+	seenDisk := map[string]int{}
+	for i, d := range s.Disks {
+		what := fmt.Sprintf("disk[%d]", i)
+		checkPath(what, d.Path)
+		if j, dup := seenDisk[d.Path]; dup {
+			bad("%s %q: same file as disk[%d]", what, d.Path, j)
+		}
+		seenDisk[d.Path] = i
+		switch d.Format {
+		case FormatQCOW2, FormatRaw:
+		default:
+			bad("%s format %q: want qcow2 or raw", what, d.Format)
+		}
+		if d.Serial != "" && !serialRE.MatchString(d.Serial) {
+			bad("%s serial %q: at most 20 characters of [A-Za-z0-9._-]", what, d.Serial)
+		}
+	}
+	if len(s.Forwards) > 0 && !s.Network {
+		bad("forwards: need network enabled")
+	}
+	hostPorts, guestPorts := map[int]int{}, map[int]int{}
+	for i, f := range s.Forwards {
+		what := fmt.Sprintf("forward[%d]", i)
+		if f.HostPort < 1 || f.HostPort > 65535 {
+			bad("%s host port %d: must be 1-65535", what, f.HostPort)
+		}
+		if f.GuestPort < 1 || f.GuestPort > 65535 {
+			bad("%s guest port %d: must be 1-65535", what, f.GuestPort)
+		}
+		if j, dup := hostPorts[f.HostPort]; dup {
+			bad("%s host port %d: collides with forward[%d]", what, f.HostPort, j)
+		}
+		if j, dup := guestPorts[f.GuestPort]; dup {
+			bad("%s guest port %d: already forwarded by forward[%d]", what, f.GuestPort, j)
+		}
+		hostPorts[f.HostPort], guestPorts[f.GuestPort] = i, i
+	}
+	if s.RunAsUser != "" && !userRE.MatchString(s.RunAsUser) {
+		bad("run-as user %q: not a valid user name", s.RunAsUser)
+	}
+	return errors.Join(errs...)
+}
+
+func (s Spec) pathAllowed(p string) bool {
+	p = filepath.Clean(p)
+	dirs := append([]string{s.StateDir}, s.AllowedDirs...)
+	for _, d := range dirs {
+		if d == "" {
+			continue
+		}
+		rel, err := filepath.Rel(filepath.Clean(d), p)
+		if err == nil && rel != "." && rel != ".." && !strings.HasPrefix(rel, "../") {
+			return true
+		}
+	}
+	return false
+}
+
+// Path returns the path of a state-dir file (QMPSocketName etc.).
+func (s Spec) Path(name string) string { return filepath.Join(s.StateDir, name) }
+
+// sandboxArg confines QEMU with seccomp: no obsolete syscalls, no setuid
+// after start, no fork/exec, no scheduler/affinity changes.
+const sandboxArg = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
+
+// Args returns the QEMU argument list (without the binary) for a valid spec.
+// It is pure: same spec, same arguments.
+//
+// Choices: -nodefaults and no display; QMP and the serial console on unix
+// sockets in the state dir, the console also written by QEMU to console.log
+// (so it survives our restarts); pvpanic; guest shutdown and panic pause the
+// VM instead of exiting (-action shutdown=pause,panic=pause) so the
+// supervisor — or a later Adopt — can read why the guest stopped from QMP
+// before quitting QEMU; user-mode networking with forwards bound to
+// 127.0.0.1 only.
+func Args(s Spec) []string {
+	s = s.withDefaults()
+	machine := s.Machine
+	switch s.Machine {
+	case "q35", "pc":
+		machine += ",vmport=off"
+	case "microvm":
+		machine += ",acpi=on,pit=off,pic=off,rtc=on"
+	}
+	cpu := "max"
+	if s.Accelerator == AccelKVM {
+		cpu = "host"
+	}
+	a := []string{
+		"-name", "guest=" + s.Name + ",debug-threads=on",
+		"-machine", machine,
+		"-accel", string(s.Accelerator),
+		"-cpu", cpu,
+		"-smp", fmt.Sprint(s.CPUs),
+		"-m", fmt.Sprintf("%dM", s.MemoryMiB),
+		"-nodefaults", "-no-user-config",
+		"-display", "none",
+		"-sandbox", sandboxArg,
+		"-qmp", "unix:" + s.Path(QMPSocketName) + ",server=on,wait=off",
+		"-chardev", "socket,id=console,path=" + s.Path(ConsoleSocketName) + ",server=on,wait=off,logfile=" + s.Path(ConsoleLogName) + ",logappend=on",
+		"-serial", "chardev:console",
+		"-action", "shutdown=pause,panic=pause,reboot=reset",
+		"-pidfile", s.Path(PidfileName),
+	}
+	if s.Machine != "microvm" {
+		a = append(a, "-device", "pvpanic")
+	}
+	if s.Firmware == FirmwareUEFI {
+		a = append(a,
+			"-drive", "if=pflash,format=raw,unit=0,readonly=on,file="+s.UEFICode,
+			"-drive", "if=pflash,format=raw,unit=1,file="+s.Path(UEFIVarsName))
+	}
+	if s.Kernel != "" {
+		a = append(a, "-kernel", s.Kernel)
+		if s.Initrd != "" {
+			a = append(a, "-initrd", s.Initrd)
+		}
+		if s.Cmdline != "" {
+			a = append(a, "-append", s.Cmdline)
+		}
+	}
+	pciSuffix := "-pci"
+	if s.Machine == "microvm" {
+		pciSuffix = "-device"
+	}
+	for i, d := range s.Disks {
+		id := fmt.Sprintf("disk%d", i)
+		drive := "file=" + d.Path + ",format=" + string(d.Format) + ",if=none,id=" + id + ",cache=writeback,discard=unmap"
+		if d.ReadOnly {
+			drive += ",readonly=on"
+		}
+		dev := "virtio-blk" + pciSuffix + ",drive=" + id
+		if d.Serial != "" {
+			dev += ",serial=" + d.Serial
+		}
+		if s.Kernel == "" && i == 0 {
+			dev += ",bootindex=0"
+		}
+		a = append(a, "-drive", drive, "-device", dev)
+	}
+	if s.Network {
+		netdev := "user,id=net0"
+		for _, f := range s.Forwards {
+			netdev += fmt.Sprintf(",hostfwd=tcp:127.0.0.1:%d-:%d", f.HostPort, f.GuestPort)
+		}
+		a = append(a, "-netdev", netdev, "-device", "virtio-net"+pciSuffix+",netdev=net0,mac="+macFor(s.Name))
+	}
+	if s.RunAsUser != "" {
+		a = append(a, "-runas", s.RunAsUser)
+	}
+	return a
+}
+
+// macFor derives a stable locally administered MAC from the VM name.
+func macFor(name string) string {
+	var h uint32 = 2166136261
+	for i := 0; i < len(name); i++ {
+		h ^= uint32(name[i])
+		h *= 16777619
+	}
+	hw := net.HardwareAddr{0x52, 0x54, 0x00, byte(h >> 16), byte(h >> 8), byte(h)}
+	return hw.String()
+}

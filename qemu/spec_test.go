@@ -1,0 +1,147 @@
+package qemu
+
+import (
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/*.golden")
+
+func baseSpec() Spec {
+	return Spec{
+		Name:        "vm1",
+		CPUs:        2,
+		MemoryMiB:   512,
+		Kernel:      "/images/vmlinuz",
+		Initrd:      "/images/initrd.gz",
+		Cmdline:     "console=ttyS0 quiet",
+		AllowedDirs: []string{"/images"},
+		StateDir:    "/run/qk/vm1",
+	}
+}
+
+func TestArgsGolden(t *testing.T) {
+	cases := map[string]func(*Spec){
+		"kernel-tcg": func(*Spec) {},
+		"kernel-kvm-net": func(s *Spec) {
+			s.Accelerator = AccelKVM
+			s.Network = true
+			s.Forwards = []PortForward{{HostPort: 20080, GuestPort: 8080}, {HostPort: 20022, GuestPort: 22}}
+			s.RunAsUser = "nobody"
+		},
+		"disk-uefi": func(s *Spec) {
+			s.Kernel, s.Initrd, s.Cmdline = "", "", ""
+			s.Firmware = FirmwareUEFI
+			s.UEFICode = "/images/OVMF_CODE.fd"
+			s.UEFIVarsTemplate = "/images/OVMF_VARS.fd"
+			s.Disks = []Disk{
+				{Path: "/run/qk/vm1/root.qcow2", Serial: "root"},
+				{Path: "/images/config.img", Format: FormatRaw, ReadOnly: true, Serial: "cidata"},
+			}
+		},
+		"microvm": func(s *Spec) {
+			s.Machine = "microvm"
+			s.Network = true
+		},
+	}
+	for name, mut := range cases {
+		t.Run(name, func(t *testing.T) {
+			s := baseSpec()
+			mut(&s)
+			if err := s.Validate(); err != nil {
+				t.Fatalf("golden spec invalid: %v", err)
+			}
+			got := strings.Join(Args(s), "\n") + "\n"
+			path := filepath.Join("testdata", name+".golden")
+			if *update {
+				if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("read golden (run with -update to create): %v", err)
+			}
+			if got != string(want) {
+				t.Errorf("args differ from %s (run go test -run TestArgsGolden -update after checking):\n got:\n%s\nwant:\n%s", path, got, want)
+			}
+			// Invariants every command line must hold.
+			joined := strings.Join(Args(s), " ")
+			for _, must := range []string{"-nodefaults", "-sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny", "-qmp unix:/run/qk/vm1/qmp.sock", "logfile=/run/qk/vm1/console.log"} {
+				if !strings.Contains(joined, must) {
+					t.Errorf("missing %q", must)
+				}
+			}
+			if strings.Contains(joined, "hostfwd=tcp::") || strings.Contains(joined, "hostfwd=tcp:0.0.0.0") {
+				t.Errorf("forward not bound to loopback: %s", joined)
+			}
+		})
+	}
+}
+
+func TestValidateRejects(t *testing.T) {
+	cases := []struct {
+		name string
+		mut  func(*Spec)
+		want string
+	}{
+		{"zero cpus", func(s *Spec) { s.CPUs = 0 }, "cpus 0"},
+		{"too many cpus", func(s *Spec) { s.CPUs = 1000 }, "cpus 1000"},
+		{"absurd memory", func(s *Spec) { s.MemoryMiB = 1 << 30 }, "memory 1073741824 MiB"},
+		{"tiny memory", func(s *Spec) { s.MemoryMiB = 1 }, "memory 1 MiB"},
+		{"missing kernel and disk", func(s *Spec) { s.Kernel, s.Initrd, s.Cmdline = "", "", "" }, "no kernel and no disk"},
+		{"initrd without kernel", func(s *Spec) { s.Kernel = ""; s.Disks = []Disk{{Path: "/images/a.qcow2"}} }, "without a kernel"},
+		{"kernel outside allowed", func(s *Spec) { s.Kernel = "/etc/shadow" }, `kernel "/etc/shadow": outside the allowed dirs`},
+		{"disk traversal", func(s *Spec) { s.Disks = []Disk{{Path: "/images/../etc/passwd"}} }, "outside the allowed dirs"},
+		{"disk prefix trick", func(s *Spec) { s.Disks = []Disk{{Path: "/images-evil/x.qcow2"}} }, "outside the allowed dirs"},
+		{"relative disk", func(s *Spec) { s.Disks = []Disk{{Path: "x.qcow2"}} }, "must be an absolute path"},
+		{"comma in path", func(s *Spec) { s.Disks = []Disk{{Path: "/images/a,format=raw"}} }, "commas"},
+		{"same disk twice", func(s *Spec) {
+			s.Disks = []Disk{{Path: "/images/a.qcow2"}, {Path: "/images/a.qcow2"}}
+		}, "same file as disk[0]"},
+		{"bad format", func(s *Spec) { s.Disks = []Disk{{Path: "/images/a", Format: "vmdk"}} }, `format "vmdk"`},
+		{"host port collision", func(s *Spec) {
+			s.Network = true
+			s.Forwards = []PortForward{{HostPort: 2000, GuestPort: 80}, {HostPort: 2000, GuestPort: 81}}
+		}, "host port 2000: collides with forward[0]"},
+		{"guest port twice", func(s *Spec) {
+			s.Network = true
+			s.Forwards = []PortForward{{HostPort: 2000, GuestPort: 80}, {HostPort: 2001, GuestPort: 80}}
+		}, "guest port 80: already forwarded"},
+		{"port out of range", func(s *Spec) { s.Network = true; s.Forwards = []PortForward{{HostPort: 70000, GuestPort: 80}} }, "host port 70000"},
+		{"forward without network", func(s *Spec) { s.Forwards = []PortForward{{HostPort: 2000, GuestPort: 80}} }, "need network"},
+		{"bad name", func(s *Spec) { s.Name = "a b;rm" }, "name"},
+		{"arch", func(s *Spec) { s.Arch = "riscv64" }, `arch "riscv64"`},
+		{"machine", func(s *Spec) { s.Machine = "isapc" }, `machine "isapc"`},
+		{"cmdline newline", func(s *Spec) { s.Cmdline = "a\nb" }, "cmdline"},
+		{"relative state dir", func(s *Spec) { s.StateDir = "state" }, "state dir"},
+		{"long state dir", func(s *Spec) { s.StateDir = "/" + strings.Repeat("x", 120) }, "too long for unix sockets"},
+		{"bad user", func(s *Spec) { s.RunAsUser = "root;x" }, "run-as user"},
+		{"uefi without code", func(s *Spec) { s.Firmware = FirmwareUEFI }, "uefi code: path is empty"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := baseSpec()
+			tc.mut(&s)
+			err := s.Validate()
+			if err == nil {
+				t.Fatalf("want error containing %q, got nil", tc.want)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %q does not contain %q", err, tc.want)
+			}
+		})
+	}
+	if err := baseSpec().Validate(); err != nil {
+		t.Fatalf("base spec: %v", err)
+	}
+	// Several problems are all reported.
+	s := baseSpec()
+	s.CPUs, s.MemoryMiB = 0, 0
+	if err := s.Validate(); err == nil || !strings.Contains(err.Error(), "cpus") || !strings.Contains(err.Error(), "memory") {
+		t.Fatalf("want both cpu and memory errors, got %v", err)
+	}
+}
