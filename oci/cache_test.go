@@ -301,3 +301,20 @@ func TestPullThroughMirror(t *testing.T) {
 	require.Equal(t, 1, proxy.BlobGETs(layer.String()))
 	require.Contains(t, s.List()[0].Names, "registry.invalid/library/os:1")
 }
+
+func TestStalledDownloadTimesOut(t *testing.T) {
+	ctx := testCtx(t)
+	reg := ocitest.StartRegistry(t, ocitest.RegistryOptions{})
+	disk, layer := pushRawDisk(t, reg, "stall/os:1", 2<<20)
+	proxy := ocitest.NewProxy(t, reg.Addr)
+	proxy.AddFault(&ocitest.Fault{Match: layer.String(), CutAfter: 512 << 10, Stall: true})
+	s := openStore(t, "", Options{StallTimeout: time.Second})
+	_, err := s.Pull(ctx, proxy.Addr+"/stall/os:1", PullOptions{})
+	t.Logf("error: %v", err)
+	require.ErrorIs(t, err, ErrRegistryUnavailable)
+	require.ErrorContains(t, err, "no data received")
+	require.Empty(t, s.List())
+	img, err := s.Pull(ctx, proxy.Addr+"/stall/os:1", PullOptions{})
+	require.NoError(t, err)
+	require.Equal(t, disk, fileBytes(t, img.Disk))
+}

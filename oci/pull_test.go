@@ -153,6 +153,35 @@ func TestPullContainerDisk(t *testing.T) {
 	require.Equal(t, img.Disk, byDigest.Disk)
 }
 
+func TestPullCompressedContainerDiskLayers(t *testing.T) {
+	reg := ocitest.StartRegistry(t, ocitest.RegistryOptions{})
+	s := openStore(t, "", Options{})
+	disk := randomBytes(t, 512<<10)
+	layer := tarOf(ocitest.TarEntry{Name: "disk/", Type: tar.TypeDir}, ocitest.TarEntry{Name: "disk/d.raw", Body: disk})
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "layer.tar"), layer, 0o644))
+	ctx := testCtx(t)
+	ocitest.Run(ctx, t, dir, "gzip", "-k", "layer.tar")
+	ocitest.Run(ctx, t, dir, "zstd", "-q", "layer.tar")
+	for _, tc := range []struct{ name, file, mediaType string }{
+		{"gzip", "layer.tar.gz", ocispec.MediaTypeImageLayerGzip},
+		{"zstd", "layer.tar.zst", ocispec.MediaTypeImageLayerZstd},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			img := ocitest.LayoutImage{
+				Platform:       ocispec.Platform{OS: "linux", Architecture: "amd64"},
+				Layers:         [][]byte{fileBytes(t, filepath.Join(dir, tc.file))},
+				LayerMediaType: tc.mediaType,
+			}
+			skopeoPush(t, reg, "cd/compressed:"+tc.name, img)
+			got, err := s.Pull(testCtx(t), reg.Addr+"/cd/compressed:"+tc.name, PullOptions{})
+			require.NoError(t, err)
+			require.Equal(t, "raw", got.DiskFormat)
+			require.Equal(t, disk, fileBytes(t, got.Disk))
+		})
+	}
+}
+
 func TestPullKernelInitrdFiles(t *testing.T) {
 	ctx := testCtx(t)
 	reg := ocitest.StartRegistry(t, ocitest.RegistryOptions{})

@@ -38,7 +38,10 @@ type Fault struct {
 	CutAfter int64
 	// FailAfterCut answers 503 to this many further matching requests.
 	FailAfterCut int
-	Times        int
+	// Stall: after CutAfter bytes, hold the connection open without sending
+	// more until the client goes away (instead of dropping it).
+	Stall bool
+	Times int
 
 	cuts, fails int
 }
@@ -144,6 +147,9 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 		rec.Bytes = n
 		if f, ok := w.(http.Flusher); ok {
 			f.Flush()
+		}
+		if fault.Stall {
+			<-r.Context().Done()
 		}
 		panic(http.ErrAbortHandler) // drop the connection mid-body
 	}
