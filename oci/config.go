@@ -13,6 +13,7 @@ import (
 
 	"github.com/containerd/containerd/v2/core/remotes/docker"
 	"github.com/containerd/platforms"
+	"github.com/go-logr/logr"
 )
 
 // Options configure a Store. The zero value is usable.
@@ -33,6 +34,9 @@ type Options struct {
 	Platform string
 	// Concurrency is the number of blobs fetched in parallel (default 4).
 	Concurrency int
+	// Logger receives structured logs (default: discard). Pass
+	// klog.Background() or any logr implementation.
+	Logger logr.Logger
 }
 
 // Limits bound what a pull may write; exceeding one fails with ErrTooLarge.
@@ -73,6 +77,9 @@ func (o Options) withDefaults() Options {
 	if o.StallTimeout == 0 {
 		o.StallTimeout = 2 * time.Minute
 	}
+	if o.Logger.GetSink() == nil {
+		o.Logger = logr.Discard()
+	}
 	if o.Concurrency <= 0 {
 		o.Concurrency = 4
 	}
@@ -95,6 +102,23 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
+// clients holds the HTTP clients of a Store, shared by all pulls so that
+// connections are reused.
+type clients struct {
+	secure, insecure *http.Client
+}
+
+func (c clients) get(insecure bool) *http.Client {
+	if insecure {
+		return c.insecure
+	}
+	return c.secure
+}
+
+func (o Options) newClients() clients {
+	return clients{secure: o.httpClient(false), insecure: o.httpClient(true)}
+}
+
 func (o Options) httpClient(insecure bool) *http.Client {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.DialContext = (&net.Dialer{Timeout: o.DialTimeout, KeepAlive: 30 * time.Second}).DialContext
@@ -109,16 +133,16 @@ func (o Options) httpClient(insecure bool) *http.Client {
 
 // registryHosts builds the containerd Hosts function: mirrors first, then the
 // registry itself, each with the credentials from auth.
-func (o Options) registryHosts(auth *dockerConfig) docker.RegistryHosts {
+func (o Options) registryHosts(c clients, auth *dockerConfig) docker.RegistryHosts {
 	authorizer := docker.NewDockerAuthorizer(
-		docker.WithAuthClient(o.httpClient(false)),
+		docker.WithAuthClient(c.secure),
 		docker.WithAuthCreds(auth.credentials),
 	)
 	return func(host string) ([]docker.RegistryHost, error) {
 		cfg := o.Registries[host]
 		var hosts []docker.RegistryHost
 		for _, m := range cfg.Mirrors {
-			h, err := o.mirrorHost(m, authorizer)
+			h, err := o.mirrorHost(c, m, authorizer)
 			if err != nil {
 				return nil, fmt.Errorf("registry %s: %w", host, err)
 			}
@@ -133,7 +157,7 @@ func (o Options) registryHosts(auth *dockerConfig) docker.RegistryHosts {
 			apiHost = "registry-1.docker.io"
 		}
 		hosts = append(hosts, docker.RegistryHost{
-			Client:       o.httpClient(cfg.InsecureSkipVerify),
+			Client:       c.get(cfg.InsecureSkipVerify),
 			Authorizer:   authorizer,
 			Host:         apiHost,
 			Scheme:       scheme,
@@ -144,7 +168,7 @@ func (o Options) registryHosts(auth *dockerConfig) docker.RegistryHosts {
 	}
 }
 
-func (o Options) mirrorHost(m string, authorizer docker.Authorizer) (docker.RegistryHost, error) {
+func (o Options) mirrorHost(c clients, m string, authorizer docker.Authorizer) (docker.RegistryHost, error) {
 	if !strings.Contains(m, "://") {
 		scheme := "https"
 		if mc, ok := o.Registries[m]; (ok && mc.PlainHTTP) || docker.IsLocalhost(m) {
@@ -161,7 +185,7 @@ func (o Options) mirrorHost(m string, authorizer docker.Authorizer) (docker.Regi
 		p += "/v2"
 	}
 	return docker.RegistryHost{
-		Client:       o.httpClient(o.Registries[u.Host].InsecureSkipVerify),
+		Client:       c.get(o.Registries[u.Host].InsecureSkipVerify),
 		Authorizer:   authorizer,
 		Host:         u.Host,
 		Scheme:       u.Scheme,

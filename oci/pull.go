@@ -89,7 +89,7 @@ func (s *Store) pull(ctx context.Context, ref string, opts PullOptions) (*Image,
 	if err != nil {
 		return nil, withKind(ErrUnauthorized, "%w", err)
 	}
-	resolver := docker.NewResolver(docker.ResolverOptions{Hosts: s.opts.registryHosts(auth)})
+	resolver := docker.NewResolver(docker.ResolverOptions{Hosts: s.opts.registryHosts(s.clients, auth)})
 	rctx, cancel := context.WithTimeout(ctx, s.opts.ResponseHeaderTimeout+s.opts.DialTimeout)
 	_, desc, err := resolver.Resolve(rctx, name)
 	cancel()

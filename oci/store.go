@@ -16,8 +16,8 @@ import (
 	"github.com/containerd/containerd/v2/core/content"
 	"github.com/containerd/containerd/v2/plugins/content/local"
 	"github.com/containerd/platforms"
+	"github.com/go-logr/logr"
 	"github.com/opencontainers/go-digest"
-	"k8s.io/klog/v2"
 )
 
 // Store is the host-wide, content-addressed cache of pulled OS images.
@@ -41,7 +41,8 @@ type Store struct {
 	content  content.Store
 	lock     *os.File
 	platform platforms.MatchComparer
-	log      klog.Logger
+	log      logr.Logger
+	clients  clients
 
 	mu        sync.Mutex
 	entries   map[digest.Digest]*entry
@@ -111,7 +112,8 @@ func Open(root string, opts Options) (*Store, error) {
 		content:   cs,
 		lock:      lock,
 		platform:  platforms.Only(p),
-		log:       klog.Background().WithName("oci"),
+		log:       opts.Logger.WithName("oci"),
+		clients:   opts.newClients(),
 		entries:   map[digest.Digest]*entry{},
 		names:     map[string]digest.Digest{},
 		inflight:  map[digest.Digest]*flight{},
@@ -213,6 +215,8 @@ func (s *Store) Close() error {
 		return nil
 	}
 	s.closed = true
+	s.clients.secure.CloseIdleConnections()
+	s.clients.insecure.CloseIdleConnections()
 	return s.lock.Close()
 }
 
