@@ -38,8 +38,13 @@ func TestConcurrentPullsDownloadOnce(t *testing.T) {
 	proxy := ocitest.NewProxy(t, reg.Addr)
 	ref := proxy.Addr + "/shared/os:1"
 
+	// The same image under a second tag and by digest shares the download.
+	ocitest.Run(ctx, t, "", ocitest.Oras(t), "tag", "--plain-http", reg.Addr+"/shared/os:1", "2")
+	desc := ocitest.Run(ctx, t, "", ocitest.Oras(t), "resolve", "--plain-http", reg.Addr+"/shared/os:1")
+	refs := []string{ref, proxy.Addr + "/shared/os:2", proxy.Addr + "/shared/os@" + strings.TrimSpace(desc)}
+
 	s := openStore(t, "", Options{})
-	const n = 8
+	const n = 9
 	imgs := make([]*Image, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -47,7 +52,7 @@ func TestConcurrentPullsDownloadOnce(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			imgs[i], errs[i] = s.Pull(ctx, ref, PullOptions{Policy: PullAlways})
+			imgs[i], errs[i] = s.Pull(ctx, refs[i%len(refs)], PullOptions{Policy: PullAlways})
 		}()
 	}
 	wg.Wait()
@@ -57,7 +62,9 @@ func TestConcurrentPullsDownloadOnce(t *testing.T) {
 	}
 	require.Equal(t, disk, fileBytes(t, imgs[0].Disk))
 	require.Equal(t, 1, proxy.BlobGETs(layer.String()), "the disk blob must be downloaded once")
-	require.Len(t, s.List(), 1)
+	list := s.List()
+	require.Len(t, list, 1)
+	require.Subset(t, list[0].Names, refs)
 }
 
 func TestInterruptedPullResumes(t *testing.T) {

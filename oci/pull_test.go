@@ -336,9 +336,14 @@ func TestPullErrors(t *testing.T) {
 		{"tar without disk/", reg.Addr + "/misc/nodisk:1", ErrUnsupportedArtifact, "no file under disk/"},
 		{"layer over limit", reg.Addr + "/misc/big:1", ErrTooLarge, "limit 102400"},
 		{"registry down", "127.0.0.1:1/x/y:1", ErrRegistryUnavailable, "pull"},
+		{"policy Never, not cached", reg.Addr + "/misc/readme:1", ErrNotFound, "pull policy is Never"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := s.Pull(ctx, tc.ref, PullOptions{})
+			o := PullOptions{}
+			if strings.HasPrefix(tc.name, "policy Never") {
+				o.Policy = PullNever
+			}
+			_, err := s.Pull(ctx, tc.ref, o)
 			t.Logf("error: %v", err)
 			require.ErrorIs(t, err, tc.want)
 			require.ErrorContains(t, err, tc.msg)
