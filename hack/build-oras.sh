@@ -30,7 +30,7 @@ trap 'rm -rf "$work"' EXIT
 # list (deprecation check), which the proxy here refuses; build inside a copy of
 # the module instead, with the module's own go.mod/go.sum.
 echo "build-oras: building oras.land/oras@$ORAS_VERSION" >&2
-src=$(go mod download -json "oras.land/oras@$ORAS_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+src=$(cd "$work" && go mod download -json "oras.land/oras@$ORAS_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
 [ -d "$src" ] || { echo "build-oras: cannot download oras.land/oras@$ORAS_VERSION" >&2; exit 1; }
 cp -r "$src" "$work/src"
 chmod -R u+w "$work/src"
