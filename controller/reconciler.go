@@ -149,8 +149,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		err = fmt.Errorf("selector %q does not match the template labels %v", sel, set.Spec.Template.Labels)
 	}
 	if err != nil {
-		cond := Condition{v1alpha1.ConditionReplicaFailure, metav1.ConditionTrue, "InvalidSelector", err.Error()}
-		return ctrl.Result{}, r.writeStatus(ctx, &set, Status{Conditions: []Condition{cond}}, "", now)
+		// Nothing is created or deleted; the counts stay as last observed.
+		st := statusOf(set.Status)
+		st.Conditions = []Condition{{v1alpha1.ConditionReplicaFailure, metav1.ConditionTrue, "InvalidSelector", err.Error()}}
+		return ctrl.Result{}, r.writeStatus(ctx, &set, st, "", now)
 	}
 
 	var list corev1.PodList
@@ -211,6 +213,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 			Condition{v1alpha1.ConditionReplicaFailure, metav1.ConditionTrue, EventFailedCreate, execErr.Error()})
 	}
 	if err := r.writeStatus(ctx, &set, acts.Status, sel.String(), now); err != nil {
+		if apierrors.IsConflict(err) && execErr == nil {
+			// The cached set is older than the stored one (typically our own
+			// previous status write): plan again once the cache caught up.
+			log.V(1).Info("status conflict; requeue", "err", err.Error())
+			return ctrl.Result{RequeueAfter: 200 * time.Millisecond}, nil
+		}
 		return ctrl.Result{}, errors.Join(execErr, err)
 	}
 	r.Metrics.observe(key, acts.Status)
@@ -309,12 +317,26 @@ func (r *Reconciler) writeStatus(ctx context.Context, set *v1alpha1.ExporterSet,
 	if equality.Semantic.DeepEqual(&set.Status, ns) {
 		return nil
 	}
-	patch := client.MergeFrom(set.DeepCopy())
+	// A full update (not a merge patch) so that zero counts are written too:
+	// the printer columns and the scale subresource read them.
 	set.Status = *ns
-	if err := r.Client.Status().Patch(ctx, set, patch); err != nil {
+	if err := r.Client.Status().Update(ctx, set); err != nil {
 		return fmt.Errorf("update status of exporterset %s/%s: %w", set.Namespace, set.Name, err)
 	}
 	return nil
+}
+
+// statusOf converts a stored status back to a planned one.
+func statusOf(s v1alpha1.ExporterSetStatus) Status {
+	st := Status{Replicas: s.Replicas, Desired: s.DesiredReplicas, Ready: s.ReadyReplicas, Available: s.AvailableReplicas,
+		Leased: s.LeasedReplicas, Updated: s.UpdatedReplicas, ConsecutiveFailures: s.ConsecutiveFailures}
+	if s.ScaleDownPendingSince != nil {
+		st.ScaleDownPendingSince = &s.ScaleDownPendingSince.Time
+	}
+	if s.LastFailureTime != nil {
+		st.LastFailureTime = &s.LastFailureTime.Time
+	}
+	return st
 }
 
 func metaTime(t *time.Time) *metav1.Time {

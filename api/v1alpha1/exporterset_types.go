@@ -47,7 +47,6 @@ const (
 //
 // +kubebuilder:validation:XValidation:rule="!has(self.maxReplicas) || !has(self.minAvailable) || self.minAvailable <= self.maxReplicas",message="spec.minAvailable must not exceed spec.maxReplicas"
 // +kubebuilder:validation:XValidation:rule="!has(self.maxReplicas) || !has(self.replicas) || self.replicas <= self.maxReplicas",message="spec.replicas must not exceed spec.maxReplicas"
-// +kubebuilder:validation:XValidation:rule="!has(self.selector.matchLabels) || self.selector.matchLabels.all(k, has(self.template.metadata) && has(self.template.metadata.labels) && k in self.template.metadata.labels && self.template.metadata.labels[k] == self.selector.matchLabels[k])",message="spec.template.metadata.labels must contain every spec.selector.matchLabels entry"
 type ExporterSetSpec struct {
 	// Replicas is the baseline number of pods. The scale subresource
 	// (kubectl scale, HPA, KEDA) sets this field. The controller keeps
@@ -72,7 +71,8 @@ type ExporterSetSpec struct {
 	MaxReplicas *int32 `json:"maxReplicas,omitempty"`
 
 	// Selector selects the set's pods. It must match the template's labels
-	// and cannot change after creation.
+	// (the controller reports ReplicaFailure with reason InvalidSelector
+	// otherwise) and cannot change after creation.
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.selector is immutable"
 	// +kubebuilder:validation:XValidation:rule="(has(self.matchLabels) && size(self.matchLabels) > 0) || (has(self.matchExpressions) && size(self.matchExpressions) > 0)",message="spec.selector must not be empty"
 	Selector *metav1.LabelSelector `json:"selector"`
