@@ -1,0 +1,220 @@
+package qemu
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// The serial console is written by QEMU itself to console.log in the state
+// dir (chardev logfile, logappend=on), so output is kept while nobody
+// supervises the VM. QEMU does not cap that file, so the supervisor does:
+// every consoleCapCheckInterval it checks the size and, when console.log
+// exceeds half the cap, copies it to console.log.1 and truncates it in place
+// (QEMU opened it O_APPEND, so it keeps writing at the new end). The two
+// files together stay near the cap. Bytes QEMU writes between the copy and
+// the truncate (microseconds) are lost; while the VM is unsupervised the
+// file grows uncapped until the next Adopt. Readers read console.log.1 then
+// console.log.
+const (
+	// DefaultConsoleCap bounds console.log + console.log.1.
+	DefaultConsoleCap       int64 = 8 << 20
+	consoleCapCheckInterval       = 5 * time.Second
+	// ConsolePreviousLogName is the console of the previous run in the same
+	// state dir (Start renames console.log to it).
+	ConsolePreviousLogName = "console.previous.log"
+	consoleRotatedSuffix   = ".1"
+	followPollInterval     = 200 * time.Millisecond
+)
+
+// capConsoleLog rotates console.log when it exceeds capBytes/2.
+func capConsoleLog(stateDir string, capBytes int64) error {
+	cur := filepath.Join(stateDir, ConsoleLogName)
+	fi, err := os.Stat(cur)
+	if err != nil || fi.Size() <= capBytes/2 {
+		return nil
+	}
+	in, err := os.OpenFile(cur, os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("open console log: %w", err)
+	}
+	defer in.Close()
+	tmp := cur + consoleRotatedSuffix + ".tmp"
+	out, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("rotate console log: %w", err)
+	}
+	// Keep at most capBytes/2 in the rotated generation.
+	if fi.Size() > capBytes/2 {
+		if _, err := in.Seek(fi.Size()-capBytes/2, io.SeekStart); err != nil {
+			out.Close()
+			return err
+		}
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return fmt.Errorf("rotate console log: %w", err)
+	}
+	if err := in.Truncate(0); err != nil {
+		out.Close()
+		return fmt.Errorf("truncate console log: %w", err)
+	}
+	if err := out.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, cur+consoleRotatedSuffix)
+}
+
+// ReadConsole returns the whole kept console output of the current run.
+func ReadConsole(stateDir string) ([]byte, error) {
+	var buf bytes.Buffer
+	for _, n := range []string{ConsoleLogName + consoleRotatedSuffix, ConsoleLogName} {
+		b, err := os.ReadFile(filepath.Join(stateDir, n))
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("read console: %w", err)
+		}
+		buf.Write(b)
+	}
+	return buf.Bytes(), nil
+}
+
+// TailConsole returns the last n lines of the console (all for n <= 0).
+func TailConsole(stateDir string, n int) ([]byte, error) {
+	b, err := ReadConsole(stateDir)
+	if err != nil || n <= 0 {
+		return b, err
+	}
+	end := len(b)
+	if end > 0 && b[end-1] == '\n' {
+		end--
+	}
+	i := end
+	for lines := 0; i > 0; i-- {
+		if b[i-1] == '\n' {
+			lines++
+			if lines == n {
+				break
+			}
+		}
+	}
+	return b[i:], nil
+}
+
+// FollowConsole writes console output to w as it arrives, starting at byte
+// offset from of the current console.log (use ConsoleSize for "from now"),
+// until ctx ends or done is closed (then it drains what is left). It follows
+// rotations (skipping what was written between its last read and the
+// rotation).
+func FollowConsole(ctx context.Context, stateDir string, from int64, done <-chan struct{}, w io.Writer) error {
+	cur := filepath.Join(stateDir, ConsoleLogName)
+	off := from
+	tick := time.NewTicker(followPollInterval)
+	defer tick.Stop()
+	final := false
+	for {
+		fi, err := os.Stat(cur)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+		case err != nil:
+			return fmt.Errorf("follow console: %w", err)
+		default:
+			if fi.Size() < off {
+				// Rotated (or truncated): continue at the start of the new
+				// file. Output written between our last read and the
+				// rotation (at most one poll interval) is skipped.
+				off = 0
+			}
+			if fi.Size() > off {
+				f, err := os.Open(cur)
+				if err != nil {
+					return fmt.Errorf("follow console: %w", err)
+				}
+				_, err = f.Seek(off, io.SeekStart)
+				if err == nil {
+					var n int64
+					n, err = io.Copy(w, f)
+					off += n
+				}
+				f.Close()
+				if err != nil {
+					return fmt.Errorf("follow console: %w", err)
+				}
+			}
+		}
+		if final {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-done:
+			final = true
+		case <-tick.C:
+		}
+	}
+}
+
+// ConsoleSize is the current size of console.log (the offset for "follow
+// from now").
+func ConsoleSize(stateDir string) int64 {
+	fi, err := os.Stat(filepath.Join(stateDir, ConsoleLogName))
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
+}
+
+// Console returns the console output kept for this run.
+func (vm *VM) Console() ([]byte, error) { return ReadConsole(vm.stateDir) }
+
+// FollowConsole streams console output from offset from until ctx ends or
+// the VM exits.
+func (vm *VM) FollowConsole(ctx context.Context, from int64, w io.Writer) error {
+	return FollowConsole(ctx, vm.stateDir, from, vm.done, w)
+}
+
+// AttachConsole connects to the live serial console: reads return guest
+// output, writes are typed into the guest. QEMU serves one client at a time
+// (a second attach waits until the first closes). Output still goes to
+// console.log while attached.
+func (vm *VM) AttachConsole(ctx context.Context) (net.Conn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", vm.spec.Path(ConsoleSocketName))
+	if err != nil {
+		return nil, fmt.Errorf("attach console of VM %s: %w", vm.spec.Name, err)
+	}
+	return c, nil
+}
+
+// WaitConsole waits until the console contains marker, the VM exits, or ctx
+// ends. It polls the log file (for tests and readiness without a probe).
+func (vm *VM) WaitConsole(ctx context.Context, marker string) error {
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		b, err := vm.Console()
+		if err != nil {
+			return err
+		}
+		if bytes.Contains(b, []byte(marker)) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for %q on the console of VM %s: %w", marker, vm.spec.Name, ctx.Err())
+		case <-vm.done:
+			if b, _ := vm.Console(); bytes.Contains(b, []byte(marker)) {
+				return nil
+			}
+			ex, _ := vm.Exit()
+			return fmt.Errorf("wait for %q on the console of VM %s: VM exited (%s: %s)", marker, vm.spec.Name, ex.Class, ex.Reason)
+		case <-tick.C:
+		}
+	}
+}

@@ -1,0 +1,189 @@
+package qemu
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// testStateRoot is the prefix of every state dir the tests create; TestMain
+// checks no QEMU started with it survives the suite.
+const testStateRoot = "/tmp/qk-qemu-test-"
+
+func TestMain(m *testing.M) {
+	if dir := os.Getenv(childEnv); dir != "" {
+		os.Exit(childSupervisor(dir))
+	}
+	code := m.Run()
+	if leaked := leakedQEMUs(); len(leaked) > 0 {
+		fmt.Fprintf(os.Stderr, "FAIL: QEMU processes survived the test suite: %v (killed now)\n", leaked)
+		for _, pid := range leaked {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+		code = 1
+	}
+	os.Exit(code)
+}
+
+// leakedQEMUs scans /proc for QEMU processes started with a test state dir.
+func leakedQEMUs() []int {
+	var pids []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmd, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || !bytes.Contains(cmd, []byte("qemu-system")) || !bytes.Contains(cmd, []byte(testStateRoot)) {
+			continue
+		}
+		if qemuAliveAny(pid) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+func qemuAliveAny(pid int) bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(stat, ')')
+	return i < 0 || i+2 >= len(stat) || (stat[i+2] != 'Z' && stat[i+2] != 'X')
+}
+
+var (
+	imageOnce sync.Once
+	imageDir  string
+	imageErr  error
+)
+
+// testImage builds (or finds cached) the test OS images with
+// hack/build-test-image.sh.
+func testImage(t testing.TB) string {
+	t.Helper()
+	imageOnce.Do(func() {
+		root, err := repoRoot()
+		if err != nil {
+			imageErr = err
+			return
+		}
+		cmd := exec.Command(filepath.Join(root, "hack", "build-test-image.sh"))
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			imageErr = fmt.Errorf("hack/build-test-image.sh: %w: %s", err, stderr.String())
+			return
+		}
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		imageDir = lines[len(lines)-1]
+	})
+	if imageErr != nil {
+		t.Fatal(imageErr)
+	}
+	return imageDir
+}
+
+func repoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("no go.mod above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// newStateDir returns a short (unix socket paths are limited) fresh dir;
+// removed at cleanup.
+func newStateDir(t testing.TB) string {
+	t.Helper()
+	d, err := os.MkdirTemp("/tmp", filepath.Base(testStateRoot)+"*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(d) })
+	return filepath.Join(d, "vm")
+}
+
+// testSpec is a VM booting one of the test initramfs variants.
+func testSpec(t testing.TB, variant string) Spec {
+	img := testImage(t)
+	cmdline, err := os.ReadFile(filepath.Join(img, "cmdline"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Spec{
+		Name:        "test-" + variant,
+		CPUs:        1,
+		MemoryMiB:   256,
+		Kernel:      filepath.Join(img, "vmlinuz"),
+		Initrd:      filepath.Join(img, "initramfs-"+variant+".cpio.gz"),
+		Cmdline:     strings.TrimSpace(string(cmdline)),
+		AllowedDirs: []string{img},
+	}
+}
+
+// startVM starts spec and makes sure QEMU is gone at cleanup, whatever
+// happens.
+func startVM(t testing.TB, spec Spec, stateDir string) *VM {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	vm, err := Start(ctx, spec, stateDir)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	t.Cleanup(func() { killVM(vm) })
+	return vm
+}
+
+func killVM(vm *VM) {
+	vm.Kill()
+	select {
+	case <-vm.Done():
+	case <-time.After(20 * time.Second):
+	}
+}
+
+const bootMarker = "QK-BOOT-OK"
+
+func waitBoot(t testing.TB, vm *VM) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	if err := vm.WaitConsole(ctx, bootMarker); err != nil {
+		b, _ := vm.Console()
+		t.Fatalf("%v; console:\n%s", err, b)
+	}
+}
+
+func waitExit(t testing.TB, vm *VM, d time.Duration) Exit {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	ex, err := vm.Wait(ctx)
+	if err != nil {
+		t.Fatalf("VM did not exit within %s: %v", d, err)
+	}
+	return ex
+}

@@ -1,0 +1,436 @@
+package qemu
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+const (
+	childEnv     = "QK_QEMU_TEST_CHILD_STATEDIR"
+	childSpecEnv = "QK_QEMU_TEST_CHILD_SPEC"
+)
+
+// childSupervisor runs in a re-executed test binary: it starts a VM, waits
+// for the boot marker, reports READY and then waits to be killed.
+func childSupervisor(stateDir string) int {
+	var spec Spec
+	if err := json.Unmarshal([]byte(os.Getenv(childSpecEnv)), &spec); err != nil {
+		fmt.Println("ERROR", err)
+		return 2
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	vm, err := Start(ctx, spec, stateDir)
+	if err != nil {
+		fmt.Println("ERROR", err)
+		return 2
+	}
+	if err := vm.WaitConsole(ctx, bootMarker); err != nil {
+		fmt.Println("ERROR", err)
+		return 2
+	}
+	fmt.Printf("READY %d\n", vm.Pid())
+	select {}
+}
+
+func httpGet(t *testing.T, url string) (string, error) {
+	t.Helper()
+	c := http.Client{Timeout: 5 * time.Second}
+	var last error
+	for i := 0; i < 20; i++ {
+		resp, err := c.Get(url)
+		if err == nil {
+			b, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			return string(b), err
+		}
+		last = err
+		time.Sleep(250 * time.Millisecond)
+	}
+	return "", last
+}
+
+func listDir(t *testing.T, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatalf("read %s: %v", dir, err)
+	}
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	sort.Strings(names)
+	return names
+}
+
+// TestVMLifecycle boots the ACPI-aware image with a port forward, checks the
+// console, the guest HTTP server through start-time and runtime forwards,
+// the interactive console, then stops it gracefully.
+func TestVMLifecycle(t *testing.T) {
+	spec := testSpec(t, "acpi")
+	hostPort, err := FreeLoopbackPort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec.Network = true
+	spec.Forwards = []PortForward{{HostPort: hostPort, GuestPort: 8080}}
+	dir := newStateDir(t)
+	vm := startVM(t, spec, dir)
+	events := vm.Events(context.Background())
+
+	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("state dir mode: %v %v", fi.Mode(), err)
+	}
+	if got := vm.State(); got != StateRunning {
+		t.Fatalf("state after start = %s", got)
+	}
+	waitBoot(t, vm)
+
+	body, err := httpGet(t, fmt.Sprintf("http://127.0.0.1:%d/", hostPort))
+	if err != nil || !strings.Contains(body, "QK-HTTP-OK") {
+		t.Fatalf("guest HTTP via start-time forward: %q %v", body, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rtPort, err := vm.ForwardPort(ctx, 8080, 0)
+	if err != nil {
+		t.Fatalf("runtime forward: %v", err)
+	}
+	body, err = httpGet(t, fmt.Sprintf("http://127.0.0.1:%d/", rtPort))
+	if err != nil || !strings.Contains(body, "QK-HTTP-OK") {
+		t.Fatalf("guest HTTP via runtime forward: %q %v", body, err)
+	}
+	if _, err := vm.ForwardPort(ctx, 8080, rtPort); err == nil {
+		t.Fatal("forwarding an already forwarded host port must fail")
+	}
+	if err := vm.RemoveForward(ctx, rtPort); err != nil {
+		t.Fatalf("remove forward: %v", err)
+	}
+
+	// Interactive console: typed lines are echoed by the guest, and the
+	// output also lands in console.log.
+	conn, err := vm.AttachConsole(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(conn, "hello-console\n"); err != nil {
+		t.Fatal(err)
+	}
+	conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+	r := bufio.NewReader(conn)
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatalf("read attached console: %v", err)
+		}
+		if strings.Contains(line, "QK-ECHO: hello-console") {
+			break
+		}
+	}
+	conn.Close()
+	if err := vm.WaitConsole(ctx, "QK-ECHO: hello-console"); err != nil {
+		t.Fatalf("echo not in console.log: %v", err)
+	}
+	tail, err := TailConsole(dir, 1)
+	if err != nil || !strings.Contains(string(tail), "QK-ECHO: hello-console") || strings.Count(string(tail), "\n") > 1 {
+		t.Fatalf("TailConsole(1) = %q, %v", tail, err)
+	}
+
+	ex, err := vm.Stop(ctx, StopOptions{Grace: 60 * time.Second, Keep: []string{ConsoleLogName}})
+	if err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	if ex.Class != ExitGuestShutdown || ex.ExitCode != 0 {
+		t.Fatalf("graceful stop of the ACPI image: %+v", ex)
+	}
+	if got := listDir(t, dir); len(got) != 1 || got[0] != ConsoleLogName {
+		t.Fatalf("state dir after Stop(Keep=console.log) holds %v", got)
+	}
+	b, _ := os.ReadFile(filepath.Join(dir, ConsoleLogName))
+	if !strings.Contains(string(b), "QK-ACPI-POWERDOWN") {
+		t.Fatalf("guest did not see the power button; console:\n%s", b)
+	}
+	var sawPowerdown, sawShutdown bool
+	var last Event
+	for ev := range events {
+		switch e := ev.(type) {
+		case Powerdown:
+			sawPowerdown = true
+		case Shutdown:
+			sawShutdown = sawShutdown || (e.Guest && e.Reason == "guest-shutdown")
+		}
+		last = ev
+	}
+	if !sawPowerdown || !sawShutdown {
+		t.Errorf("events: powerdown=%v guest shutdown=%v", sawPowerdown, sawShutdown)
+	}
+	if e, ok := last.(Exited); !ok || e.Class != ExitGuestShutdown {
+		t.Errorf("last event %#v, want Exited guest-shutdown", last)
+	}
+	if vm.State() != StateExited {
+		t.Errorf("state %s", vm.State())
+	}
+}
+
+// TestStopIgnoredACPI: a guest that ignores the power button is quit at the
+// deadline and classified killed.
+func TestStopIgnoredACPI(t *testing.T) {
+	dir := newStateDir(t)
+	vm := startVM(t, testSpec(t, "noacpi"), dir)
+	waitBoot(t, vm)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	start := time.Now()
+	ex, err := vm.Stop(ctx, StopOptions{Grace: 2 * time.Second})
+	if err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	if ex.Class != ExitKilled || ex.ExitCode != ExitCodeKilled || !strings.Contains(ex.Reason, "did not power off within 2s") {
+		t.Fatalf("exit %+v", ex)
+	}
+	if took := time.Since(start); took < 2*time.Second {
+		t.Fatalf("stopped after %s, before the 2s deadline", took)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("state dir must be gone after Stop without Keep: %v (holds %v)", err, listDir(t, dir))
+	}
+}
+
+// TestGuestPanic: the panicking image is classified panicked via pvpanic.
+func TestGuestPanic(t *testing.T) {
+	dir := newStateDir(t)
+	vm := startVM(t, testSpec(t, "panic"), dir)
+	events := vm.Events(context.Background())
+	ex := waitExit(t, vm, 90*time.Second)
+	if ex.Class != ExitPanicked || ex.ExitCode != ExitCodePanicked {
+		b, _ := vm.Console()
+		t.Fatalf("exit %+v; console:\n%s", ex, b)
+	}
+	var panicked bool
+	for ev := range events {
+		if _, ok := ev.(GuestPanicked); ok {
+			panicked = true
+		}
+	}
+	if !panicked {
+		t.Error("no GuestPanicked event")
+	}
+	rec, err := readExit(dir)
+	if err != nil || rec.Class != ExitPanicked {
+		t.Fatalf("persisted exit %+v %v", rec, err)
+	}
+}
+
+// TestKill9Crashed: QEMU killed behind our back is classified crashed.
+func TestKill9Crashed(t *testing.T) {
+	dir := newStateDir(t)
+	vm := startVM(t, testSpec(t, "acpi"), dir)
+	waitBoot(t, vm)
+	if err := syscall.Kill(vm.Pid(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	ex := waitExit(t, vm, 30*time.Second)
+	if ex.Class != ExitCrashed || ex.ExitCode != ExitCodeCrashed || !strings.Contains(ex.Reason, "signal: killed") {
+		t.Fatalf("exit %+v", ex)
+	}
+}
+
+// startInChild starts a VM from a re-executed test binary (the "supervisor"),
+// waits for it to report the VM booted, then kills the supervisor with
+// SIGKILL. Returns QEMU's pid.
+func startInChild(t *testing.T, spec Spec, dir string) int {
+	t.Helper()
+	js, _ := json.Marshal(spec)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"="+dir, childSpecEnv+"="+string(js))
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		// Whatever the test did, QEMU of this state dir must go.
+		if pid, err := readPidfile(dir); err == nil && qemuAlive(pid, dir) {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "READY ") {
+		t.Fatalf("child supervisor: %q %v", line, err)
+	}
+	var pid int
+	fmt.Sscanf(line, "READY %d", &pid)
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	if !qemuAlive(pid, dir) {
+		t.Fatalf("QEMU pid %d died with its supervisor", pid)
+	}
+	return pid
+}
+
+// TestReadoptAfterSupervisorDies: the VM survives its supervisor's SIGKILL,
+// Adopt finds it running with its console intact, and stops it.
+func TestReadoptAfterSupervisorDies(t *testing.T) {
+	dir := newStateDir(t)
+	spec := testSpec(t, "acpi")
+	pid := startInChild(t, spec, dir)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	vm, err := Adopt(ctx, dir)
+	if err != nil {
+		t.Fatalf("Adopt: %v", err)
+	}
+	t.Cleanup(func() { killVM(vm) })
+	if vm.State() != StateRunning || vm.Pid() != pid {
+		t.Fatalf("adopted state %s pid %d, want running pid %d", vm.State(), vm.Pid(), pid)
+	}
+	if st, err := vm.RunState(ctx); err != nil || st != "running" {
+		t.Fatalf("QEMU run state %q %v", st, err)
+	}
+	b, err := vm.Console()
+	if err != nil || !strings.Contains(string(b), bootMarker) {
+		t.Fatalf("console after re-adopt lacks the marker: %v\n%s", err, b)
+	}
+	// The console keeps working after re-adopt.
+	conn, err := vm.AttachConsole(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(conn, "after-adopt\n")
+	if err := vm.WaitConsole(ctx, "QK-ECHO: after-adopt"); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close()
+	ex, err := vm.Stop(ctx, StopOptions{Grace: 60 * time.Second})
+	if err != nil || ex.Class != ExitGuestShutdown {
+		t.Fatalf("stop adopted VM: %+v %v", ex, err)
+	}
+	if qemuAlive(pid, dir) {
+		t.Fatal("QEMU still alive after Stop")
+	}
+}
+
+// TestAdoptDead: a VM that died while unsupervised adopts as exited.
+func TestAdoptDead(t *testing.T) {
+	dir := newStateDir(t)
+	pid := startInChild(t, testSpec(t, "acpi"), dir)
+	syscall.Kill(pid, syscall.SIGKILL)
+	for i := 0; i < 200 && qemuAlive(pid, dir); i++ {
+		time.Sleep(50 * time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	vm, err := Adopt(ctx, dir)
+	if err != nil {
+		t.Fatalf("Adopt: %v", err)
+	}
+	ex, ok := vm.Exit()
+	if vm.State() != StateExited || !ok || ex.Class != ExitCrashed {
+		t.Fatalf("adopt of a dead VM: state %s exit %+v", vm.State(), ex)
+	}
+	// A second adopt reads the persisted record.
+	vm2, err := Adopt(ctx, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ex2, _ := vm2.Exit(); ex2.Class != ex.Class || ex2.ExitCode != ex.ExitCode || ex2.Reason != ex.Reason || !ex2.At.Equal(ex.At) {
+		t.Fatalf("second adopt %+v != %+v", ex2, ex)
+	}
+	if _, err := Adopt(ctx, filepath.Join(dir, "nope")); err == nil {
+		t.Fatal("adopting a dir without a VM must fail")
+	}
+}
+
+// TestAdoptGuestShutdownWhileUnsupervised: the guest powers off while no
+// supervisor runs; QEMU waits paused (-action shutdown=pause) so Adopt can
+// still tell it was a guest shutdown.
+func TestAdoptGuestShutdownWhileUnsupervised(t *testing.T) {
+	dir := newStateDir(t)
+	pid := startInChild(t, testSpec(t, "acpi"), dir)
+	// Press the power button through a raw QMP connection (no supervisor).
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	raw := newVM(Spec{StateDir: dir}, dir, pid, vmLogger(ctx))
+	if err := raw.connect(ctx); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		ev, _ := raw.mon.Events(ctx)
+		for range ev {
+		}
+	}()
+	if _, err := raw.mon.Run([]byte(`{"execute":"system_powerdown"}`)); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		b, err := raw.mon.Run([]byte(`{"execute":"query-status"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(b), `"shutdown"`) {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("guest did not shut down")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	raw.mon.Disconnect()
+
+	vm, err := Adopt(ctx, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ex := waitExit(t, vm, 30*time.Second)
+	if ex.Class != ExitGuestShutdown || ex.ExitCode != 0 {
+		t.Fatalf("exit %+v", ex)
+	}
+}
+
+func TestStartRejectsBadSpecAndBusyDir(t *testing.T) {
+	ctx := context.Background()
+	spec := testSpec(t, "acpi")
+	spec.CPUs = 0
+	if _, err := Start(ctx, spec, newStateDir(t)); err == nil || !strings.Contains(err.Error(), "cpus 0") {
+		t.Fatalf("bad spec: %v", err)
+	}
+	spec = testSpec(t, "acpi")
+	spec.Kernel = "/etc/passwd"
+	if _, err := Start(ctx, spec, newStateDir(t)); err == nil || !strings.Contains(err.Error(), "outside the allowed dirs") {
+		t.Fatalf("kernel outside allowed dirs: %v", err)
+	}
+	// A kernel that does not exist: QEMU refuses, and the error says why.
+	spec = testSpec(t, "acpi")
+	spec.Kernel = filepath.Join(filepath.Dir(spec.Kernel), "missing-vmlinuz")
+	dir := newStateDir(t)
+	if _, err := Start(ctx, spec, dir); err == nil || !strings.Contains(err.Error(), "missing-vmlinuz") {
+		t.Fatalf("missing kernel: %v", err)
+	}
+	// A live VM in the dir is not started over.
+	dir = newStateDir(t)
+	startVM(t, testSpec(t, "acpi"), dir)
+	if _, err := Start(ctx, testSpec(t, "acpi"), dir); err == nil || !strings.Contains(err.Error(), "still running") {
+		t.Fatalf("second start in a busy dir: %v", err)
+	}
+}
