@@ -5,6 +5,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -30,6 +32,8 @@ type options struct {
 	leaderElectionID        string
 	workers                 int
 	namespace               string
+	qps                     float64
+	burst                   int
 }
 
 func main() {
@@ -42,11 +46,20 @@ func main() {
 	fs.StringVar(&o.leaderElectionID, "leader-election-id", "exporterset-controller.qemu-kubelet.io", "name of the leader election Lease")
 	fs.IntVar(&o.workers, "workers", 4, "number of ExporterSets reconciled in parallel")
 	fs.StringVar(&o.namespace, "namespace", "", "watch only this namespace (default: all)")
+	fs.Float64Var(&o.qps, "kube-api-qps", 50, "client-side rate limit of API requests per second (as kube-controller-manager)")
+	fs.IntVar(&o.burst, "kube-api-burst", 100, "client-side burst of API requests (as kube-controller-manager)")
 	klog.InitFlags(fs)
 	flag.Parse()
 	ctrl.SetLogger(klog.NewKlogr())
 
-	if err := run(o); err != nil {
+	err := func() error {
+		cfg, err := ctrl.GetConfig()
+		if err != nil {
+			return fmt.Errorf("load kubeconfig: %w", err)
+		}
+		return run(ctrl.SetupSignalHandler(), cfg, o)
+	}()
+	if err != nil {
 		klog.ErrorS(err, "exporterset-controller failed")
 		klog.Flush()
 		os.Exit(1)
@@ -54,14 +67,13 @@ func main() {
 	klog.Flush()
 }
 
-func run(o options) error {
+// run runs the manager until ctx ends.
+func run(ctx context.Context, cfg *rest.Config, o options) error {
 	if o.workers < 1 {
 		return fmt.Errorf("--workers must be at least 1, got %d", o.workers)
 	}
-	cfg, err := ctrl.GetConfig()
-	if err != nil {
-		return fmt.Errorf("load kubeconfig: %w", err)
-	}
+	cfg = rest.CopyConfig(cfg)
+	cfg.QPS, cfg.Burst = float32(o.qps), o.burst
 	scheme := runtime.NewScheme()
 	if err := errors.Join(clientgoscheme.AddToScheme(scheme), v1alpha1.AddToScheme(scheme)); err != nil {
 		return fmt.Errorf("build scheme: %w", err)
@@ -96,7 +108,7 @@ func run(o options) error {
 		return fmt.Errorf("add readyz check: %w", err)
 	}
 	klog.InfoS("starting exporterset-controller", "metrics", o.metricsAddr, "health", o.healthAddr, "leaderElect", o.leaderElect, "namespace", o.namespace)
-	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil {
+	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("run manager: %w", err)
 	}
 	return nil

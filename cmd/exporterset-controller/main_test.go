@@ -1,0 +1,150 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
+)
+
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	require.NoError(t, err)
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		require.NotEqual(t, dir, parent, "no go.mod above the working directory")
+		dir = parent
+	}
+}
+
+// controlPlaneBin returns KUBEBUILDER_ASSETS or builds the control plane
+// (cached) with hack/build-control-plane.sh.
+func controlPlaneBin(t *testing.T, root string) string {
+	t.Helper()
+	if d := os.Getenv("KUBEBUILDER_ASSETS"); d != "" {
+		return d
+	}
+	cmd := exec.Command(filepath.Join(root, "hack", "build-control-plane.sh"))
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	require.NoError(t, err, "hack/build-control-plane.sh")
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	return lines[len(lines)-1]
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func httpGet(url string) (int, string, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
+}
+
+// TestRunAgainstRealAPIServer runs the controller's wiring (manager, leader
+// election, metrics and health endpoints) against a real kube-apiserver.
+func TestRunAgainstRealAPIServer(t *testing.T) {
+	root := repoRoot(t)
+	testEnv := &envtest.Environment{
+		BinaryAssetsDirectory: controlPlaneBin(t, root),
+		CRDDirectoryPaths:     []string{filepath.Join(root, "config", "crd")},
+		ErrorIfCRDPathMissing: true,
+	}
+	cfg, err := testEnv.Start()
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, testEnv.Stop()) })
+
+	scheme := runtime.NewScheme()
+	require.NoError(t, clientgoscheme.AddToScheme(scheme))
+	require.NoError(t, v1alpha1.AddToScheme(scheme))
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	require.NoError(t, err)
+
+	o := options{metricsAddr: freeAddr(t), healthAddr: freeAddr(t), leaderElect: true,
+		leaderElectionNamespace: "default", leaderElectionID: "exs-test", workers: 2, qps: 50, burst: 100}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, cfg, o) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			assert.NoError(t, err)
+		case <-time.After(time.Minute):
+			t.Error("controller did not stop")
+		}
+	})
+
+	set := &v1alpha1.ExporterSet{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "smoke"},
+		Spec: v1alpha1.ExporterSetSpec{
+			Replicas: ptr.To[int32](2),
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "smoke"}},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "smoke"}},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "vm", Image: "registry.invalid/os:1"}}},
+			},
+		},
+	}
+	require.NoError(t, c.Create(context.Background(), set))
+
+	want := `qemu_kubelet_exporterset_desired_replicas{exporterset="smoke",namespace="default"} 2`
+	deadline := time.Now().Add(time.Minute)
+	var last string
+	for {
+		var pods corev1.PodList
+		require.NoError(t, c.List(context.Background(), &pods, client.InNamespace("default"), client.MatchingLabels{"app": "smoke"}))
+		code, body, err := httpGet("http://" + o.metricsAddr + "/metrics")
+		if len(pods.Items) == 2 && err == nil && code == http.StatusOK && strings.Contains(body, want) {
+			break
+		}
+		last = fmt.Sprintf("%d pods, metrics %d %v", len(pods.Items), code, err)
+		if time.Now().After(deadline) {
+			t.Fatalf("controller did not reconcile: %s", last)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	for _, path := range []string{"/healthz", "/readyz"} {
+		code, body, err := httpGet("http://" + o.healthAddr + path)
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusOK, code, "%s: %s", path, body)
+	}
+	var lease coordinationv1.Lease
+	require.NoError(t, c.Get(context.Background(), client.ObjectKey{Namespace: "default", Name: "exs-test"}, &lease))
+	require.NotNil(t, lease.Spec.HolderIdentity)
+	assert.NotEmpty(t, *lease.Spec.HolderIdentity, "leader election holds the Lease")
+}
