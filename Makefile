@@ -4,9 +4,9 @@
 #   make bench  benchmarks; results written to $(BENCH_OUT)
 
 GO        ?= go
-VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+VERSION   ?= v0.1.0-dev+$(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 PKG       := github.com/qemu-kubelet/qemu-kubelet
-LDFLAGS   := -X $(PKG)/provider.Version=$(VERSION)
+LDFLAGS   := -X main.version=$(VERSION)
 BIN       := bin
 BENCH_OUT ?= bench-results.txt
 BENCHTIME ?= 3x
@@ -46,8 +46,8 @@ unit:
 	$(GO) test -count=1 -short ./...
 
 run: deps build
-	QK_CONTROL_PLANE_BIN=$$(hack/build-control-plane.sh) \
-	  $(GO) run ./hack/local-up --bin-dir $(BIN)
+	$(GO) build -o $(BIN)/local-up ./hack/local-up
+	QK_CONTROL_PLANE_BIN=$$(hack/build-control-plane.sh) exec $(BIN)/local-up --bin-dir $(BIN)
 
 bench: deps
 	@echo "# qemu-kubelet benchmarks $$(date -u +%FT%TZ) $$(git rev-parse --short HEAD 2>/dev/null)" > $(BENCH_OUT)

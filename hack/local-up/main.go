@@ -1,0 +1,188 @@
+// Command local-up is what `make run` runs: a local control plane (package
+// e2e/cluster), one qemu-kubelet virtual node, the exporterset-controller with
+// its CRD, and a sample ExporterSet. It prints how to reach the cluster, stays
+// in the foreground, and stops and cleans up everything on Ctrl-C.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/qemu-kubelet/qemu-kubelet/e2e/cluster"
+)
+
+func main() {
+	binDir := flag.String("bin-dir", "bin", "directory holding the qemu-kubelet and exporterset-controller binaries")
+	nodeName := flag.String("node-name", "qemu-node-1", "name of the virtual node")
+	keep := flag.Bool("keep", false, "keep the state directory (logs, kubeconfigs) after exit")
+	flag.Parse()
+	if err := run(*binDir, *nodeName, *keep); err != nil {
+		fmt.Fprintf(os.Stderr, "local-up: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run(binDir, nodeName string, keep bool) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	binDir, err := filepath.Abs(binDir)
+	if err != nil {
+		return err
+	}
+	fmt.Println("local-up: starting the control plane (first run builds it: ~5 min)...")
+	c, err := cluster.Start(ctx, cluster.Options{KeepDir: keep, Logf: func(f string, a ...any) { fmt.Printf("local-up: "+f+"\n", a...) }})
+	if err != nil {
+		return err
+	}
+	defer c.Stop()
+	var procs []*exec.Cmd
+	defer func() {
+		for i := len(procs) - 1; i >= 0; i-- {
+			_ = syscall.Kill(-procs[i].Process.Pid, syscall.SIGTERM)
+		}
+	}()
+
+	// The virtual node.
+	nodeKC, err := c.NodeKubeconfig(nodeName)
+	if err != nil {
+		return err
+	}
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	stateDir := filepath.Join(c.Dir(), "qemu-kubelet")
+	cfgPath := filepath.Join(c.Dir(), "qemu-kubelet.yaml")
+	cfg := fmt.Sprintf(`apiVersion: qemu-kubelet.io/v1alpha1
+kind: NodeConfiguration
+nodeName: %s
+nodeIP: 127.0.0.1
+stateDir: %s
+maxVMs: 8
+accelerator:
+  policy: prefer-kvm
+server:
+  address: 127.0.0.1
+  port: %d
+`, nodeName, stateDir, port)
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+		return err
+	}
+	p, err := spawn(c, filepath.Join(binDir, "qemu-kubelet"), "qemu-kubelet", "--config="+cfgPath, "--kubeconfig="+nodeKC)
+	if err != nil {
+		return err
+	}
+	procs = append(procs, p)
+	fmt.Printf("local-up: waiting for node %s to be Ready...\n", nodeName)
+	if err := waitNodeReady(ctx, c, nodeName); err != nil {
+		return fmt.Errorf("%w (see %s)", err, filepath.Join(c.Dir(), "logs", "qemu-kubelet.log"))
+	}
+
+	// The controller, its CRD and a sample pool.
+	root, err := cluster.RepoRoot()
+	if err != nil {
+		return err
+	}
+	if _, err := c.Kubectl(ctx, "apply", "--server-side", "-f", filepath.Join(root, "config", "crd")); err != nil {
+		return err
+	}
+	if err := wait.PollUntilContextTimeout(ctx, 300*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		out, err := c.Kubectl(ctx, "get", "crd/exportersets.qemu-kubelet.io", "-o", `jsonpath={.status.conditions[?(@.type=="Established")].status}`)
+		return err == nil && out == "True", nil
+	}); err != nil {
+		return fmt.Errorf("ExporterSet CRD not established: %w", err)
+	}
+	p, err = spawn(c, filepath.Join(binDir, "exporterset-controller"), "exporterset-controller",
+		"--kubeconfig="+c.AdminKubeconfig(), "--metrics-bind-address=127.0.0.1:0", "--health-probe-bind-address=127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	procs = append(procs, p)
+	if _, err := c.Kubectl(ctx, "apply", "-f", filepath.Join(root, "config", "samples", "exporterset.yaml")); err != nil {
+		return err
+	}
+
+	fmt.Printf(`
+local-up: ready. In another shell:
+
+  export KUBECONFIG=%s
+  kubectl describe node %s
+  kubectl get exportersets,pods -o wide
+  kubectl scale exporterset/sample-pool --replicas=3
+
+Logs: %s
+Press Ctrl-C to stop and clean up.
+`, c.AdminKubeconfig(), nodeName, filepath.Join(c.Dir(), "logs"))
+
+	select {
+	case <-ctx.Done():
+	case <-exited(procs):
+		fmt.Println("local-up: a component exited; stopping (see logs above)")
+	}
+	fmt.Println("local-up: stopping...")
+	return nil
+}
+
+func spawn(c *cluster.Cluster, bin, name string, args ...string) (*exec.Cmd, error) {
+	logf, err := os.Create(filepath.Join(c.Dir(), "logs", name+".log"))
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	return cmd, nil
+}
+
+// exited is closed when any of procs exits.
+func exited(procs []*exec.Cmd) <-chan struct{} {
+	ch := make(chan struct{})
+	var once sync.Once
+	for _, p := range procs {
+		go func() {
+			_ = p.Wait()
+			once.Do(func() { close(ch) })
+		}()
+	}
+	return ch
+}
+
+func waitNodeReady(ctx context.Context, c *cluster.Cluster, name string) error {
+	return wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+		n, err := c.Client().CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, cond := range n.Status.Conditions {
+			if cond.Type == corev1.NodeReady {
+				return cond.Status == corev1.ConditionTrue, nil
+			}
+		}
+		return false, nil
+	})
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
