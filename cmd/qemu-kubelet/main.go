@@ -14,16 +14,13 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"runtime"
 	"syscall"
-	"time"
 
 	"github.com/qemu-kubelet/qemu-kubelet/provider"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	vklog "github.com/virtual-kubelet/virtual-kubelet/log"
 	vklogklog "github.com/virtual-kubelet/virtual-kubelet/log/klogv2"
-	"github.com/virtual-kubelet/virtual-kubelet/node"
 	"github.com/virtual-kubelet/virtual-kubelet/node/nodeutil"
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	"k8s.io/client-go/kubernetes"
@@ -202,62 +199,21 @@ func runNode(ctx context.Context, o options, cfg *config.Node) error {
 	if err != nil {
 		return fmt.Errorf("kubelet API authentication: %w", err)
 	}
-	mux := httpMux()
-	listen := net.JoinHostPort(cfg.ListenAddress, fmt.Sprint(cfg.Port))
-
-	n, err := nodeutil.NewNode(cfg.NodeName,
-		func(nodeutil.ProviderConfig) (nodeutil.Provider, node.NodeProvider, error) {
-			return pods, status, nil
-		},
-		nodeutil.WithClient(client),
-		func(c *nodeutil.NodeConfig) error {
-			c.NodeSpec = *status.RegistrationNode()
-			c.HTTPListenAddr = listen
-			c.Handler = nodeutil.WithAuth(auth, mux)
-			c.NumWorkers = max(2, runtime.NumCPU())
-			c.InformerResyncPeriod = time.Minute
-			// No container is started, so nothing needs secrets or
-			// config maps resolved into environment variables.
-			c.SkipDownwardAPIResolution = true
-			return nil
-		},
-		nodeutil.AttachProviderRoutes(mux),
-		nodeutil.WithTLSConfig(nodeutil.WithKeyPairFromPath(certFile, keyFile)),
-	)
-	if err != nil {
-		return fmt.Errorf("create node: %w", err)
+	var tlsHolder nodeutil.NodeConfig
+	if err := nodeutil.WithTLSConfig(nodeutil.WithKeyPairFromPath(certFile, keyFile))(&tlsHolder); err != nil {
+		return fmt.Errorf("kubelet API TLS (%s, %s): %w", certFile, keyFile, err)
 	}
+	v := &vkNode{cfg: cfg, client: client, status: status, pods: pods, auth: auth, tlsConfig: tlsHolder.TLSConfig}
 
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go status.Run(runCtx)
-	go func() {
-		if err := n.Run(runCtx); err != nil && !errors.Is(err, context.Canceled) {
-			logger.Error(err, "Node controller stopped")
-		}
-	}()
-	logger.Info("Starting node", "version", version, "kubeletAPI", listen, "accelerator", facts.Accelerator.Name, "qemu", facts.QEMUVersion)
-	if err := n.WaitReady(ctx, 0); err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		return fmt.Errorf("node %s did not start: %w", cfg.NodeName, err)
-	}
-	logger.Info("Node registered and running")
-	select {
-	case <-ctx.Done():
-		logger.Info("Shutting down on signal")
-		cancel()
-		select {
-		case <-n.Done():
-		case <-time.After(10 * time.Second):
-			logger.Info("Node controllers did not stop within 10s; exiting anyway")
-		}
+	logger.Info("Starting node", "version", version, "accelerator", facts.Accelerator.Name, "qemu", facts.QEMUVersion, "leaseDuration", cfg.LeaseDuration)
+	err = v.run(ctx, func() { logger.Info("Node registered and running") })
+	if ctx.Err() != nil {
+		// SIGTERM/SIGINT: a clean stop (VMs, once there are any, keep running).
+		logger.Info("Shut down on signal")
 		return nil
-	case <-n.Done():
-		if err := n.Err(); err != nil && !errors.Is(err, context.Canceled) {
-			return fmt.Errorf("node controllers exited: %w", err)
-		}
-		return errors.New("node controllers exited")
 	}
+	if err == nil {
+		err = errors.New("node stopped unexpectedly")
+	}
+	return err
 }

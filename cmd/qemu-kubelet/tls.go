@@ -3,15 +3,12 @@ package main
 import (
 	"fmt"
 	"net"
-	"net/http"
 	"path/filepath"
 
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
 	"k8s.io/client-go/util/cert"
 	"k8s.io/client-go/util/keyutil"
 )
-
-func httpMux() *http.ServeMux { return http.NewServeMux() }
 
 // servingCert returns the kubelet API certificate and key files: the
 // configured ones, or (like the kubelet without --tls-cert-file) a

@@ -82,6 +82,7 @@ func TestResolveDefaults(t *testing.T) {
 	assert.Equal(t, "0.0.0.0", n.ListenAddress)
 	assert.Equal(t, int32(10250), n.Port)
 	assert.Equal(t, 10*time.Second, n.StatusUpdateFrequency)
+	assert.Equal(t, 40*time.Second, n.LeaseDuration)
 	assert.Equal(t, Threshold{Amount: 100 << 20}, n.MemoryAvailable)
 	assert.Equal(t, Threshold{Percent: 10, IsPercent: true}, n.DiskAvailable)
 	assert.Equal(t, Threshold{Percent: 5, IsPercent: true}, n.PIDAvailable)
@@ -107,6 +108,7 @@ taints: []
 labels: {pool: ci}
 server: {address: 127.0.0.1, port: 11250, tlsCertFile: /c.pem, tlsPrivateKeyFile: /k.pem, clientCAFile: /ca.pem}
 nodeStatusUpdateFrequency: 2s
+nodeLeaseDurationSeconds: 12
 pressure: {memoryAvailable: "0", diskAvailable: 5Gi, pidAvailable: 1000}
 `))
 	require.NoError(t, err)
@@ -129,6 +131,7 @@ pressure: {memoryAvailable: "0", diskAvailable: 5Gi, pidAvailable: 1000}
 	assert.False(t, hasStorage, "an explicit reserved map replaces the default")
 	assert.False(t, n.MemoryAvailable.Crossed(0, 100), "0 disables")
 	assert.Equal(t, int64(1000), n.PIDAvailable.Amount)
+	assert.Equal(t, 12*time.Second, n.LeaseDuration)
 }
 
 func TestResolveValidation(t *testing.T) {
@@ -156,6 +159,7 @@ func TestResolveValidation(t *testing.T) {
 		{"bad address", "server: {address: localhost}", []string{"server.address"}},
 		{"cert without key", "server: {tlsCertFile: /c.pem}", []string{"server.tlsCertFile", "together"}},
 		{"too fast status", "nodeStatusUpdateFrequency: 10ms", []string{"nodeStatusUpdateFrequency", "at least 1s"}},
+		{"lease too short", "nodeLeaseDurationSeconds: 1", []string{"nodeLeaseDurationSeconds", "between 4 and 3600"}},
 		{"bad percent", "pressure: {diskAvailable: 150%}", []string{"pressure.diskAvailable", "percentage"}},
 		{"bad threshold", "pressure: {memoryAvailable: plenty}", []string{"pressure.memoryAvailable"}},
 		{"several errors listed", "maxVMs: -1\nserver: {port: 0}", []string{"maxVMs", "server.port"}},

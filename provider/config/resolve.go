@@ -27,6 +27,7 @@ const (
 	DefaultServerAddress                            = "0.0.0.0"
 	DefaultServerPort                               = 10250
 	DefaultNodeStatusUpdateFrequency                = "10s"
+	DefaultNodeLeaseDurationSeconds                 = 40
 	DefaultMemoryAvailable           QuantityString = "100Mi"
 	DefaultDiskAvailable             QuantityString = "10%"
 	DefaultPIDAvailable              QuantityString = "5%"
@@ -84,9 +85,11 @@ type Node struct {
 	ClientCAFile      string
 	// StatusUpdateFrequency is the period of host readings / status pushes.
 	StatusUpdateFrequency time.Duration
-	MemoryAvailable       Threshold
-	DiskAvailable         Threshold
-	PIDAvailable          Threshold
+	// LeaseDuration of the node lease; renewed every LeaseDuration/4.
+	LeaseDuration   time.Duration
+	MemoryAvailable Threshold
+	DiskAvailable   Threshold
+	PIDAvailable    Threshold
 }
 
 // Default fills the absent fields of c (in place) with their defaults.
@@ -138,6 +141,10 @@ func Default(c *NodeConfiguration, env Environment) {
 	}
 	if c.NodeStatusUpdateFrequency == "" {
 		c.NodeStatusUpdateFrequency = DefaultNodeStatusUpdateFrequency
+	}
+	if c.NodeLeaseDurationSeconds == nil {
+		v := int32(DefaultNodeLeaseDurationSeconds)
+		c.NodeLeaseDurationSeconds = &v
 	}
 	if c.Pressure.MemoryAvailable == "" {
 		c.Pressure.MemoryAvailable = DefaultMemoryAvailable
@@ -302,6 +309,12 @@ func validate(c *NodeConfiguration) (*Node, field.ErrorList) {
 	}
 
 	n.StatusUpdateFrequency, errs = parseDuration(field.NewPath("nodeStatusUpdateFrequency"), c.NodeStatusUpdateFrequency, time.Second, errs)
+
+	if l := *c.NodeLeaseDurationSeconds; l < 4 || l > 3600 {
+		errs = append(errs, field.Invalid(field.NewPath("nodeLeaseDurationSeconds"), l, "must be between 4 and 3600"))
+	} else {
+		n.LeaseDuration = time.Duration(l) * time.Second
+	}
 
 	prPath := field.NewPath("pressure")
 	n.MemoryAvailable, errs = parseThreshold(prPath.Child("memoryAvailable"), c.Pressure.MemoryAvailable, errs)

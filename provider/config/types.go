@@ -72,6 +72,10 @@ type NodeConfiguration struct {
 	// NodeStatusUpdateFrequency is how often host readings are taken and
 	// the node status is pushed when it changed (duration, default 10s).
 	NodeStatusUpdateFrequency string `json:"nodeStatusUpdateFrequency,omitempty"`
+	// NodeLeaseDurationSeconds is the duration of the node's Lease in
+	// kube-node-lease; it is renewed every quarter of it, like the kubelet
+	// (default 40).
+	NodeLeaseDurationSeconds *int32 `json:"nodeLeaseDurationSeconds,omitempty"`
 	// Pressure holds the thresholds of the pressure conditions.
 	Pressure PressureThresholds `json:"pressure,omitempty"`
 }
