@@ -234,7 +234,14 @@ func TestNodeStatusNotifiesOnlyOnChange(t *testing.T) {
 	h := healthyHost()
 	s := NewNodeStatus(context.Background(), facts(cfg), func() (HostReadings, error) { return h, nil })
 	var got []*corev1.Node
+	h.DiskAvailable = 2 * gi // a change before the callback is registered is not lost
+	assert.False(t, s.Refresh(context.Background()))
 	s.NotifyNodeStatus(context.Background(), func(n *corev1.Node) { got = append(got, n) })
+	require.True(t, s.Refresh(context.Background()))
+	require.Len(t, got, 1)
+	h.DiskAvailable = 50 * gi
+	require.True(t, s.Refresh(context.Background()))
+	got = nil
 
 	assert.False(t, s.Refresh(context.Background()), "same readings: no notification")
 	h.MemoryAvailable = 4*gi - 12345 // fluctuation below the threshold changes nothing visible

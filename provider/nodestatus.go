@@ -81,6 +81,12 @@ func (s *NodeStatus) Run(ctx context.Context) {
 func (s *NodeStatus) Refresh(ctx context.Context) bool {
 	h := s.sample(ctx)
 	s.mu.Lock()
+	if s.cb == nil {
+		// Not registered with the node controller yet: keep the last pushed
+		// state so that this change is not lost.
+		s.mu.Unlock()
+		return false
+	}
 	next := s.last.DeepCopy()
 	next.Status = Status(s.last.Status.Conditions, s.facts, h, metav1.NewTime(s.now()))
 	maps.Copy(next.Labels, Labels(s.facts))
@@ -89,7 +95,7 @@ func (s *NodeStatus) Refresh(ctx context.Context) bool {
 	s.last = next
 	cb := s.cb
 	s.mu.Unlock()
-	if !changed || cb == nil {
+	if !changed {
 		return false
 	}
 	logConditions(ctx, next)

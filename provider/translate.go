@@ -1,0 +1,314 @@
+package provider
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/qemu-kubelet/qemu-kubelet/oci"
+	"github.com/qemu-kubelet/qemu-kubelet/qemu"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+)
+
+// AnnotationPrefix is the prefix of the pod annotations qemu-kubelet reads.
+// The set under it is closed: an unknown key is an error, not ignored.
+const AnnotationPrefix = "qemu-kubelet.io/"
+
+// Pod annotations understood by qemu-kubelet (docs/pods.md).
+const (
+	// AnnotationMachine selects the QEMU machine type: q35 (default), pc or
+	// microvm (direct kernel boot only; no pvpanic, so a guest panic is
+	// seen as a crash).
+	AnnotationMachine = AnnotationPrefix + "machine"
+	// AnnotationFirmware is bios (default) or uefi (needs OVMF on the node).
+	AnnotationFirmware = AnnotationPrefix + "firmware"
+	// AnnotationKernelCmdline is appended to the image's kernel command line
+	// (images with a kernel only).
+	AnnotationKernelCmdline = AnnotationPrefix + "kernel-cmdline"
+	// AnnotationRequireAccelerator requires an accelerator: kvm, tcg, or any
+	// (default: whatever the node probed).
+	AnnotationRequireAccelerator = AnnotationPrefix + "accelerator"
+)
+
+// knownAnnotations is the closed set of annotation keys under the prefix.
+var knownAnnotations = map[string]bool{
+	AnnotationMachine: true, AnnotationFirmware: true, AnnotationKernelCmdline: true, AnnotationRequireAccelerator: true,
+}
+
+// DefaultMemory is the guest RAM of a pod that sets neither a memory limit
+// nor a memory request.
+var DefaultMemory = resource.MustParse("512Mi")
+
+// MaxKernelCmdlineAnnotation bounds the appended command line.
+const MaxKernelCmdlineAnnotation = 2048
+
+// kubeAPIAccessPrefix names the projected volume the ServiceAccount admission
+// plugin adds to every pod ("kube-api-access-xxxxx"). A VM cannot use it;
+// it is ignored.
+const kubeAPIAccessPrefix = "kube-api-access-"
+
+// Plan is what a pod asks of its VM, translated and validated. Plain data;
+// the image-dependent parts (kernel, disk) are filled in at start.
+type Plan struct {
+	Image       string
+	PullPolicy  oci.PullPolicy
+	PullSecrets []string
+	CPUs        int
+	MemoryMiB   int
+	Machine     string
+	Firmware    qemu.Firmware
+	// ExtraCmdline is appended to the image's kernel command line.
+	ExtraCmdline string
+	// Accelerator is a requirement: "" (any), "kvm" or "tcg".
+	Accelerator string
+}
+
+// Rejection says why a pod is not started: a kubelet-style reason and a
+// message naming the field and why.
+type Rejection struct {
+	Reason  string
+	Message string
+}
+
+func (r *Rejection) Error() string { return r.Reason + ": " + r.Message }
+
+// Reasons of pods that are not started (pod status reason, phase Failed).
+const (
+	// ReasonUnsupportedPodSpec: the pod uses a feature a VM pod does not
+	// support (or not yet).
+	ReasonUnsupportedPodSpec = "UnsupportedPodSpec"
+)
+
+// Translate turns a pod into a VM plan, or a Rejection listing every
+// unsupported field. Pure.
+func Translate(pod *corev1.Pod) (Plan, *Rejection) {
+	var problems []string
+	bad := func(field, format string, a ...any) {
+		problems = append(problems, field+": "+fmt.Sprintf(format, a...))
+	}
+	spec := &pod.Spec
+	var plan Plan
+
+	switch n := len(spec.Containers); {
+	case n == 0:
+		bad("spec.containers", "a VM pod needs exactly one container (its image is the OS image)")
+	case n > 1:
+		bad("spec.containers", "a VM pod has exactly one container (its image is the OS image), got %d", n)
+	}
+	if len(spec.InitContainers) > 0 {
+		bad("spec.initContainers", "not supported: a VM pod has no init containers")
+	}
+	if len(spec.EphemeralContainers) > 0 {
+		bad("spec.ephemeralContainers", "not supported")
+	}
+	if spec.HostNetwork {
+		bad("spec.hostNetwork", "not supported: VMs use QEMU user-mode networking")
+	}
+	if spec.HostPID {
+		bad("spec.hostPID", "not supported: a VM has its own kernel")
+	}
+	if spec.HostIPC {
+		bad("spec.hostIPC", "not supported: a VM has its own kernel")
+	}
+	if spec.SecurityContext != nil && spec.SecurityContext.WindowsOptions != nil {
+		bad("spec.securityContext.windowsOptions", "not supported")
+	}
+	for i, v := range spec.Volumes {
+		f := fmt.Sprintf("spec.volumes[%d]", i)
+		switch {
+		case v.Projected != nil && strings.HasPrefix(v.Name, kubeAPIAccessPrefix):
+			// Added by the ServiceAccount admission plugin; ignored.
+		case v.PersistentVolumeClaim != nil:
+			bad(f+".persistentVolumeClaim", "volume %q: persistent volume claims are not supported by VM pods", v.Name)
+		case v.Secret != nil:
+			bad(f+".secret", "volume %q: secret volumes are not supported yet", v.Name)
+		case v.ConfigMap != nil:
+			bad(f+".configMap", "volume %q: configMap volumes are not supported yet", v.Name)
+		case v.EmptyDir != nil:
+			bad(f+".emptyDir", "volume %q: emptyDir volumes are not supported yet", v.Name)
+		default:
+			bad(f, "volume %q: this volume type is not supported by VM pods", v.Name)
+		}
+	}
+	if len(spec.Containers) > 0 {
+		c := spec.Containers[0]
+		translateContainer(c, bad, &plan)
+	}
+	for i, s := range spec.ImagePullSecrets {
+		if s.Name == "" {
+			bad(fmt.Sprintf("spec.imagePullSecrets[%d].name", i), "must not be empty")
+			continue
+		}
+		plan.PullSecrets = append(plan.PullSecrets, s.Name)
+	}
+	translateAnnotations(pod.Annotations, bad, &plan)
+
+	if len(problems) > 0 {
+		return Plan{}, &Rejection{Reason: ReasonUnsupportedPodSpec, Message: strings.Join(problems, "; ")}
+	}
+	return plan, nil
+}
+
+func translateContainer(c corev1.Container, bad func(field, format string, a ...any), plan *Plan) {
+	f := "spec.containers[0]"
+	plan.Image = c.Image
+	if c.Image == "" {
+		bad(f+".image", "must name the OS image")
+	}
+	switch c.ImagePullPolicy {
+	case corev1.PullAlways:
+		plan.PullPolicy = oci.PullAlways
+	case corev1.PullNever:
+		plan.PullPolicy = oci.PullNever
+	case corev1.PullIfNotPresent, "":
+		plan.PullPolicy = oci.PullIfNotPresent
+	default:
+		bad(f+".imagePullPolicy", "unknown policy %q", c.ImagePullPolicy)
+	}
+	if len(c.Command) > 0 {
+		bad(f+".command", "not supported: a VM boots its image's OS (use the %s annotation for kernel arguments)", AnnotationKernelCmdline)
+	}
+	if len(c.Args) > 0 {
+		bad(f+".args", "not supported: a VM boots its image's OS (use the %s annotation for kernel arguments)", AnnotationKernelCmdline)
+	}
+	if len(c.Env) > 0 || len(c.EnvFrom) > 0 {
+		bad(f+".env", "not supported: a VM has no process environment to set")
+	}
+	if c.WorkingDir != "" {
+		bad(f+".workingDir", "not supported by VM pods")
+	}
+	if c.Lifecycle != nil {
+		bad(f+".lifecycle", "lifecycle hooks are not supported by VM pods")
+	}
+	if c.StartupProbe != nil {
+		bad(f+".startupProbe", "not supported yet")
+	}
+	if sc := c.SecurityContext; sc != nil {
+		if sc.Privileged != nil && *sc.Privileged {
+			bad(f+".securityContext.privileged", "not supported: QEMU never runs privileged for a pod")
+		}
+		if sc.Capabilities != nil && len(sc.Capabilities.Add) > 0 {
+			bad(f+".securityContext.capabilities.add", "not supported: QEMU gets no extra capabilities")
+		}
+	}
+	for i, p := range c.Ports {
+		if p.HostPort != 0 {
+			bad(fmt.Sprintf("%s.ports[%d].hostPort", f, i), "not supported: use kubectl port-forward or a Service")
+		}
+	}
+	if len(c.VolumeDevices) > 0 {
+		bad(f+".volumeDevices", "not supported by VM pods")
+	}
+	for _, rl := range []struct {
+		what string
+		list corev1.ResourceList
+	}{{"limits", c.Resources.Limits}, {"requests", c.Resources.Requests}} {
+		names := make([]string, 0, len(rl.list))
+		for name := range rl.list {
+			names = append(names, string(name))
+		}
+		sort.Strings(names)
+		for _, name := range names {
+			switch corev1.ResourceName(name) {
+			case corev1.ResourceCPU, corev1.ResourceMemory, corev1.ResourceEphemeralStorage:
+			default:
+				bad(fmt.Sprintf("%s.resources.%s[%s]", f, rl.what, name), "resource not supported by VM pods (cpu, memory, ephemeral-storage)")
+			}
+		}
+	}
+	plan.CPUs = VCPUs(c.Resources)
+	mem := GuestMemory(c.Resources)
+	plan.MemoryMiB = int((mem.Value() + (1<<20 - 1)) >> 20)
+}
+
+// VCPUs is ceil(cpu limit), else ceil(cpu request), else 1.
+func VCPUs(r corev1.ResourceRequirements) int {
+	q, ok := r.Limits[corev1.ResourceCPU]
+	if !ok || q.IsZero() {
+		q, ok = r.Requests[corev1.ResourceCPU]
+	}
+	if !ok || q.IsZero() {
+		return 1
+	}
+	return int((q.MilliValue() + 999) / 1000)
+}
+
+// GuestMemory is the memory limit, else the memory request, else
+// DefaultMemory.
+func GuestMemory(r corev1.ResourceRequirements) resource.Quantity {
+	if q, ok := r.Limits[corev1.ResourceMemory]; ok && !q.IsZero() {
+		return q
+	}
+	if q, ok := r.Requests[corev1.ResourceMemory]; ok && !q.IsZero() {
+		return q
+	}
+	return DefaultMemory.DeepCopy()
+}
+
+func translateAnnotations(ann map[string]string, bad func(field, format string, a ...any), plan *Plan) {
+	keys := make([]string, 0, len(ann))
+	for k := range ann {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if !strings.HasPrefix(k, AnnotationPrefix) {
+			continue
+		}
+		v := ann[k]
+		f := fmt.Sprintf("metadata.annotations[%s]", k)
+		if !knownAnnotations[k] {
+			bad(f, "unknown qemu-kubelet annotation (known: %s)", strings.Join(sortedKeys(knownAnnotations), ", "))
+			continue
+		}
+		switch k {
+		case AnnotationMachine:
+			switch v {
+			case "q35", "pc", "microvm":
+				plan.Machine = v
+			default:
+				bad(f, "machine %q: want q35, pc or microvm", v)
+			}
+		case AnnotationFirmware:
+			switch qemu.Firmware(v) {
+			case qemu.FirmwareBIOS, qemu.FirmwareUEFI:
+				plan.Firmware = qemu.Firmware(v)
+			default:
+				bad(f, "firmware %q: want bios or uefi", v)
+			}
+		case AnnotationKernelCmdline:
+			if strings.ContainsAny(v, "\n\r\x00") || len(v) > MaxKernelCmdlineAnnotation {
+				bad(f, "must be one line of at most %d bytes", MaxKernelCmdlineAnnotation)
+			} else {
+				plan.ExtraCmdline = strings.TrimSpace(v)
+			}
+		case AnnotationRequireAccelerator:
+			switch v {
+			case "kvm", "tcg":
+				plan.Accelerator = v
+			case "any", "":
+			default:
+				bad(f, "accelerator %q: want kvm, tcg or any", v)
+			}
+		}
+	}
+	if plan.Machine == "" {
+		plan.Machine = "q35"
+	}
+	if plan.Firmware == "" {
+		plan.Firmware = qemu.FirmwareBIOS
+	}
+	if plan.Machine == "microvm" && plan.Firmware == qemu.FirmwareUEFI {
+		bad("metadata.annotations["+AnnotationFirmware+"]", "uefi is not available with machine microvm")
+	}
+}
+
+func sortedKeys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
