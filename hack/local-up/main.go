@@ -55,7 +55,8 @@ func run(binDir, nodeName string, keep bool) error {
 		}
 	}()
 
-	// The virtual node.
+	// The virtual node. Its kubelet API listens on the host's address: the
+	// API server refuses to proxy (logs, attach) to a loopback node address.
 	nodeKC, err := c.NodeKubeconfig(nodeName)
 	if err != nil {
 		return err
@@ -69,15 +70,14 @@ func run(binDir, nodeName string, keep bool) error {
 	cfg := fmt.Sprintf(`apiVersion: qemu-kubelet.io/v1alpha1
 kind: NodeConfiguration
 nodeName: %s
-nodeIP: 127.0.0.1
 stateDir: %s
 maxVMs: 8
 accelerator:
   policy: prefer-kvm
 server:
-  address: 127.0.0.1
   port: %d
-`, nodeName, stateDir, port)
+  clientCAFile: %s
+`, nodeName, stateDir, port, c.CAFile())
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		return err
 	}
