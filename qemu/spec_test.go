@@ -44,6 +44,7 @@ func TestArgsGolden(t *testing.T) {
 		},
 		"microvm": func(s *Spec) {
 			s.Machine = "microvm"
+			s.Accelerator = AccelKVM
 			s.Network = true
 		},
 	}
@@ -116,6 +117,7 @@ func TestValidateRejects(t *testing.T) {
 		{"bad name", func(s *Spec) { s.Name = "a b;rm" }, "name"},
 		{"arch", func(s *Spec) { s.Arch = "riscv64" }, `arch "riscv64"`},
 		{"machine", func(s *Spec) { s.Machine = "isapc" }, `machine "isapc"`},
+		{"microvm under tcg", func(s *Spec) { s.Machine = "microvm" }, "machine microvm: needs accelerator kvm"},
 		{"cmdline newline", func(s *Spec) { s.Cmdline = "a\nb" }, "cmdline"},
 		{"relative state dir", func(s *Spec) { s.StateDir = "state" }, "state dir"},
 		{"long state dir", func(s *Spec) { s.StateDir = "/" + strings.Repeat("x", 120) }, "too long for unix sockets"},
