@@ -1,0 +1,942 @@
+package provider
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/qemu-kubelet/qemu-kubelet/oci"
+	"github.com/qemu-kubelet/qemu-kubelet/qemu"
+	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
+	"github.com/virtual-kubelet/virtual-kubelet/node"
+	"github.com/virtual-kubelet/virtual-kubelet/node/api"
+	"github.com/virtual-kubelet/virtual-kubelet/node/nodeutil"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+	statsv1alpha1 "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
+)
+
+// Files of a pod's state dir (<stateDir>/vms/<pod uid>/), next to the
+// ones package qemu keeps there (spec.json, console.log, sockets...).
+const (
+	// PodFileName is the intent record: the pod as bound, written before
+	// anything else is created for it, so a restart finds every pod it had
+	// started to create.
+	PodFileName = "pod.json"
+	// StatusFileName is the VMState, rewritten on every transition.
+	StatusFileName = "status.json"
+	// OverlayFileName is the VM's writable disk (qcow2 over the image).
+	OverlayFileName = "disk.qcow2"
+	// VMsDirName is the directory under the node's state dir holding one
+	// directory per pod UID.
+	VMsDirName = "vms"
+)
+
+// VMsConfig configures the VM pod handler.
+type VMsConfig struct {
+	NodeName string
+	// NodeIP is reported as hostIP and podIP.
+	NodeIP string
+	// StateDir is the node's state dir; pods live under StateDir/vms/<uid>.
+	StateDir   string
+	QEMUBinary string
+	// Accelerator the node probed: "kvm" or "tcg".
+	Accelerator string
+	// Images is the image cache; ImageDir its root (VMs may open files
+	// under it read-only).
+	Images   *oci.Store
+	ImageDir string
+	// Allocatable returns the node's current allocatable (admission).
+	Allocatable func() corev1.ResourceList
+	// Secrets reads a pull secret (nil: pull secrets are ignored).
+	Secrets func(ctx context.Context, namespace, name string) (*corev1.Secret, error)
+	// Recorder receives kubelet-style pod events (optional).
+	Recorder record.EventRecorder
+	// ForceDelete removes a deleted pod from the API server once its VM is
+	// gone, as the kubelet does (optional: the library otherwise deletes it
+	// when the grace period ends).
+	ForceDelete func(ctx context.Context, namespace, name string, uid types.UID) error
+	// Backoff for image pulls and crash loops (default DefaultBackoff).
+	Backoff Backoff
+	// ErrImagePullHold is how long ErrImagePull is shown before
+	// ImagePullBackOff (default 2s).
+	ErrImagePullHold time.Duration
+	// UEFICode and UEFIVars are OVMF files; empty: UEFI pods are refused.
+	UEFICode, UEFIVars string
+	// StartTimeout bounds a QEMU start (default 60s).
+	StartTimeout time.Duration
+	// DefaultGrace is the grace period when a pod gives none (default 30s).
+	DefaultGrace time.Duration
+}
+
+// VMs is the pod side of the provider: every pod bound to the node becomes
+// one QEMU VM. It implements the virtual-kubelet PodLifecycleHandler and
+// PodNotifier: status is pushed on every transition (pull results, VM start,
+// VM exit events), never polled.
+type VMs struct {
+	cfg  VMsConfig
+	base context.Context
+	log  klog.Logger
+	now  func() time.Time
+
+	mu     sync.Mutex
+	pods   map[types.UID]*podVM
+	notify func(*corev1.Pod)
+}
+
+// podVM is one pod and its VM. Its worker goroutine owns the VM; other
+// methods only read the state and send requests.
+type podVM struct {
+	uid types.UID
+	dir string
+
+	mu       sync.Mutex
+	pod      *corev1.Pod
+	plan     Plan
+	state    VMState
+	vm       *qemu.VM
+	release  func()
+	deleting bool
+	grace    time.Duration
+	removed  bool
+	// pendingExit: recovered with a VM that ended while nobody watched;
+	// the restart policy still has to be applied.
+	pendingExit bool
+
+	deleteReq chan struct{} // closed by DeletePod
+	confirmed chan struct{} // closed once the pod is known to still exist
+	confirm   sync.Once
+	done      chan struct{} // closed when the worker ends
+}
+
+// NewVMs returns the pod handler. ctx bounds the workers: when it ends they
+// detach from their VMs, which keep running for the next start to adopt.
+// Call Recover before handing it to the pod controller.
+func NewVMs(ctx context.Context, cfg VMsConfig) *VMs {
+	if cfg.Backoff.Initial <= 0 {
+		cfg.Backoff = DefaultBackoff
+	}
+	if cfg.ErrImagePullHold <= 0 {
+		cfg.ErrImagePullHold = 2 * time.Second
+	}
+	if cfg.StartTimeout <= 0 {
+		cfg.StartTimeout = 60 * time.Second
+	}
+	if cfg.DefaultGrace <= 0 {
+		cfg.DefaultGrace = 30 * time.Second
+	}
+	return &VMs{cfg: cfg, base: ctx, log: klog.FromContext(ctx).WithName("vms"), now: time.Now, pods: map[types.UID]*podVM{}}
+}
+
+func (p *VMs) vmsDir() string { return filepath.Join(p.cfg.StateDir, VMsDirName) }
+
+func (p *VMs) podDir(uid types.UID) string { return filepath.Join(p.vmsDir(), string(uid)) }
+
+// ---- PodLifecycleHandler ----
+
+// CreatePod translates and admits the pod; an admitted pod gets its intent
+// record on disk and a worker that pulls the image and runs the VM. A pod
+// that is not admitted gets a Failed status naming why. Returns quickly: the
+// work is asynchronous.
+func (p *VMs) CreatePod(ctx context.Context, pod *corev1.Pod) error {
+	log := klog.FromContext(ctx).WithValues("pod", klog.KObj(pod), "uid", pod.UID)
+	p.mu.Lock()
+	if old := p.findLocked(pod.Namespace, pod.Name); old != nil && old.uid == pod.UID {
+		p.mu.Unlock()
+		return nil // already known (e.g. recovered): nothing to create
+	}
+	active := p.activePodsLocked()
+	p.mu.Unlock()
+
+	rec := &podVM{uid: pod.UID, dir: p.podDir(pod.UID), pod: pod.DeepCopy(),
+		deleteReq: make(chan struct{}), confirmed: make(chan struct{}), done: make(chan struct{})}
+	rec.confirm.Do(func() { close(rec.confirmed) })
+	rec.state.StartTime = p.now().UTC()
+
+	plan, rej := Translate(pod)
+	if rej == nil {
+		rej = Admit(pod, plan, NodeCapacity{Allocatable: p.allocatable(), Accelerator: p.cfg.Accelerator, UEFI: p.cfg.UEFICode != ""}, active)
+	}
+	if rej != nil {
+		log.Info("Pod not admitted", "reason", rej.Reason, "message", rej.Message)
+		rec.state.Rejection = rej
+		rec.state.Final = true
+		close(rec.done)
+		p.mu.Lock()
+		p.pods[pod.UID] = rec
+		p.mu.Unlock()
+		p.event(pod, corev1.EventTypeWarning, rej.Reason, rej.Message)
+		p.push(rec)
+		return nil
+	}
+	rec.plan = plan
+	rec.state.SetWaiting(ReasonContainerCreating, "")
+
+	// Intent record first: a crash from here on is reconciled at start.
+	if err := os.MkdirAll(rec.dir, 0o700); err != nil {
+		return fmt.Errorf("create state dir for pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	if err := writeJSONAtomic(filepath.Join(rec.dir, PodFileName), pod); err != nil {
+		os.RemoveAll(rec.dir)
+		return fmt.Errorf("record pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	rec.persist()
+	p.mu.Lock()
+	p.pods[pod.UID] = rec
+	p.mu.Unlock()
+	log.Info("Pod admitted; creating VM", "image", plan.Image, "cpus", plan.CPUs, "memoryMiB", plan.MemoryMiB, "machine", plan.Machine)
+	p.push(rec)
+	go p.run(rec)
+	return nil
+}
+
+// UpdatePod refreshes the pod's metadata and spec as stored; a running VM
+// is not changed. A pod with the same name but a new UID replaces the old
+// one (whose VM is stopped).
+func (p *VMs) UpdatePod(ctx context.Context, pod *corev1.Pod) error {
+	p.mu.Lock()
+	rec := p.findLocked(pod.Namespace, pod.Name)
+	p.mu.Unlock()
+	if rec == nil {
+		return errdefs.NotFoundf("pod %s/%s not found on node %s", pod.Namespace, pod.Name, p.cfg.NodeName)
+	}
+	if rec.uid != pod.UID {
+		p.requestDelete(rec, 0)
+		return p.CreatePod(ctx, pod)
+	}
+	rec.confirm.Do(func() { close(rec.confirmed) })
+	rec.mu.Lock()
+	st := rec.pod.Status
+	rec.pod = pod.DeepCopy()
+	rec.pod.Status = st
+	rec.mu.Unlock()
+	return nil
+}
+
+// DeletePod stops the VM gracefully (ACPI power button, then quit, then
+// kill at the grace deadline), removes its state and pushes a terminal
+// status. Asynchronous and idempotent; an unknown pod is NotFound.
+func (p *VMs) DeletePod(ctx context.Context, pod *corev1.Pod) error {
+	p.mu.Lock()
+	rec := p.pods[pod.UID]
+	if rec == nil {
+		rec = p.findLocked(pod.Namespace, pod.Name)
+	}
+	p.mu.Unlock()
+	if rec == nil {
+		return errdefs.NotFoundf("pod %s/%s not found on node %s", pod.Namespace, pod.Name, p.cfg.NodeName)
+	}
+	grace := p.cfg.DefaultGrace
+	switch {
+	case pod.DeletionGracePeriodSeconds != nil:
+		grace = time.Duration(*pod.DeletionGracePeriodSeconds) * time.Second
+	case pod.Spec.TerminationGracePeriodSeconds != nil:
+		grace = time.Duration(*pod.Spec.TerminationGracePeriodSeconds) * time.Second
+	}
+	rec.mu.Lock()
+	if pod.DeletionTimestamp != nil {
+		rec.pod.DeletionTimestamp = pod.DeletionTimestamp.DeepCopy()
+		rec.pod.DeletionGracePeriodSeconds = pod.DeletionGracePeriodSeconds
+	}
+	rec.mu.Unlock()
+	klog.FromContext(ctx).Info("Deleting pod", "pod", klog.KObj(pod), "uid", rec.uid, "grace", grace)
+	p.requestDelete(rec, grace)
+	return nil
+}
+
+func (p *VMs) requestDelete(rec *podVM, grace time.Duration) {
+	rec.mu.Lock()
+	first := !rec.deleting
+	if first {
+		rec.deleting = true
+		rec.grace = grace
+		close(rec.deleteReq)
+	}
+	rec.mu.Unlock()
+	rec.confirm.Do(func() { close(rec.confirmed) })
+	if first && rec.state.Rejection != nil {
+		// Never had a VM: done at once.
+		go p.finishDelete(rec, nil)
+	}
+}
+
+// GetPod returns the pod as the provider knows it, or NotFound. It also
+// tells a recovered pod that the API server still has it.
+func (p *VMs) GetPod(_ context.Context, namespace, name string) (*corev1.Pod, error) {
+	p.mu.Lock()
+	rec := p.findLocked(namespace, name)
+	p.mu.Unlock()
+	if rec == nil {
+		return nil, errdefs.NotFoundf("pod %s/%s not found on node %s", namespace, name, p.cfg.NodeName)
+	}
+	rec.confirm.Do(func() { close(rec.confirmed) })
+	return p.snapshot(rec), nil
+}
+
+// GetPodStatus returns the pod's status or NotFound.
+func (p *VMs) GetPodStatus(ctx context.Context, namespace, name string) (*corev1.PodStatus, error) {
+	pod, err := p.GetPod(ctx, namespace, name)
+	if err != nil {
+		return nil, err
+	}
+	return &pod.Status, nil
+}
+
+// GetPods returns exactly the pods this node has (running, stopping or
+// finished), with their namespace, name and UID as bound.
+func (p *VMs) GetPods(context.Context) ([]*corev1.Pod, error) {
+	p.mu.Lock()
+	recs := make([]*podVM, 0, len(p.pods))
+	for _, r := range p.pods {
+		recs = append(recs, r)
+	}
+	p.mu.Unlock()
+	out := make([]*corev1.Pod, 0, len(recs))
+	for _, r := range recs {
+		out = append(out, p.snapshot(r))
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Namespace != out[j].Namespace {
+			return out[i].Namespace < out[j].Namespace
+		}
+		return out[i].Name < out[j].Name
+	})
+	return out, nil
+}
+
+// NotifyPods registers the library's status callback and pushes every
+// current status (pods recovered before the callback existed).
+func (p *VMs) NotifyPods(_ context.Context, cb func(*corev1.Pod)) {
+	p.mu.Lock()
+	p.notify = cb
+	recs := make([]*podVM, 0, len(p.pods))
+	for _, r := range p.pods {
+		recs = append(recs, r)
+	}
+	p.mu.Unlock()
+	for _, r := range recs {
+		go p.push(r)
+	}
+}
+
+// ---- helpers ----
+
+// findLocked returns the live record for namespace/name: the one not being
+// deleted, else any.
+func (p *VMs) findLocked(namespace, name string) *podVM {
+	var any *podVM
+	for _, r := range p.pods {
+		r.mu.Lock()
+		match := r.pod.Namespace == namespace && r.pod.Name == name && !r.removed
+		deleting := r.deleting
+		r.mu.Unlock()
+		if !match {
+			continue
+		}
+		if !deleting {
+			return r
+		}
+		any = r
+	}
+	return any
+}
+
+// activePodsLocked: admitted, not finished, not being deleted.
+func (p *VMs) activePodsLocked() []*corev1.Pod {
+	var out []*corev1.Pod
+	for _, r := range p.pods {
+		r.mu.Lock()
+		if !r.deleting && !r.state.Final && r.state.Rejection == nil {
+			out = append(out, r.pod)
+		}
+		r.mu.Unlock()
+	}
+	return out
+}
+
+func (p *VMs) allocatable() corev1.ResourceList {
+	if p.cfg.Allocatable == nil {
+		return nil
+	}
+	return p.cfg.Allocatable()
+}
+
+// snapshot is the pod with its current status.
+func (p *VMs) snapshot(rec *podVM) *corev1.Pod {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	pod := rec.pod.DeepCopy()
+	pod.Status = PodStatus(rec.pod, rec.state, p.cfg.NodeIP, p.now())
+	return pod
+}
+
+// push sends the current status to the library.
+func (p *VMs) push(rec *podVM) {
+	p.mu.Lock()
+	cb := p.notify
+	p.mu.Unlock()
+	if cb != nil {
+		cb(p.snapshot(rec))
+	}
+}
+
+func (p *VMs) event(pod *corev1.Pod, typ, reason, msg string) {
+	if p.cfg.Recorder != nil {
+		p.cfg.Recorder.Event(pod, typ, reason, msg)
+	}
+}
+
+// update changes the state under the lock, persists it and pushes it.
+func (p *VMs) update(rec *podVM, f func(st *VMState)) {
+	rec.mu.Lock()
+	f(&rec.state)
+	rec.mu.Unlock()
+	rec.persist()
+	p.push(rec)
+}
+
+// persist writes status.json while the state dir exists (best effort).
+func (rec *podVM) persist() {
+	rec.mu.Lock()
+	st := rec.state
+	removed := rec.removed
+	rec.mu.Unlock()
+	if removed {
+		return
+	}
+	if _, err := os.Stat(rec.dir); err != nil {
+		return
+	}
+	_ = writeJSONAtomic(filepath.Join(rec.dir, StatusFileName), st)
+}
+
+func writeJSONAtomic(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(append(b, '\n')); err != nil {
+		f.Close()
+		os.Remove(tmp)
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		os.Remove(tmp)
+		return err
+	}
+	if err := f.Close(); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// ---- the worker ----
+
+// run owns one pod's VM until the pod is deleted or the provider stops.
+func (p *VMs) run(rec *podVM) {
+	defer close(rec.done)
+	ctx := p.base
+	rec.mu.Lock()
+	pod := rec.pod.DeepCopy()
+	rec.mu.Unlock()
+	log := p.log.WithValues("pod", klog.KObj(pod), "uid", rec.uid)
+	ctx = klog.NewContext(ctx, log)
+	crashes := 0
+
+	for {
+		if p.deleteRequested(rec) {
+			p.finishDelete(rec, nil)
+			return
+		}
+		rec.mu.Lock()
+		vm, final, pendingExit := rec.vm, rec.state.Final, rec.pendingExit
+		rec.pendingExit = false
+		rec.mu.Unlock()
+		if final {
+			select {
+			case <-rec.deleteReq:
+				p.finishDelete(rec, nil)
+			case <-ctx.Done():
+			}
+			return
+		}
+		if vm == nil && pendingExit {
+			// Recovered: the VM ended while nobody watched.
+			if !p.afterExit(ctx, rec, &crashes) {
+				return
+			}
+			continue
+		}
+
+		if vm == nil {
+			// A recovered pod whose VM must be (re)started waits until the
+			// library shows the pod still exists (or deletes it).
+			select {
+			case <-rec.confirmed:
+			case <-rec.deleteReq:
+				continue
+			case <-ctx.Done():
+				return
+			}
+			var ok bool
+			vm, ok = p.pullAndStart(ctx, rec)
+			if !ok {
+				if ctx.Err() != nil {
+					return
+				}
+				if p.deleteRequested(rec) {
+					continue
+				}
+				// The start failed; recorded as a terminated run.
+				if !p.afterExit(ctx, rec, &crashes) {
+					return
+				}
+				continue
+			}
+		}
+
+		select {
+		case <-ctx.Done():
+			vm.Detach()
+			return
+		case <-rec.deleteReq:
+			p.finishDelete(rec, vm)
+			return
+		case <-vm.Done():
+			ex, _ := vm.Exit()
+			rec.mu.Lock()
+			started := time.Now()
+			if rec.state.Running != nil {
+				started = rec.state.Running.StartedAt.Time
+			}
+			rec.vm = nil
+			rec.mu.Unlock()
+			term := TerminatedFromExit(ex, started, ContainerIDPrefix+string(rec.uid))
+			log.Info("VM exited", "exitCode", ex.ExitCode, "class", ex.Class, "reason", ex.Reason)
+			typ := corev1.EventTypeNormal
+			if ex.ExitCode != 0 {
+				typ = corev1.EventTypeWarning
+			}
+			p.event(pod, typ, "VMExited", fmt.Sprintf("VM exited with code %d: %s", ex.ExitCode, ex.Reason))
+			if ex.At.Sub(started) >= CrashLoopResetAfter {
+				crashes = 0
+			}
+			p.update(rec, func(st *VMState) { st.SetTerminated(term) })
+			if !p.afterExit(ctx, rec, &crashes) {
+				return
+			}
+		}
+	}
+}
+
+func (p *VMs) deleteRequested(rec *podVM) bool {
+	select {
+	case <-rec.deleteReq:
+		return true
+	default:
+		return false
+	}
+}
+
+// afterExit applies the restart policy to the run that just ended (the
+// state holds its Terminated). It returns false when the worker is done.
+func (p *VMs) afterExit(ctx context.Context, rec *podVM, crashes *int) bool {
+	rec.mu.Lock()
+	policy := rec.pod.Spec.RestartPolicy
+	term := rec.state.Terminated
+	name := "vm"
+	if len(rec.pod.Spec.Containers) > 0 {
+		name = rec.pod.Spec.Containers[0].Name
+	}
+	rec.mu.Unlock()
+	if term == nil {
+		return true
+	}
+	if !RestartDecision(policy, term.ExitCode) || term.Reason == ReasonInvalidVMSpec {
+		p.update(rec, func(st *VMState) { st.Final = true })
+		p.releaseImage(rec)
+		// Keep the state dir (console log) until the pod is deleted.
+		select {
+		case <-rec.deleteReq:
+			p.finishDelete(rec, nil)
+		case <-ctx.Done():
+		}
+		return false
+	}
+	*crashes++
+	delay := p.cfg.Backoff.RestartDelay(*crashes)
+	if delay > 0 {
+		msg := crashLoopMessage(delay, name, string(rec.uid))
+		p.update(rec, func(st *VMState) {
+			st.LastTerminated = st.Terminated
+			st.SetWaiting(ReasonCrashLoopBackOff, msg)
+		})
+		rec.mu.Lock()
+		pod := rec.pod.DeepCopy()
+		rec.mu.Unlock()
+		p.event(pod, corev1.EventTypeWarning, "BackOff", "Back-off restarting failed VM")
+		t := time.NewTimer(delay)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-rec.deleteReq:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	} else {
+		p.update(rec, func(st *VMState) { st.LastTerminated = st.Terminated })
+	}
+	rec.mu.Lock()
+	rec.state.RestartCount++
+	rec.mu.Unlock()
+	return true
+}
+
+// pullAndStart pulls the image (retrying with back-off, showing
+// ErrImagePull / ImagePullBackOff) and starts the VM. ok is false when
+// interrupted (delete, shutdown) or when the start failed (recorded as a
+// terminated run).
+func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (*qemu.VM, bool) {
+	log := klog.FromContext(ctx)
+	rec.mu.Lock()
+	pod := rec.pod.DeepCopy()
+	plan := rec.plan
+	rec.mu.Unlock()
+
+	// Cancel the pull when the pod is deleted.
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-rec.deleteReq:
+			cancel()
+		case <-pctx.Done():
+		}
+	}()
+
+	var img *oci.Image
+	for attempt := 1; ; attempt++ {
+		auth := p.pullSecrets(pctx, pod, plan.PullSecrets)
+		p.event(pod, corev1.EventTypeNormal, "Pulling", fmt.Sprintf("Pulling image %q", plan.Image))
+		t0 := time.Now()
+		var err error
+		img, err = p.cfg.Images.Pull(pctx, plan.Image, oci.PullOptions{Auth: auth, Policy: plan.PullPolicy})
+		if err == nil {
+			p.event(pod, corev1.EventTypeNormal, "Pulled", fmt.Sprintf("Successfully pulled image %q (%s) in %s", plan.Image, img.Digest, time.Since(t0).Round(time.Millisecond)))
+			break
+		}
+		if pctx.Err() != nil {
+			return nil, false
+		}
+		msg := err.Error()
+		log.Info("Image pull failed", "image", plan.Image, "attempt", attempt, "err", msg)
+		p.event(pod, corev1.EventTypeWarning, "Failed", fmt.Sprintf("Failed to pull image %q: %s", plan.Image, msg))
+		p.update(rec, func(st *VMState) { st.SetWaiting(ReasonErrImagePull, msg) })
+		delay := p.cfg.Backoff.Delay(attempt)
+		hold := min(p.cfg.ErrImagePullHold, delay)
+		if !sleepCtx(pctx, hold) {
+			return nil, false
+		}
+		p.update(rec, func(st *VMState) { st.SetWaiting(ReasonImagePullBackOff, pullBackOffMessage(plan.Image, msg)) })
+		p.event(pod, corev1.EventTypeNormal, "BackOff", fmt.Sprintf("Back-off pulling image %q", plan.Image))
+		if !sleepCtx(pctx, delay-hold) {
+			return nil, false
+		}
+	}
+
+	// Hold the image while the pod lives.
+	rec.mu.Lock()
+	haveRelease := rec.release != nil && rec.state.ImageDigest == img.Digest
+	rec.mu.Unlock()
+	if !haveRelease {
+		p.releaseImage(rec)
+		if rel, err := p.cfg.Images.Acquire(img.Digest); err == nil {
+			rec.mu.Lock()
+			rec.release = rel
+			rec.mu.Unlock()
+		} else {
+			log.Error(err, "Acquire image")
+		}
+	}
+	p.update(rec, func(st *VMState) {
+		st.ImageDigest = img.Digest
+		st.ImageID = imageID(img)
+		st.SetWaiting(ReasonContainerCreating, "")
+	})
+
+	spec, err := p.vmSpec(ctx, rec, pod, plan, img)
+	if err != nil {
+		reason := ReasonStartError
+		var inv invalidSpec
+		if errors.As(err, &inv) {
+			reason = ReasonInvalidVMSpec
+		}
+		log.Error(err, "VM not started", "reason", reason)
+		p.event(pod, corev1.EventTypeWarning, "Failed", err.Error())
+		now := p.now()
+		p.update(rec, func(st *VMState) {
+			st.SetTerminated(corev1.ContainerStateTerminated{ExitCode: 128, Reason: reason, Message: err.Error(),
+				StartedAt: metaTime(now), FinishedAt: metaTime(now)})
+		})
+		return nil, false
+	}
+	sctx, scancel := context.WithTimeout(pctx, p.cfg.StartTimeout)
+	vm, err := qemu.Start(sctx, spec, rec.dir)
+	scancel()
+	if err != nil {
+		if pctx.Err() != nil {
+			return nil, false
+		}
+		log.Error(err, "QEMU start failed")
+		p.event(pod, corev1.EventTypeWarning, "Failed", "Error: "+err.Error())
+		now := p.now()
+		p.update(rec, func(st *VMState) {
+			st.SetTerminated(corev1.ContainerStateTerminated{ExitCode: 128, Reason: ReasonStartError, Message: err.Error(),
+				StartedAt: metaTime(now), FinishedAt: metaTime(now)})
+		})
+		return nil, false
+	}
+	rec.mu.Lock()
+	rec.vm = vm
+	rec.mu.Unlock()
+	log.Info("VM started", "pid", vm.Pid(), "accelerator", spec.Accelerator)
+	p.event(pod, corev1.EventTypeNormal, "Started", fmt.Sprintf("Started VM (QEMU pid %d, %s, %d vCPU, %d MiB)", vm.Pid(), spec.Accelerator, spec.CPUs, spec.MemoryMiB))
+	p.update(rec, func(st *VMState) { st.SetRunning(p.now()) })
+	return vm, true
+}
+
+type invalidSpec struct{ error }
+
+// vmSpec builds the VM spec for a pulled image and makes a fresh overlay
+// (each run starts from the image, as a container starts from its image).
+func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan Plan, img *oci.Image) (qemu.Spec, error) {
+	accel := qemu.Accelerator(p.cfg.Accelerator)
+	if plan.Accelerator != "" {
+		accel = qemu.Accelerator(plan.Accelerator)
+	}
+	spec := qemu.Spec{
+		Name:        vmName(pod),
+		QEMUBinary:  p.cfg.QEMUBinary,
+		Accelerator: accel,
+		Machine:     plan.Machine,
+		CPUs:        plan.CPUs,
+		MemoryMiB:   plan.MemoryMiB,
+		Firmware:    plan.Firmware,
+		Kernel:      img.Kernel,
+		Initrd:      img.Initrd,
+		Cmdline:     strings.TrimSpace(img.Cmdline + " " + plan.ExtraCmdline),
+		Network:     true,
+		AllowedDirs: []string{p.cfg.ImageDir},
+		StateDir:    rec.dir,
+	}
+	if plan.Firmware == qemu.FirmwareUEFI {
+		spec.UEFICode, spec.UEFIVarsTemplate = p.cfg.UEFICode, p.cfg.UEFIVars
+		spec.AllowedDirs = append(spec.AllowedDirs, filepath.Dir(p.cfg.UEFICode), filepath.Dir(p.cfg.UEFIVars))
+	}
+	if img.Kernel == "" && plan.ExtraCmdline != "" {
+		return spec, invalidSpec{fmt.Errorf("annotation %s: image %s has no kernel to pass a command line to", AnnotationKernelCmdline, plan.Image)}
+	}
+	overlay := filepath.Join(rec.dir, OverlayFileName)
+	if img.Disk != "" {
+		spec.Disks = []qemu.Disk{{Path: overlay, Format: qemu.FormatQCOW2}}
+	}
+	if err := spec.Validate(); err != nil {
+		return spec, invalidSpec{fmt.Errorf("VM spec for image %s: %w", plan.Image, err)}
+	}
+	if img.Disk != "" {
+		if err := os.Remove(overlay); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return spec, fmt.Errorf("remove old overlay: %w", err)
+		}
+		if err := qemu.CreateOverlay(ctx, img.Disk, qemu.DiskFormat(img.DiskFormat), overlay, 0); err != nil {
+			return spec, err
+		}
+	}
+	return spec, nil
+}
+
+// vmName is a QEMU-safe label: namespace.name, cut to 63 characters.
+func vmName(pod *corev1.Pod) string {
+	n := pod.Namespace + "." + pod.Name
+	if len(n) > 63 {
+		n = n[:63]
+	}
+	return strings.TrimRight(n, ".-_")
+}
+
+func imageID(img *oci.Image) string {
+	repo := img.Ref
+	if i := strings.Index(repo, "@"); i >= 0 {
+		repo = repo[:i]
+	} else if i := strings.LastIndex(repo, ":"); i > strings.LastIndex(repo, "/") {
+		repo = repo[:i]
+	}
+	return repo + "@" + img.Digest
+}
+
+// pullSecrets reads the pod's pull secrets as Docker config JSON documents;
+// a missing secret is skipped with an event, as the kubelet does.
+func (p *VMs) pullSecrets(ctx context.Context, pod *corev1.Pod, names []string) [][]byte {
+	if p.cfg.Secrets == nil {
+		return nil
+	}
+	var out [][]byte
+	for _, n := range names {
+		s, err := p.cfg.Secrets(ctx, pod.Namespace, n)
+		if err != nil {
+			p.event(pod, corev1.EventTypeWarning, "FailedToRetrieveImagePullSecret",
+				fmt.Sprintf("Unable to retrieve image pull secret %q; the image pull may not succeed: %v", n, err))
+			continue
+		}
+		if b, ok := s.Data[corev1.DockerConfigJsonKey]; ok {
+			out = append(out, b)
+		} else if b, ok := s.Data[corev1.DockerConfigKey]; ok {
+			out = append(out, []byte(`{"auths":`+string(b)+`}`))
+		}
+	}
+	return out
+}
+
+func (p *VMs) releaseImage(rec *podVM) {
+	rec.mu.Lock()
+	rel := rec.release
+	rec.release = nil
+	rec.mu.Unlock()
+	if rel != nil {
+		rel()
+	}
+}
+
+// finishDelete stops the VM (if any) within the grace period, removes the
+// state dir, pushes the terminal status and forgets the pod.
+func (p *VMs) finishDelete(rec *podVM, vm *qemu.VM) {
+	rec.mu.Lock()
+	if vm == nil {
+		vm = rec.vm
+	}
+	grace := rec.grace
+	pod := rec.pod.DeepCopy()
+	rejected := rec.state.Rejection != nil
+	rec.mu.Unlock()
+	log := p.log.WithValues("pod", klog.KObj(pod), "uid", rec.uid)
+	ctx := context.WithoutCancel(p.base)
+
+	if !rejected {
+		if vm != nil {
+			if grace < time.Second {
+				grace = time.Second // even a forced delete gets the power button first
+			}
+			p.event(pod, corev1.EventTypeNormal, "Killing", fmt.Sprintf("Stopping VM (ACPI power button, grace %s)", grace))
+			ex, err := vm.Stop(ctx, qemu.StopOptions{Grace: grace})
+			if err != nil {
+				log.Error(err, "Stop VM")
+			}
+			log.Info("VM stopped", "exitCode", ex.ExitCode, "reason", ex.Reason)
+			rec.mu.Lock()
+			started := time.Now()
+			if rec.state.Running != nil {
+				started = rec.state.Running.StartedAt.Time
+			}
+			rec.state.SetTerminated(TerminatedFromExit(ex, started, ContainerIDPrefix+string(rec.uid)))
+			rec.vm = nil
+			rec.mu.Unlock()
+		} else {
+			rec.mu.Lock()
+			if rec.state.Terminated == nil {
+				now := p.now()
+				rec.state.SetTerminated(corev1.ContainerStateTerminated{ExitCode: 137, Reason: "ContainerStatusUnknown",
+					Message: "the pod was deleted before its VM started", StartedAt: metaTime(now), FinishedAt: metaTime(now)})
+			}
+			rec.mu.Unlock()
+		}
+		if err := qemu.CleanStateDir(rec.dir, nil); err != nil {
+			log.Error(err, "Remove pod state dir")
+		}
+		p.releaseImage(rec)
+	}
+	rec.mu.Lock()
+	rec.state.Final = true
+	rec.removed = true
+	rec.mu.Unlock()
+	p.push(rec)
+	p.mu.Lock()
+	if p.pods[rec.uid] == rec {
+		delete(p.pods, rec.uid)
+	}
+	p.mu.Unlock()
+	log.Info("Pod deleted from node")
+	if p.cfg.ForceDelete != nil && pod.DeletionTimestamp != nil {
+		if err := p.cfg.ForceDelete(ctx, pod.Namespace, pod.Name, rec.uid); err != nil {
+			log.V(1).Info("Final delete of pod", "err", err)
+		}
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// ---- kubelet API parts delivered by a later issue ----
+
+var errLater = errors.New("not implemented yet by qemu-kubelet")
+
+// GetContainerLogs is not implemented yet (console logs come with logs/attach support).
+func (p *VMs) GetContainerLogs(_ context.Context, namespace, podName, _ string, _ api.ContainerLogOpts) (io.ReadCloser, error) {
+	return nil, fmt.Errorf("logs of pod %s/%s: %w", namespace, podName, errLater)
+}
+
+// RunInContainer: a VM has no exec.
+func (p *VMs) RunInContainer(_ context.Context, namespace, podName, _ string, _ []string, _ api.AttachIO) error {
+	return fmt.Errorf("exec in pod %s/%s: a VM pod has no exec: %w", namespace, podName, errdefs.InvalidInput("exec not supported"))
+}
+
+// AttachToContainer is not implemented yet.
+func (p *VMs) AttachToContainer(_ context.Context, namespace, podName, _ string, _ api.AttachIO) error {
+	return fmt.Errorf("attach to pod %s/%s: %w", namespace, podName, errLater)
+}
+
+// PortForward is not implemented yet.
+func (p *VMs) PortForward(_ context.Context, namespace, pod string, _ int32, _ io.ReadWriteCloser) error {
+	return fmt.Errorf("port-forward to pod %s/%s: %w", namespace, pod, errLater)
+}
+
+// GetStatsSummary reports the node only (per-VM stats come later).
+func (p *VMs) GetStatsSummary(context.Context) (*statsv1alpha1.Summary, error) {
+	return &statsv1alpha1.Summary{Node: statsv1alpha1.NodeStats{NodeName: p.cfg.NodeName}}, nil
+}
+
+// GetMetricsResource reports no metrics yet.
+func (p *VMs) GetMetricsResource(context.Context) ([]*dto.MetricFamily, error) { return nil, nil }
+
+var (
+	_ nodeutil.Provider = (*VMs)(nil)
+	_ node.PodNotifier  = (*VMs)(nil)
+)

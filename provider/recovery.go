@@ -1,0 +1,172 @@
+package provider
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/qemu-kubelet/qemu-kubelet/qemu"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+)
+
+// RecoveryResult counts what Recover found.
+type RecoveryResult struct {
+	// Running VMs re-adopted (same QEMU process).
+	Running int
+	// Exited VMs whose exit was recorded while nobody watched.
+	Exited int
+	// Pending pods whose VM was not started yet (crash mid-create).
+	Pending int
+	// Orphans: state dirs without an intent record; their QEMU (if any)
+	// was killed and the dir removed.
+	Orphans int
+}
+
+// Recover re-adopts every pod found under <stateDir>/vms, before the pod
+// controller starts: running VMs keep running (qemu.Adopt) and report
+// Running; VMs that ended while qemu-kubelet was down report how they ended
+// and get their restart policy applied; pods whose creation was interrupted
+// resume it. Nothing new is started for a recovered pod until the library
+// shows the pod still exists (GetPod/UpdatePod) — a pod deleted while
+// qemu-kubelet was down is instead deleted by the library's start-up sweep
+// (GetPods lists it, DeletePod stops and cleans it). Workers start at once.
+func (p *VMs) Recover(ctx context.Context) (RecoveryResult, error) {
+	var res RecoveryResult
+	log := klog.FromContext(ctx)
+	ents, err := os.ReadDir(p.vmsDir())
+	if errors.Is(err, os.ErrNotExist) {
+		return res, nil
+	}
+	if err != nil {
+		return res, fmt.Errorf("recover VMs: %w", err)
+	}
+	for _, e := range ents {
+		if !e.IsDir() {
+			continue
+		}
+		dir := filepath.Join(p.vmsDir(), e.Name())
+		rec, kind, err := p.recoverOne(ctx, dir)
+		if err != nil {
+			log.Error(err, "Recover pod state dir", "dir", dir)
+			continue
+		}
+		switch kind {
+		case "orphan":
+			res.Orphans++
+			continue
+		case "running":
+			res.Running++
+		case "exited":
+			res.Exited++
+		default:
+			res.Pending++
+		}
+		p.mu.Lock()
+		p.pods[rec.uid] = rec
+		p.mu.Unlock()
+		log.Info("Recovered pod", "pod", klog.KObj(rec.pod), "uid", rec.uid, "vm", kind)
+		go p.run(rec)
+	}
+	return res, nil
+}
+
+func (p *VMs) recoverOne(ctx context.Context, dir string) (*podVM, string, error) {
+	log := klog.FromContext(ctx).WithValues("dir", dir)
+	var pod corev1.Pod
+	b, err := os.ReadFile(filepath.Join(dir, PodFileName))
+	if err == nil {
+		err = json.Unmarshal(b, &pod)
+	}
+	if err != nil || pod.UID == "" || string(pod.UID) != filepath.Base(dir) {
+		// No usable intent record: nothing may run here.
+		log.Info("Removing orphaned VM state dir", "why", fmt.Sprint(err))
+		if _, serr := os.Stat(filepath.Join(dir, qemu.SpecFileName)); serr == nil {
+			if vm, aerr := qemu.Adopt(ctx, dir); aerr == nil {
+				if _, exited := vm.Exit(); !exited {
+					vm.Kill()
+					<-vm.Done()
+				}
+			} else {
+				log.Error(aerr, "Adopt orphaned VM")
+			}
+		}
+		if err := qemu.CleanStateDir(dir, nil); err != nil {
+			return nil, "", err
+		}
+		return nil, "orphan", nil
+	}
+
+	rec := &podVM{uid: pod.UID, dir: dir, pod: &pod,
+		deleteReq: make(chan struct{}), confirmed: make(chan struct{}), done: make(chan struct{})}
+	if b, err := os.ReadFile(filepath.Join(dir, StatusFileName)); err == nil {
+		if err := json.Unmarshal(b, &rec.state); err != nil {
+			log.Error(err, "Unreadable status record; starting from scratch")
+			rec.state = VMState{}
+		}
+	}
+	if rec.state.StartTime.IsZero() {
+		rec.state.StartTime = p.now().UTC()
+	}
+	plan, rej := Translate(&pod)
+	if rej != nil {
+		rec.state.Rejection, rec.state.Final = rej, true
+	}
+	rec.plan = plan
+	if rec.state.ImageDigest != "" && p.cfg.Images != nil {
+		if rel, err := p.cfg.Images.Acquire(rec.state.ImageDigest); err == nil {
+			rec.release = rel
+		}
+	}
+
+	if _, err := os.Stat(filepath.Join(dir, qemu.SpecFileName)); err != nil {
+		if !rec.state.Final {
+			rec.state.SetWaiting(ReasonContainerCreating, "")
+		}
+		return rec, "pending", nil
+	}
+	vm, err := qemu.Adopt(ctx, dir)
+	if err != nil {
+		// QEMU is alive but unreachable: do not leave it running unmanaged.
+		now := p.now()
+		rec.state.SetTerminated(corev1.ContainerStateTerminated{ExitCode: 128, Reason: ReasonStartError,
+			Message: "could not re-adopt the VM after a restart: " + err.Error(), StartedAt: metaTime(now), FinishedAt: metaTime(now)})
+		rec.pendingExit = true
+		return rec, "exited", nil
+	}
+	if ex, exited := vm.Exit(); exited {
+		if rec.state.Final {
+			return rec, "exited", nil
+		}
+		started := time.Now()
+		if rec.state.Running != nil {
+			started = rec.state.Running.StartedAt.Time
+		}
+		if rec.state.Running != nil || rec.state.Terminated == nil {
+			rec.state.SetTerminated(TerminatedFromExit(ex, started, ContainerIDPrefix+string(pod.UID)))
+		}
+		rec.pendingExit = true
+		return rec, "exited", nil
+	}
+	rec.vm = vm
+	if rec.state.Running == nil {
+		rec.state.SetRunning(p.now())
+	}
+	return rec, "running", nil
+}
+
+// podUIDs lists the pods known, for tests and logs.
+func (p *VMs) podUIDs() []types.UID {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]types.UID, 0, len(p.pods))
+	for u := range p.pods {
+		out = append(out, u)
+	}
+	return out
+}

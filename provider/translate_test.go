@@ -1,0 +1,129 @@
+package provider
+
+import (
+	"testing"
+
+	"github.com/qemu-kubelet/qemu-kubelet/oci"
+	"github.com/qemu-kubelet/qemu-kubelet/qemu"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+func vmPod(mut ...func(*corev1.Pod)) *corev1.Pod {
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "uid-p"},
+		Spec: corev1.PodSpec{
+			Containers: []corev1.Container{{Name: "vm", Image: "127.0.0.1:5000/os/tiny:1"}},
+			Volumes: []corev1.Volume{{Name: "kube-api-access-abcde", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{}}}},
+		},
+	}
+	p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "kube-api-access-abcde", MountPath: "/var/run/secrets/kubernetes.io/serviceaccount"}}
+	for _, m := range mut {
+		m(p)
+	}
+	return p
+}
+
+func rl(kv ...string) corev1.ResourceList {
+	out := corev1.ResourceList{}
+	for i := 0; i < len(kv); i += 2 {
+		out[corev1.ResourceName(kv[i])] = resource.MustParse(kv[i+1])
+	}
+	return out
+}
+
+func TestTranslateAccepts(t *testing.T) {
+	cases := []struct {
+		name string
+		pod  *corev1.Pod
+		want Plan
+	}{
+		{"defaults", vmPod(), Plan{Image: "127.0.0.1:5000/os/tiny:1", PullPolicy: oci.PullIfNotPresent, CPUs: 1, MemoryMiB: 512, Machine: "q35", Firmware: qemu.FirmwareBIOS}},
+		{"limits win, cpu rounded up", vmPod(func(p *corev1.Pod) {
+			p.Spec.Containers[0].Resources = corev1.ResourceRequirements{Limits: rl("cpu", "1500m", "memory", "1Gi"), Requests: rl("cpu", "100m", "memory", "128Mi")}
+		}), Plan{Image: "127.0.0.1:5000/os/tiny:1", PullPolicy: oci.PullIfNotPresent, CPUs: 2, MemoryMiB: 1024, Machine: "q35", Firmware: qemu.FirmwareBIOS}},
+		{"requests when no limits", vmPod(func(p *corev1.Pod) {
+			p.Spec.Containers[0].Resources = corev1.ResourceRequirements{Requests: rl("cpu", "3", "memory", "300M")}
+		}), Plan{Image: "127.0.0.1:5000/os/tiny:1", PullPolicy: oci.PullIfNotPresent, CPUs: 3, MemoryMiB: 287, Machine: "q35", Firmware: qemu.FirmwareBIOS}},
+		{"pull policy, secrets, annotations", vmPod(func(p *corev1.Pod) {
+			p.Spec.Containers[0].ImagePullPolicy = corev1.PullAlways
+			p.Spec.ImagePullSecrets = []corev1.LocalObjectReference{{Name: "reg"}, {Name: "reg2"}}
+			p.Annotations = map[string]string{
+				AnnotationMachine: "microvm", AnnotationKernelCmdline: " quiet loglevel=3 ", AnnotationRequireAccelerator: "kvm",
+				"other.example/x": "ignored", "kubectl.kubernetes.io/last-applied-configuration": "{}",
+			}
+		}), Plan{Image: "127.0.0.1:5000/os/tiny:1", PullPolicy: oci.PullAlways, PullSecrets: []string{"reg", "reg2"}, CPUs: 1, MemoryMiB: 512,
+			Machine: "microvm", Firmware: qemu.FirmwareBIOS, ExtraCmdline: "quiet loglevel=3", Accelerator: "kvm"}},
+		{"never, uefi, any", vmPod(func(p *corev1.Pod) {
+			p.Spec.Containers[0].ImagePullPolicy = corev1.PullNever
+			p.Annotations = map[string]string{AnnotationFirmware: "uefi", AnnotationRequireAccelerator: "any"}
+			p.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: 22}}
+		}), Plan{Image: "127.0.0.1:5000/os/tiny:1", PullPolicy: oci.PullNever, CPUs: 1, MemoryMiB: 512, Machine: "q35", Firmware: qemu.FirmwareUEFI}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, rej := Translate(tc.pod)
+			require.Nil(t, rej)
+			assert.Equal(t, tc.want, got)
+		})
+	}
+}
+
+func TestTranslateRejects(t *testing.T) {
+	yes := true
+	cases := []struct {
+		name string
+		mut  func(*corev1.Pod)
+		want []string // substrings of the message
+	}{
+		{"two containers", func(p *corev1.Pod) { p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: "side", Image: "x"}) },
+			[]string{"spec.containers: a VM pod has exactly one container", "got 2"}},
+		{"init containers", func(p *corev1.Pod) { p.Spec.InitContainers = []corev1.Container{{Name: "i", Image: "x"}} }, []string{"spec.initContainers: not supported"}},
+		{"host namespaces", func(p *corev1.Pod) { p.Spec.HostNetwork, p.Spec.HostPID, p.Spec.HostIPC = true, true, true },
+			[]string{"spec.hostNetwork", "spec.hostPID", "spec.hostIPC"}},
+		{"privileged", func(p *corev1.Pod) { p.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{Privileged: &yes} },
+			[]string{"spec.containers[0].securityContext.privileged: not supported"}},
+		{"pvc", func(p *corev1.Pod) {
+			p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: "data", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "c"}}})
+		}, []string{"spec.volumes[1].persistentVolumeClaim", `volume "data"`}},
+		{"secret, configMap, emptyDir: not yet", func(p *corev1.Pod) {
+			p.Spec.Volumes = []corev1.Volume{
+				{Name: "s", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "s"}}},
+				{Name: "c", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{}}},
+				{Name: "e", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+			}
+		}, []string{"spec.volumes[0].secret: volume \"s\": secret volumes are not supported yet", "spec.volumes[1].configMap", "spec.volumes[2].emptyDir"}},
+		{"other projected volume", func(p *corev1.Pod) {
+			p.Spec.Volumes = []corev1.Volume{{Name: "tokens", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{}}}}
+		}, []string{"spec.volumes[0]: volume \"tokens\""}},
+		{"unknown project annotation", func(p *corev1.Pod) { p.Annotations = map[string]string{"qemu-kubelet.io/cpu-model": "host"} },
+			[]string{"metadata.annotations[qemu-kubelet.io/cpu-model]: unknown qemu-kubelet annotation", "qemu-kubelet.io/machine"}},
+		{"bad annotation values", func(p *corev1.Pod) {
+			p.Annotations = map[string]string{AnnotationMachine: "virt", AnnotationFirmware: "coreboot", AnnotationRequireAccelerator: "hvf", AnnotationKernelCmdline: "a\nb"}
+		}, []string{`machine "virt"`, `firmware "coreboot"`, `accelerator "hvf"`, "one line"}},
+		{"microvm uefi", func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationMachine: "microvm", AnnotationFirmware: "uefi"} },
+			[]string{"uefi is not available with machine microvm"}},
+		{"command args env", func(p *corev1.Pod) {
+			c := &p.Spec.Containers[0]
+			c.Command, c.Args, c.Env = []string{"sh"}, []string{"-c"}, []corev1.EnvVar{{Name: "A", Value: "b"}}
+		}, []string{"spec.containers[0].command", "spec.containers[0].args", "spec.containers[0].env"}},
+		{"gpu and hostPort", func(p *corev1.Pod) {
+			p.Spec.Containers[0].Resources.Limits = rl("nvidia.com/gpu", "1")
+			p.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: 22, HostPort: 2222}}
+		}, []string{"resources.limits[nvidia.com/gpu]", "ports[0].hostPort"}},
+		{"no image", func(p *corev1.Pod) { p.Spec.Containers[0].Image = "" }, []string{"spec.containers[0].image"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, rej := Translate(vmPod(tc.mut))
+			require.NotNil(t, rej)
+			assert.Equal(t, ReasonUnsupportedPodSpec, rej.Reason)
+			for _, w := range tc.want {
+				assert.Contains(t, rej.Message, w)
+			}
+		})
+	}
+}
