@@ -17,7 +17,7 @@ func vmPod(mut ...func(*corev1.Pod)) *corev1.Pod {
 		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "uid-p"},
 		Spec: corev1.PodSpec{
 			Containers: []corev1.Container{{Name: "vm", Image: "127.0.0.1:5000/os/tiny:1"}},
-			Volumes: []corev1.Volume{{Name: "kube-api-access-abcde", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{}}}},
+			Volumes:    []corev1.Volume{{Name: "kube-api-access-abcde", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{}}}},
 		},
 	}
 	p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "kube-api-access-abcde", MountPath: "/var/run/secrets/kubernetes.io/serviceaccount"}}
@@ -79,7 +79,9 @@ func TestTranslateRejects(t *testing.T) {
 		mut  func(*corev1.Pod)
 		want []string // substrings of the message
 	}{
-		{"two containers", func(p *corev1.Pod) { p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: "side", Image: "x"}) },
+		{"two containers", func(p *corev1.Pod) {
+			p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: "side", Image: "x"})
+		},
 			[]string{"spec.containers: a VM pod has exactly one container", "got 2"}},
 		{"init containers", func(p *corev1.Pod) { p.Spec.InitContainers = []corev1.Container{{Name: "i", Image: "x"}} }, []string{"spec.initContainers: not supported"}},
 		{"host namespaces", func(p *corev1.Pod) { p.Spec.HostNetwork, p.Spec.HostPID, p.Spec.HostIPC = true, true, true },
@@ -104,7 +106,9 @@ func TestTranslateRejects(t *testing.T) {
 		{"bad annotation values", func(p *corev1.Pod) {
 			p.Annotations = map[string]string{AnnotationMachine: "virt", AnnotationFirmware: "coreboot", AnnotationRequireAccelerator: "hvf", AnnotationKernelCmdline: "a\nb"}
 		}, []string{`machine "virt"`, `firmware "coreboot"`, `accelerator "hvf"`, "one line"}},
-		{"microvm uefi", func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationMachine: "microvm", AnnotationFirmware: "uefi"} },
+		{"microvm uefi", func(p *corev1.Pod) {
+			p.Annotations = map[string]string{AnnotationMachine: "microvm", AnnotationFirmware: "uefi"}
+		},
 			[]string{"uefi is not available with machine microvm"}},
 		{"command args env", func(p *corev1.Pod) {
 			c := &p.Spec.Containers[0]
