@@ -104,7 +104,12 @@ type Spec struct {
 	Network  bool
 	Forwards []PortForward
 
-	// RunAsUser makes QEMU drop privileges to this user after start (-runas).
+	// RunAsUser starts QEMU as this user (and its groups) instead of the
+	// caller's; the state dir and the files in it are chowned to the user.
+	// Not QEMU's -runas: with QEMU 7.2 its late setuid is killed by
+	// -sandbox elevateprivileges=deny, and starting unprivileged is
+	// stronger anyway. Files outside the state dir must be readable by the
+	// user (and /dev/kvm usable, e.g. via the kvm group).
 	RunAsUser string
 
 	// AllowedDirs: every file the VM opens (kernel, initrd, disks, firmware)
@@ -400,9 +405,6 @@ func Args(s Spec) []string {
 			netdev += fmt.Sprintf(",hostfwd=tcp:127.0.0.1:%d-:%d", f.HostPort, f.GuestPort)
 		}
 		a = append(a, "-netdev", netdev, "-device", "virtio-net"+pciSuffix+",netdev=net0,mac="+macFor(s.Name))
-	}
-	if s.RunAsUser != "" {
-		a = append(a, "-runas", s.RunAsUser)
 	}
 	return a
 }

@@ -71,7 +71,8 @@ func TestArgsGolden(t *testing.T) {
 			}
 			// Invariants every command line must hold.
 			joined := strings.Join(Args(s), " ")
-			for _, must := range []string{"-nodefaults", "-sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny", "-qmp unix:/run/qk/vm1/qmp.sock", "logfile=/run/qk/vm1/console.log"} {
+			sandbox := "-sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
+			for _, must := range []string{"-nodefaults", sandbox, "-qmp unix:/run/qk/vm1/qmp.sock", "logfile=/run/qk/vm1/console.log"} {
 				if !strings.Contains(joined, must) {
 					t.Errorf("missing %q", must)
 				}

@@ -9,7 +9,9 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -114,9 +116,23 @@ func Start(ctx context.Context, spec Spec, stateDir string) (*VM, error) {
 	// Own session and process group: no signal aimed at our group or
 	// terminal reaches QEMU, and it survives our death.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if spec.RunAsUser != "" {
+		cred, err := credentialFor(spec.RunAsUser)
+		if err != nil {
+			return nil, fmt.Errorf("start VM %s: %w", spec.Name, err)
+		}
+		if err := chownTree(abs, int(cred.Uid), int(cred.Gid)); err != nil {
+			return nil, fmt.Errorf("start VM %s: hand state dir to %s: %w", spec.Name, spec.RunAsUser, err)
+		}
+		cmd.SysProcAttr.Credential = cred
+	}
 	fmt.Fprintf(qlog, "=== %s start: %s %s\n", time.Now().UTC().Format(time.RFC3339Nano), spec.QEMUBinary, strings.Join(args, " "))
 	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", spec.QEMUBinary, err)
+		hint := ""
+		if spec.RunAsUser != "" && errors.Is(err, os.ErrPermission) {
+			hint = fmt.Sprintf(" (as user %s: the state dir's parents must be searchable by that user)", spec.RunAsUser)
+		}
+		return nil, fmt.Errorf("start %s: %w%s", spec.QEMUBinary, err, hint)
 	}
 	log.V(2).Info("QEMU started", "pid", cmd.Process.Pid)
 	vm := newVM(spec, abs, cmd.Process.Pid, log)
@@ -690,6 +706,37 @@ func CleanStateDir(dir string, keep []string) error {
 		return fmt.Errorf("clean state dir %s: %w", dir, err)
 	}
 	return nil
+}
+
+// credentialFor resolves a user name to its uid, primary gid and groups.
+func credentialFor(name string) (*syscall.Credential, error) {
+	u, err := user.Lookup(name)
+	if err != nil {
+		return nil, fmt.Errorf("run-as user %q: %w", name, err)
+	}
+	uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
+	gid, err2 := strconv.ParseUint(u.Gid, 10, 32)
+	if err := errors.Join(err1, err2); err != nil {
+		return nil, fmt.Errorf("run-as user %q: %w", name, err)
+	}
+	cred := &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	if gids, err := u.GroupIds(); err == nil {
+		for _, g := range gids {
+			if n, err := strconv.ParseUint(g, 10, 32); err == nil {
+				cred.Groups = append(cred.Groups, uint32(n))
+			}
+		}
+	}
+	return cred, nil
+}
+
+func chownTree(dir string, uid, gid int) error {
+	return filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, uid, gid)
+	})
 }
 
 func copyFile(src, dst string) error {

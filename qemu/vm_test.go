@@ -434,3 +434,52 @@ func TestStartRejectsBadSpecAndBusyDir(t *testing.T) {
 		t.Fatalf("second start in a busy dir: %v", err)
 	}
 }
+
+// TestRunAsUser: QEMU drops to an unprivileged user after opening its files.
+func TestRunAsUser(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Fatalf("this test needs root to drop privileges (uid %d)", os.Getuid())
+	}
+	spec := testSpec(t, "acpi")
+	spec.RunAsUser = "nobody"
+	dir := newStateDir(t)
+	if err := os.Chmod(filepath.Dir(dir), 0o711); err != nil {
+		t.Fatal(err)
+	}
+	// The image cache under /root is not readable by nobody: give the VM
+	// its own copies inside the state dir (chowned to the user by Start).
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []*string{&spec.Kernel, &spec.Initrd} {
+		dst := filepath.Join(dir, filepath.Base(*p))
+		if err := copyFile(*p, dst); err != nil {
+			t.Fatal(err)
+		}
+		*p = dst
+	}
+	vm := startVM(t, spec, dir)
+	waitBoot(t, vm)
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", vm.Pid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var uidLine string
+	for _, l := range strings.Split(string(status), "\n") {
+		if strings.HasPrefix(l, "Uid:") {
+			uidLine = l
+		}
+	}
+	if f := strings.Fields(uidLine); len(f) < 3 || f[1] != "65534" || f[2] != "65534" {
+		t.Fatalf("QEMU not running as nobody: %q", uidLine)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ex, err := vm.Stop(ctx, StopOptions{Grace: 30 * time.Second})
+	if err != nil || ex.Class != ExitGuestShutdown {
+		t.Fatalf("stop: %+v %v", ex, err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("state dir left behind: %v", err)
+	}
+}
