@@ -159,9 +159,15 @@ func startVM(t testing.TB, spec Spec, stateDir string) *VM {
 
 func killVM(vm *VM) {
 	vm.Kill()
-	select {
-	case <-vm.Done():
-	case <-time.After(20 * time.Second):
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); {
+		select {
+		case <-vm.Done():
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+		if !qemuAlive(vm.Pid(), vm.StateDir()) {
+			return // detached VMs never report Done
+		}
 	}
 }
 

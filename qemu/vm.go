@@ -365,6 +365,13 @@ func (vm *VM) applyRunState(st string) {
 // onDisconnect: the QMP connection closed, so QEMU is exiting. Wait for the
 // process to be gone, classify and persist.
 func (vm *VM) onDisconnect() {
+	vm.mu.Lock()
+	detached := vm.closed
+	vm.mu.Unlock()
+	if detached {
+		// Detach closed the connection; QEMU keeps running unsupervised.
+		return
+	}
 	vm.waitGone(10 * time.Second)
 	vm.mu.Lock()
 	c := vm.cause

@@ -483,3 +483,32 @@ func TestRunAsUser(t *testing.T) {
 		t.Fatalf("state dir left behind: %v", err)
 	}
 }
+
+// TestDetachAdopt: Detach leaves QEMU running; Adopt picks it up.
+func TestDetachAdopt(t *testing.T) {
+	dir := newStateDir(t)
+	vm := startVM(t, testSpec(t, "acpi"), dir)
+	pid := vm.Pid()
+	vm.Detach()
+	time.Sleep(500 * time.Millisecond)
+	if !qemuAlive(pid, dir) {
+		t.Fatal("QEMU died on Detach")
+	}
+	if _, exited := vm.Exit(); exited {
+		t.Fatal("detached VM reports an exit")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	vm2, err := Adopt(ctx, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { killVM(vm2) })
+	if vm2.State() != StateRunning || vm2.Pid() != pid {
+		t.Fatalf("adopted %s pid %d", vm2.State(), vm2.Pid())
+	}
+	vm2.Kill()
+	if ex := waitExit(t, vm2, 30*time.Second); ex.Class != ExitKilled {
+		t.Fatalf("Kill: %+v", ex)
+	}
+}

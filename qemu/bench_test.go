@@ -1,0 +1,143 @@
+package qemu
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func median(d []time.Duration) time.Duration {
+	s := append([]time.Duration(nil), d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[len(s)/2]
+}
+
+// bareBoot starts the same VM with a bare qemu-system-x86_64 command line
+// (same machine, CPU, memory, kernel, initrd, cmdline, pvpanic; serial on
+// stdout) and returns the time until the boot marker appears.
+func bareBoot(b *testing.B, spec Spec) time.Duration {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	start := time.Now()
+	cmd := exec.CommandContext(ctx, DefaultQEMUBinary,
+		"-machine", "q35", "-accel", "tcg", "-cpu", "max",
+		"-smp", fmt.Sprint(spec.CPUs), "-m", fmt.Sprintf("%dM", spec.MemoryMiB),
+		"-nodefaults", "-no-user-config", "-display", "none",
+		"-serial", "stdio", "-device", "pvpanic",
+		"-kernel", spec.Kernel, "-initrd", spec.Initrd, "-append", spec.Cmdline)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		cmd.Wait()
+	}()
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		if strings.Contains(sc.Text(), bootMarker) {
+			return time.Since(start)
+		}
+	}
+	b.Fatalf("bare QEMU exited without the boot marker: %v", sc.Err())
+	return 0
+}
+
+// packageBoot starts the VM through this package (state dir, QMP, console
+// logfile, supervision) and returns the time until the marker is on the
+// console.
+func packageBoot(b *testing.B, spec Spec) time.Duration {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dir := newStateDir(b)
+	start := time.Now()
+	vm, err := Start(ctx, spec, dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer killVM(vm)
+	if err := vm.WaitConsole(ctx, bootMarker); err != nil {
+		b.Fatal(err)
+	}
+	return time.Since(start)
+}
+
+// BenchmarkBootToMarker: start-to-boot-marker through this package vs the
+// same VM from a bare qemu-system-x86_64 command line, alternating, median
+// of 3 pairs per iteration. x-of-baseline = package median / bare median.
+func BenchmarkBootToMarker(b *testing.B) {
+	spec := testSpec(b, "acpi")
+	var pkg, bare []time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for j := 0; j < 3; j++ {
+			if j%2 == 0 {
+				bare = append(bare, bareBoot(b, spec))
+				pkg = append(pkg, packageBoot(b, spec))
+			} else {
+				pkg = append(pkg, packageBoot(b, spec))
+				bare = append(bare, bareBoot(b, spec))
+			}
+		}
+	}
+	b.StopTimer()
+	mp, mb := median(pkg), median(bare)
+	b.ReportMetric(float64(mp.Milliseconds()), "pkg-ms")
+	b.ReportMetric(float64(mb.Milliseconds()), "bare-ms")
+	b.ReportMetric(float64(mp)/float64(mb), "x-of-baseline")
+	b.ReportMetric(float64(len(pkg)), "samples")
+}
+
+// BenchmarkCreateOverlay: qcow2 overlay creation over a sparse 1 GiB and a
+// sparse 8 GiB raw base, in the same run. x-of-baseline = 8 GiB median /
+// 1 GiB median (O(1) means ~1).
+func BenchmarkCreateOverlay(b *testing.B) {
+	ctx := context.Background()
+	dir := b.TempDir()
+	bases := map[string]int64{"1GiB": 1 << 30, "8GiB": 8 << 30}
+	for name, size := range bases {
+		f, err := os.Create(filepath.Join(dir, name+".raw"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := f.Truncate(size); err != nil {
+			b.Fatal(err)
+		}
+		f.Close()
+	}
+	times := map[string][]time.Duration{}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for j := 0; j < 5; j++ {
+			for _, name := range []string{"1GiB", "8GiB"} {
+				ov := filepath.Join(dir, fmt.Sprintf("%s-%d-%d.qcow2", name, i, j))
+				start := time.Now()
+				if err := CreateOverlay(ctx, filepath.Join(dir, name+".raw"), FormatRaw, ov, 0); err != nil {
+					b.Fatal(err)
+				}
+				times[name] = append(times[name], time.Since(start))
+				os.Remove(ov)
+			}
+		}
+	}
+	b.StopTimer()
+	m1, m8 := median(times["1GiB"]), median(times["8GiB"])
+	b.ReportMetric(float64(m1.Microseconds())/1000, "1GiB-ms")
+	b.ReportMetric(float64(m8.Microseconds())/1000, "8GiB-ms")
+	b.ReportMetric(float64(m8)/float64(m1), "x-of-baseline")
+}
