@@ -1,0 +1,129 @@
+// Package vmtest provides test fixtures for VM pods: the test OS images built
+// by hack/build-test-image.sh pushed as ORAS file artifacts to a real
+// docker-registry (oci/ocitest), and a reaper for QEMU processes a test
+// leaves behind.
+package vmtest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
+)
+
+// Boot markers printed on the serial console by the test images.
+const (
+	BootMarker      = "QK-BOOT-OK"
+	PanicMarker     = "QK-PANIC-NOW"
+	ArtifactType    = "application/vnd.qemu-kubelet.os-image.v1"
+	PoweroffCmdline = "rdinit=/bin/busybox -- poweroff -f"
+)
+
+// Variants of the test image pushed by PushTestImages (tags of Repo).
+const (
+	VariantACPI   = "acpi"   // boots, prints the marker, powers off on the ACPI button
+	VariantNoACPI = "noacpi" // ignores the ACPI button
+	VariantPanic  = "panic"  // prints the marker and panics
+)
+
+// Repo is the repository the test images are pushed to.
+const Repo = "qemu-kubelet/test-os"
+
+// BuildTestImages runs hack/build-test-image.sh (cached) and returns the
+// directory holding vmlinuz, initramfs-*.cpio.gz and cmdline.
+func BuildTestImages(tb testing.TB) string {
+	tb.Helper()
+	root := ocitest.RepoRoot(tb)
+	cmd := exec.Command(filepath.Join(root, "hack", "build-test-image.sh"))
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		tb.Fatalf("hack/build-test-image.sh: %v\n%s", err, stderr.String())
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	return strings.TrimSpace(lines[len(lines)-1])
+}
+
+// PushTestImages pushes the kernel + initrd variants with oras to the
+// registry at addr (plain HTTP) as <addr>/<Repo>:<variant> and returns the
+// references by variant.
+func PushTestImages(tb testing.TB, addr string) map[string]string {
+	tb.Helper()
+	dir := BuildTestImages(tb)
+	oras := ocitest.Oras(tb)
+	refs := map[string]string{}
+	for _, v := range []string{VariantACPI, VariantNoACPI, VariantPanic} {
+		ref := fmt.Sprintf("%s/%s:%s", addr, Repo, v)
+		// oras names layers after the files as given: run in the image dir.
+		work := tb.TempDir()
+		for _, f := range []string{"vmlinuz", "cmdline"} {
+			if err := os.Symlink(filepath.Join(dir, f), filepath.Join(work, f)); err != nil {
+				tb.Fatal(err)
+			}
+		}
+		initrd := "initramfs-" + v + ".cpio.gz"
+		if err := os.Symlink(filepath.Join(dir, initrd), filepath.Join(work, initrd)); err != nil {
+			tb.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		ocitest.Run(ctx, tb, work, oras, "push", "--plain-http", "--artifact-type", ArtifactType, ref, "vmlinuz", initrd, "cmdline")
+		cancel()
+		refs[v] = ref
+	}
+	return refs
+}
+
+// QEMUPids returns the pids of qemu-system processes whose command line
+// mentions dir.
+func QEMUPids(dir string) []int {
+	ents, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || len(b) == 0 {
+			continue
+		}
+		args := strings.Split(string(b), "\x00")
+		if !strings.Contains(filepath.Base(args[0]), "qemu-system") {
+			continue
+		}
+		if st, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil {
+			// zombies are gone already
+			if f := strings.Fields(string(st[strings.LastIndexByte(string(st), ')')+1:])); len(f) > 0 && f[0] == "Z" {
+				continue
+			}
+		}
+		if strings.Contains(string(b), dir) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// ReapQEMU registers a cleanup that SIGKILLs every QEMU under dir and fails
+// the test if any was still running (a test must stop what it starts).
+func ReapQEMU(tb testing.TB, dir string) {
+	tb.Helper()
+	tb.Cleanup(func() {
+		pids := QEMUPids(dir)
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		if len(pids) > 0 {
+			tb.Errorf("QEMU processes left running under %s: %v (killed)", dir, pids)
+		}
+	})
+}
