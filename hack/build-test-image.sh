@@ -43,7 +43,7 @@ BBVER="$(dpkg-query -W -f='${Version}' busybox-static 2>/dev/null)" || { log "bu
 for tool in dpkg-deb cpio gzip qemu-img mkfs.vfat mcopy syslinux; do
   command -v "$tool" >/dev/null || { log "missing tool $tool (run hack/install-deps.sh)"; exit 1; }
 done
-INIT_SUM="$(sha256sum "$HERE/testimage/init.sh" "$0" | sha256sum | cut -c1-12)"
+INIT_SUM="$(cat "$HERE/testimage/init.sh" "$HERE/build-test-image.sh" | sha256sum | cut -c1-12)"
 VERSION="${KPKG#linux-image-}_${KVER}_bb${BBVER}_r${SCRIPT_REV}_${INIT_SUM}"
 VERSION="$(echo "$VERSION" | tr -c 'A-Za-z0-9._\n-' '_')"
 OUT="$CACHE/$VERSION"
