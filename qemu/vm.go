@@ -613,7 +613,8 @@ type StopOptions struct {
 // Stop ends the VM gracefully: ACPI power button (system_powerdown), wait up
 // to Grace for the guest to power off, then QMP quit, then SIGKILL. It then
 // cleans the state dir down to opts.Keep. Safe to call on an exited VM (it
-// only cleans) and repeatedly.
+// only cleans) and repeatedly. If ctx ends early the remaining steps are
+// skipped straight to SIGKILL.
 func (vm *VM) Stop(ctx context.Context, opts StopOptions) (Exit, error) {
 	if opts.Grace <= 0 {
 		opts.Grace = 30 * time.Second
@@ -632,7 +633,9 @@ func (vm *VM) Stop(ctx context.Context, opts StopOptions) (Exit, error) {
 			cancel()
 			if !vm.waitDone(ctx, opts.QuitGrace) {
 				vm.Kill()
-				if !vm.waitDone(ctx, 30*time.Second) {
+				// Not bounded by ctx: once we kill, we wait for the exit
+				// record so nothing is left half-stopped.
+				if !vm.waitDone(context.Background(), 30*time.Second) {
 					return Exit{}, fmt.Errorf("stop VM %s: QEMU pid %d still alive after SIGKILL", vm.spec.Name, vm.pid)
 				}
 			}

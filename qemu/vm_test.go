@@ -512,3 +512,49 @@ func TestDetachAdopt(t *testing.T) {
 		t.Fatalf("Kill: %+v", ex)
 	}
 }
+
+// TestLeakDetector: the TestMain check finds a QEMU started with a test
+// state dir (so a leak would fail the suite).
+func TestLeakDetector(t *testing.T) {
+	dir := newStateDir(t)
+	cmd := exec.Command(DefaultQEMUBinary, "-machine", "none", "-nodefaults", "-display", "none",
+		"-qmp", "unix:"+filepath.Join(filepath.Dir(dir), "leak.sock")+",server=on,wait=off")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	found := false
+	for i := 0; i < 100 && !found; i++ {
+		for _, pid := range leakedQEMUs() {
+			found = found || pid == cmd.Process.Pid
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !found {
+		t.Fatal("leak detector did not find a running test QEMU")
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	for _, pid := range leakedQEMUs() {
+		if pid == cmd.Process.Pid {
+			t.Fatal("reaped QEMU still reported")
+		}
+	}
+}
+
+// TestStopCanceledContext: a Stop whose context ends still kills QEMU and
+// records the exit.
+func TestStopCanceledContext(t *testing.T) {
+	dir := newStateDir(t)
+	vm := startVM(t, testSpec(t, "noacpi"), dir)
+	waitBoot(t, vm)
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	ex, err := vm.Stop(ctx, StopOptions{Grace: time.Minute})
+	if err != nil || ex.Class != ExitKilled {
+		t.Fatalf("Stop with short ctx: %+v %v", ex, err)
+	}
+	if qemuAlive(vm.Pid(), dir) {
+		t.Fatal("QEMU alive after Stop")
+	}
+}
