@@ -66,6 +66,9 @@ func Start(ctx context.Context, spec Spec, stateDir string) (*VM, error) {
 	spec = spec.withDefaults()
 	log := klog.FromContext(ctx).WithValues("vm", spec.Name, "stateDir", abs)
 
+	if err := checkFiles(spec); err != nil {
+		return nil, fmt.Errorf("start VM %s: %w", spec.Name, err)
+	}
 	if err := os.MkdirAll(abs, 0o700); err != nil {
 		return nil, fmt.Errorf("create state dir: %w", err)
 	}
@@ -716,6 +719,34 @@ func CleanStateDir(dir string, keep []string) error {
 		return fmt.Errorf("clean state dir %s: %w", dir, err)
 	}
 	return nil
+}
+
+// checkFiles reports missing or unusable input files before QEMU runs, so
+// the error names the spec field.
+func checkFiles(s Spec) error {
+	var errs []error
+	check := func(what, p string) {
+		if p == "" {
+			return
+		}
+		fi, err := os.Stat(p)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("%s: %w", what, err))
+		case !fi.Mode().IsRegular():
+			errs = append(errs, fmt.Errorf("%s %s: not a regular file", what, p))
+		}
+	}
+	check("kernel", s.Kernel)
+	check("initrd", s.Initrd)
+	if s.Firmware == FirmwareUEFI {
+		check("uefi code", s.UEFICode)
+		check("uefi vars template", s.UEFIVarsTemplate)
+	}
+	for i, d := range s.Disks {
+		check(fmt.Sprintf("disk[%d]", i), d.Path)
+	}
+	return errors.Join(errs...)
 }
 
 // credentialFor resolves a user name to its uid, primary gid and groups.

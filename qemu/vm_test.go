@@ -420,12 +420,15 @@ func TestStartRejectsBadSpecAndBusyDir(t *testing.T) {
 	if _, err := Start(ctx, spec, newStateDir(t)); err == nil || !strings.Contains(err.Error(), "outside the allowed dirs") {
 		t.Fatalf("kernel outside allowed dirs: %v", err)
 	}
-	// A kernel that does not exist: QEMU refuses, and the error says why.
+	// A kernel that does not exist: refused before QEMU runs, naming it.
 	spec = testSpec(t, "acpi")
 	spec.Kernel = filepath.Join(filepath.Dir(spec.Kernel), "missing-vmlinuz")
 	dir := newStateDir(t)
-	if _, err := Start(ctx, spec, dir); err == nil || !strings.Contains(err.Error(), "missing-vmlinuz") {
+	if _, err := Start(ctx, spec, dir); err == nil || !strings.Contains(err.Error(), "kernel: stat ") || !strings.Contains(err.Error(), "missing-vmlinuz") {
 		t.Fatalf("missing kernel: %v", err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("a refused start must not create the state dir: %v", err)
 	}
 	// A live VM in the dir is not started over.
 	dir = newStateDir(t)
@@ -556,5 +559,29 @@ func TestStopCanceledContext(t *testing.T) {
 	}
 	if qemuAlive(vm.Pid(), dir) {
 		t.Fatal("QEMU alive after Stop")
+	}
+}
+
+// TestUEFIKernelBoot boots the test kernel through OVMF (pflash code
+// read-only, private vars copy in the state dir).
+func TestUEFIKernelBoot(t *testing.T) {
+	const code, vars = "/usr/share/OVMF/OVMF_CODE_4M.fd", "/usr/share/OVMF/OVMF_VARS_4M.fd"
+	if _, err := os.Stat(code); err != nil {
+		t.Fatalf("OVMF not installed (hack/install-deps.sh installs ovmf): %v", err)
+	}
+	spec := testSpec(t, "acpi")
+	spec.Firmware = FirmwareUEFI
+	spec.UEFICode, spec.UEFIVarsTemplate = code, vars
+	spec.AllowedDirs = append(spec.AllowedDirs, "/usr/share/OVMF")
+	dir := newStateDir(t)
+	vm := startVM(t, spec, dir)
+	waitBoot(t, vm)
+	if fi, err := os.Stat(filepath.Join(dir, UEFIVarsName)); err != nil || fi.Size() == 0 {
+		t.Fatalf("private UEFI vars: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if ex, err := vm.Stop(ctx, StopOptions{Grace: 30 * time.Second}); err != nil || ex.Class != ExitGuestShutdown {
+		t.Fatalf("stop: %+v %v", ex, err)
 	}
 }
