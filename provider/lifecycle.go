@@ -392,9 +392,20 @@ func (p *VMs) push(rec *podVM) {
 }
 
 func (p *VMs) event(pod *corev1.Pod, typ, reason, msg string) {
-	if p.cfg.Recorder != nil {
-		p.cfg.Recorder.Event(pod, typ, reason, msg)
+	p.mu.Lock()
+	r := p.cfg.Recorder
+	p.mu.Unlock()
+	if r != nil {
+		r.Event(pod, typ, reason, msg)
 	}
+}
+
+// SetRecorder sets the recorder of pod events (e.g. once the pod
+// controller's event broadcaster exists).
+func (p *VMs) SetRecorder(r record.EventRecorder) {
+	p.mu.Lock()
+	p.cfg.Recorder = r
+	p.mu.Unlock()
 }
 
 // update changes the state under the lock, persists it and pushes it.
