@@ -118,6 +118,10 @@ type Spec struct {
 	AllowedDirs []string
 	Limits      Limits
 
+	// ConsoleCapBytes bounds the kept console output (console.log plus
+	// console.log.1); 0 means DefaultConsoleCap.
+	ConsoleCapBytes int64
+
 	// StateDir is the per-VM directory (0700) holding the QMP and console
 	// sockets, console log, pidfile and exit record. Set by Start.
 	StateDir string
@@ -295,6 +299,9 @@ func (s Spec) Validate() error {
 			bad("%s guest port %d: already forwarded by forward[%d]", what, f.GuestPort, j)
 		}
 		hostPorts[f.HostPort], guestPorts[f.GuestPort] = i, i
+	}
+	if s.ConsoleCapBytes < 0 || (s.ConsoleCapBytes > 0 && s.ConsoleCapBytes < 64<<10) {
+		bad("console cap %d bytes: must be 0 (default) or at least 64 KiB", s.ConsoleCapBytes)
 	}
 	if s.RunAsUser != "" && !userRE.MatchString(s.RunAsUser) {
 		bad("run-as user %q: not a valid user name", s.RunAsUser)

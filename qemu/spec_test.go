@@ -122,6 +122,7 @@ func TestValidateRejects(t *testing.T) {
 		{"cmdline newline", func(s *Spec) { s.Cmdline = "a\nb" }, "cmdline"},
 		{"relative state dir", func(s *Spec) { s.StateDir = "state" }, "state dir"},
 		{"long state dir", func(s *Spec) { s.StateDir = "/" + strings.Repeat("x", 120) }, "too long for unix sockets"},
+		{"console cap too small", func(s *Spec) { s.ConsoleCapBytes = 10 }, "console cap 10 bytes"},
 		{"bad user", func(s *Spec) { s.RunAsUser = "root;x" }, "run-as user"},
 		{"uefi without code", func(s *Spec) { s.Firmware = FirmwareUEFI }, "uefi code: path is empty"},
 	}

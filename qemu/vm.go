@@ -299,7 +299,12 @@ func (vm *VM) supervise() {
 	}
 }
 
-func (vm *VM) consoleCap() int64 { return DefaultConsoleCap }
+func (vm *VM) consoleCap() int64 {
+	if vm.spec.ConsoleCapBytes > 0 {
+		return vm.spec.ConsoleCapBytes
+	}
+	return DefaultConsoleCap
+}
 
 func (vm *VM) handle(ev Event) {
 	vm.mu.Lock()
