@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -128,6 +129,14 @@ func (h podEvents) Generic(ctx context.Context, e event.GenericEvent, q queue) {
 
 // Reconcile makes one plan for one set and applies it.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	res, err := r.reconcile(ctx, req)
+	if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
+		return res, nil // shutting down: the next leader or start plans again
+	}
+	return res, err
+}
+
+func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	log := logf.FromContext(ctx)
 	key := req.NamespacedName
 	var set v1alpha1.ExporterSet
@@ -270,26 +279,64 @@ func (r *Reconciler) createPods(ctx context.Context, set *v1alpha1.ExporterSet, 
 	for batch, done := 1, 0; done < n; batch *= 2 {
 		size := min(batch, n-done)
 		errs := make([]error, size)
+		names := make([]string, size)
 		var wg sync.WaitGroup
 		for i := range size {
 			wg.Go(func() {
 				pod := newPod(set, hash)
 				if err := r.Client.Create(ctx, pod); err != nil {
 					errs[i] = err
-					r.Recorder.Eventf(set, nil, corev1.EventTypeWarning, EventFailedCreate, "Create", "Error creating pod: %v", err)
 					return
 				}
 				r.exp.ExpectCreate(key, pod.Name, now)
-				r.Recorder.Eventf(set, pod, corev1.EventTypeNormal, EventSuccessfulCreate, "Create", "Created pod: %s", pod.Name)
+				names[i] = pod.Name
 			})
 		}
 		wg.Wait()
+		// One event per batch, not per pod: a 100-pod scale-up writes 7
+		// events instead of 100 (the apiserver is busy creating the pods).
+		if created := compact(names); len(created) > 0 {
+			r.Recorder.Eventf(set, nil, corev1.EventTypeNormal, EventSuccessfulCreate, "Create", "Created %s", podList(created))
+		}
 		if err := errors.Join(errs...); err != nil {
-			return fmt.Errorf("create pods for exporterset %s (%d of %d done): %w", key, done, n, err)
+			r.Recorder.Eventf(set, nil, corev1.EventTypeWarning, EventFailedCreate, "Create", "Error creating pod: %v", firstErr(errs))
+			return fmt.Errorf("create pods for exporterset %s (%d of %d done): %w", key, done+len(compact(names)), n, err)
 		}
 		done += size
 	}
 	return nil
+}
+
+func compact(names []string) []string {
+	var out []string
+	for _, n := range names {
+		if n != "" {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func firstErr(errs []error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// podList renders "pod: a" or "3 pods: a, b, c", with at most 10 names.
+func podList(names []string) string {
+	if len(names) == 1 {
+		return "pod: " + names[0]
+	}
+	shown := names[:min(len(names), 10)]
+	s := fmt.Sprintf("%d pods: %s", len(names), strings.Join(shown, ", "))
+	if len(names) > len(shown) {
+		s += fmt.Sprintf(" and %d more", len(names)-len(shown))
+	}
+	return s
 }
 
 // writeStatus merges the planned status into the set's status and writes it

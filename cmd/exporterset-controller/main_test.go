@@ -15,14 +15,17 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zapcore"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 )
@@ -77,6 +80,7 @@ func httpGet(url string) (int, string, error) {
 // TestRunAgainstRealAPIServer runs the controller's wiring (manager, leader
 // election, metrics and health endpoints) against a real kube-apiserver.
 func TestRunAgainstRealAPIServer(t *testing.T) {
+	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
 	root := repoRoot(t)
 	testEnv := &envtest.Environment{
 		BinaryAssetsDirectory: controlPlaneBin(t, root),
