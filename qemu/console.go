@@ -179,17 +179,120 @@ func (vm *VM) FollowConsole(ctx context.Context, from int64, w io.Writer) error 
 	return FollowConsole(ctx, vm.stateDir, from, vm.done, w)
 }
 
-// AttachConsole connects to the live serial console: reads return guest
-// output, writes are typed into the guest. QEMU serves one client at a time
-// (a second attach waits until the first closes). Output still goes to
-// console.log while attached.
-func (vm *VM) AttachConsole(ctx context.Context) (net.Conn, error) {
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "unix", vm.spec.Path(ConsoleSocketName))
-	if err != nil {
-		return nil, fmt.Errorf("attach console of VM %s: %w", vm.spec.Name, err)
+// AttachConsole returns a live, bidirectional stream of the serial console:
+// reads return guest output from now on, writes are typed into the guest.
+// Any number of attachments may be open at once: the VM holds one
+// connection to QEMU's console socket (which serves a single client) and fans
+// output out to every attachment; an attachment that does not keep up loses
+// output rather than stalling the guest. Output still goes to console.log.
+// Closing the last attachment closes the QEMU connection.
+func (vm *VM) AttachConsole(ctx context.Context) (io.ReadWriteCloser, error) {
+	vm.consoleMu.Lock()
+	defer vm.consoleMu.Unlock()
+	if vm.consoleConn == nil {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "unix", vm.spec.Path(ConsoleSocketName))
+		if err != nil {
+			return nil, fmt.Errorf("attach console of VM %s: %w", vm.spec.Name, err)
+		}
+		vm.consoleConn = c
+		vm.consoleClients = map[*consoleClient]struct{}{}
+		go vm.consoleFanOut(c)
 	}
-	return c, nil
+	cl := &consoleClient{vm: vm, out: make(chan []byte, 256), closed: make(chan struct{})}
+	vm.consoleClients[cl] = struct{}{}
+	return cl, nil
+}
+
+func (vm *VM) consoleFanOut(c net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := c.Read(buf)
+		if n > 0 {
+			chunk := append([]byte(nil), buf[:n]...)
+			vm.consoleMu.Lock()
+			for cl := range vm.consoleClients {
+				select {
+				case cl.out <- chunk:
+				default: // slow reader: drop rather than block the guest
+				}
+			}
+			vm.consoleMu.Unlock()
+		}
+		if err != nil {
+			vm.consoleMu.Lock()
+			if vm.consoleConn == c {
+				for cl := range vm.consoleClients {
+					cl.closeLocked()
+				}
+				vm.consoleClients, vm.consoleConn = nil, nil
+			}
+			vm.consoleMu.Unlock()
+			return
+		}
+	}
+}
+
+type consoleClient struct {
+	vm      *VM
+	out     chan []byte
+	pending []byte
+	closed  chan struct{}
+	once    bool
+}
+
+func (cl *consoleClient) Read(p []byte) (int, error) {
+	if len(cl.pending) == 0 {
+		select {
+		case b := <-cl.out:
+			cl.pending = b
+		case <-cl.closed:
+			select {
+			case b := <-cl.out:
+				cl.pending = b
+			default:
+				return 0, io.EOF
+			}
+		}
+	}
+	n := copy(p, cl.pending)
+	cl.pending = cl.pending[n:]
+	return n, nil
+}
+
+func (cl *consoleClient) Write(p []byte) (int, error) {
+	cl.vm.consoleMu.Lock()
+	c := cl.vm.consoleConn
+	_, attached := cl.vm.consoleClients[cl]
+	cl.vm.consoleMu.Unlock()
+	if c == nil || !attached {
+		return 0, fmt.Errorf("console of VM %s: not attached", cl.vm.spec.Name)
+	}
+	return c.Write(p)
+}
+
+func (cl *consoleClient) closeLocked() {
+	if !cl.once {
+		cl.once = true
+		close(cl.closed)
+	}
+}
+
+func (cl *consoleClient) Close() error {
+	vm := cl.vm
+	vm.consoleMu.Lock()
+	defer vm.consoleMu.Unlock()
+	cl.closeLocked()
+	if _, ok := vm.consoleClients[cl]; !ok {
+		return nil
+	}
+	delete(vm.consoleClients, cl)
+	if len(vm.consoleClients) == 0 && vm.consoleConn != nil {
+		c := vm.consoleConn
+		vm.consoleConn, vm.consoleClients = nil, nil
+		return c.Close()
+	}
+	return nil
 }
 
 // WaitConsole waits until the console contains marker, the VM exits, or ctx

@@ -36,6 +36,10 @@ type VM struct {
 
 	mon *qmp.SocketMonitor
 
+	consoleMu      sync.Mutex
+	consoleConn    net.Conn
+	consoleClients map[*consoleClient]struct{}
+
 	mu       sync.Mutex
 	state    State
 	cause    cause

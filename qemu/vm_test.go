@@ -120,27 +120,51 @@ func TestVMLifecycle(t *testing.T) {
 		t.Fatalf("remove forward: %v", err)
 	}
 
-	// Interactive console: typed lines are echoed by the guest, and the
-	// output also lands in console.log.
+	// Interactive console: typed lines are echoed by the guest to every
+	// attachment at once, and the output also lands in console.log.
 	conn, err := vm.AttachConsole(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := io.WriteString(conn, "hello-console\n"); err != nil {
+	conn2, err := vm.AttachConsole(ctx)
+	if err != nil {
 		t.Fatal(err)
 	}
-	conn.SetReadDeadline(time.Now().Add(30 * time.Second))
-	r := bufio.NewReader(conn)
-	for {
-		line, err := r.ReadString('\n')
-		if err != nil {
-			t.Fatalf("read attached console: %v", err)
-		}
-		if strings.Contains(line, "QK-ECHO: hello-console") {
-			break
+	seen := make(chan error, 2)
+	for _, c := range []io.Reader{conn, conn2} {
+		go func(c io.Reader) {
+			r := bufio.NewReader(c)
+			for {
+				line, err := r.ReadString('\n')
+				if err != nil {
+					seen <- fmt.Errorf("read attached console: %w", err)
+					return
+				}
+				if strings.Contains(line, "QK-ECHO: hello-console") {
+					seen <- nil
+					return
+				}
+			}
+		}(c)
+	}
+	if _, err := io.WriteString(conn2, "hello-console\n"); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		select {
+		case err := <-seen:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("echo not seen on both attachments within 30s")
 		}
 	}
 	conn.Close()
+	conn2.Close()
+	if _, err := conn2.Write([]byte("x")); err == nil {
+		t.Fatal("write after close succeeded")
+	}
 	if err := vm.WaitConsole(ctx, "QK-ECHO: hello-console"); err != nil {
 		t.Fatalf("echo not in console.log: %v", err)
 	}
