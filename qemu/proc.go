@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // readPidfile returns the pid QEMU wrote to the state dir.
@@ -65,4 +66,56 @@ func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
 		return fmt.Errorf("rename %s: %w", path, err)
 	}
 	return nil
+}
+
+// ProcStats is the resource use of the QEMU process (for the provider's
+// /stats/summary and metrics).
+type ProcStats struct {
+	// CPUTime is user+system CPU time consumed so far.
+	CPUTime time.Duration
+	// RSSBytes is the resident set size.
+	RSSBytes int64
+	At       time.Time
+}
+
+// clockTicks is USER_HZ; 100 on every Linux architecture Go supports.
+const clockTicks = 100
+
+// readProcStats reads /proc/<pid>/stat and statm.
+func readProcStats(pid int) (ProcStats, error) {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return ProcStats{}, fmt.Errorf("read stats of pid %d: %w", pid, err)
+	}
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return ProcStats{}, fmt.Errorf("parse /proc/%d/stat", pid)
+	}
+	f := strings.Fields(string(stat[i+1:]))
+	// After ")": state(0) ... utime is field 14 of the full line = index 11 here.
+	if len(f) < 13 {
+		return ProcStats{}, fmt.Errorf("parse /proc/%d/stat: %d fields", pid, len(f))
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return ProcStats{}, fmt.Errorf("parse /proc/%d/stat cpu times", pid)
+	}
+	statm, err := os.ReadFile(fmt.Sprintf("/proc/%d/statm", pid))
+	if err != nil {
+		return ProcStats{}, fmt.Errorf("read stats of pid %d: %w", pid, err)
+	}
+	sf := strings.Fields(string(statm))
+	if len(sf) < 2 {
+		return ProcStats{}, fmt.Errorf("parse /proc/%d/statm", pid)
+	}
+	rss, err := strconv.ParseInt(sf[1], 10, 64)
+	if err != nil {
+		return ProcStats{}, fmt.Errorf("parse /proc/%d/statm: %w", pid, err)
+	}
+	return ProcStats{
+		CPUTime:  time.Duration(ut+st) * time.Second / clockTicks,
+		RSSBytes: rss * int64(os.Getpagesize()),
+		At:       time.Now(),
+	}, nil
 }

@@ -517,6 +517,14 @@ func (vm *VM) Wait(ctx context.Context) (Exit, error) {
 // Pid is QEMU's process id.
 func (vm *VM) Pid() int { return vm.pid }
 
+// Stats returns the QEMU process's CPU time and resident memory.
+func (vm *VM) Stats() (ProcStats, error) {
+	if !qemuAlive(vm.pid, vm.stateDir) {
+		return ProcStats{}, fmt.Errorf("stats of VM %s: QEMU is not running", vm.spec.Name)
+	}
+	return readProcStats(vm.pid)
+}
+
 // StateDir is the VM's state directory.
 func (vm *VM) StateDir() string { return vm.stateDir }
 

@@ -98,6 +98,10 @@ func TestVMLifecycle(t *testing.T) {
 		t.Fatalf("state after start = %s", got)
 	}
 	waitBoot(t, vm)
+	st, err := vm.Stats()
+	if err != nil || st.CPUTime <= 0 || st.RSSBytes < 64<<20 {
+		t.Fatalf("stats after boot: %+v %v (a booted 256 MiB guest has used CPU and tens of MiB)", st, err)
+	}
 
 	body, err := httpGet(t, fmt.Sprintf("http://127.0.0.1:%d/", hostPort))
 	if err != nil || !strings.Contains(body, "QK-HTTP-OK") {
@@ -206,6 +210,9 @@ func TestVMLifecycle(t *testing.T) {
 	}
 	if vm.State() != StateExited {
 		t.Errorf("state %s", vm.State())
+	}
+	if _, err := vm.Stats(); err == nil {
+		t.Error("stats of an exited VM must fail")
 	}
 }
 
