@@ -254,7 +254,7 @@ func (vm *VM) connect(ctx context.Context) error {
 		}
 		mon, err := qmp.NewSocketMonitor("unix", sock, 2*time.Second)
 		if err == nil {
-			if err = mon.Connect(); err == nil {
+			if err = connectWithTimeout(mon, time.Until(deadline)); err == nil {
 				vm.mon = mon
 				if vm.pid == 0 {
 					vm.pid, _ = readPidfile(vm.stateDir)
@@ -273,6 +273,25 @@ func (vm *VM) connect(ctx context.Context) error {
 			return fmt.Errorf("connect QMP %s: %w", sock, errors.Join(lastErr, ctx.Err()))
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// connectWithTimeout bounds go-qemu's Connect, which reads the greeting
+// without a deadline: QEMU serves one QMP client at a time, so while another
+// supervisor is still connected the greeting never comes.
+func connectWithTimeout(mon *qmp.SocketMonitor, d time.Duration) error {
+	if d < time.Second {
+		d = time.Second
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- mon.Connect() }()
+	select {
+	case err := <-errc:
+		return err
+	case <-time.After(d):
+		mon.Disconnect()
+		<-errc
+		return fmt.Errorf("no QMP greeting within %s (is another supervisor connected?)", d.Round(time.Millisecond))
 	}
 }
 

@@ -533,6 +533,15 @@ func TestDetachAdopt(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	// While a supervisor holds QMP, a second Adopt fails in time instead of
+	// hanging.
+	busy := startVM(t, testSpec(t, "acpi"), newStateDir(t))
+	sctx, scancel := context.WithTimeout(ctx, 2*time.Second)
+	if _, err := Adopt(sctx, busy.StateDir()); err == nil || !strings.Contains(err.Error(), "QMP") {
+		t.Fatalf("adopt of a VM another supervisor holds: %v", err)
+	}
+	scancel()
+
 	vm2, err := Adopt(ctx, dir)
 	if err != nil {
 		t.Fatal(err)
