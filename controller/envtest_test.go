@@ -736,3 +736,73 @@ spec:
 func ctrlConfigUnique() config.Controller {
 	return config.Controller{SkipNameValidation: ptr.To(true)}
 }
+
+func TestEnvtestRolloutKeepsLeasedUntilRelease(t *testing.T) {
+	ns := namespace(t)
+	startManager(t, ns)
+	createSet(t, sampleSet(ns, "roll", 2))
+	ps := waitPodCount(t, ns, "roll", 2)
+	readyAll(t, ps)
+	waitStatus(t, ns, "roll", "2 available", func(st v1alpha1.ExporterSetStatus) bool { return st.AvailableReplicas == 2 })
+	leasedPod, freePod := ps[0], ps[1]
+	mustKubectl(t, "-n", ns, "label", "pod", leasedPod.Name, v1alpha1.LeaseLabel+"=ci-1", v1alpha1.UsedLabel+"=true")
+	waitStatus(t, ns, "roll", "1 leased", func(st v1alpha1.ExporterSetStatus) bool { return st.LeasedReplicas == 1 })
+
+	mustKubectl(t, "-n", ns, "patch", "exs", "roll", "--type=json", "-p",
+		`[{"op":"replace","path":"/spec/template/spec/containers/0/image","value":"registry.invalid/os/debian:14"}]`)
+	// One replacement is created; the outdated free pod stays until it is Ready.
+	var fresh []corev1.Pod
+	eventually(t, "a pod from the new template", func() (bool, string) {
+		fresh = nil
+		for _, p := range pods(t, ns, "roll") {
+			if p.Spec.Containers[0].Image == "registry.invalid/os/debian:14" {
+				fresh = append(fresh, p)
+			}
+		}
+		return len(fresh) == 1, fmt.Sprintf("%d new pods", len(fresh))
+	})
+	assert.Contains(t, uids(pods(t, ns, "roll")), freePod.UID, "the outdated Ready pod stays until its replacement is Ready")
+	readyAll(t, fresh)
+	eventually(t, "outdated free pod replaced", func() (bool, string) {
+		now := uids(pods(t, ns, "roll"))
+		_, free := now[freePod.UID]
+		_, leased := now[leasedPod.UID]
+		return !free && leased && len(now) == 2, fmt.Sprintf("%v", now)
+	})
+	s := waitStatus(t, ns, "roll", "rolling out, 1 updated", func(st v1alpha1.ExporterSetStatus) bool { return st.UpdatedReplicas == 1 })
+	assert.Equal(t, "RollingOut", condition(s.Status, v1alpha1.ConditionProgressing).Reason)
+
+	// Release the outdated leased pod: it is replaced too.
+	mustKubectl(t, "-n", ns, "label", "pod", leasedPod.Name, v1alpha1.LeaseLabel+"-")
+	eventually(t, "outdated leased pod replaced after release", func() (bool, string) {
+		now := pods(t, ns, "roll")
+		n := 0
+		for _, p := range now {
+			if p.Spec.Containers[0].Image == "registry.invalid/os/debian:14" {
+				n++
+			}
+		}
+		return len(now) == 2 && n == 2, fmt.Sprintf("%d pods, %d new", len(now), n)
+	})
+	readyAll(t, pods(t, ns, "roll"))
+	waitStatus(t, ns, "roll", "2 updated, complete", func(st v1alpha1.ExporterSetStatus) bool {
+		c := condition(st, v1alpha1.ConditionProgressing)
+		return st.UpdatedReplicas == 2 && st.AvailableReplicas == 2 && c != nil && c.Reason == "Complete"
+	})
+}
+
+func TestEnvtestInvalidSelectorReported(t *testing.T) {
+	ns := namespace(t)
+	startManager(t, ns)
+	createSet(t, sampleSet(ns, "mismatch", 2, func(s *v1alpha1.ExporterSet) {
+		s.Spec.Template.Labels = map[string]string{"app": "other"}
+	}))
+	s := waitStatus(t, ns, "mismatch", "InvalidSelector", func(st v1alpha1.ExporterSetStatus) bool {
+		c := condition(st, v1alpha1.ConditionReplicaFailure)
+		return c != nil && c.Reason == "InvalidSelector"
+	})
+	assert.Contains(t, condition(s.Status, v1alpha1.ConditionReplicaFailure).Message, `selector "app=mismatch" does not match the template labels`)
+	var l corev1.PodList
+	require.NoError(t, env.client.List(context.Background(), &l, client.InNamespace(ns)))
+	assert.Empty(t, l.Items, "a set whose selector misses its template creates nothing")
+}
