@@ -595,6 +595,26 @@ func TestEnvtestReplaceRetiresReleasedPod(t *testing.T) {
 	})
 }
 
+func TestEnvtestReplaceMarksLeaseWithoutUsedLabel(t *testing.T) {
+	ns := namespace(t)
+	startManager(t, ns)
+	createSet(t, sampleSet(ns, "mark", 1))
+	ps := waitPodCount(t, ns, "mark", 1)
+	readyAll(t, ps)
+	// A client that sets only the lease label still gets a used pod retired.
+	mustKubectl(t, "-n", ns, "label", "pod", ps[0].Name, v1alpha1.LeaseLabel+"=ci-1")
+	eventually(t, "used mark added by the controller", func() (bool, string) {
+		p := getPod(t, &ps[0])
+		return p.Labels[v1alpha1.UsedLabel] == "true", fmt.Sprintf("%v", p.Labels)
+	})
+	mustKubectl(t, "-n", ns, "label", "pod", ps[0].Name, v1alpha1.LeaseLabel+"-")
+	eventually(t, "released pod replaced", func() (bool, string) {
+		now := pods(t, ns, "mark")
+		_, still := uids(now)[ps[0].UID]
+		return !still && len(now) == 1, fmt.Sprintf("%d pods, old present %v", len(now), still)
+	})
+}
+
 func TestEnvtestReuseClearsUsedMark(t *testing.T) {
 	ns := namespace(t)
 	startManager(t, ns)

@@ -41,7 +41,7 @@ func (LabelLeases) Leases(_ context.Context, _ *v1alpha1.ExporterSet, pods []cor
 	for i := range pods {
 		holder, leased := pods[i].Labels[v1alpha1.LeaseLabel]
 		_, used := pods[i].Labels[v1alpha1.UsedLabel]
-		out[pods[i].Name] = Lease{Leased: leased, Holder: holder, Used: used || leased}
+		out[pods[i].Name] = Lease{Leased: leased, Holder: holder, Used: used}
 	}
 	return out, 0, nil
 }

@@ -132,7 +132,11 @@ type Actions struct {
 	// ClearUsed lists released pods (Reuse policy) whose used mark must be
 	// removed so that they can be claimed again.
 	ClearUsed []PodRef
-	Status    Status
+	// MarkUsed lists leased pods without the used mark (Replace policy): the
+	// controller adds it, so that the pod is retired on release even when
+	// the client's claim did not set it.
+	MarkUsed []PodRef
+	Status   Status
 	// RequeueAfter, when non-zero, is when the plan should be made again
 	// even without events (cooldown or backoff expiry).
 	RequeueAfter time.Duration
@@ -181,6 +185,9 @@ func Plan(in Input) Actions {
 	kept := live[:0:0]
 	var retiring int
 	for _, p := range live {
+		if p.Leased && !p.Used && in.Recycle != v1alpha1.RecyclePolicyReuse {
+			acts.MarkUsed = append(acts.MarkUsed, p.ref())
+		}
 		if p.Used && !p.Leased {
 			if in.Recycle == v1alpha1.RecyclePolicyReuse {
 				acts.ClearUsed = append(acts.ClearUsed, p.ref())

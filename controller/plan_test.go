@@ -197,6 +197,20 @@ func TestPlan(t *testing.T) {
 			in:   base(0, 0, pod("l", time.Minute, leased)),
 		},
 		{
+			name: "Replace: a leased pod without the used mark gets it",
+			in:   base(1, 0, pod("l", time.Minute, func(p *PodState) { p.Leased = true })),
+			check: func(t *testing.T, a Actions) {
+				assert.Equal(t, []PodRef{{Name: "l", UID: "uid-l", ResourceVersion: "rv-l"}}, a.MarkUsed)
+			},
+		},
+		{
+			name: "Reuse: a leased pod is not marked",
+			in: with(base(1, 0, pod("l", time.Minute, func(p *PodState) { p.Leased = true })), func(i *Input) {
+				i.Recycle = v1alpha1.RecyclePolicyReuse
+			}),
+			check: func(t *testing.T, a Actions) { assert.Empty(t, a.MarkUsed) },
+		},
+		{
 			name: "Reuse: a released pod gets its used mark cleared and stays",
 			in: with(base(2, 0, pod("released", time.Minute, used), pod("a", time.Minute)), func(i *Input) {
 				i.Recycle = v1alpha1.RecyclePolicyReuse

@@ -213,7 +213,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 
 	acts := Plan(in)
-	log.V(1).Info("plan", "create", acts.Create, "delete", len(acts.Delete), "clearUsed", len(acts.ClearUsed),
+	log.V(1).Info("plan", "create", acts.Create, "delete", len(acts.Delete), "clearUsed", len(acts.ClearUsed), "markUsed", len(acts.MarkUsed),
 		"pods", len(in.Pods), "pendingCreates", pendingCreates, "target", acts.Status.Desired)
 
 	execErr := r.execute(ctx, &set, key, hash, acts, now)
@@ -245,6 +245,13 @@ func (r *Reconciler) execute(ctx context.Context, set *v1alpha1.ExporterSet, key
 		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: set.Namespace}}
 		if err := r.Client.Patch(ctx, pod, client.RawPatch(types.MergePatchType, patch)); err != nil && !apierrors.IsNotFound(err) {
 			log.Info("clear used mark", "pod", p.Name, "err", err.Error())
+		}
+	}
+	for _, p := range acts.MarkUsed {
+		patch := fmt.Appendf(nil, `{"metadata":{"resourceVersion":%q,"labels":{%q:"true"}}}`, p.ResourceVersion, v1alpha1.UsedLabel)
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: set.Namespace}}
+		if err := r.Client.Patch(ctx, pod, client.RawPatch(types.MergePatchType, patch)); err != nil && !apierrors.IsNotFound(err) {
+			log.Info("add used mark", "pod", p.Name, "err", err.Error())
 		}
 	}
 	for _, d := range acts.Delete {
