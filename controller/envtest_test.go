@@ -826,3 +826,17 @@ func TestEnvtestInvalidSelectorReported(t *testing.T) {
 	require.NoError(t, env.client.List(context.Background(), &l, client.InNamespace(ns)))
 	assert.Empty(t, l.Items, "a set whose selector misses its template creates nothing")
 }
+
+// The generated CRD (with the full pod template schema and its docs) is too
+// big for client-side apply's last-applied annotation; the documented
+// install is server-side apply.
+func TestEnvtestCRDInstallsServerSide(t *testing.T) {
+	root, err := repoRoot()
+	require.NoError(t, err)
+	dir := filepath.Join(root, "config", "crd")
+	out := mustKubectl(t, "apply", "--server-side", "--force-conflicts", "-f", dir)
+	assert.Contains(t, out, "exportersets.qemu-kubelet.io serverside-applied")
+	out, err = kubectl(t, "apply", "-f", dir)
+	assert.Error(t, err, "client-side apply is expected to exceed the annotation limit: %s", out)
+	assert.Contains(t, out, "Too long")
+}
