@@ -840,3 +840,30 @@ func TestEnvtestCRDInstallsServerSide(t *testing.T) {
 	assert.Error(t, err, "client-side apply is expected to exceed the annotation limit: %s", out)
 	assert.Contains(t, out, "Too long")
 }
+
+func TestEnvtestFailedCreateReported(t *testing.T) {
+	ns := namespace(t)
+	startManager(t, ns)
+	// The CRD accepts the template; pod validation refuses the container name.
+	createSet(t, sampleSet(ns, "refused", 3, func(s *v1alpha1.ExporterSet) {
+		s.Spec.Template.Spec.Containers[0].Name = "Not_A_DNS_Label"
+	}))
+	s := waitStatus(t, ns, "refused", "ReplicaFailure FailedCreate", func(st v1alpha1.ExporterSetStatus) bool {
+		c := condition(st, v1alpha1.ConditionReplicaFailure)
+		return c != nil && c.Status == metav1.ConditionTrue && c.Reason == EventFailedCreate
+	})
+	msg := condition(s.Status, v1alpha1.ConditionReplicaFailure).Message
+	assert.Contains(t, msg, "spec.containers[0].name")
+	assert.Contains(t, msg, "0 of 3 done", "slow start stops after the first refused batch")
+	eventually(t, "FailedCreate event", func() (bool, string) {
+		var evs corev1.EventList
+		require.NoError(t, env.client.List(context.Background(), &evs, client.InNamespace(ns)))
+		for _, e := range evs.Items {
+			if e.Reason == EventFailedCreate && e.InvolvedObject.Name == "refused" {
+				return true, e.Message
+			}
+		}
+		return false, fmt.Sprintf("%d events", len(evs.Items))
+	})
+	assert.Empty(t, pods(t, ns, "refused"))
+}

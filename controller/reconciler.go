@@ -359,12 +359,14 @@ func (r *Reconciler) writeStatus(ctx context.Context, set *v1alpha1.ExporterSet,
 		ns.Selector = selector
 	}
 	ns.ObservedGeneration = set.Generation
-	seen := map[string]bool{}
-	for _, c := range st.Conditions {
-		if seen[c.Type] {
-			meta.RemoveStatusCondition(&ns.Conditions, c.Type) // a later one overrides
+	last := map[string]int{} // a later condition of a type overrides an earlier one
+	for i, c := range st.Conditions {
+		last[c.Type] = i
+	}
+	for i, c := range st.Conditions {
+		if last[c.Type] != i {
+			continue
 		}
-		seen[c.Type] = true
 		meta.SetStatusCondition(&ns.Conditions, metav1.Condition{Type: c.Type, Status: c.Status, Reason: c.Reason,
 			Message: c.Message, ObservedGeneration: set.Generation, LastTransitionTime: metav1.NewTime(now.Truncate(time.Second))})
 	}
