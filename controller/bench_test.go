@@ -43,7 +43,9 @@ func startKCM(b *testing.B) {
 		b.Fatal(err)
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Its own group, killed in cleanup; and killed with the test binary if
+	// that dies first.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		b.Fatalf("start kube-controller-manager: %v", err)
 	}

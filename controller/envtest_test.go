@@ -4,15 +4,19 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
@@ -83,7 +87,38 @@ func controlPlaneBin(root string) (string, error) {
 }
 
 func TestMain(m *testing.M) {
+	flag.Parse()
 	os.Exit(runTests(m))
+}
+
+// guardCleanup stops the control plane on SIGINT/SIGTERM and shortly before
+// `go test -timeout` would kill the binary, since deferred cleanup does not
+// run then (envtest's etcd and kube-apiserver live in their own process
+// groups). The returned function disarms it.
+func guardCleanup(stop func()) func() {
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	var deadline <-chan time.Time
+	if f := flag.Lookup("test.timeout"); f != nil {
+		if d, err := time.ParseDuration(f.Value.String()); err == nil && d > 30*time.Second {
+			deadline = time.After(d - 15*time.Second)
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		select {
+		case s := <-sig:
+			fmt.Fprintf(os.Stderr, "controller tests: %v: stopping the control plane\n", s)
+		case <-deadline:
+			fmt.Fprintln(os.Stderr, "controller tests: test timeout is near: stopping the control plane; goroutines:")
+			_ = pprof.Lookup("goroutine").WriteTo(os.Stderr, 2)
+		case <-done:
+			return
+		}
+		stop()
+		os.Exit(1)
+	}()
+	return func() { signal.Stop(sig); close(done) }
 }
 
 func runTests(m *testing.M) int {
@@ -96,8 +131,7 @@ func runTests(m *testing.M) int {
 	if lvl == zapcore.ErrorLevel {
 		// client-go logs through klog directly, e.g. events still queued
 		// when a test's manager stops.
-		klog.LogToStderr(false)
-		klog.SetOutput(io.Discard)
+		klog.SetLogger(logr.Discard())
 	}
 	root, err := repoRoot()
 	if err != nil {
@@ -119,11 +153,13 @@ func runTests(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "controller tests: start envtest:", err)
 		return 1
 	}
-	defer func() {
+	stop := func() {
 		if err := testEnv.Stop(); err != nil {
 			fmt.Fprintln(os.Stderr, "controller tests: stop envtest:", err)
 		}
-	}()
+	}
+	defer stop()
+	defer guardCleanup(stop)()
 	env.cfg = cfg
 	env.scheme = runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(env.scheme); err != nil {

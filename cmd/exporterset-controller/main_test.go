@@ -2,14 +2,18 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -89,7 +93,13 @@ func TestRunAgainstRealAPIServer(t *testing.T) {
 	}
 	cfg, err := testEnv.Start()
 	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, testEnv.Stop()) })
+	stop := func() {
+		if err := testEnv.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "stop envtest:", err)
+		}
+	}
+	t.Cleanup(stop)
+	t.Cleanup(guardCleanup(stop))
 
 	scheme := runtime.NewScheme()
 	require.NoError(t, clientgoscheme.AddToScheme(scheme))
@@ -151,4 +161,34 @@ func TestRunAgainstRealAPIServer(t *testing.T) {
 	require.NoError(t, c.Get(context.Background(), client.ObjectKey{Namespace: "default", Name: "exs-test"}, &lease))
 	require.NotNil(t, lease.Spec.HolderIdentity)
 	assert.NotEmpty(t, *lease.Spec.HolderIdentity, "leader election holds the Lease")
+}
+
+// guardCleanup stops the control plane on SIGINT/SIGTERM and shortly before
+// `go test -timeout` would kill the binary, since cleanups do not run then
+// (envtest's etcd and kube-apiserver live in their own process groups). The
+// returned function disarms it.
+func guardCleanup(stop func()) func() {
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	var deadline <-chan time.Time
+	if f := flag.Lookup("test.timeout"); f != nil {
+		if d, err := time.ParseDuration(f.Value.String()); err == nil && d > 30*time.Second {
+			deadline = time.After(d - 15*time.Second)
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		select {
+		case s := <-sig:
+			fmt.Fprintf(os.Stderr, "%v: stopping the control plane\n", s)
+		case <-deadline:
+			fmt.Fprintln(os.Stderr, "test timeout is near: stopping the control plane; goroutines:")
+			_ = pprof.Lookup("goroutine").WriteTo(os.Stderr, 2)
+		case <-done:
+			return
+		}
+		stop()
+		os.Exit(1)
+	}()
+	return func() { signal.Stop(sig); close(done) }
 }
