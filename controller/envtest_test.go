@@ -903,3 +903,38 @@ func TestEnvtestFailedCreateReported(t *testing.T) {
 	})
 	assert.Empty(t, pods(t, ns, "refused"))
 }
+
+// Several clients run the documented claim recipe on the same pod at once:
+// exactly one wins.
+func TestEnvtestConcurrentClaimsOneWinner(t *testing.T) {
+	ns := namespace(t)
+	startManager(t, ns)
+	createSet(t, sampleSet(ns, "claim", 1))
+	ps := waitPodCount(t, ns, "claim", 1)
+	readyAll(t, ps)
+	waitStatus(t, ns, "claim", "1 available", func(st v1alpha1.ExporterSetStatus) bool { return st.AvailableReplicas == 1 })
+	rv := getPod(t, &ps[0]).ResourceVersion
+
+	const clients = 4
+	results := make(chan error, clients)
+	for i := range clients {
+		go func() {
+			_, err := kubectl(t, "-n", ns, "label", "pod", ps[0].Name,
+				fmt.Sprintf("%s=ci-%d", v1alpha1.LeaseLabel, i), v1alpha1.UsedLabel+"=true", "--resource-version="+rv)
+			results <- err
+		}()
+	}
+	wins := 0
+	for range clients {
+		if <-results == nil {
+			wins++
+		}
+	}
+	assert.Equal(t, 1, wins, "exactly one claim succeeds")
+	holder := getPod(t, &ps[0]).Labels[v1alpha1.LeaseLabel]
+	assert.Regexp(t, `^ci-\d$`, holder)
+	// replicas 1, minAvailable 0: the leased pod is the whole target.
+	waitStatus(t, ns, "claim", "1 leased", func(st v1alpha1.ExporterSetStatus) bool {
+		return st.LeasedReplicas == 1 && st.AvailableReplicas == 0 && st.Replicas == 1
+	})
+}
