@@ -51,18 +51,31 @@ type Reconciler struct {
 	// simulate a lagging cache).
 	Reader   client.Reader
 	Recorder events.EventRecorder
-	Leases   LeaseSource
+	// Leases is the lease source; nil means LabelLeases.
+	Leases LeaseSource
 	// Metrics, when set, receives per-set gauges.
 	Metrics *Metrics
 	// Now, when set, replaces time.Now.
 	Now func() time.Time
 
-	exp *expectations
+	expOnce sync.Once
+	exp     *expectations
 }
 
 // NewReconciler returns a Reconciler with the label lease source.
 func NewReconciler(c client.Client, rec events.EventRecorder, m *Metrics) *Reconciler {
-	return &Reconciler{Client: c, Recorder: rec, Leases: LabelLeases{}, Metrics: m, exp: newExpectations()}
+	return &Reconciler{Client: c, Recorder: rec, Leases: LabelLeases{}, Metrics: m}
+}
+
+// expectations returns the reconciler's expectations, creating them for a
+// Reconciler not made by NewReconciler.
+func (r *Reconciler) expectations() *expectations {
+	r.expOnce.Do(func() {
+		if r.exp == nil {
+			r.exp = newExpectations()
+		}
+	})
+	return r.exp
 }
 
 func (r *Reconciler) reader() client.Reader {
@@ -87,7 +100,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, workers int) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("exporterset").
 		For(&v1alpha1.ExporterSet{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Watches(&corev1.Pod{}, podEvents{exp: r.exp, inner: owner}).
+		Watches(&corev1.Pod{}, podEvents{exp: r.expectations(), inner: owner}).
 		WithOptions(crcontroller.Options{MaxConcurrentReconciles: max(workers, 1)}).
 		Complete(r)
 }
@@ -142,7 +155,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	var set v1alpha1.ExporterSet
 	if err := r.reader().Get(ctx, key, &set); err != nil {
 		if apierrors.IsNotFound(err) {
-			r.exp.Forget(key)
+			r.expectations().Forget(key)
 			r.Metrics.forget(key)
 			return ctrl.Result{}, nil
 		}
@@ -174,11 +187,15 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 			owned = append(owned, list.Items[i])
 		}
 	}
-	leases, demand, err := r.Leases.Leases(ctx, &set, owned)
+	var src LeaseSource = LabelLeases{}
+	if r.Leases != nil {
+		src = r.Leases
+	}
+	leases, demand, err := src.Leases(ctx, &set, owned)
 	if err != nil {
 		return ctrl.Result{}, fmt.Errorf("lease state of exporterset %s: %w", key, err)
 	}
-	pendingCreates, deleting := r.exp.Pending(key, owned, now)
+	pendingCreates, deleting := r.expectations().Pending(key, owned, now)
 
 	hash := TemplateHash(&set.Spec.Template)
 	in := Input{
@@ -260,7 +277,7 @@ func (r *Reconciler) execute(ctx context.Context, set *v1alpha1.ExporterSet, key
 		err := r.Client.Delete(ctx, pod, client.Preconditions{UID: &uid, ResourceVersion: &rv})
 		switch {
 		case err == nil:
-			r.exp.ExpectDelete(key, d.UID, now)
+			r.expectations().ExpectDelete(key, d.UID, now)
 			r.Recorder.Eventf(set, nil, corev1.EventTypeNormal, EventSuccessfulDelete, "Delete", "Deleted pod: %s (%s)", d.Name, d.Reason)
 		case apierrors.IsNotFound(err):
 		case apierrors.IsConflict(err):
@@ -295,7 +312,7 @@ func (r *Reconciler) createPods(ctx context.Context, set *v1alpha1.ExporterSet, 
 					errs[i] = err
 					return
 				}
-				r.exp.ExpectCreate(key, pod.Name, now)
+				r.expectations().ExpectCreate(key, pod.Name, now)
 				names[i] = pod.Name
 			})
 		}
