@@ -265,8 +265,10 @@ func TestTemplate(t *testing.T) {
 				assert.ElementsMatch(t, []string{"metrics", "health"}, portNames(cc.Ports))
 
 				agent := rulesOf(t, objs, "ClusterRole", "t-qemu-kubelet-node")
-				assert.False(t, grants(agent, "", "secrets", "get"), "agent reads no secrets by default")
-				assert.False(t, grants(agent, "", "configmaps", "list"), "agent lists no config maps by default")
+				assert.True(t, grants(agent, "", "secrets", "get"), "agent reads its pods' pull secrets by name")
+				assert.False(t, grants(agent, "", "secrets", "list"), "agent lists no secrets by default")
+				assert.False(t, grants(agent, "", "secrets", "watch"), "agent watches no secrets by default")
+				assert.False(t, grants(agent, "", "configmaps", "get"), "agent reads no config maps by default")
 				assert.False(t, grants(agent, "", "nodes", "delete"), "agent deletes no nodes")
 				for _, want := range [][3]string{
 					{"", "nodes", "create"}, {"", "nodes/status", "patch"}, {"", "pods", "watch"},
@@ -337,7 +339,8 @@ func TestTemplate(t *testing.T) {
 				q := c.Resources.Limits[corev1.ResourceName("devices.kubevirt.io/kvm")]
 				assert.Equal(t, "1", q.String(), "requests one KVM device")
 				agent := rulesOf(t, objs, "ClusterRole", "t-qemu-kubelet-node")
-				assert.True(t, grants(agent, "", "secrets", "get"), "readPodReferencedObjects grants secret reads")
+				assert.True(t, grants(agent, "", "secrets", "list"), "readPodReferencedObjects grants secret reads")
+				assert.True(t, grants(agent, "", "configmaps", "watch"), "readPodReferencedObjects grants config map reads")
 				assert.False(t, grants(agent, "", "secrets", "create"))
 			},
 		},
@@ -397,7 +400,7 @@ func TestTemplate(t *testing.T) {
 // every values file.
 func TestRBACLeastPrivilege(t *testing.T) {
 	for _, f := range append([]string{""}, ciValues(t)...) {
-		t.Run(filepath.Base(f+"defaults"), func(t *testing.T) {
+		t.Run(caseName(f), func(t *testing.T) {
 			objs := objects(t, render(t, f))
 			n := 0
 			for _, o := range objs {
