@@ -216,6 +216,11 @@ spec:
 		assert.Contains(t, p.Spec.Tolerations, corev1.Toleration{Key: "virtual-kubelet.io/provider", Operator: corev1.TolerationOpEqual, Value: "qemu", Effect: corev1.TaintEffectNoSchedule})
 		assert.NotEmpty(t, p.OwnerReferences, "pod %s created by the controller", p.Name)
 	}
+	// The controller writes status with the chart's exportersets/status rule.
+	poll("ExporterSet status from the controller", time.Minute, func(ctx context.Context) (bool, error) {
+		out, err := c.Kubectl(ctx, "get", "exporterset", "pool", "-n", "default", "-o", "jsonpath={.status.observedGeneration}")
+		return err == nil && strings.TrimSpace(out) == "1", nil
+	})
 	// Leader election used the Lease the chart's Role allows.
 	_, err = client.CoordinationV1().Leases(releaseNS).Get(ctx, "exporterset-controller.qemu-kubelet.io", metav1.GetOptions{})
 	require.NoError(t, err, "leader election lease")
@@ -235,8 +240,7 @@ spec:
 		out, _ := c.Kubectl(ctx, append([]string{"auth", "can-i", "--as=system:serviceaccount:" + releaseNS + ":t-qemu-kubelet-node"}, deny...)...)
 		assert.Equal(t, "no", lastLine(out), "node agent can %v", deny)
 	}
-	// The controller's status writes fail client-side before any request
-	// (see the report of issue 8), so its status RBAC is checked here.
+	// What the controller may and may not do.
 	ctrlSA := "--as=system:serviceaccount:" + releaseNS + ":t-qemu-kubelet-controller"
 	for _, q := range []struct {
 		args []string
