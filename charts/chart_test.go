@@ -335,6 +335,8 @@ func TestTemplate(t *testing.T) {
 					assert.NotEqual(t, "kvm", v.Name)
 				}
 				assert.Nil(t, c.SecurityContext.Privileged, "device plugin mode is unprivileged")
+				assert.Equal(t, int64(0), *c.SecurityContext.RunAsUser, "the agent owns the host state dir")
+				assert.Equal(t, []corev1.Capability{"ALL"}, c.SecurityContext.Capabilities.Drop)
 				assert.False(t, *c.SecurityContext.AllowPrivilegeEscalation)
 				q := c.Resources.Limits[corev1.ResourceName("devices.kubevirt.io/kvm")]
 				assert.Equal(t, "1", q.String(), "requests one KVM device")
