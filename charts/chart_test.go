@@ -2,12 +2,14 @@ package charts
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"sort"
 	"strings"
@@ -26,6 +28,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/qemu-kubelet/qemu-kubelet/e2e/cluster"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
 )
 
 const (
@@ -533,3 +536,68 @@ func grants(rules []rbacv1.PolicyRule, group, resource, verb string) bool {
 }
 
 func ptrStr(q interface{ String() string }) string { return q.String() }
+
+// TestNodeConfigAccepted: the NodeConfiguration the chart renders from each
+// values file passes the agent's own strict loader and validation.
+func TestNodeConfigAccepted(t *testing.T) {
+	for _, f := range append([]string{""}, ciValues(t)...) {
+		t.Run(caseName(f), func(t *testing.T) {
+			objs := objects(t, render(t, f))
+			if kinds(objs)["DaemonSet"] == 0 {
+				assert.Zero(t, kinds(objs)["ConfigMap"], "no node config without node agents")
+				return
+			}
+			raw, _ := nodeConfig(t, objs)
+			path := filepath.Join(t.TempDir(), "config.yaml")
+			require.NoError(t, os.WriteFile(path, []byte(raw), 0o600))
+			file, err := config.Load(path)
+			require.NoError(t, err, "rendered config:\n%s", raw)
+			file.NodeName = "qemu-host1" // --node-name
+			_, err = config.Resolve(file, config.Environment{Hostname: "host1", HostIP: "192.0.2.1"})
+			require.NoError(t, err, "rendered config:\n%s", raw)
+		})
+	}
+}
+
+// TestSchemaKnowsNodeConfiguration: nodeAgent.config in values.schema.json
+// accepts exactly the fields of config.NodeConfiguration (recursively), so
+// a new config field is settable through the chart and a misspelt one is
+// not.
+func TestSchemaKnowsNodeConfiguration(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(chartDir, "values.schema.json"))
+	require.NoError(t, err)
+	var schema map[string]any
+	require.NoError(t, json.Unmarshal(b, &schema))
+	node, _, _ := unstructured.NestedMap(schema, "properties", "nodeAgent", "properties", "config")
+	require.NotNil(t, node)
+	var walk func(path string, typ reflect.Type, s map[string]any)
+	walk = func(path string, typ reflect.Type, s map[string]any) {
+		assert.Equal(t, false, s["additionalProperties"], "%s: unknown fields are rejected", path)
+		props, _ := s["properties"].(map[string]any)
+		fields := map[string]reflect.StructField{}
+		for i := 0; i < typ.NumField(); i++ {
+			f := typ.Field(i)
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			if name == "" || name == "-" || name == "apiVersion" || name == "kind" {
+				continue // apiVersion/kind are set by the chart
+			}
+			fields[name] = f
+			p, ok := props[name].(map[string]any)
+			if !assert.True(t, ok, "%s.%s (config.NodeConfiguration) is missing from values.schema.json", path, name) {
+				continue
+			}
+			ft := f.Type
+			for ft.Kind() == reflect.Pointer {
+				ft = ft.Elem()
+			}
+			if ft.Kind() == reflect.Struct && p["properties"] != nil {
+				walk(path+"."+name, ft, p)
+			}
+		}
+		for name := range props {
+			_, ok := fields[name]
+			assert.True(t, ok, "values.schema.json %s.%s is not a field of config.NodeConfiguration", path, name)
+		}
+	}
+	walk("nodeAgent.config", reflect.TypeOf(config.NodeConfiguration{}), node)
+}
