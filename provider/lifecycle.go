@@ -915,37 +915,37 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// ---- kubelet API parts delivered by a later issue ----
+// ---- kubelet API (logs.go, attach.go, portforward.go, exec.go, stats.go) ----
 
-var errLater = errors.New("not implemented yet by qemu-kubelet")
-
-// GetContainerLogs is not implemented yet (console logs come with logs/attach support).
-func (p *VMs) GetContainerLogs(_ context.Context, namespace, podName, _ string, _ api.ContainerLogOpts) (io.ReadCloser, error) {
-	return nil, fmt.Errorf("logs of pod %s/%s: %w", namespace, podName, errLater)
+// GetContainerLogs returns the VM's serial console (logs.go).
+func (p *VMs) GetContainerLogs(ctx context.Context, namespace, podName, containerName string, opts api.ContainerLogOpts) (io.ReadCloser, error) {
+	return p.consoleLogs(ctx, namespace, podName, containerName, opts)
 }
 
-// RunInContainer: a VM has no exec.
-func (p *VMs) RunInContainer(_ context.Context, namespace, podName, _ string, _ []string, _ api.AttachIO) error {
-	return fmt.Errorf("exec in pod %s/%s: a VM pod has no exec: %w", namespace, podName, errdefs.InvalidInput("exec not supported"))
+// RunInContainer: exec needs a guest agent (exec.go).
+func (p *VMs) RunInContainer(ctx context.Context, namespace, podName, containerName string, cmd []string, attach api.AttachIO) error {
+	return p.execInVM(ctx, namespace, podName, containerName, cmd, attach)
 }
 
-// AttachToContainer is not implemented yet.
-func (p *VMs) AttachToContainer(_ context.Context, namespace, podName, _ string, _ api.AttachIO) error {
-	return fmt.Errorf("attach to pod %s/%s: %w", namespace, podName, errLater)
+// AttachToContainer attaches to the VM's serial console (attach.go).
+func (p *VMs) AttachToContainer(ctx context.Context, namespace, podName, containerName string, attach api.AttachIO) error {
+	return p.attachToConsole(ctx, namespace, podName, containerName, attach)
 }
 
-// PortForward is not implemented yet.
-func (p *VMs) PortForward(_ context.Context, namespace, pod string, _ int32, _ io.ReadWriteCloser) error {
-	return fmt.Errorf("port-forward to pod %s/%s: %w", namespace, pod, errLater)
+// PortForward forwards to a guest TCP port (portforward.go).
+func (p *VMs) PortForward(ctx context.Context, namespace, pod string, port int32, stream io.ReadWriteCloser) error {
+	return p.portForward(ctx, namespace, pod, port, stream)
 }
 
-// GetStatsSummary reports the node only (per-VM stats come later).
-func (p *VMs) GetStatsSummary(context.Context) (*statsv1alpha1.Summary, error) {
-	return &statsv1alpha1.Summary{Node: statsv1alpha1.NodeStats{NodeName: p.cfg.NodeName}}, nil
+// GetStatsSummary reports the node and each VM's QEMU process (stats.go).
+func (p *VMs) GetStatsSummary(ctx context.Context) (*statsv1alpha1.Summary, error) {
+	return p.statsSummary(ctx)
 }
 
-// GetMetricsResource reports no metrics yet.
-func (p *VMs) GetMetricsResource(context.Context) ([]*dto.MetricFamily, error) { return nil, nil }
+// GetMetricsResource is /metrics/resource for metrics-server (stats.go).
+func (p *VMs) GetMetricsResource(ctx context.Context) ([]*dto.MetricFamily, error) {
+	return p.metricsResource(ctx)
+}
 
 var (
 	_ nodeutil.Provider = (*VMs)(nil)

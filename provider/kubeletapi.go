@@ -1,0 +1,52 @@
+package provider
+
+import (
+	"time"
+
+	"github.com/qemu-kubelet/qemu-kubelet/qemu"
+	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
+	corev1 "k8s.io/api/core/v1"
+)
+
+// podView is what the kubelet API handlers (logs, attach, port-forward,
+// exec, stats) need of one pod: a consistent snapshot taken under the pod's
+// lock, so the handlers never hold it while streaming.
+type podView struct {
+	pod *corev1.Pod
+	// dir is the pod's state dir (console logs live there).
+	dir string
+	// vm is the running VM, nil when none runs (waiting, exited).
+	vm *qemu.VM
+	// started is when the current (or last) run started; zero if none.
+	started time.Time
+	// container is the name of the pod's one container.
+	container string
+}
+
+// view finds namespace/name and checks container (empty: the pod's one
+// container). Unknown pod: NotFound; wrong container: InvalidInput, with the
+// kubelet's wording.
+func (p *VMs) view(namespace, name, container string) (podView, error) {
+	p.mu.Lock()
+	rec := p.findLocked(namespace, name)
+	p.mu.Unlock()
+	if rec == nil {
+		return podView{}, errdefs.NotFoundf("pod %s/%s not found on node %s", namespace, name, p.cfg.NodeName)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	v := podView{pod: rec.pod.DeepCopy(), dir: rec.dir, vm: rec.vm}
+	if len(rec.pod.Spec.Containers) > 0 {
+		v.container = rec.pod.Spec.Containers[0].Name
+	}
+	switch {
+	case rec.state.Running != nil:
+		v.started = rec.state.Running.StartedAt.Time
+	case rec.state.Terminated != nil:
+		v.started = rec.state.Terminated.StartedAt.Time
+	}
+	if container != "" && container != v.container {
+		return podView{}, errdefs.InvalidInputf("container %s is not valid for pod %s (a VM pod has one container, %q)", container, name, v.container)
+	}
+	return v, nil
+}

@@ -1,0 +1,248 @@
+package provider
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/qemu-kubelet/qemu-kubelet/qemu"
+	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
+	"github.com/virtual-kubelet/virtual-kubelet/node/api"
+)
+
+// `kubectl logs` of a VM pod is its serial console, as QEMU writes it to
+// console.log in the pod's state dir (console.log.1 holds the older half
+// after a rotation; console.previous.log is the previous run). The files
+// survive qemu-kubelet restarts.
+//
+// QEMU's log file has no timestamps, so --timestamps and --since are
+// approximations, documented in docs/kubelet-api.md:
+//   - a line already in a file is stamped with that file's modification
+//     time: an upper bound of when it was written (exact for the last line);
+//   - a line that arrives while following is stamped with its arrival time;
+//   - --since drops a whole file whose modification time is before the
+//     since time (nothing in it can be newer); a file modified after it is
+//     shown whole (its older lines cannot be told apart).
+//
+// --tail 0 cannot be told from "no --tail" (the library parses both to 0),
+// so it shows everything.
+
+// consoleRotatedName is package qemu's rotated generation of console.log.
+const consoleRotatedName = qemu.ConsoleLogName + ".1"
+
+// consoleSegment is one console file's content and modification time.
+type consoleSegment struct {
+	data    []byte
+	modTime time.Time
+}
+
+// logSince is the since time of opts (zero: none).
+func logSince(opts api.ContainerLogOpts, now time.Time) time.Time {
+	if opts.SinceSeconds > 0 {
+		return now.Add(-time.Duration(opts.SinceSeconds) * time.Second)
+	}
+	return opts.SinceTime
+}
+
+// formatStamp is the kubelet's timestamp prefix (RFC3339Nano, UTC).
+func formatStamp(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) + " " }
+
+// renderHistory applies since, tail and timestamps to the kept console
+// files (oldest first). Pure.
+func renderHistory(segs []consoleSegment, opts api.ContainerLogOpts, since time.Time) []byte {
+	type line struct {
+		b     []byte
+		stamp time.Time
+	}
+	var lines []line
+	for _, s := range segs {
+		if len(s.data) == 0 || (!since.IsZero() && s.modTime.Before(since)) {
+			continue
+		}
+		rest := s.data
+		for len(rest) > 0 {
+			i := bytes.IndexByte(rest, '\n')
+			if i < 0 {
+				i = len(rest) - 1
+			}
+			lines = append(lines, line{rest[:i+1], s.modTime})
+			rest = rest[i+1:]
+		}
+	}
+	if opts.Tail > 0 && len(lines) > opts.Tail {
+		lines = lines[len(lines)-opts.Tail:]
+	}
+	var out bytes.Buffer
+	for _, l := range lines {
+		if opts.Timestamps {
+			out.WriteString(formatStamp(l.stamp))
+		}
+		out.Write(l.b)
+	}
+	return out.Bytes()
+}
+
+// readSegment reads one console file; a missing file is empty.
+func readSegment(path string) (consoleSegment, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return consoleSegment{}, nil
+	}
+	if err != nil {
+		return consoleSegment{}, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return consoleSegment{}, err
+	}
+	b, err := io.ReadAll(f)
+	if err != nil {
+		return consoleSegment{}, err
+	}
+	return consoleSegment{data: b, modTime: fi.ModTime()}, nil
+}
+
+// ConsoleLogSource says where a pod's console is and whether it is live.
+type ConsoleLogSource struct {
+	// Dir is the pod's state dir.
+	Dir string
+	// Done is closed when the running VM exits; nil when no VM runs (then
+	// --follow returns what is kept).
+	Done <-chan struct{}
+	// Pod names the pod in errors ("namespace/name").
+	Pod string
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+}
+
+// ConsoleLogs returns the console as `kubectl logs` asks for it. With
+// Follow and a live VM it streams new output until ctx ends, the reader is
+// closed or the VM exits.
+func ConsoleLogs(ctx context.Context, src ConsoleLogSource, opts api.ContainerLogOpts) (io.ReadCloser, error) {
+	now := time.Now
+	if src.Now != nil {
+		now = src.Now
+	}
+	since := logSince(opts, now())
+	var segs []consoleSegment
+	names := []string{consoleRotatedName, qemu.ConsoleLogName}
+	if opts.Previous {
+		names = []string{qemu.ConsolePreviousLogName}
+		if _, err := os.Stat(filepath.Join(src.Dir, qemu.ConsolePreviousLogName)); errors.Is(err, os.ErrNotExist) {
+			return nil, errdefs.NotFoundf("previous terminated VM of pod %s not found (the VM has not been restarted)", src.Pod)
+		}
+	}
+	for _, n := range names {
+		s, err := readSegment(filepath.Join(src.Dir, n))
+		if err != nil {
+			return nil, fmt.Errorf("logs of pod %s: read %s: %w", src.Pod, n, err)
+		}
+		segs = append(segs, s)
+	}
+	// Follow continues in console.log right after what was read of it.
+	offset := int64(len(segs[len(segs)-1].data))
+	hist := renderHistory(segs, opts, since)
+
+	pr, pw := io.Pipe()
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		defer cancel()
+		var w io.Writer = pw
+		if opts.LimitBytes > 0 {
+			w = &limitWriter{w: pw, left: int64(opts.LimitBytes)}
+		}
+		_, err := w.Write(hist)
+		if err == nil && opts.Follow && !opts.Previous && src.Done != nil {
+			lw := &stampWriter{w: w, stamp: opts.Timestamps, now: now, atStart: len(hist) == 0 || hist[len(hist)-1] == '\n'}
+			err = qemu.FollowConsole(ctx, src.Dir, offset, src.Done, lw)
+		}
+		if errors.Is(err, errLimitReached) || errors.Is(err, context.Canceled) {
+			err = nil
+		}
+		pw.CloseWithError(err)
+	}()
+	return &cancelReader{PipeReader: pr, cancel: cancel}, nil
+}
+
+type cancelReader struct {
+	*io.PipeReader
+	cancel context.CancelFunc
+}
+
+func (c *cancelReader) Close() error {
+	c.cancel()
+	return c.PipeReader.Close()
+}
+
+var errLimitReached = errors.New("log byte limit reached")
+
+// limitWriter passes at most left bytes, then fails with errLimitReached.
+type limitWriter struct {
+	w    io.Writer
+	left int64
+}
+
+func (l *limitWriter) Write(p []byte) (int, error) {
+	if l.left <= 0 {
+		return 0, errLimitReached
+	}
+	cut := p
+	if int64(len(cut)) > l.left {
+		cut = cut[:l.left]
+	}
+	n, err := l.w.Write(cut)
+	l.left -= int64(n)
+	if err == nil && len(cut) < len(p) {
+		err = errLimitReached
+	}
+	return n, err
+}
+
+// stampWriter prefixes each line with its arrival time when stamp is set.
+type stampWriter struct {
+	w       io.Writer
+	stamp   bool
+	now     func() time.Time
+	atStart bool
+}
+
+func (s *stampWriter) Write(p []byte) (int, error) {
+	if !s.stamp {
+		return s.w.Write(p)
+	}
+	var out bytes.Buffer
+	ts := formatStamp(s.now())
+	for _, c := range p {
+		if s.atStart {
+			out.WriteString(ts)
+			s.atStart = false
+		}
+		out.WriteByte(c)
+		if c == '\n' {
+			s.atStart = true
+		}
+	}
+	if _, err := s.w.Write(out.Bytes()); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// consoleLogs serves GetContainerLogs.
+func (p *VMs) consoleLogs(ctx context.Context, namespace, name, container string, opts api.ContainerLogOpts) (io.ReadCloser, error) {
+	v, err := p.view(namespace, name, container)
+	if err != nil {
+		return nil, err
+	}
+	src := ConsoleLogSource{Dir: v.dir, Pod: namespace + "/" + name, Now: p.now}
+	if v.vm != nil {
+		src.Done = v.vm.Done()
+	}
+	return ConsoleLogs(ctx, src, opts)
+}
