@@ -265,11 +265,13 @@ func testBoundPod(t *testing.T, c *cluster.Cluster, bin string) {
 
 	ns := "default"
 	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "vm-not-yet", Namespace: ns},
+		ObjectMeta: metav1.ObjectMeta{Name: "vm-unsupported", Namespace: ns},
 		Spec: corev1.PodSpec{
 			NodeSelector: map[string]string{"kubernetes.io/hostname": a.name},
 			Tolerations:  []corev1.Toleration{{Key: "virtual-kubelet.io/provider", Operator: corev1.TolerationOpEqual, Value: "qemu", Effect: corev1.TaintEffectNoSchedule}},
-			Containers:   []corev1.Container{{Name: "vm", Image: "example.invalid/os:1"}},
+			// A VM pod has no init containers: refused with a clear status.
+			InitContainers: []corev1.Container{{Name: "init", Image: "example.invalid/init:1"}},
+			Containers:     []corev1.Container{{Name: "vm", Image: "example.invalid/os:1"}},
 		},
 	}
 	_, err := c.Client().CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
@@ -290,15 +292,15 @@ func testBoundPod(t *testing.T, c *cluster.Cluster, bin string) {
 	})
 	require.NoError(t, err, "pod reaches Failed (last status %+v)", got)
 	assert.Equal(t, a.name, got.Spec.NodeName, "scheduled to the virtual node")
-	assert.Equal(t, "VMsNotSupported", got.Status.Reason)
-	assert.Contains(t, got.Status.Message, "does not run VMs yet")
+	assert.Equal(t, "UnsupportedPodSpec", got.Status.Reason)
+	assert.Contains(t, got.Status.Message, "spec.initContainers: not supported")
 	require.Len(t, got.Status.ContainerStatuses, 1)
 	require.NotNil(t, got.Status.ContainerStatuses[0].State.Terminated)
-	assert.Equal(t, "VMsNotSupported", got.Status.ContainerStatuses[0].State.Terminated.Reason)
+	assert.Equal(t, "UnsupportedPodSpec", got.Status.ContainerStatuses[0].State.Terminated.Reason)
 
 	out, err := c.Kubectl(ctx, "get", "pod", "-n", ns, pod.Name)
 	require.NoError(t, err)
-	assert.Contains(t, out, "VMsNotSupported")
+	assert.Contains(t, out, "UnsupportedPodSpec")
 
 	// The provider reports exactly this pod.
 	out, err = c.Kubectl(ctx, "get", "--raw", "/api/v1/nodes/"+a.name+"/proxy/runningpods/")

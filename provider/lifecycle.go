@@ -63,10 +63,11 @@ type VMsConfig struct {
 	Secrets func(ctx context.Context, namespace, name string) (*corev1.Secret, error)
 	// Recorder receives kubelet-style pod events (optional).
 	Recorder record.EventRecorder
-	// ForceDelete removes a deleted pod from the API server once its VM is
-	// gone, as the kubelet does (optional: the library otherwise deletes it
-	// when the grace period ends).
-	ForceDelete func(ctx context.Context, namespace, name string, uid types.UID) error
+	// ForceDelete writes the final status of a deleted pod and removes it
+	// from the API server once its VM is gone, as the kubelet does
+	// (optional: the library otherwise deletes it when the grace period
+	// ends). pod carries the terminal status.
+	ForceDelete func(ctx context.Context, pod *corev1.Pod) error
 	// Backoff for image pulls and crash loops (default DefaultBackoff).
 	Backoff Backoff
 	// ErrImagePullHold is how long ErrImagePull is shown before
@@ -239,6 +240,10 @@ func (p *VMs) DeletePod(ctx context.Context, pod *corev1.Pod) error {
 	}
 	grace := p.cfg.DefaultGrace
 	switch {
+	case pod.DeletionTimestamp != nil && pod.DeletionGracePeriodSeconds != nil:
+		// The API server set deletionTimestamp = request time + grace; the
+		// library removes the pod at that deadline, so count from it.
+		grace = time.Until(pod.DeletionTimestamp.Time)
 	case pod.DeletionGracePeriodSeconds != nil:
 		grace = time.Duration(*pod.DeletionGracePeriodSeconds) * time.Second
 	case pod.Spec.TerminationGracePeriodSeconds != nil:
@@ -852,11 +857,9 @@ func (p *VMs) finishDelete(rec *podVM, vm *qemu.VM) {
 
 	if !rejected {
 		if vm != nil {
-			if grace < time.Second {
-				grace = time.Second // even a forced delete gets the power button first
-			}
-			p.event(pod, corev1.EventTypeNormal, "Killing", fmt.Sprintf("Stopping VM (ACPI power button, grace %s)", grace))
-			ex, err := vm.Stop(ctx, qemu.StopOptions{Grace: grace})
+			acpi := ACPIBudget(grace)
+			p.event(pod, corev1.EventTypeNormal, "Killing", fmt.Sprintf("Stopping VM (ACPI power button, %s before quit)", acpi.Round(time.Second)))
+			ex, err := vm.Stop(ctx, qemu.StopOptions{Grace: acpi, QuitGrace: 2 * time.Second})
 			if err != nil {
 				log.Error(err, "Stop VM")
 			}
@@ -895,7 +898,7 @@ func (p *VMs) finishDelete(rec *podVM, vm *qemu.VM) {
 	p.mu.Unlock()
 	log.Info("Pod deleted from node")
 	if p.cfg.ForceDelete != nil && pod.DeletionTimestamp != nil {
-		if err := p.cfg.ForceDelete(ctx, pod.Namespace, pod.Name, rec.uid); err != nil {
+		if err := p.cfg.ForceDelete(ctx, p.snapshot(rec)); err != nil {
 			log.V(1).Info("Final delete of pod", "err", err)
 		}
 	}

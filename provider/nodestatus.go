@@ -22,9 +22,28 @@ type NodeStatus struct {
 	read  func() (HostReadings, error)
 	now   func() time.Time
 
-	mu   sync.Mutex
-	cb   func(*corev1.Node)
-	last *corev1.Node
+	mu     sync.Mutex
+	cb     func(*corev1.Node)
+	last   *corev1.Node
+	images func() []corev1.ContainerImage
+}
+
+// SetImages sets the source of node.status.images (the image cache), used
+// from the next sample on.
+func (s *NodeStatus) SetImages(f func() []corev1.ContainerImage) {
+	s.mu.Lock()
+	s.images = f
+	if f != nil {
+		s.last.Status.Images = f()
+	}
+	s.mu.Unlock()
+}
+
+// Allocatable is the node's allocatable from the last sample (admission).
+func (s *NodeStatus) Allocatable() corev1.ResourceList {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.last.Status.Allocatable.DeepCopy()
 }
 
 // NewNodeStatus builds the NodeProvider from the fixed facts and a host
@@ -89,6 +108,9 @@ func (s *NodeStatus) Refresh(ctx context.Context) bool {
 	}
 	next := s.last.DeepCopy()
 	next.Status = Status(s.last.Status.Conditions, s.facts, h, metav1.NewTime(s.now()))
+	if s.images != nil {
+		next.Status.Images = s.images()
+	}
 	maps.Copy(next.Labels, Labels(s.facts))
 	maps.Copy(next.Annotations, Annotations(s.facts))
 	changed := !statusEquivalent(s.last, next)

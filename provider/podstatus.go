@@ -269,3 +269,12 @@ func crashLoopMessage(d time.Duration, name string, uid string) string {
 }
 
 func metaTime(t time.Time) metav1.Time { return metav1.NewTime(t.UTC()) }
+
+// ACPIBudget is how long a deleted pod's guest gets after the ACPI power
+// button, out of its remaining grace period: the rest (a tenth, between 2s
+// and 5s) is kept for quitting/killing QEMU and reporting the terminal
+// status before the grace deadline. At least 1s.
+func ACPIBudget(grace time.Duration) time.Duration {
+	margin := min(max(grace/10, 2*time.Second), 5*time.Second)
+	return max(grace-margin, time.Second)
+}

@@ -112,3 +112,12 @@ func TestPodStatusPhases(t *testing.T) {
 	require.NotNil(t, rej.ContainerStatuses[0].State.Terminated)
 	assert.Equal(t, "OutOfcpu", rej.ContainerStatuses[0].State.Terminated.Reason)
 }
+
+func TestACPIBudget(t *testing.T) {
+	for grace, want := range map[time.Duration]time.Duration{
+		30 * time.Second: 27 * time.Second, 10 * time.Second: 8 * time.Second, 100 * time.Second: 95 * time.Second,
+		2 * time.Second: time.Second, 0: time.Second, -5 * time.Second: time.Second,
+	} {
+		assert.Equal(t, want, ACPIBudget(grace), "grace %s", grace)
+	}
+}

@@ -22,6 +22,7 @@ import (
 	vklog "github.com/virtual-kubelet/virtual-kubelet/log"
 	vklogklog "github.com/virtual-kubelet/virtual-kubelet/log/klogv2"
 	"github.com/virtual-kubelet/virtual-kubelet/node/nodeutil"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -183,7 +184,18 @@ func runNode(ctx context.Context, o options, cfg *config.Node) error {
 	facts := probe(ctx, cfg)
 	host := provider.HostSource{StateDir: cfg.StateDir, QEMUBinary: cfg.QEMUBinary}
 	status := provider.NewNodeStatus(ctx, facts, host.Read)
-	pods := provider.NewUnsupportedPods(cfg.NodeName, version)
+	images, imageDir, err := openImages(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer images.Close()
+	status.SetImages(func() []corev1.ContainerImage { return provider.NodeImages(images.List()) })
+	// Workers outlive nothing: on SIGTERM they detach and VMs keep running
+	// for the next start to adopt.
+	pods, err := newVMs(ctx, cfg, facts, client, images, imageDir, status.Allocatable)
+	if err != nil {
+		return err
+	}
 
 	auth, err := nodeutil.WebhookAuth(client, cfg.NodeName, func(c *nodeutil.WebhookAuthConfig) error {
 		if cfg.ClientCAFile == "" {
@@ -203,12 +215,12 @@ func runNode(ctx context.Context, o options, cfg *config.Node) error {
 	if err := nodeutil.WithTLSConfig(nodeutil.WithKeyPairFromPath(certFile, keyFile))(&tlsHolder); err != nil {
 		return fmt.Errorf("kubelet API TLS (%s, %s): %w", certFile, keyFile, err)
 	}
-	v := &vkNode{cfg: cfg, client: client, status: status, pods: pods, auth: auth, tlsConfig: tlsHolder.TLSConfig}
+	v := &vkNode{cfg: cfg, client: client, status: status, pods: pods, auth: auth, tlsConfig: tlsHolder.TLSConfig, facts: facts}
 
 	logger.Info("Starting node", "version", version, "accelerator", facts.Accelerator.Name, "qemu", facts.QEMUVersion, "leaseDuration", cfg.LeaseDuration)
 	err = v.run(ctx, func() { logger.Info("Node registered and running") })
 	if ctx.Err() != nil {
-		// SIGTERM/SIGINT: a clean stop (VMs, once there are any, keep running).
+		// SIGTERM/SIGINT: a clean stop; VMs keep running.
 		logger.Info("Shut down on signal")
 		return nil
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/virtual-kubelet/virtual-kubelet/node/nodeutil"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -38,7 +39,8 @@ type vkNode struct {
 	cfg       *config.Node
 	client    kubernetes.Interface
 	status    *provider.NodeStatus
-	pods      *provider.UnsupportedPods
+	pods      *provider.VMs
+	facts     provider.Facts
 	auth      nodeutil.Auth
 	tlsConfig *tls.Config
 }
@@ -58,6 +60,7 @@ func (v *vkNode) run(ctx context.Context, ready func()) error {
 	eb.StartRecordingToSink(&corev1client.EventSinkImpl{Interface: v.client.CoreV1().Events(corev1.NamespaceAll)})
 	defer eb.Shutdown()
 	recorder := eb.NewRecorder(scheme.Scheme, corev1.EventSource{Component: path.Join(v.cfg.NodeName, "pod-controller"), Host: v.cfg.NodeName})
+	v.pods.SetRecorder(eb.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "qemu-kubelet", Host: v.cfg.NodeName}))
 
 	pc, err := node.NewPodController(node.PodControllerConfig{
 		PodClient:                 v.client.CoreV1(),
@@ -128,6 +131,7 @@ func (v *vkNode) run(ctx context.Context, ready func()) error {
 		return fmt.Errorf("node controller: %w", nc.Err())
 	}
 	ready()
+	v.nodeEvents(eb)
 
 	select {
 	case <-ctx.Done():
@@ -136,5 +140,21 @@ func (v *vkNode) run(ctx context.Context, ready func()) error {
 		return fmt.Errorf("node controller exited: %w", nc.Err())
 	case <-pc.Done():
 		return fmt.Errorf("pod controller exited: %w", pc.Err())
+	}
+}
+
+// nodeEvents records the node events of a start: the accelerator in use, and
+// a warning when KVM was not usable and VMs fall back to TCG.
+func (v *vkNode) nodeEvents(eb record.EventBroadcaster) {
+	rec := eb.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "qemu-kubelet", Host: v.cfg.NodeName})
+	ref := &corev1.ObjectReference{Kind: "Node", Name: v.cfg.NodeName, UID: types.UID(v.cfg.NodeName)}
+	a := v.facts.Accelerator
+	switch {
+	case a.Error != "":
+		rec.Event(ref, corev1.EventTypeWarning, "AcceleratorUnavailable", a.Error)
+	case a.Name == "tcg" && a.KVMError != "":
+		rec.Event(ref, corev1.EventTypeWarning, "AcceleratorFallback", a.Reason)
+	default:
+		rec.Event(ref, corev1.EventTypeNormal, "Accelerator", a.Reason)
 	}
 }

@@ -9,8 +9,8 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/provider"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 )
@@ -42,13 +42,7 @@ func newVMs(ctx context.Context, cfg *config.Node, facts provider.Facts, client 
 		Secrets: func(ctx context.Context, ns, name string) (*corev1.Secret, error) {
 			return client.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{})
 		},
-		ForceDelete: func(ctx context.Context, ns, name string, uid types.UID) error {
-			zero := int64(0)
-			return client.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{
-				GracePeriodSeconds: &zero,
-				Preconditions:      metav1.NewUIDPreconditions(string(uid)),
-			})
-		},
+		ForceDelete: func(ctx context.Context, pod *corev1.Pod) error { return finalDelete(ctx, client, pod) },
 	})
 	res, err := vms.Recover(ctx)
 	if err != nil {
@@ -56,4 +50,30 @@ func newVMs(ctx context.Context, cfg *config.Node, facts provider.Facts, client 
 	}
 	klog.FromContext(ctx).Info("Recovered VMs from the state dir", "running", res.Running, "exited", res.Exited, "pending", res.Pending, "orphansRemoved", res.Orphans)
 	return vms, nil
+}
+
+// finalDelete is what a kubelet does once a deleted pod's containers are
+// gone: write the terminal status, then delete the pod object with grace 0
+// (UID precondition: never a newer pod of the same name).
+func finalDelete(ctx context.Context, client kubernetes.Interface, pod *corev1.Pod) error {
+	pods := client.CoreV1().Pods(pod.Namespace)
+	for i := 0; i < 3; i++ {
+		cur, err := pods.Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			break
+		}
+		if cur.UID != pod.UID {
+			return nil
+		}
+		cur.Status = pod.Status
+		if _, err = pods.UpdateStatus(ctx, cur, metav1.UpdateOptions{}); err == nil || !apierrors.IsConflict(err) {
+			break
+		}
+	}
+	zero := int64(0)
+	err := pods.Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero, Preconditions: metav1.NewUIDPreconditions(string(pod.UID))})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		return fmt.Errorf("delete pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	return nil
 }
