@@ -38,7 +38,36 @@ func TestAgainstAPIServer(t *testing.T) {
 		require.NoError(t, err)
 		return out
 	}
-	// CRDs first, server-side: the ExporterSet CRD (a whole PodTemplateSpec)
+	t.Run("helm install and uninstall", func(t *testing.T) {
+		// Helm itself installs the chart (CRDs from crds/ first) into the
+		// real API server, prints NOTES.txt, and uninstalls it again.
+		const ns = "helm-it"
+		kc := "--kubeconfig=" + c.AdminKubeconfig()
+		out, stderr, err := runHelm(t, "install", "h", chartDir, kc, "-n", ns, "--create-namespace", "--set", "runtimeClass.name=qemu-h")
+		require.NoError(t, err, "helm install: %s%s", out, stderr)
+		assert.Contains(t, out, "STATUS: deployed")
+		assert.Contains(t, out, "kubectl label node <host> qemu-kubelet.io/kvm-host=true", "NOTES.txt")
+		assert.Contains(t, out, "runtimeClassName: qemu-h", "NOTES.txt")
+		_, err = c.Kubectl(ctx, "get", "crd", "exportersets.qemu-kubelet.io")
+		require.NoError(t, err, "helm installed the CRD")
+		for _, o := range []string{"deployment/h-qemu-kubelet-controller", "daemonset/h-qemu-kubelet-node", "configmap/h-qemu-kubelet-node-config"} {
+			_, err := c.Kubectl(ctx, "get", "-n", ns, o)
+			assert.NoError(t, err, "%s installed", o)
+		}
+		_, err = c.Kubectl(ctx, "get", "runtimeclass", "qemu-h")
+		require.NoError(t, err)
+		out, stderr, err = runHelm(t, "uninstall", "h", kc, "-n", ns, "--wait")
+		require.NoError(t, err, "helm uninstall: %s%s", out, stderr)
+		for _, o := range []string{"runtimeclass/qemu-h", "clusterrole/h-qemu-kubelet-node", "role/h-qemu-kubelet-node-lease -n kube-node-lease"} {
+			out, err := c.Kubectl(ctx, append([]string{"get"}, strings.Fields(o)...)...)
+			assert.Error(t, err, "%s left behind: %s", o, out)
+		}
+		_, err = c.Kubectl(ctx, "get", "crd", "exportersets.qemu-kubelet.io")
+		assert.NoError(t, err, "Helm keeps CRDs on uninstall")
+	})
+
+	// CRDs first, server-side (again: the same objects, now also owned by
+	// kubectl's field manager): the ExporterSet CRD (a whole PodTemplateSpec)
 	// is too large for the last-applied annotation of a client-side apply.
 	// The monitoring.coreos.com stand-ins let the ServiceMonitor and
 	// PodMonitor of ci/monitoring-values.yaml be dry-run too.

@@ -244,6 +244,8 @@ func TestTemplate(t *testing.T) {
 				assert.Equal(t, "NodeConfiguration", cfg["kind"])
 				assert.Equal(t, "/var/lib/qemu-kubelet", cfg["stateDir"])
 				assert.NotContains(t, cfg, "taints", "default taint comes from the agent")
+				assert.Equal(t, "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt", cfg["server"].(map[string]any)["clientCAFile"],
+					"kubectl logs through the API server authenticate with the cluster CA by default")
 
 				rc := one[nodev1.RuntimeClass](t, objs, "RuntimeClass")
 				assert.Equal(t, "qemu", rc.Name)
@@ -367,6 +369,11 @@ func TestTemplate(t *testing.T) {
 				ds := one[appsv1.DaemonSet](t, objs, "DaemonSet")
 				assert.Contains(t, ds.Spec.Template.Spec.Containers[0].Args, "--node-name=vm-$(HOST_NODE_NAME)")
 				assert.Equal(t, "/srv/qemu-kubelet", volume(t, ds.Spec.Template.Spec.Volumes, "state").HostPath.Path)
+				assert.Equal(t, "kubelet-client-ca", volume(t, ds.Spec.Template.Spec.Volumes, "kubelet-client-ca").ConfigMap.Name)
+				assert.Contains(t, mounts(ds.Spec.Template.Spec.Containers[0]), "/etc/kubelet-client-ca")
+				server := cfg["server"].(map[string]any)
+				assert.Equal(t, "/etc/kubelet-client-ca/ca.crt", server["clientCAFile"])
+				assert.Equal(t, float64(10250), server["port"], "values merge: the default port stays")
 			},
 		},
 	}
@@ -600,4 +607,57 @@ func TestSchemaKnowsNodeConfiguration(t *testing.T) {
 		}
 	}
 	walk("nodeAgent.config", reflect.TypeOf(config.NodeConfiguration{}), node)
+}
+
+// TestValuesDocumented: every value of values.yaml has a row in the values
+// table of docs/install.md (as `full.path`, or `parent.x`, `.leaf` in one row).
+func TestValuesDocumented(t *testing.T) {
+	root, err := cluster.RepoRoot()
+	require.NoError(t, err)
+	doc, err := os.ReadFile(filepath.Join(root, "docs", "install.md"))
+	require.NoError(t, err)
+	var rows []string
+	for _, l := range strings.Split(string(doc), "\n") {
+		if strings.HasPrefix(l, "| `") {
+			rows = append(rows, l)
+		}
+	}
+	require.NotEmpty(t, rows, "values table in docs/install.md")
+	b, err := os.ReadFile(filepath.Join(chartDir, "values.yaml"))
+	require.NoError(t, err)
+	var values map[string]any
+	require.NoError(t, yaml.Unmarshal(b, &values))
+	// Free-form maps are documented as a whole.
+	whole := map[string]bool{"resources": true, "podSecurityContext": true, "securityContext": true, "nodeSelector": true,
+		"tolerations": true, "affinity": true, "config": true, "overhead": true, "labels": true, "annotations": true,
+		"podAnnotations": true, "podLabels": true, "updateStrategy": true, "commonLabels": true}
+	var paths []string
+	var walk func(prefix string, m map[string]any)
+	walk = func(prefix string, m map[string]any) {
+		for k, v := range m {
+			p := strings.TrimPrefix(prefix+"."+k, ".")
+			if sub, ok := v.(map[string]any); ok && len(sub) > 0 && !whole[k] {
+				walk(p, sub)
+				continue
+			}
+			paths = append(paths, p)
+		}
+	}
+	walk("", values)
+	require.Greater(t, len(paths), 40)
+	for _, p := range paths {
+		parent, leaf := "", p
+		if i := strings.LastIndex(p, "."); i >= 0 {
+			parent, leaf = p[:i], p[i+1:]
+		}
+		found := false
+		for _, r := range rows {
+			cell, _, _ := strings.Cut(strings.TrimPrefix(r, "| "), " |")
+			if strings.Contains(cell, "`"+p+"`") || parent != "" && strings.Contains(cell, "`"+parent+".") && strings.Contains(cell, "`."+leaf+"`") {
+				found = true
+				break
+			}
+		}
+		assert.True(t, found, "value %s is not in the values table of docs/install.md", p)
+	}
 }
