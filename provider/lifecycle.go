@@ -114,6 +114,9 @@ type podVM struct {
 	// pendingExit: recovered with a VM that ended while nobody watched;
 	// the restart policy still has to be applied.
 	pendingExit bool
+	// probes is the readiness of the current run (probes.go); nil: no
+	// readiness probe.
+	probes *probeState
 
 	deleteReq chan struct{} // closed by DeletePod
 	confirmed chan struct{} // closed once the pod is known to still exist
@@ -153,7 +156,7 @@ func (p *VMs) podDir(uid types.UID) string { return filepath.Join(p.vmsDir(), st
 func (p *VMs) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	log := klog.FromContext(ctx).WithValues("pod", klog.KObj(pod), "uid", pod.UID)
 	p.mu.Lock()
-	if old := p.findLocked(pod.Namespace, pod.Name); old != nil && old.uid == pod.UID {
+	if _, known := p.pods[pod.UID]; known {
 		p.mu.Unlock()
 		return nil // already known (e.g. recovered): nothing to create
 	}
@@ -282,6 +285,16 @@ func (p *VMs) GetPod(_ context.Context, namespace, name string) (*corev1.Pod, er
 	p.mu.Lock()
 	rec := p.findLocked(namespace, name)
 	p.mu.Unlock()
+	if rec != nil {
+		rec.mu.Lock()
+		stopping := rec.deleting
+		rec.mu.Unlock()
+		if stopping {
+			// A pod being stopped is gone for the library: a new pod of the
+			// same name (StatefulSet) must be created, not "updated".
+			rec = nil
+		}
+	}
 	if rec == nil {
 		return nil, errdefs.NotFoundf("pod %s/%s not found on node %s", namespace, name, p.cfg.NodeName)
 	}
@@ -383,6 +396,7 @@ func (p *VMs) snapshot(rec *podVM) *corev1.Pod {
 	defer rec.mu.Unlock()
 	pod := rec.pod.DeepCopy()
 	pod.Status = PodStatus(rec.pod, rec.state, p.cfg.NodeIP, p.now())
+	applyProbes(&pod.Status, rec.probes) // probes.go: readiness probe result
 	return pod
 }
 
@@ -529,6 +543,7 @@ func (p *VMs) run(rec *podVM) {
 			}
 		}
 
+		p.startProbes(ctx, rec, vm) // probes.go: end with this run
 		select {
 		case <-ctx.Done():
 			vm.Detach()

@@ -280,6 +280,29 @@ func TestVMLifecycle(t *testing.T) {
 		waitGoneDir(t, dir, 60*time.Second)
 	})
 
+	t.Run("SameNameNewUIDWhileStopping", func(t *testing.T) {
+		old := podFor("u-r1", refs[vmtest.VariantNoACPI], corev1.RestartPolicyAlways, nil)
+		old.Name = "vm-same"
+		grace := int64(3)
+		old.Spec.TerminationGracePeriodSeconds = &grace
+		require.NoError(t, h.vms.CreatePod(ctx, old))
+		h.wait(old.UID, 90*time.Second, "Running", running)
+		require.NoError(t, h.vms.DeletePod(ctx, deleting(old)))
+		// The old VM ignores ACPI and is still stopping: the name is free.
+		_, err := h.vms.GetPod(ctx, "default", "vm-same")
+		require.Error(t, err, "a stopping pod is not returned by name")
+		repl := podFor("u-r2", refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, nil)
+		repl.Name = "vm-same"
+		require.NoError(t, h.vms.CreatePod(ctx, repl))
+		h.wait(repl.UID, 90*time.Second, "Running", running)
+		got, err := h.vms.GetPod(ctx, "default", "vm-same")
+		require.NoError(t, err)
+		assert.Equal(t, repl.UID, got.UID)
+		waitGoneDir(t, filepath.Join(stateDir, VMsDirName, "u-r1"), 30*time.Second)
+		require.NoError(t, h.vms.DeletePod(ctx, deleting(repl)))
+		waitGoneDir(t, filepath.Join(stateDir, VMsDirName, "u-r2"), 60*time.Second)
+	})
+
 	t.Run("NotAdmitted", func(t *testing.T) {
 		pod := podFor("u-big", refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, nil)
 		pod.Spec.Containers[0].Resources.Requests = rl("cpu", "16")
