@@ -31,8 +31,12 @@ trap 'rm -rf "$work"' EXIT
 # version list, which the proxy here refuses; build inside a copy of the module
 # instead, with the module's own go.mod/go.sum.
 echo "build-helm: building helm.sh/helm/v3@$HELM_VERSION" >&2
-src=$(cd "$work" && go mod download -json "helm.sh/helm/v3@$HELM_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
-[ -d "$src" ] || { echo "build-helm: cannot download helm.sh/helm/v3@$HELM_VERSION" >&2; exit 1; }
+json=$(cd "$work" && go mod download -json "helm.sh/helm/v3@$HELM_VERSION") || {
+  echo "build-helm: cannot download helm.sh/helm/v3@$HELM_VERSION: $(sed -n 's/^[[:space:]]*"Error": "\(.*\)",*$/\1/p' <<<"$json")" >&2
+  exit 1
+}
+src=$(sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p' <<<"$json")
+[ -d "$src" ] || { echo "build-helm: go mod download gave no directory for helm.sh/helm/v3@$HELM_VERSION" >&2; exit 1; }
 cp -r "$src" "$work/src"
 chmod -R u+w "$work/src"
 # As helm's Makefile: the default Kubernetes version of `helm template` and
