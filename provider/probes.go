@@ -1,0 +1,367 @@
+package provider
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/qemu-kubelet/qemu-kubelet/qemu"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/klog/v2"
+)
+
+// Probes of a VM pod run against guest ports through the VM's user
+// network: each probe gets a forward 127.0.0.1:<free port> -> guest port for
+// the life of the run. tcpSocket succeeds when the guest accepts the
+// connection: QEMU accepts the host side at once and closes it when the
+// guest refuses, so the probe waits up to its timeout for that close (a
+// server that accepts and closes at once without sending a byte counts as a
+// failure). httpGet succeeds on a status in [200, 400) (HTTPS without
+// certificate checks, as a kubelet). The probe's host field is ignored: a
+// probe always targets the guest. exec and grpc probes need a guest agent
+// and always fail with a message saying so.
+//
+// Timing follows the kubelet: initialDelaySeconds, periodSeconds,
+// timeoutSeconds, successThreshold, failureThreshold. Readiness starts
+// false; liveness starts true, and failureThreshold failures kill the VM
+// (exit 137), after which the restart policy applies as for any VM exit.
+
+// probeState is the readiness of the current run, read by snapshot.
+type probeState struct {
+	mu    sync.Mutex
+	ready bool
+	msg   string
+}
+
+func (s *probeState) set(ready bool, msg string) (changed bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	changed = s.ready != ready
+	s.ready, s.msg = ready, msg
+	return changed
+}
+
+// applyProbes overrides the Ready parts of status with the readiness probe
+// result while the VM runs (nil state: no readiness probe; status as is).
+func applyProbes(status *corev1.PodStatus, s *probeState) {
+	if s == nil || len(status.ContainerStatuses) != 1 || status.ContainerStatuses[0].State.Running == nil {
+		return
+	}
+	s.mu.Lock()
+	ready := s.ready
+	s.mu.Unlock()
+	cs := &status.ContainerStatuses[0]
+	cs.Ready = ready
+	for i := range status.Conditions {
+		c := &status.Conditions[i]
+		if c.Type != corev1.ContainersReady && c.Type != corev1.PodReady {
+			continue
+		}
+		if ready {
+			c.Status, c.Reason, c.Message = corev1.ConditionTrue, "", ""
+		} else {
+			c.Status, c.Reason, c.Message = corev1.ConditionFalse, "ContainersNotReady", "containers with unready status: ["+cs.Name+"]"
+		}
+	}
+}
+
+// probeCounter applies success/failure thresholds to probe outcomes.
+type probeCounter struct {
+	successThreshold, failureThreshold int32
+	result                             bool
+	successes, failures                int32
+}
+
+func newProbeCounter(p *corev1.Probe, initial bool) *probeCounter {
+	c := &probeCounter{successThreshold: p.SuccessThreshold, failureThreshold: p.FailureThreshold, result: initial}
+	if c.successThreshold < 1 {
+		c.successThreshold = 1
+	}
+	if c.failureThreshold < 1 {
+		c.failureThreshold = 3
+	}
+	return c
+}
+
+// observe records one outcome and returns the (possibly changed) result.
+func (c *probeCounter) observe(ok bool) bool {
+	if ok {
+		c.failures = 0
+		c.successes++
+		if c.successes >= c.successThreshold {
+			c.result = true
+		}
+	} else {
+		c.successes = 0
+		c.failures++
+		if c.failures >= c.failureThreshold {
+			c.result = false
+		}
+	}
+	return c.result
+}
+
+func probeDurations(p *corev1.Probe) (delay, period, timeout time.Duration) {
+	delay = time.Duration(p.InitialDelaySeconds) * time.Second
+	period = time.Duration(p.PeriodSeconds) * time.Second
+	if period <= 0 {
+		period = 10 * time.Second
+	}
+	timeout = time.Duration(p.TimeoutSeconds) * time.Second
+	if timeout <= 0 {
+		timeout = time.Second
+	}
+	return delay, period, timeout
+}
+
+// probePort resolves a probe's port (number or container port name).
+func probePort(port intstr.IntOrString, c *corev1.Container) (int, error) {
+	if port.Type == intstr.Int {
+		if port.IntVal < 1 || port.IntVal > 65535 {
+			return 0, fmt.Errorf("port %d out of range", port.IntVal)
+		}
+		return int(port.IntVal), nil
+	}
+	for _, cp := range c.Ports {
+		if cp.Name == port.StrVal {
+			return int(cp.ContainerPort), nil
+		}
+	}
+	if n, err := strconv.Atoi(port.StrVal); err == nil && n > 0 && n < 65536 {
+		return n, nil
+	}
+	return 0, fmt.Errorf("port %q not found among the container's ports", port.StrVal)
+}
+
+// guestProber runs one probe's checks against a VM.
+type guestProber struct {
+	vm    *qemu.VM
+	probe *corev1.Probe
+	c     *corev1.Container
+	// hostPorts: guest port -> forwarded host port (added on first use).
+	hostPorts map[int]int
+}
+
+// check runs the probe once; msg says why it failed.
+func (g *guestProber) check(ctx context.Context, timeout time.Duration) (bool, string) {
+	h := g.probe.ProbeHandler
+	switch {
+	case h.TCPSocket != nil:
+		port, err := probePort(h.TCPSocket.Port, g.c)
+		if err != nil {
+			return false, err.Error()
+		}
+		hp, err := g.forward(ctx, port)
+		if err != nil {
+			return false, err.Error()
+		}
+		return tcpCheck(ctx, hp, port, timeout)
+	case h.HTTPGet != nil:
+		port, err := probePort(h.HTTPGet.Port, g.c)
+		if err != nil {
+			return false, err.Error()
+		}
+		hp, err := g.forward(ctx, port)
+		if err != nil {
+			return false, err.Error()
+		}
+		return httpCheck(ctx, h.HTTPGet, hp, timeout)
+	case h.Exec != nil:
+		return false, "exec probes need qemu-guest-agent in the guest, which this VM does not have"
+	case h.GRPC != nil:
+		return false, "grpc probes are not supported for VM pods"
+	}
+	return false, "probe has no handler"
+}
+
+func (g *guestProber) forward(ctx context.Context, guestPort int) (int, error) {
+	if hp, ok := g.hostPorts[guestPort]; ok {
+		return hp, nil
+	}
+	hp, err := g.vm.ForwardPort(ctx, guestPort, 0)
+	if err != nil {
+		return 0, err
+	}
+	g.hostPorts[guestPort] = hp
+	return hp, nil
+}
+
+func (g *guestProber) close() {
+	select {
+	case <-g.vm.Done():
+		return
+	default:
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, hp := range g.hostPorts {
+		_ = g.vm.RemoveForward(ctx, hp)
+	}
+}
+
+// tcpCheck connects through the forward and waits up to timeout for the
+// close that means the guest refused.
+func tcpCheck(ctx context.Context, hostPort, guestPort int, timeout time.Duration) (bool, string) {
+	d := net.Dialer{Timeout: timeout}
+	conn, err := d.DialContext(ctx, "tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(hostPort)))
+	if err != nil {
+		return false, fmt.Sprintf("dial tcp guest port %d: %v", guestPort, err)
+	}
+	defer conn.Close()
+	if _, err := readFirst(conn, timeout); err != nil {
+		return false, fmt.Sprintf("dial tcp guest port %d: %v", guestPort, err)
+	}
+	return true, ""
+}
+
+// httpCheck is the kubelet's httpGet probe against the forward.
+func httpCheck(ctx context.Context, hg *corev1.HTTPGetAction, hostPort int, timeout time.Duration) (bool, string) {
+	scheme := "http"
+	if hg.Scheme == corev1.URISchemeHTTPS {
+		scheme = "https"
+	}
+	path := hg.Path
+	if !strings.HasPrefix(path, "/") {
+		path = "/" + path
+	}
+	url := fmt.Sprintf("%s://127.0.0.1:%d%s", scheme, hostPort, path)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return false, err.Error()
+	}
+	req.Header.Set("User-Agent", "kube-probe/qemu-kubelet")
+	for _, h := range hg.HTTPHeaders {
+		if strings.EqualFold(h.Name, "Host") {
+			req.Host = h.Value
+			continue
+		}
+		req.Header.Add(h.Name, h.Value)
+	}
+	tr := &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, DisableKeepAlives: true} //nolint:gosec // as the kubelet's probes
+	defer tr.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}).Do(req)
+	if err != nil {
+		if errors.Is(err, io.EOF) || strings.Contains(err.Error(), "EOF") || strings.Contains(err.Error(), "connection reset") {
+			return false, fmt.Sprintf("Get %q: %v (nothing listening on guest port %s?)", hg.Path, err, hg.Port.String())
+		}
+		return false, fmt.Sprintf("Get %q: %v", hg.Path, err)
+	}
+	io.Copy(io.Discard, io.LimitReader(resp.Body, 10<<10)) //nolint:errcheck
+	resp.Body.Close()
+	if resp.StatusCode >= 200 && resp.StatusCode < 400 {
+		return true, ""
+	}
+	return false, fmt.Sprintf("HTTP probe failed with statuscode: %d", resp.StatusCode)
+}
+
+// startProbes starts the readiness and liveness probes of the pod's
+// container for this run of vm; they end when the VM exits, the pod is
+// deleted or ctx ends. Without a readiness probe the pod is Ready while the
+// VM runs (PodStatus); with one, rec.probes carries its result.
+func (p *VMs) startProbes(ctx context.Context, rec *podVM, vm *qemu.VM) {
+	rec.mu.Lock()
+	if len(rec.pod.Spec.Containers) == 0 {
+		rec.mu.Unlock()
+		return
+	}
+	c := rec.pod.Spec.Containers[0].DeepCopy()
+	rec.probes = nil
+	var ready *probeState
+	if c.ReadinessProbe != nil {
+		ready = &probeState{msg: "readiness probe has not succeeded yet"}
+		rec.probes = ready
+	}
+	rec.mu.Unlock()
+	stop := make(chan struct{})
+	go func() {
+		select {
+		case <-vm.Done():
+		case <-rec.deleteReq:
+		case <-ctx.Done():
+		}
+		close(stop)
+	}()
+	if c.ReadinessProbe != nil {
+		go p.runProbe(ctx, rec, vm, c, "Readiness", c.ReadinessProbe, false, stop, func(ok bool, msg string) {
+			if ready.set(ok, msg) {
+				p.push(rec)
+			}
+		})
+	}
+	if c.LivenessProbe != nil {
+		go p.runProbe(ctx, rec, vm, c, "Liveness", c.LivenessProbe, true, stop, func(ok bool, msg string) {
+			if ok {
+				return
+			}
+			rec.mu.Lock()
+			pod := rec.pod.DeepCopy()
+			rec.mu.Unlock()
+			klog.FromContext(ctx).Info("Liveness probe failed; killing the VM", "pod", klog.KObj(pod), "msg", msg)
+			p.event(pod, corev1.EventTypeNormal, "Killing", fmt.Sprintf("Container %s failed liveness probe, will be restarted", c.Name))
+			vm.Kill()
+		})
+	}
+}
+
+// runProbe is one probe's loop; onResult is called after every check with
+// the thresholded result. A liveness probe stops after reporting failure.
+func (p *VMs) runProbe(ctx context.Context, rec *podVM, vm *qemu.VM, c *corev1.Container, kind string, probe *corev1.Probe, initial bool, stop <-chan struct{}, onResult func(bool, string)) {
+	delay, period, timeout := probeDurations(probe)
+	g := &guestProber{vm: vm, probe: probe, c: c, hostPorts: map[int]int{}}
+	defer g.close()
+	counter := newProbeCounter(probe, initial)
+	wait := func(d time.Duration) bool {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			return true
+		case <-stop:
+			return false
+		}
+	}
+	if delay > 0 && !wait(delay) {
+		return
+	}
+	for {
+		cctx, cancel := context.WithCancel(ctx)
+		go func() {
+			select {
+			case <-stop:
+				cancel()
+			case <-cctx.Done():
+			}
+		}()
+		ok, msg := g.check(cctx, timeout)
+		stopped := cctx.Err() != nil
+		cancel()
+		if stopped {
+			return
+		}
+		if !ok {
+			rec.mu.Lock()
+			pod := rec.pod.DeepCopy()
+			rec.mu.Unlock()
+			p.event(pod, corev1.EventTypeWarning, "Unhealthy", fmt.Sprintf("%s probe failed: %s", kind, msg))
+		}
+		res := counter.observe(ok)
+		onResult(res, msg)
+		if kind == "Liveness" && !res {
+			return
+		}
+		if !wait(period) {
+			return
+		}
+	}
+}

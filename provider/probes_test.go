@@ -1,0 +1,180 @@
+package provider
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+func TestProbeCounter(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		probe    corev1.Probe
+		initial  bool
+		outcomes []bool
+		want     []bool
+	}{
+		{"readiness: one success", corev1.Probe{SuccessThreshold: 1, FailureThreshold: 3}, false,
+			[]bool{false, true, false, false, false, true}, []bool{false, true, true, true, false, true}},
+		{"two successes needed", corev1.Probe{SuccessThreshold: 2, FailureThreshold: 1}, false,
+			[]bool{true, false, true, true, false}, []bool{false, false, false, true, false}},
+		{"liveness: initially alive, defaults", corev1.Probe{}, true,
+			[]bool{false, false, true, false, false, false}, []bool{true, true, true, true, true, false}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newProbeCounter(&tc.probe, tc.initial)
+			var got []bool
+			for _, o := range tc.outcomes {
+				got = append(got, c.observe(o))
+			}
+			assert.Equal(t, tc.want, got)
+		})
+	}
+}
+
+func TestApplyProbes(t *testing.T) {
+	status := func() *corev1.PodStatus {
+		return &corev1.PodStatus{
+			ContainerStatuses: []corev1.ContainerStatus{{Name: "vm", Ready: true, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}},
+			Conditions: []corev1.PodCondition{
+				{Type: corev1.PodInitialized, Status: corev1.ConditionTrue},
+				{Type: corev1.ContainersReady, Status: corev1.ConditionTrue},
+				{Type: corev1.PodReady, Status: corev1.ConditionTrue},
+			},
+		}
+	}
+	s := status()
+	applyProbes(s, nil)
+	assert.True(t, s.ContainerStatuses[0].Ready, "no readiness probe: as PodStatus says")
+
+	ps := &probeState{}
+	s = status()
+	applyProbes(s, ps)
+	assert.False(t, s.ContainerStatuses[0].Ready)
+	assert.Equal(t, corev1.ConditionTrue, s.Conditions[0].Status)
+	for _, c := range s.Conditions[1:] {
+		assert.Equal(t, corev1.ConditionFalse, c.Status)
+		assert.Equal(t, "ContainersNotReady", c.Reason)
+		assert.Equal(t, "containers with unready status: [vm]", c.Message)
+	}
+	assert.True(t, ps.set(true, ""))
+	assert.False(t, ps.set(true, ""), "no change")
+	s = status()
+	applyProbes(s, ps)
+	assert.True(t, s.ContainerStatuses[0].Ready)
+	assert.Equal(t, corev1.ConditionTrue, s.Conditions[2].Status)
+
+	// Not running: untouched.
+	s = status()
+	s.ContainerStatuses[0].State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{}}
+	s.ContainerStatuses[0].Ready = false
+	applyProbes(s, ps)
+	assert.False(t, s.ContainerStatuses[0].Ready)
+}
+
+func TestProbePortAndDurations(t *testing.T) {
+	c := &corev1.Container{Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}}}
+	p, err := probePort(intstr.FromString("http"), c)
+	require.NoError(t, err)
+	assert.Equal(t, 8080, p)
+	p, err = probePort(intstr.FromInt32(22), c)
+	require.NoError(t, err)
+	assert.Equal(t, 22, p)
+	_, err = probePort(intstr.FromString("ssh"), c)
+	assert.ErrorContains(t, err, `port "ssh" not found`)
+	_, err = probePort(intstr.FromInt32(0), c)
+	assert.Error(t, err)
+
+	d, per, to := probeDurations(&corev1.Probe{InitialDelaySeconds: 2, PeriodSeconds: 3, TimeoutSeconds: 4})
+	assert.Equal(t, []time.Duration{2 * time.Second, 3 * time.Second, 4 * time.Second}, []time.Duration{d, per, to})
+	d, per, to = probeDurations(&corev1.Probe{})
+	assert.Equal(t, []time.Duration{0, 10 * time.Second, time.Second}, []time.Duration{d, per, to})
+}
+
+// TestProbeChecks runs the tcp and http checks against local servers that
+// behave like QEMU's forward: accept, then keep open (guest listening) or
+// close at once (guest refused).
+func TestProbeChecks(t *testing.T) {
+	open := listenTCP(t, false)
+	refused := listenTCP(t, true)
+	ok, msg := tcpCheck(context.Background(), open, 80, 300*time.Millisecond)
+	assert.True(t, ok, msg)
+	ok, msg = tcpCheck(context.Background(), refused, 81, 2*time.Second)
+	assert.False(t, ok)
+	assert.Contains(t, msg, "guest port 81")
+	assert.Contains(t, msg, "refused by the guest")
+
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/healthz":
+			if r.Header.Get("X-Probe") != "yes" || r.Host != "guest.example" {
+				w.WriteHeader(http.StatusBadRequest)
+			}
+		case "/redirect":
+			http.Redirect(w, r, "/elsewhere", http.StatusFound)
+		default:
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+	}))
+	defer srv.Close()
+	u, _ := url.Parse(srv.URL)
+	port, _ := strconv.Atoi(u.Port())
+	hg := func(path string) *corev1.HTTPGetAction {
+		return &corev1.HTTPGetAction{Path: path, Port: intstr.FromInt32(8080),
+			HTTPHeaders: []corev1.HTTPHeader{{Name: "X-Probe", Value: "yes"}, {Name: "Host", Value: "guest.example"}}}
+	}
+	ok, msg = httpCheck(context.Background(), hg("/healthz"), port, time.Second)
+	assert.True(t, ok, msg)
+	ok, _ = httpCheck(context.Background(), hg("redirect"), port, time.Second)
+	assert.True(t, ok, "3xx is success, not followed")
+	ok, msg = httpCheck(context.Background(), hg("/down"), port, time.Second)
+	assert.False(t, ok)
+	assert.Equal(t, "HTTP probe failed with statuscode: 503", msg)
+	ok, msg = httpCheck(context.Background(), hg("/healthz"), refused, time.Second)
+	assert.False(t, ok)
+	assert.Contains(t, msg, "nothing listening on guest port 8080")
+}
+
+// listenTCP serves loopback connections: kept open, or closed at once.
+func listenTCP(t *testing.T, closeAtOnce bool) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var mu sync.Mutex
+	var conns []net.Conn
+	t.Cleanup(func() {
+		l.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			if closeAtOnce {
+				c.Close()
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	return l.Addr().(*net.TCPAddr).Port
+}
