@@ -69,10 +69,11 @@ func TestAgainstAPIServer(t *testing.T) {
 	// CRDs first, server-side (again: the same objects, now also owned by
 	// kubectl's field manager): the ExporterSet CRD (a whole PodTemplateSpec)
 	// is too large for the last-applied annotation of a client-side apply.
-	// The monitoring.coreos.com stand-ins let the ServiceMonitor and
-	// PodMonitor of ci/monitoring-values.yaml be dry-run too.
+	// The Prometheus Operator's own ServiceMonitor and PodMonitor CRDs
+	// (from its Go module, hack/fetch-monitoring-crds.sh) let the monitors
+	// of ci/monitoring-values.yaml be dry-run against their real schemas.
 	kubectl(t, "apply", "--server-side", "-f", filepath.Join(chartDir, "crds"))
-	kubectl(t, "apply", "--server-side", "-f", filepath.Join("testdata", "monitoring-crds.yaml"))
+	kubectl(t, "apply", "--server-side", "-f", monitoringCRDs(t))
 	kubectl(t, "wait", "--for=condition=Established", "--timeout=60s",
 		"crd/exportersets.qemu-kubelet.io", "crd/servicemonitors.monitoring.coreos.com", "crd/podmonitors.monitoring.coreos.com")
 	kubectl(t, "create", "namespace", releaseNS)
@@ -101,6 +102,16 @@ func TestAgainstAPIServer(t *testing.T) {
 		out, err := c.Kubectl(ctx, "apply", "--server-side", "--dry-run=server", "-f", path)
 		require.Error(t, err)
 		assert.Contains(t, out, "hostNetwrok")
+
+		// And the monitors are checked against the real Prometheus Operator
+		// schemas, not a permissive stand-in.
+		manifest = render(t, filepath.Join(chartDir, "ci", "monitoring-values.yaml"))
+		bad = strings.Replace(manifest, "podMetricsEndpoints:", "podMetricEndpoints:", 1)
+		require.NotEqual(t, manifest, bad)
+		require.NoError(t, os.WriteFile(path, []byte(bad), 0o600))
+		out, err = c.Kubectl(ctx, "apply", "--server-side", "--dry-run=server", "-f", path)
+		require.Error(t, err)
+		assert.Contains(t, out, "podMetricEndpoints")
 	})
 
 	t.Run("binaries run with the chart's RBAC", func(t *testing.T) {
@@ -284,6 +295,18 @@ spec:
 		out, _ := c.Kubectl(ctx, append([]string{"auth", "can-i", ctrlSA}, q.args...)...)
 		assert.Equal(t, q.want, lastLine(out), "controller can-i %v", q.args)
 	}
+}
+
+// monitoringCRDs runs hack/fetch-monitoring-crds.sh and returns its directory.
+func monitoringCRDs(t *testing.T) string {
+	t.Helper()
+	root, err := cluster.RepoRoot()
+	require.NoError(t, err)
+	cmd := exec.Command(filepath.Join(root, "hack", "fetch-monitoring-crds.sh"))
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	require.NoError(t, err, "hack/fetch-monitoring-crds.sh")
+	return strings.TrimSpace(string(out))
 }
 
 // saKubeconfig writes a client-certificate kubeconfig whose user is the
