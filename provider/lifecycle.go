@@ -396,7 +396,7 @@ func (p *VMs) snapshot(rec *podVM) *corev1.Pod {
 	defer rec.mu.Unlock()
 	pod := rec.pod.DeepCopy()
 	pod.Status = PodStatus(rec.pod, rec.state, p.cfg.NodeIP, p.now())
-	applyProbes(&pod.Status, rec.probes) // probes.go: readiness probe result
+	applyProbes(&pod.Status, rec.pod, rec.probes) // probes.go: readiness probe result
 	return pod
 }
 

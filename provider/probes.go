@@ -35,8 +35,10 @@ import (
 // false; liveness starts true, and failureThreshold failures kill the VM
 // (exit 137), after which the restart policy applies as for any VM exit.
 
-// probeState is the readiness of the current run, read by snapshot.
+// probeState is the readiness of one run, read by snapshot.
 type probeState struct {
+	// run is the start time of the VM run it belongs to.
+	run   time.Time
 	mu    sync.Mutex
 	ready bool
 	msg   string
@@ -50,15 +52,21 @@ func (s *probeState) set(ready bool, msg string) (changed bool) {
 	return changed
 }
 
-// applyProbes overrides the Ready parts of status with the readiness probe
-// result while the VM runs (nil state: no readiness probe; status as is).
-func applyProbes(status *corev1.PodStatus, s *probeState) {
-	if s == nil || len(status.ContainerStatuses) != 1 || status.ContainerStatuses[0].State.Running == nil {
+// applyProbes sets the Ready parts of status from the readiness probe of
+// pod's container while the VM runs: not ready until the probe of this run
+// (s, matched by the run's start time) succeeded. Without a readiness
+// probe the status is left as PodStatus made it.
+func applyProbes(status *corev1.PodStatus, pod *corev1.Pod, s *probeState) {
+	if len(pod.Spec.Containers) == 0 || pod.Spec.Containers[0].ReadinessProbe == nil ||
+		len(status.ContainerStatuses) != 1 || status.ContainerStatuses[0].State.Running == nil {
 		return
 	}
-	s.mu.Lock()
-	ready := s.ready
-	s.mu.Unlock()
+	ready := false
+	if s != nil && s.run.Equal(status.ContainerStatuses[0].State.Running.StartedAt.Time) {
+		s.mu.Lock()
+		ready = s.ready
+		s.mu.Unlock()
+	}
 	cs := &status.ContainerStatuses[0]
 	cs.Ready = ready
 	for i := range status.Conditions {
@@ -280,6 +288,9 @@ func (p *VMs) startProbes(ctx context.Context, rec *podVM, vm *qemu.VM) {
 	var ready *probeState
 	if c.ReadinessProbe != nil {
 		ready = &probeState{msg: "readiness probe has not succeeded yet"}
+		if rec.state.Running != nil {
+			ready.run = rec.state.Running.StartedAt.Time
+		}
 		rec.probes = ready
 	}
 	rec.mu.Unlock()

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
@@ -44,9 +45,10 @@ func TestProbeCounter(t *testing.T) {
 }
 
 func TestApplyProbes(t *testing.T) {
+	started := metav1.NewTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	status := func() *corev1.PodStatus {
 		return &corev1.PodStatus{
-			ContainerStatuses: []corev1.ContainerStatus{{Name: "vm", Ready: true, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}},
+			ContainerStatuses: []corev1.ContainerStatus{{Name: "vm", Ready: true, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: started}}}},
 			Conditions: []corev1.PodCondition{
 				{Type: corev1.PodInitialized, Status: corev1.ConditionTrue},
 				{Type: corev1.ContainersReady, Status: corev1.ConditionTrue},
@@ -54,32 +56,51 @@ func TestApplyProbes(t *testing.T) {
 			},
 		}
 	}
+	plain := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "vm"}}}}
+	probed := plain.DeepCopy()
+	probed.Spec.Containers[0].ReadinessProbe = &corev1.Probe{}
+
 	s := status()
-	applyProbes(s, nil)
+	applyProbes(s, plain, nil)
 	assert.True(t, s.ContainerStatuses[0].Ready, "no readiness probe: as PodStatus says")
 
-	ps := &probeState{}
-	s = status()
-	applyProbes(s, ps)
-	assert.False(t, s.ContainerStatuses[0].Ready)
-	assert.Equal(t, corev1.ConditionTrue, s.Conditions[0].Status)
-	for _, c := range s.Conditions[1:] {
-		assert.Equal(t, corev1.ConditionFalse, c.Status)
-		assert.Equal(t, "ContainersNotReady", c.Reason)
-		assert.Equal(t, "containers with unready status: [vm]", c.Message)
+	notReady := func(s *corev1.PodStatus) {
+		t.Helper()
+		assert.False(t, s.ContainerStatuses[0].Ready)
+		assert.Equal(t, corev1.ConditionTrue, s.Conditions[0].Status)
+		for _, c := range s.Conditions[1:] {
+			assert.Equal(t, corev1.ConditionFalse, c.Status)
+			assert.Equal(t, "ContainersNotReady", c.Reason)
+			assert.Equal(t, "containers with unready status: [vm]", c.Message)
+		}
 	}
+	// A readiness probe whose run has not reported yet: not ready.
+	s = status()
+	applyProbes(s, probed, nil)
+	notReady(s)
+
+	ps := &probeState{run: started.Time}
+	s = status()
+	applyProbes(s, probed, ps)
+	notReady(s)
 	assert.True(t, ps.set(true, ""))
 	assert.False(t, ps.set(true, ""), "no change")
 	s = status()
-	applyProbes(s, ps)
+	applyProbes(s, probed, ps)
 	assert.True(t, s.ContainerStatuses[0].Ready)
 	assert.Equal(t, corev1.ConditionTrue, s.Conditions[2].Status)
+
+	// The previous run's result does not make a new run ready.
+	s = status()
+	s.ContainerStatuses[0].State.Running.StartedAt = metav1.NewTime(started.Add(time.Minute))
+	applyProbes(s, probed, ps)
+	notReady(s)
 
 	// Not running: untouched.
 	s = status()
 	s.ContainerStatuses[0].State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{}}
 	s.ContainerStatuses[0].Ready = false
-	applyProbes(s, ps)
+	applyProbes(s, probed, ps)
 	assert.False(t, s.ContainerStatuses[0].Ready)
 }
 
