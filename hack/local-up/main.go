@@ -1,7 +1,9 @@
 // Command local-up is what `make run` runs: a local control plane (package
 // e2e/cluster), one qemu-kubelet virtual node, the exporterset-controller with
-// its CRD, and a sample ExporterSet. It prints how to reach the cluster, stays
-// in the foreground, and stops and cleans up everything on Ctrl-C.
+// its CRD, a local registry holding the test OS image (pushed with oras), and
+// a sample ExporterSet booting VMs from it. It prints how to reach the
+// cluster and a one-line `kubectl run` that boots a VM, stays in the
+// foreground, and stops and cleans up everything (VMs included) on Ctrl-C.
 package main
 
 import (
@@ -91,11 +93,26 @@ server:
 		return fmt.Errorf("%w (see %s)", err, filepath.Join(c.Dir(), "logs", "qemu-kubelet.log"))
 	}
 
-	// The controller, its CRD and a sample pool.
+	// VMs stop with their pods: delete them all before the node goes, so no
+	// QEMU outlives local-up.
+	defer stopVMs(c, stateDir)
+
 	root, err := cluster.RepoRoot()
 	if err != nil {
 		return err
 	}
+	// A local registry holding the test OS image the sample pool boots.
+	fmt.Println("local-up: starting a local registry on " + registryAddr + " and pushing the test OS image (first run builds it: ~1 min)...")
+	reg, err := startRegistry(c)
+	if err != nil {
+		return err
+	}
+	procs = append(procs, reg)
+	if err := pushTestImage(ctx, root, c.Dir()); err != nil {
+		return err
+	}
+
+	// The controller, its CRD and a sample pool.
 	if _, err := c.Kubectl(ctx, "apply", "--server-side", "-f", filepath.Join(root, "config", "crd")); err != nil {
 		return err
 	}
@@ -123,9 +140,15 @@ local-up: ready. In another shell:
   kubectl get exportersets,pods -o wide
   kubectl scale exporterset/sample-pool --replicas=3
 
+Boot a VM of your own and watch its serial console:
+
+  %s
+  kubectl get pod vm1 -o wide -w
+  tail -f %s/vms/$(kubectl get pod vm1 -o jsonpath='{.metadata.uid}')/console.log
+
 Logs: %s
 Press Ctrl-C to stop and clean up.
-`, c.AdminKubeconfig(), nodeName, filepath.Join(c.Dir(), "logs"))
+`, c.AdminKubeconfig(), nodeName, kubectlRunLine(), stateDir, filepath.Join(c.Dir(), "logs"))
 
 	select {
 	case <-ctx.Done():
