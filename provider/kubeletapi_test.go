@@ -173,24 +173,67 @@ func TestConsoleWriterLock(t *testing.T) {
 	rel2()
 }
 
-func TestReadFirst(t *testing.T) {
-	// A peer that closes at once: refused.
+// usernetSample is QEMU 7.2's `info usernet` (captured): a forward whose
+// guest has not answered yet (18931), and one connection the guest accepted
+// (18932).
+const usernetSample = `Hub -1 (net0):
+  Protocol[State]    FD  Source Address  Port   Dest. Address  Port RecvQ SendQ
+  TCP[SYN_SENT]      12       127.0.0.1 18931       10.0.2.15  9999     0     0
+  TCP[ESTABLISHED]   13       127.0.0.1 18932       10.0.2.15  8080     0     0
+  TCP[FIN_WAIT_2]    14       127.0.0.1 18933       10.0.2.15  8080     0     0
+  TCP[HOST_FORWARD]   9       127.0.0.1 18931       10.0.2.15  9999     0     0
+  TCP[HOST_FORWARD]   8       127.0.0.1 18932       10.0.2.15  8080     0     0
+  TCP[HOST_FORWARD]   7       127.0.0.1 18933       10.0.2.15  8080     0     0
+`
+
+func TestGuestAccepted(t *testing.T) {
+	assert.False(t, guestAccepted(usernetSample, 18931), "SYN_SENT: no answer yet")
+	assert.True(t, guestAccepted(usernetSample, 18932))
+	assert.False(t, guestAccepted(usernetSample, 18933), "only an old closing connection")
+	assert.False(t, guestAccepted(usernetSample, 1893), "port must match exactly")
+	assert.False(t, guestAccepted("", 18932))
+}
+
+func TestAwaitGuest(t *testing.T) {
+	ctx := context.Background()
+	fixed := func(out string) usernetQuery {
+		return func(context.Context) (string, error) { return out, nil }
+	}
+	// QEMU closes the host side: the guest refused.
 	a, b := tcpPair(t)
 	b.Close()
-	_, err := readFirst(a, 2*time.Second)
+	_, err := awaitGuest(ctx, fixed(usernetSample), a, 18931, 2*time.Second)
 	assert.ErrorIs(t, err, ErrGuestPortClosed)
 
-	// A quiet peer: established, nothing read.
+	// Still SYN_SENT at the deadline: no answer.
+	a, _ = tcpPair(t)
+	_, err = awaitGuest(ctx, fixed(usernetSample), a, 18931, 200*time.Millisecond)
+	assert.ErrorIs(t, err, ErrGuestNoAnswer)
+
+	// Established: accepted, nothing read.
 	a, b = tcpPair(t)
-	got, err := readFirst(a, 50*time.Millisecond)
+	got, err := awaitGuest(ctx, fixed(usernetSample), a, 18932, time.Second)
 	require.NoError(t, err)
 	assert.Empty(t, got)
-	// A greeting peer: its bytes are kept.
-	_, err = b.Write([]byte("SSH-2.0-x\r\n"))
-	require.NoError(t, err)
-	got, err = readFirst(a, 2*time.Second)
+
+	// The guest answers after a while, first with a greeting: kept.
+	a, b = tcpPair(t)
+	calls := 0
+	later := func(context.Context) (string, error) {
+		calls++
+		if calls == 3 {
+			_, _ = b.Write([]byte("SSH-2.0-x\r\n"))
+		}
+		return usernetSample, nil
+	}
+	got, err = awaitGuest(ctx, later, a, 18931, 5*time.Second)
 	require.NoError(t, err)
 	assert.Equal(t, "SSH-2.0-x\r\n", string(got))
+
+	// QEMU cannot be asked: an error naming that.
+	a, _ = tcpPair(t)
+	_, err = awaitGuest(ctx, func(context.Context) (string, error) { return "", errors.New("QMP gone") }, a, 1, time.Second)
+	assert.ErrorContains(t, err, "ask QEMU for the connection state: QMP gone")
 }
 
 func TestParseProcStat(t *testing.T) {

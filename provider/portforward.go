@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
@@ -15,15 +16,97 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// guestRefusedWindow is how long a forwarded connection is watched for an
-// immediate close before it is treated as established. QEMU's user network
-// accepts the host side at once and connects to the guest afterwards; when
-// the guest refuses, QEMU closes the host side within a few milliseconds
-// (longer under TCG on a loaded host), with no byte sent.
-const guestRefusedWindow = 500 * time.Millisecond
+// QEMU's user network accepts the host side of a forwarded connection at
+// once and only then connects to the guest (SYN_SENT while the guest does
+// not answer, e.g. still booting); a refusing guest makes QEMU close the host
+// side. So "connected" on the host says nothing: awaitGuest asks QEMU
+// (HMP `info usernet`) for the state of the connection behind the forward's
+// host port, which is unique to one connection here (every forward gets its
+// own host port and carries one connection at a time).
+
+// guestPollInterval is how often awaitGuest looks at QEMU's connections.
+const guestPollInterval = 50 * time.Millisecond
+
+// GuestAcceptTimeout bounds how long a port-forward connection waits for
+// the guest to answer.
+const GuestAcceptTimeout = 10 * time.Second
 
 // ErrGuestPortClosed: nothing listens on the guest port.
 var ErrGuestPortClosed = errors.New("connection refused by the guest (is anything listening on that port in the VM?)")
+
+// ErrGuestNoAnswer: the guest did not answer the connection in time.
+var ErrGuestNoAnswer = errors.New("the guest did not answer the connection (still booting, or a firewall drops it?)")
+
+// guestAccepted reports whether QEMU (HMP `info usernet` output) shows a
+// connection behind forward host port hostPort that the guest accepted:
+// ESTABLISHED, or CLOSE_WAIT (accepted, then closed by the guest). Closing
+// states of earlier connections through the same forward do not count, nor
+// SYN_SENT (the guest has not answered) or the forward's own listening
+// entry (HOST_FORWARD). Pure.
+func guestAccepted(out string, hostPort int) bool {
+	port := strconv.Itoa(hostPort)
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		// Protocol[State] FD SrcAddr SrcPort DstAddr DstPort RecvQ SendQ
+		if len(f) < 6 || f[3] != port {
+			continue
+		}
+		if f[0] == "TCP[ESTABLISHED]" || f[0] == "TCP[CLOSE_WAIT]" {
+			return true
+		}
+	}
+	return false
+}
+
+// usernetQuery returns QEMU's `info usernet` text.
+type usernetQuery func(ctx context.Context) (string, error)
+
+func vmUsernet(vm *qemu.VM) usernetQuery {
+	return func(ctx context.Context) (string, error) {
+		var out string
+		err := vm.QMP(ctx, "human-monitor-command", map[string]any{"command-line": "info usernet"}, &out)
+		return out, err
+	}
+}
+
+// awaitGuest waits up to timeout until the guest accepted the connection
+// conn made to forward host port hostPort. Bytes the guest already sent
+// are returned (they must reach the client). A closed connection before
+// that is ErrGuestPortClosed; no answer in time is ErrGuestNoAnswer.
+func awaitGuest(ctx context.Context, query usernetQuery, conn net.Conn, hostPort int, timeout time.Duration) ([]byte, error) {
+	deadline := time.Now().Add(timeout)
+	buf := make([]byte, 32<<10)
+	defer conn.SetReadDeadline(time.Time{}) //nolint:errcheck // best effort
+	for {
+		out, err := query(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("ask QEMU for the connection state: %w", err)
+		}
+		if guestAccepted(out, hostPort) {
+			return nil, nil
+		}
+		// Not (yet) connected to the guest: QEMU may not have taken the
+		// connection yet, the guest has not answered, or it refused and
+		// QEMU closed the host side (seen as EOF below).
+		if err := conn.SetReadDeadline(time.Now().Add(guestPollInterval)); err != nil {
+			return nil, err
+		}
+		n, err := conn.Read(buf)
+		switch {
+		case n > 0:
+			return buf[:n], nil // data from the guest: accepted
+		case err == nil, errors.Is(err, os.ErrDeadlineExceeded):
+		default:
+			return nil, ErrGuestPortClosed
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if time.Now().After(deadline) {
+			return nil, ErrGuestNoAnswer
+		}
+	}
+}
 
 // ForwardGuestPort connects stream (one kubectl port-forward connection) to
 // guestPort of the VM: a runtime forward 127.0.0.1:<free port> -> guest
@@ -49,10 +132,7 @@ func ForwardGuestPort(ctx context.Context, vm *qemu.VM, guestPort int32, stream 
 		return fmt.Errorf("connect to guest port %d: %w", guestPort, err)
 	}
 	defer conn.Close()
-
-	// Refused by the guest? Watch briefly for a close with no data; keep
-	// whatever the guest sends first (e.g. an SSH banner).
-	first, err := readFirst(conn, guestRefusedWindow)
+	first, err := awaitGuest(ctx, vmUsernet(vm), conn, hostPort, GuestAcceptTimeout)
 	if err != nil {
 		return fmt.Errorf("guest port %d: %w", guestPort, err)
 	}
@@ -62,27 +142,6 @@ func ForwardGuestPort(ctx context.Context, vm *qemu.VM, guestPort int32, stream 
 		}
 	}
 	return pipeBoth(ctx, conn.(*net.TCPConn), stream)
-}
-
-// readFirst waits up to window for the first bytes from conn: data is
-// returned; a timeout returns nothing (an established, quiet connection);
-// EOF or a reset before any data is ErrGuestPortClosed.
-func readFirst(conn net.Conn, window time.Duration) ([]byte, error) {
-	if err := conn.SetReadDeadline(time.Now().Add(window)); err != nil {
-		return nil, err
-	}
-	defer conn.SetReadDeadline(time.Time{}) //nolint:errcheck // best effort
-	buf := make([]byte, 32<<10)
-	n, err := conn.Read(buf)
-	switch {
-	case n > 0:
-		return buf[:n], nil
-	case errors.Is(err, os.ErrDeadlineExceeded):
-		return nil, nil
-	case err != nil:
-		return nil, ErrGuestPortClosed
-	}
-	return nil, nil
 }
 
 // pipeBoth copies both ways until the guest side ends (or ctx ends): the

@@ -172,7 +172,7 @@ func (g *guestProber) check(ctx context.Context, timeout time.Duration) (bool, s
 		if err != nil {
 			return false, err.Error()
 		}
-		return tcpCheck(ctx, hp, port, timeout)
+		return tcpCheck(ctx, vmUsernet(g.vm), hp, port, timeout)
 	case h.HTTPGet != nil:
 		port, err := probePort(h.HTTPGet.Port, g.c)
 		if err != nil {
@@ -217,15 +217,15 @@ func (g *guestProber) close() {
 }
 
 // tcpCheck connects through the forward and waits up to timeout for the
-// close that means the guest refused.
-func tcpCheck(ctx context.Context, hostPort, guestPort int, timeout time.Duration) (bool, string) {
+// guest to accept (see awaitGuest).
+func tcpCheck(ctx context.Context, query usernetQuery, hostPort, guestPort int, timeout time.Duration) (bool, string) {
 	d := net.Dialer{Timeout: timeout}
 	conn, err := d.DialContext(ctx, "tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(hostPort)))
 	if err != nil {
 		return false, fmt.Sprintf("dial tcp guest port %d: %v", guestPort, err)
 	}
 	defer conn.Close()
-	if _, err := readFirst(conn, timeout); err != nil {
+	if _, err := awaitGuest(ctx, query, conn, hostPort, timeout); err != nil {
 		return false, fmt.Sprintf("dial tcp guest port %d: %v", guestPort, err)
 	}
 	return true, ""

@@ -2,6 +2,7 @@ package provider
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -125,16 +126,24 @@ func TestProbePortAndDurations(t *testing.T) {
 
 // TestProbeChecks runs the tcp and http checks against local servers that
 // behave like QEMU's forward: accept, then keep open (guest listening) or
-// close at once (guest refused).
+// close at once (guest refused); QEMU's connection table is faked.
 func TestProbeChecks(t *testing.T) {
 	open := listenTCP(t, false)
 	refused := listenTCP(t, true)
-	ok, msg := tcpCheck(context.Background(), open, 80, 300*time.Millisecond)
+	// What QEMU would report: the open port's connection established.
+	usernet := func(context.Context) (string, error) {
+		return fmt.Sprintf("  TCP[ESTABLISHED] 13 127.0.0.1 %d 10.0.2.15 80 0 0\n  TCP[HOST_FORWARD] 9 127.0.0.1 %d 10.0.2.15 81 0 0\n", open, refused), nil
+	}
+	ok, msg := tcpCheck(context.Background(), usernet, open, 80, 300*time.Millisecond)
 	assert.True(t, ok, msg)
-	ok, msg = tcpCheck(context.Background(), refused, 81, 2*time.Second)
+	ok, msg = tcpCheck(context.Background(), usernet, refused, 81, 2*time.Second)
 	assert.False(t, ok)
 	assert.Contains(t, msg, "guest port 81")
 	assert.Contains(t, msg, "refused by the guest")
+	// Never established: no answer within the timeout.
+	ok, msg = tcpCheck(context.Background(), func(context.Context) (string, error) { return "", nil }, open, 80, 300*time.Millisecond)
+	assert.False(t, ok)
+	assert.Contains(t, msg, "did not answer")
 
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
