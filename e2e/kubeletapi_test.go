@@ -1,0 +1,430 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/qemu-kubelet/qemu-kubelet/e2e/cluster"
+	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	statsv1alpha1 "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
+)
+
+// TestKubeletAPI drives a VM pod through the real kubectl against a real
+// control plane: the API server proxies logs, attach, exec, port-forward
+// and stats to qemu-kubelet's kubelet API.
+func TestKubeletAPI(t *testing.T) {
+	bin := buildQemuKubelet(t)
+	c := cluster.StartT(t, cluster.Options{})
+	reg := ocitest.StartRegistry(t, ocitest.RegistryOptions{})
+	refs := vmtest.PushTestImages(t, reg.Addr)
+	a := newNodeAgent(t, c, bin, "qk-api", "tcg", "")
+	vmtest.ReapQEMU(t, a.dir)
+	t.Cleanup(func() { deleteAllPods(t, c, "default", a.dir) })
+	a.start()
+	waitNode(t, c, a.name, 90*time.Second, "Ready=True", readyIs(corev1.ConditionTrue))
+
+	spec := vmPodSpec("kapi", a.name, refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, nil)
+	spec.Spec.Containers[0].Stdin = true
+	spec.Spec.Containers[0].TTY = true
+	pod, err := c.Client().CoreV1().Pods("default").Create(context.Background(), spec, metav1.CreateOptions{})
+	require.NoError(t, err)
+	pod = waitPod(t, c, "default", pod.Name, 120*time.Second, "Running", podRunning)
+	k := &kubectlEnv{t: t, c: c}
+
+	t.Run("LogsShowBootMarker", func(t *testing.T) {
+		k.t = t
+		out := k.eventually(90*time.Second, vmtest.BootMarker, "logs", "kapi")
+		assert.Contains(t, out, vmtest.BootMarker)
+		out = k.ok("logs", "kapi", "-c", "vm", "--tail=1")
+		assert.Equal(t, 1, strings.Count(strings.TrimRight(out, "\n"), "\n")+1, "--tail=1 gives one line: %q", out)
+		out = k.ok("logs", "kapi", "--limit-bytes=5")
+		assert.Len(t, out, 5)
+		out = k.ok("logs", "kapi", "--timestamps", "--tail=1")
+		_, perr := time.Parse(time.RFC3339Nano, strings.Fields(out)[0])
+		assert.NoError(t, perr, "--timestamps prefixes an RFC 3339 time: %q", out)
+		out = k.ok("logs", "kapi", "--since=1h")
+		assert.Contains(t, out, vmtest.BootMarker)
+		out, err := k.run("logs", "kapi", "-c", "nope")
+		assert.Error(t, err)
+		assert.Contains(t, out, "nope")
+	})
+
+	t.Run("ExecNeedsGuestAgent", func(t *testing.T) {
+		k.t = t
+		out, err := k.run("exec", "kapi", "--", "true")
+		require.Error(t, err)
+		assert.Contains(t, out, "qemu-guest-agent")
+	})
+
+	t.Run("StatsSummaryHasPodCPUAndMemory", func(t *testing.T) {
+		k.t = t
+		raw := k.ok("get", "--raw", "/api/v1/nodes/"+a.name+"/proxy/stats/summary")
+		var s statsv1alpha1.Summary
+		require.NoError(t, json.Unmarshal([]byte(raw), &s), raw)
+		assert.Equal(t, a.name, s.Node.NodeName)
+		require.NotNil(t, s.Node.CPU)
+		require.NotNil(t, s.Node.Memory)
+		var ps *statsv1alpha1.PodStats
+		for i := range s.Pods {
+			if s.Pods[i].PodRef.Name == "kapi" {
+				ps = &s.Pods[i]
+			}
+		}
+		require.NotNil(t, ps, "pod kapi in %s", raw)
+		assert.Equal(t, string(pod.UID), ps.PodRef.UID)
+		require.NotNil(t, ps.CPU.UsageCoreNanoSeconds)
+		assert.Greater(t, *ps.CPU.UsageCoreNanoSeconds, uint64(time.Second), "a TCG boot costs more than 1s of CPU")
+		require.NotNil(t, ps.CPU.UsageNanoCores)
+		require.NotNil(t, ps.Memory.WorkingSetBytes)
+		assert.Greater(t, *ps.Memory.WorkingSetBytes, uint64(20<<20), "QEMU's resident memory")
+		require.Len(t, ps.Containers, 1)
+		assert.Equal(t, "vm", ps.Containers[0].Name)
+
+		m := k.ok("get", "--raw", "/api/v1/nodes/"+a.name+"/proxy/metrics/resource")
+		assert.Contains(t, m, `container_cpu_usage_seconds_total{container="vm",namespace="default",pod="kapi"}`)
+		assert.Contains(t, m, `container_memory_working_set_bytes{container="vm",namespace="default",pod="kapi"}`)
+		assert.Contains(t, m, "node_cpu_usage_seconds_total ")
+		assert.Contains(t, m, "resource_scrape_error 0")
+	})
+
+	t.Run("PortForwardReachesGuestHTTP", func(t *testing.T) {
+		k.t = t
+		l1, l2 := freePort(t), freePort(t)
+		pf := k.start(nil, "port-forward", "pod/kapi", fmt.Sprintf("%d:8080", l1), fmt.Sprintf("%d:8080", l2))
+		pf.waitFor(t, fmt.Sprintf("Forwarding from 127.0.0.1:%d", l2), 30*time.Second)
+		// Both forwards, concurrently, several requests each.
+		var wg sync.WaitGroup
+		errs := make(chan error, 6)
+		for _, port := range []int{l1, l2, l1, l2, l1, l2} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs <- httpExpect(fmt.Sprintf("http://127.0.0.1:%d/", port), "QK-HTTP-OK", 60*time.Second)
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			assert.NoError(t, err)
+		}
+
+		// A guest port nothing listens on: the connection closes and kubectl
+		// reports the guest's refusal.
+		l3 := freePort(t)
+		bad := k.start(nil, "port-forward", "pod/kapi", fmt.Sprintf("%d:9999", l3))
+		bad.waitFor(t, fmt.Sprintf("Forwarding from 127.0.0.1:%d", l3), 30*time.Second)
+		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/", l3))
+		if err == nil {
+			resp.Body.Close()
+			t.Fatalf("GET through a forward to a closed guest port got %s", resp.Status)
+		}
+		bad.waitFor(t, "connection refused by the guest", 30*time.Second)
+	})
+
+	t.Run("AttachEchoesOneWriterManyReaders", func(t *testing.T) {
+		k.t = t
+		follow := k.start(nil, "logs", "-f", "kapi", "--tail=1")
+		reader := k.start(nil, "attach", "kapi")
+		stdin, w := osPipe(t)
+		writer := k.start(stdin, "attach", "-i", "kapi")
+		// Type until every attachment and logs -f saw the echo (each is set
+		// up asynchronously; retrying keeps the test independent of that).
+		deadline := time.Now().Add(90 * time.Second)
+		for n := 0; ; n++ {
+			if strings.Contains(writer.output(), "QK-ECHO: hello-attach") &&
+				strings.Contains(reader.output(), "QK-ECHO: hello-attach") &&
+				strings.Contains(follow.output(), "QK-ECHO: hello-attach") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no echo through attach;\nwriter:\n%s\nreader:\n%s\nlogs -f:\n%s", tail(writer.output(), 10), tail(reader.output(), 10), tail(follow.output(), 10))
+			}
+			_, err := fmt.Fprintf(w, "hello-attach-%d\n", n)
+			require.NoError(t, err)
+			time.Sleep(2 * time.Second)
+		}
+		// A second writer is refused while the first is attached.
+		out, err := k.run("attach", "-i", "kapi")
+		require.Error(t, err)
+		assert.Contains(t, out, "one writer at a time")
+
+		// Detach: the writer goes away; the VM keeps running and a new
+		// writer may attach.
+		writer.stop()
+		stdin2, w2 := osPipe(t)
+		again := k.start(stdin2, "attach", "-i", "kapi")
+		deadline = time.Now().Add(60 * time.Second)
+		for !strings.Contains(again.output(), "QK-ECHO: second-writer") {
+			require.True(t, time.Now().Before(deadline), "no echo for the second writer (writer lock not released after detach?):\n%s", tail(again.output(), 20))
+			_, err := w2.Write([]byte("second-writer\n"))
+			require.NoError(t, err)
+			time.Sleep(3 * time.Second)
+		}
+		again.stop()
+		reader.stop()
+		follow.stop()
+		p := waitPod(t, c, "default", "kapi", 10*time.Second, "still running", podRunning)
+		assert.Zero(t, p.Status.ContainerStatuses[0].RestartCount)
+	})
+
+	t.Run("UnauthorizedUserIsForbidden", func(t *testing.T) {
+		k.t = t
+		kc, err := c.UserKubeconfig("intruder")
+		require.NoError(t, err)
+		for _, args := range [][]string{
+			{"logs", "kapi"},
+			{"attach", "kapi"},
+			{"port-forward", "pod/kapi", "18080:8080"},
+			{"get", "--raw", "/api/v1/nodes/" + a.name + "/proxy/stats/summary"},
+		} {
+			out, err := k.runAs(kc, args...)
+			require.Error(t, err, "%v", args)
+			assert.Contains(t, strings.ToLower(out), "forbidden", "%v: %s", args, out)
+		}
+	})
+
+	t.Run("PreviousAfterRestart", func(t *testing.T) {
+		k.t = t
+		dir := a.vmDir(string(pod.UID))
+		pids := vmtest.QEMUPids(dir)
+		require.Len(t, pids, 1)
+		require.NoError(t, syscall.Kill(pids[0], syscall.SIGKILL))
+		waitPod(t, c, "default", "kapi", 150*time.Second, "restartCount 1 and Running", func(p *corev1.Pod) bool {
+			return podRunning(p) && p.Status.ContainerStatuses[0].RestartCount == 1
+		})
+		out := k.ok("logs", "kapi", "--previous")
+		assert.Contains(t, out, vmtest.BootMarker)
+		assert.Contains(t, out, "QK-ECHO: hello-attach", "the previous run's console")
+		out = k.eventually(90*time.Second, vmtest.BootMarker, "logs", "kapi")
+		assert.NotContains(t, out, "QK-ECHO: hello-attach", "the current run's console only")
+	})
+
+	t.Run("ProbesGateReadyAndLivenessRestarts", func(t *testing.T) {
+		k.t = t
+		ctx := context.Background()
+		httpProbe := func(port int32) *corev1.Probe {
+			return &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/", Port: intstr.FromInt32(port)}},
+				PeriodSeconds: 2, TimeoutSeconds: 2, FailureThreshold: 2, SuccessThreshold: 1}
+		}
+		tcpProbe := func(port int32) *corev1.Probe {
+			return &corev1.Probe{ProbeHandler: corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(port)}},
+				PeriodSeconds: 2, TimeoutSeconds: 2, FailureThreshold: 2, SuccessThreshold: 1}
+		}
+		good := vmPodSpec("probe-ok", a.name, refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, nil)
+		good.Spec.Containers[0].Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}}
+		good.Spec.Containers[0].ReadinessProbe = httpProbe(8080)
+		good.Spec.Containers[0].LivenessProbe = tcpProbe(8080)
+		good.Spec.Containers[0].LivenessProbe.InitialDelaySeconds = 20
+		bad := vmPodSpec("probe-bad", a.name, refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, nil)
+		bad.Spec.Containers[0].ReadinessProbe = tcpProbe(9999)
+		bad.Spec.Containers[0].LivenessProbe = httpProbe(9999)
+		bad.Spec.Containers[0].LivenessProbe.InitialDelaySeconds = 15
+		for _, p := range []*corev1.Pod{good, bad} {
+			_, err := c.Client().CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{})
+			require.NoError(t, err)
+		}
+		isReady := func(p *corev1.Pod) bool {
+			for _, c := range p.Status.Conditions {
+				if c.Type == corev1.PodReady {
+					return c.Status == corev1.ConditionTrue
+				}
+			}
+			return false
+		}
+		// The VM runs before the guest serves: Running but not Ready first.
+		p := waitPod(t, c, "default", "probe-ok", 120*time.Second, "Running", podRunning)
+		if !isReady(p) {
+			t.Logf("probe-ok Running and not yet Ready, as expected while the guest boots")
+		}
+		p = waitPod(t, c, "default", "probe-ok", 120*time.Second, "Ready by its httpGet probe", isReady)
+		assert.True(t, p.Status.ContainerStatuses[0].Ready)
+
+		// The closed guest port: Running, never Ready; the liveness probe
+		// kills the VM and it restarts.
+		p = waitPod(t, c, "default", "probe-bad", 120*time.Second, "Running", podRunning)
+		assert.False(t, isReady(p))
+		p = waitPod(t, c, "default", "probe-bad", 150*time.Second, "restarted by its liveness probe", func(p *corev1.Pod) bool {
+			return len(p.Status.ContainerStatuses) == 1 && p.Status.ContainerStatuses[0].RestartCount >= 1
+		})
+		last := p.Status.ContainerStatuses[0].LastTerminationState.Terminated
+		require.NotNil(t, last, "%+v", p.Status.ContainerStatuses[0])
+		assert.Equal(t, int32(137), last.ExitCode)
+		assert.False(t, isReady(p))
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodReady {
+				assert.Equal(t, "ContainersNotReady", c.Reason)
+			}
+		}
+		ev := k.ok("get", "events", "--field-selector", "involvedObject.name=probe-bad")
+		assert.Contains(t, ev, "Readiness probe failed")
+		assert.Contains(t, ev, "Liveness probe failed")
+		assert.Contains(t, ev, "failed liveness probe, will be restarted")
+
+		// The good pod stayed up and Ready all along.
+		p = waitPod(t, c, "default", "probe-ok", 10*time.Second, "Ready", isReady)
+		assert.Zero(t, p.Status.ContainerStatuses[0].RestartCount)
+		for _, n := range []string{"probe-ok", "probe-bad"} {
+			require.NoError(t, c.Client().CoreV1().Pods("default").Delete(ctx, n, metav1.DeleteOptions{}))
+		}
+		for _, n := range []string{"probe-ok", "probe-bad"} {
+			waitPodGone(t, c, "default", n, 90*time.Second)
+		}
+	})
+
+	t.Run("LogsAfterQemuKubeletRestart", func(t *testing.T) {
+		k.t = t
+		before := k.ok("logs", "kapi")
+		_ = a.kill(syscall.SIGKILL)
+		a.start()
+		waitNode(t, c, a.name, 90*time.Second, "Ready=True", readyIs(corev1.ConditionTrue))
+		out := k.eventually(60*time.Second, vmtest.BootMarker, "logs", "kapi")
+		assert.True(t, strings.HasPrefix(out, strings.TrimRight(before, "\n")), "the console kept across the restart")
+		out = k.ok("logs", "kapi", "--previous")
+		assert.Contains(t, out, vmtest.BootMarker)
+	})
+}
+
+// kubectlEnv runs the real kubectl against the test cluster.
+type kubectlEnv struct {
+	t *testing.T
+	c *cluster.Cluster
+}
+
+func (k *kubectlEnv) run(args ...string) (string, error) {
+	return k.runAs(k.c.AdminKubeconfig(), args...)
+}
+
+func (k *kubectlEnv) runAs(kubeconfig string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, k.c.KubectlPath(), append([]string{"--kubeconfig=" + kubeconfig}, args...)...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+func (k *kubectlEnv) ok(args ...string) string {
+	k.t.Helper()
+	out, err := k.run(args...)
+	require.NoError(k.t, err, "kubectl %s: %s", strings.Join(args, " "), out)
+	return out
+}
+
+// eventually runs kubectl until its output contains want.
+func (k *kubectlEnv) eventually(timeout time.Duration, want string, args ...string) string {
+	k.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		out, err := k.run(args...)
+		if err == nil && strings.Contains(out, want) {
+			return out
+		}
+		if time.Now().After(deadline) {
+			k.t.Fatalf("kubectl %s: no %q within %s (err %v):\n%s", strings.Join(args, " "), want, timeout, err, tail(out, 20))
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+// bgKubectl is a long-running kubectl (logs -f, attach, port-forward)
+// whose combined output is collected; killed (process group) at cleanup.
+type bgKubectl struct {
+	cmd  *exec.Cmd
+	mu   sync.Mutex
+	out  bytes.Buffer
+	done chan struct{}
+}
+
+func (b *bgKubectl) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.out.Write(p)
+}
+
+func (b *bgKubectl) output() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.out.String()
+}
+
+func (b *bgKubectl) stop() {
+	_ = syscall.Kill(-b.cmd.Process.Pid, syscall.SIGKILL)
+	<-b.done
+}
+
+func (b *bgKubectl) waitFor(t *testing.T, want string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !strings.Contains(b.output(), want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("kubectl %s: no %q within %s:\n%s", strings.Join(b.cmd.Args[2:], " "), want, timeout, tail(b.output(), 20))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func (k *kubectlEnv) start(stdin io.Reader, args ...string) *bgKubectl {
+	k.t.Helper()
+	b := &bgKubectl{done: make(chan struct{})}
+	b.cmd = exec.Command(k.c.KubectlPath(), append([]string{"--kubeconfig=" + k.c.AdminKubeconfig()}, args...)...)
+	b.cmd.Stdin = stdin
+	b.cmd.Stdout, b.cmd.Stderr = b, b
+	b.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	require.NoError(k.t, b.cmd.Start())
+	if f, ok := stdin.(*os.File); ok {
+		f.Close() // the child has its copy
+	}
+	go func() { _ = b.cmd.Wait(); close(b.done) }()
+	k.t.Cleanup(b.stop)
+	return b
+}
+
+// osPipe is a kernel pipe: writes do not block on a reader that is gone
+// (unlike io.Pipe), so a test typing into a dead kubectl fails instead of
+// hanging. The write end is closed at cleanup.
+func osPipe(t *testing.T) (*os.File, *os.File) {
+	t.Helper()
+	r, w, err := os.Pipe()
+	require.NoError(t, err)
+	t.Cleanup(func() { w.Close(); r.Close() })
+	return r, w
+}
+
+// httpExpect GETs url until the body contains want.
+func httpExpect(url, want string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	cl := &http.Client{Timeout: 20 * time.Second}
+	var last string
+	for time.Now().Before(deadline) {
+		resp, err := cl.Get(url)
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if strings.Contains(string(b), want) {
+				return nil
+			}
+			last = resp.Status + " " + string(b)
+		} else {
+			last = err.Error()
+		}
+		time.Sleep(time.Second)
+	}
+	return fmt.Errorf("GET %s: no %q within %s (last: %s)", url, want, timeout, last)
+}
