@@ -57,6 +57,35 @@ func TestRenderHistory(t *testing.T) {
 	}
 }
 
+func TestTailStart(t *testing.T) {
+	seg := func(ss ...string) []consoleSegment {
+		var out []consoleSegment
+		for _, s := range ss {
+			out = append(out, consoleSegment{data: []byte(s)})
+		}
+		return out
+	}
+	render := func(segs []consoleSegment, n int) string {
+		return string(renderHistory(segs, api.ContainerLogOpts{Tail: n}, time.Time{}))
+	}
+	for _, tc := range []struct {
+		segs []consoleSegment
+		n    int
+		want string
+	}{
+		{seg("\n\nx\n"), 1, "x\n"},
+		{seg("\n\nx\n"), 2, "\nx\n"},
+		{seg("\n\nx\n"), 3, "\n\nx\n"},
+		{seg("\n\nx\n"), 9, "\n\nx\n"},
+		{seg("a\nb", "c\n"), 2, "bc\n"}, // a line does not span files
+		{seg("a\nb", "c\n"), 3, "a\nbc\n"},
+		{seg("a\n", ""), 1, "a\n"},
+		{seg("", ""), 1, ""},
+	} {
+		assert.Equal(t, tc.want, render(tc.segs, tc.n), "%q tail %d", tc.segs, tc.n)
+	}
+}
+
 func TestLogSince(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 0, 10, 0, time.UTC)
 	assert.Equal(t, now.Add(-5*time.Second), logSince(api.ContainerLogOpts{SinceSeconds: 5}, now))

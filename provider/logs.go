@@ -53,38 +53,60 @@ func logSince(opts api.ContainerLogOpts, now time.Time) time.Time {
 func formatStamp(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) + " " }
 
 // renderHistory applies since, tail and timestamps to the kept console
-// files (oldest first). Pure.
+// files (oldest first). A line does not span files. Pure; only the lines
+// shown are looked at.
 func renderHistory(segs []consoleSegment, opts api.ContainerLogOpts, since time.Time) []byte {
-	type line struct {
-		b     []byte
-		stamp time.Time
-	}
-	var lines []line
+	kept := make([]consoleSegment, 0, len(segs))
 	for _, s := range segs {
-		if len(s.data) == 0 || (!since.IsZero() && s.modTime.Before(since)) {
-			continue
-		}
-		rest := s.data
-		for len(rest) > 0 {
-			i := bytes.IndexByte(rest, '\n')
-			if i < 0 {
-				i = len(rest) - 1
-			}
-			lines = append(lines, line{rest[:i+1], s.modTime})
-			rest = rest[i+1:]
+		if len(s.data) > 0 && (since.IsZero() || !s.modTime.Before(since)) {
+			kept = append(kept, s)
 		}
 	}
-	if opts.Tail > 0 && len(lines) > opts.Tail {
-		lines = lines[len(lines)-opts.Tail:]
+	// Where the shown part starts: file first, offset off.
+	first, off := 0, 0
+	if opts.Tail > 0 {
+		first, off = tailStart(kept, opts.Tail)
 	}
 	var out bytes.Buffer
-	for _, l := range lines {
-		if opts.Timestamps {
-			out.WriteString(formatStamp(l.stamp))
+	for i := first; i < len(kept); i++ {
+		d := kept[i].data
+		if i == first {
+			d = d[off:]
 		}
-		out.Write(l.b)
+		if !opts.Timestamps {
+			out.Write(d)
+			continue
+		}
+		stamp := formatStamp(kept[i].modTime)
+		for len(d) > 0 {
+			j := bytes.IndexByte(d, '\n') + 1
+			if j == 0 {
+				j = len(d)
+			}
+			out.WriteString(stamp)
+			out.Write(d[:j])
+			d = d[j:]
+		}
 	}
 	return out.Bytes()
+}
+
+// tailStart finds the start of the last n lines of segs: the file index
+// and the offset in it (0, 0 when there are fewer lines).
+func tailStart(segs []consoleSegment, n int) (int, int) {
+	for i := len(segs) - 1; i >= 0; i-- {
+		d := segs[i].data
+		for p := len(d); p > 0; {
+			// The line holding byte p-1 starts after the newline before it.
+			start := bytes.LastIndexByte(d[:p-1], '\n') + 1
+			n--
+			if n == 0 {
+				return i, start
+			}
+			p = start
+		}
+	}
+	return 0, 0
 }
 
 // readSegment reads one console file; a missing file is empty.
