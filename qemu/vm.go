@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"github.com/digitalocean/go-qemu/qmp"
-	"k8s.io/klog/v2"
+	"github.com/go-logr/logr"
 )
 
 // VM is one supervised QEMU process. It is created by Start or Adopt; QEMU
@@ -28,7 +28,7 @@ type VM struct {
 	spec     Spec
 	stateDir string
 	pid      int
-	log      klog.Logger
+	log      logr.Logger
 
 	// child is non-nil when QEMU is our child: its exit status is known.
 	childDone   chan struct{}
@@ -68,7 +68,7 @@ func Start(ctx context.Context, spec Spec, stateDir string) (*VM, error) {
 		return nil, fmt.Errorf("invalid VM spec: %w", err)
 	}
 	spec = spec.withDefaults()
-	log := klog.FromContext(ctx).WithValues("vm", spec.Name, "stateDir", abs)
+	log := logr.FromContextOrDiscard(ctx).WithValues("vm", spec.Name, "stateDir", abs)
 
 	if err := checkFiles(spec); err != nil {
 		return nil, fmt.Errorf("start VM %s: %w", spec.Name, err)
@@ -189,7 +189,7 @@ func Adopt(ctx context.Context, stateDir string) (*VM, error) {
 		return nil, fmt.Errorf("adopt %s: parse spec: %w", abs, err)
 	}
 	spec.StateDir = abs
-	log := klog.FromContext(ctx).WithValues("vm", spec.Name, "stateDir", abs)
+	log := logr.FromContextOrDiscard(ctx).WithValues("vm", spec.Name, "stateDir", abs)
 	pid, _ := readPidfile(abs)
 	vm := newVM(spec, abs, pid, log)
 
@@ -216,7 +216,7 @@ func Adopt(ctx context.Context, stateDir string) (*VM, error) {
 	return vm, nil
 }
 
-func newVM(spec Spec, dir string, pid int, log klog.Logger) *VM {
+func newVM(spec Spec, dir string, pid int, log logr.Logger) *VM {
 	return &VM{spec: spec, stateDir: dir, pid: pid, log: log, state: StateStarting,
 		subs: map[chan Event]struct{}{}, done: make(chan struct{})}
 }
@@ -896,4 +896,4 @@ func (vm *VM) RemoveForward(ctx context.Context, hostPort int) error {
 	return nil
 }
 
-func vmLogger(ctx context.Context) klog.Logger { return klog.FromContext(ctx) }
+func vmLogger(ctx context.Context) logr.Logger { return logr.FromContextOrDiscard(ctx) }

@@ -1,0 +1,36 @@
+package build
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// TestDependencyDirection keeps the layering of DESIGN.md §2: qemu and oci
+// know nothing of Kubernetes (nor of each other), and the controller knows
+// nothing of QEMU or OCI images.
+func TestDependencyDirection(t *testing.T) {
+	const mod = "github.com/qemu-kubelet/qemu-kubelet/"
+	rules := []struct {
+		pkg       string
+		forbidden []string
+	}{
+		{"qemu", []string{"k8s.io/", "sigs.k8s.io/", "github.com/virtual-kubelet/", mod + "oci", mod + "provider"}},
+		{"oci", []string{"k8s.io/", "sigs.k8s.io/", "github.com/virtual-kubelet/", mod + "qemu", mod + "provider"}},
+		{"controller", []string{mod + "qemu", mod + "oci", mod + "provider", "github.com/virtual-kubelet/"}},
+		{"api/v1alpha1", []string{mod + "qemu", mod + "oci", mod + "provider", mod + "controller"}},
+	}
+	for _, r := range rules {
+		out, err := exec.Command("go", "list", "-deps", "../"+r.pkg).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v\n%s", r.pkg, err, out)
+		}
+		for _, dep := range strings.Fields(string(out)) {
+			for _, f := range r.forbidden {
+				if strings.HasPrefix(dep, f) {
+					t.Errorf("package %s depends on %s (forbidden prefix %s)", r.pkg, dep, f)
+				}
+			}
+		}
+	}
+}
