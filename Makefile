@@ -34,9 +34,10 @@ vet:
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
-# verify: generated files are up to date (scripts added by the packages that generate).
+# verify: formatting, vet, and generated files (CRDs, deepcopy, chart CRD copies) up to date.
 verify: fmt-check vet
-	@if [ -x hack/verify-crds.sh ]; then hack/verify-crds.sh; fi
+	hack/verify-crds.sh
+	hack/sync-chart-crds.sh --check
 
 test: deps verify
 	QK_CONTROL_PLANE_BIN=$$(hack/build-control-plane.sh) \
