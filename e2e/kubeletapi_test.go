@@ -20,6 +20,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -182,6 +183,35 @@ func TestKubeletAPI(t *testing.T) {
 		follow.stop()
 		p := waitPod(t, c, "default", "kapi", 10*time.Second, "still running", podRunning)
 		assert.Zero(t, p.Status.ContainerStatuses[0].RestartCount)
+	})
+
+	t.Run("AttachTTYRawTerminal", func(t *testing.T) {
+		k.t = t
+		// kubectl attach -it on a real terminal (a pty): kubectl puts it in
+		// raw mode and sends keystrokes as typed (Enter is CR).
+		master, slave := openPTY(t)
+		cmd := exec.Command(k.c.KubectlPath(), "--kubeconfig="+k.c.AdminKubeconfig(), "attach", "-it", "kapi")
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+		require.NoError(t, cmd.Start())
+		slave.Close()
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		t.Cleanup(func() {
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			<-done
+		})
+		out := &bgKubectl{cmd: cmd, done: done}
+		go func() { _, _ = io.Copy(out, master) }()
+		out.waitFor(t, "If you don't see a command prompt", 30*time.Second)
+		deadline := time.Now().Add(60 * time.Second)
+		for n := 0; !strings.Contains(out.output(), "QK-ECHO: hello-tty"); n++ {
+			require.True(t, time.Now().Before(deadline), "no echo through attach -it:\n%s", tail(out.output(), 20))
+			_, err := fmt.Fprintf(master, "hello-tty-%d\r", n)
+			require.NoError(t, err)
+			time.Sleep(2 * time.Second)
+		}
+		assert.NotContains(t, out.output(), "Unable to use a TTY")
 	})
 
 	t.Run("UnauthorizedUserIsForbidden", func(t *testing.T) {
@@ -405,6 +435,21 @@ func osPipe(t *testing.T) (*os.File, *os.File) {
 	require.NoError(t, err)
 	t.Cleanup(func() { w.Close(); r.Close() })
 	return r, w
+}
+
+// openPTY opens a pseudo-terminal pair (closed at cleanup).
+func openPTY(t *testing.T) (*os.File, *os.File) {
+	t.Helper()
+	m, err := os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
+	require.NoError(t, err)
+	t.Cleanup(func() { m.Close() })
+	require.NoError(t, unix.IoctlSetPointerInt(int(m.Fd()), unix.TIOCSPTLCK, 0))
+	n, err := unix.IoctlGetInt(int(m.Fd()), unix.TIOCGPTN)
+	require.NoError(t, err)
+	sl, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|syscall.O_NOCTTY, 0)
+	require.NoError(t, err)
+	t.Cleanup(func() { sl.Close() })
+	return m, sl
 }
 
 // httpExpect GETs url until the body contains want.
