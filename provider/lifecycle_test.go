@@ -25,7 +25,7 @@ import (
 // harness runs a VMs provider against a real registry, image store and QEMU
 // (TCG), recording every status it pushes.
 type harness struct {
-	t      *testing.T
+	t      testing.TB
 	vms    *VMs
 	cancel context.CancelFunc
 
@@ -34,7 +34,7 @@ type harness struct {
 	seen map[types.UID][]string // waiting reasons / phases seen, in order
 }
 
-func newHarness(t *testing.T, stateDir string, store *oci.Store, imageDir string) *harness {
+func newHarness(t testing.TB, stateDir string, store *oci.Store, imageDir string) *harness {
 	ctx, cancel := context.WithCancel(context.Background())
 	h := &harness{t: t, cancel: cancel, last: map[types.UID]*corev1.Pod{}, seen: map[types.UID][]string{}}
 	h.vms = NewVMs(ctx, VMsConfig{
@@ -122,7 +122,7 @@ func podFor(uid, image string, policy corev1.RestartPolicy, ann map[string]strin
 	}
 }
 
-func waitConsole(t *testing.T, dir, marker string, timeout time.Duration) {
+func waitConsole(t testing.TB, dir, marker string, timeout time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
@@ -137,7 +137,7 @@ func waitConsole(t *testing.T, dir, marker string, timeout time.Duration) {
 	}
 }
 
-func waitGoneDir(t *testing.T, dir string, timeout time.Duration) {
+func waitGoneDir(t testing.TB, dir string, timeout time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
