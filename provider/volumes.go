@@ -111,6 +111,28 @@ func ValidateGuestVolumes(spec *corev1.PodSpec) []string {
 	return out
 }
 
+// ValidateGuestEnv checks the container's env for what the environment
+// disk can carry: problems as "field: why" strings (for translation).
+func ValidateGuestEnv(c *corev1.Container, field string) []string {
+	var out []string
+	for i, e := range c.Env {
+		if e.ValueFrom == nil {
+			continue
+		}
+		f := fmt.Sprintf("%s.env[%d].valueFrom", field, i)
+		switch vf := e.ValueFrom; {
+		case vf.SecretKeyRef != nil, vf.ConfigMapKeyRef != nil:
+		case vf.FieldRef != nil:
+			if _, err := podField(&corev1.Pod{}, vf.FieldRef.FieldPath); err != nil {
+				out = append(out, fmt.Sprintf("%s.fieldRef: %v", f, err))
+			}
+		default:
+			out = append(out, fmt.Sprintf("%s: env %q: only value, secretKeyRef, configMapKeyRef and fieldRef are supported for VM pods", f, e.Name))
+		}
+	}
+	return out
+}
+
 // planGuestDisks reads what pod's volumes and env refer to and returns the
 // disks to make, in volume order (env disk last). Missing objects or keys
 // give a ConfigError naming them.

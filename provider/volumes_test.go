@@ -67,6 +67,21 @@ func TestValidateGuestVolumes(t *testing.T) {
 	assert.Contains(t, got[3], `spec.volumes[6].emptyDir.medium`)
 }
 
+func TestValidateGuestEnv(t *testing.T) {
+	c := &corev1.Container{Env: []corev1.EnvVar{
+		{Name: "A", Value: "x"},
+		{Name: "B", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.labels['app']"}}},
+		{Name: "C", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}},
+		{Name: "D", ValueFrom: &corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{Resource: "limits.cpu"}}},
+		{Name: "E", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{Key: "k"}}},
+	}}
+	got := ValidateGuestEnv(c, "spec.containers[0]")
+	assert.Equal(t, []string{
+		`spec.containers[0].env[2].valueFrom.fieldRef: fieldRef "status.podIP" is not supported for VM pods`,
+		`spec.containers[0].env[3].valueFrom: env "D": only value, secretKeyRef, configMapKeyRef and fieldRef are supported for VM pods`,
+	}, got)
+}
+
 func TestPlanGuestDisks(t *testing.T) {
 	ctx := context.Background()
 	yes := true
