@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	corev1 "k8s.io/api/core/v1"
@@ -49,6 +50,9 @@ const (
 	// ReasonCreateContainerConfigError is the kubelet's waiting reason for a
 	// missing Secret/ConfigMap.
 	ReasonCreateContainerConfigError = "CreateContainerConfigError"
+	// ConfigRetryMax caps the back-off between looks for a missing
+	// Secret/ConfigMap.
+	ConfigRetryMax = 30 * time.Second
 )
 
 // ConfigError is a missing object or key the pod needs: the pod waits
