@@ -325,6 +325,33 @@ func TestVMLifecycle(t *testing.T) {
 		})
 	})
 
+	t.Run("ImageGCKeepsImagesInUse", func(t *testing.T) {
+		for _, v := range []string{vmtest.VariantNoACPI, vmtest.VariantPanic} {
+			_, err := store.Pull(ctx, refs[v], oci.PullOptions{})
+			require.NoError(t, err)
+		}
+		pod := podFor("u-gc", refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, nil)
+		require.NoError(t, h.vms.CreatePod(ctx, pod))
+		h.wait(pod.UID, 90*time.Second, "Running", running)
+		type ev struct{ typ, reason, msg string }
+		var events []ev
+		gc := ImageGC{Store: store, Policy: oci.GCPolicy{MaxBytes: 1}, Event: func(typ, reason, msg string) { events = append(events, ev{typ, reason, msg}) }}
+		res, err := gc.Once(ctx)
+		require.NoError(t, err)
+		assert.Len(t, res.Removed, 2, "the two unused images go")
+		assert.Equal(t, 1, res.KeptInUse)
+		require.Len(t, events, 2)
+		assert.Equal(t, ReasonImagesRemoved, events[0].reason)
+		assert.Contains(t, events[0].msg, "removed 2 unused image(s)")
+		assert.Equal(t, ReasonFreeDiskSpaceFailed, events[1].reason)
+		assert.Equal(t, corev1.EventTypeWarning, events[1].typ)
+		imgs := store.List()
+		require.Len(t, imgs, 1)
+		assert.Contains(t, imgs[0].Names, refs[vmtest.VariantACPI])
+		require.NoError(t, h.vms.DeletePod(ctx, deleting(pod)))
+		waitGoneDir(t, filepath.Join(stateDir, VMsDirName, "u-gc"), 60*time.Second)
+	})
+
 	t.Run("RestartRecovery", func(t *testing.T) {
 		keep := podFor("u-keep", refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, nil)
 		gone := podFor("u-gone", refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, nil)
