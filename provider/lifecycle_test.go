@@ -276,6 +276,14 @@ func TestVMLifecycle(t *testing.T) {
 		newPids := vmtest.QEMUPids(dir)
 		require.Len(t, newPids, 1)
 		assert.NotEqual(t, pids[0], newPids[0])
+
+		// A second crash soon after: CrashLoopBackOff (1s here), then the
+		// second restart.
+		require.NoError(t, syscall.Kill(newPids[0], syscall.SIGKILL))
+		p = h.wait(pod.UID, 60*time.Second, "second restart", func(p *corev1.Pod) bool {
+			return running(p) && p.Status.ContainerStatuses[0].RestartCount == 2
+		})
+		assert.Contains(t, h.seenTags(pod.UID), "Running/CrashLoopBackOff")
 		require.NoError(t, h.vms.DeletePod(ctx, deleting(pod)))
 		waitGoneDir(t, dir, 60*time.Second)
 	})
