@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/utils/ptr"
@@ -29,6 +30,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/e2e/cluster"
 	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
+	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 )
 
 // exsEnv is what the ExporterSet scenarios and BenchmarkLease share: a real
@@ -83,8 +85,12 @@ func startExsEnv(tb testing.TB) *exsEnv {
 	} else {
 		tb.Logf("%s", strings.TrimSpace(out))
 	}
-	if _, err := c.Kubectl(ctx, "wait", "--for=condition=Established", "--timeout=60s", "crd/exportersets.qemu-kubelet.io"); err != nil {
-		tb.Fatal(err)
+	// Served once established. (kubectl wait --for=condition=Established
+	// errors out instead of waiting while the new CRD has no conditions.)
+	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		return cl.List(ctx, &v1alpha1.ExporterSetList{}, client.InNamespace(e.ns)) == nil, nil
+	}); err != nil {
+		tb.Fatalf("ExporterSet CRD never served: %v", err)
 	}
 
 	e.stateDir = startVMNode(tb, c, kubeletBin, e.node, tmp)
@@ -224,7 +230,9 @@ func (e *exsEnv) deleteAll(tb testing.TB) {
 
 // vmTemplate is a VM pod template for the env's node: tolerates the
 // provider taint, selects the node, 1 vCPU and 256Mi, a short grace period
-// (the ACPI test image powers off at once once booted).
+// (the ACPI test image powers off at once once booted). Its readiness probe
+// asks the guest's HTTP server (port 8080 of the test image), so a Ready pod
+// is a booted guest, not just a running QEMU.
 func (e *exsEnv) vmTemplate(labels map[string]string, image string) corev1.PodTemplateSpec {
 	q := resource.MustParse
 	return corev1.PodTemplateSpec{
@@ -235,6 +243,11 @@ func (e *exsEnv) vmTemplate(labels map[string]string, image string) corev1.PodTe
 			TerminationGracePeriodSeconds: ptr.To[int64](10),
 			Containers: []corev1.Container{{
 				Name: "vm", Image: image,
+				Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP}},
+				ReadinessProbe: &corev1.Probe{
+					ProbeHandler:  corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/", Port: intstr.FromString("http")}},
+					PeriodSeconds: 1, TimeoutSeconds: 1, FailureThreshold: 3,
+				},
 				Resources: corev1.ResourceRequirements{
 					Requests: corev1.ResourceList{corev1.ResourceCPU: q("100m"), corev1.ResourceMemory: q("64Mi")},
 					Limits:   corev1.ResourceList{corev1.ResourceCPU: q("1"), corev1.ResourceMemory: q("256Mi")},
@@ -375,6 +388,13 @@ func (e *exsEnv) waitVMGone(tb testing.TB, p corev1.Pod, timeout time.Duration) 
 	if err != nil {
 		tb.Fatalf("pod %s (%s): still in the API server, or its VM dir or QEMU still there after %s (QEMU pids %v)", p.Name, p.UID, timeout, vmtest.QEMUPids(dir))
 	}
+}
+
+// booted reports whether pod's guest printed the test image's boot marker
+// on its serial console.
+func (e *exsEnv) booted(p corev1.Pod) bool {
+	b, _ := os.ReadFile(filepath.Join(e.stateDir, "vms", string(p.UID), qemu.ConsoleLogName))
+	return strings.Contains(string(b), vmtest.BootMarker)
 }
 
 // vmRunning reports whether exactly one QEMU runs for pod.

@@ -49,6 +49,7 @@ func (e *exsEnv) testWarmBuffer(t *testing.T) {
 	_, pods := e.waitCounts(t, name, counts{2, 2, 2, 2, 0}, 2*vmBoot)
 	for _, p := range pods {
 		assert.True(t, e.vmRunning(p), "pod %s: one QEMU", p.Name)
+		assert.True(t, e.booted(p), "pod %s: Ready means booted (readiness probe on the guest's HTTP port)", p.Name)
 		assert.Equal(t, e.node, p.Spec.NodeName)
 		assert.Equal(t, name, metav1.GetControllerOf(&p).Name)
 	}
@@ -68,6 +69,7 @@ func (e *exsEnv) testWarmBuffer(t *testing.T) {
 			assert.Equal(t, "true", p.Labels[v1alpha1.UsedLabel])
 		}
 		assert.True(t, e.vmRunning(p), "pod %s: one QEMU", p.Name)
+		assert.True(t, e.booted(p), "pod %s: booted", p.Name)
 	}
 	require.NotEmpty(t, leasedPod.UID)
 	out, err = e.c.Kubectl(ctx, "get", "exs", name)
