@@ -363,12 +363,14 @@ func TestVMLifecycle(t *testing.T) {
 	t.Run("RestartRecovery", func(t *testing.T) {
 		keep := podFor("u-keep", refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, nil)
 		gone := podFor("u-gone", refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, nil)
-		for _, p := range []*corev1.Pod{keep, gone} {
+		died := podFor("u-died", refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, nil)
+		for _, p := range []*corev1.Pod{keep, gone, died} {
 			require.NoError(t, h.vms.CreatePod(ctx, p))
 		}
-		for _, p := range []*corev1.Pod{keep, gone} {
+		for _, p := range []*corev1.Pod{keep, gone, died} {
 			h.wait(p.UID, 90*time.Second, "Running", running)
 		}
+		diedDir := filepath.Join(stateDir, VMsDirName, "u-died")
 		keepDir := filepath.Join(stateDir, VMsDirName, "u-keep")
 		goneDir := filepath.Join(stateDir, VMsDirName, "u-gone")
 		pid := vmtest.QEMUPids(keepDir)
@@ -390,13 +392,18 @@ func TestVMLifecycle(t *testing.T) {
 		orphanPid := ovm.Pid()
 		ovm.Detach()
 
-		// "Restart" qemu-kubelet: the old workers stop and detach.
+		// "Restart" qemu-kubelet: the old workers stop and detach. While
+		// nobody supervises, one VM dies.
 		h.cancel()
 		time.Sleep(200 * time.Millisecond)
+		diedPid := vmtest.QEMUPids(diedDir)
+		require.Len(t, diedPid, 1)
+		require.NoError(t, syscall.Kill(diedPid[0], syscall.SIGKILL))
+		require.Eventually(t, func() bool { return len(vmtest.QEMUPids(diedDir)) == 0 }, 10*time.Second, 50*time.Millisecond)
 		h2 := newHarness(t, stateDir, store, imageDir)
 		res, err := h2.vms.Recover(ctx)
 		require.NoError(t, err)
-		assert.Equal(t, RecoveryResult{Running: 2, Pending: 1, Orphans: 1}, res)
+		assert.Equal(t, RecoveryResult{Running: 2, Exited: 1, Pending: 1, Orphans: 1}, res)
 		assert.Equal(t, pid, vmtest.QEMUPids(keepDir), "the VM kept running: same QEMU pid")
 		_, err = os.Stat(orphanDir)
 		assert.True(t, os.IsNotExist(err), "orphan state dir removed")
@@ -408,12 +415,24 @@ func TestVMLifecycle(t *testing.T) {
 		for _, p := range pods {
 			names = append(names, p.Namespace+"/"+p.Name+"/"+string(p.UID))
 		}
-		assert.Equal(t, []string{"default/vm-u-gone/u-gone", "default/vm-u-keep/u-keep", "default/vm-u-mid/u-mid"}, names)
+		assert.Equal(t, []string{"default/vm-u-died/u-died", "default/vm-u-gone/u-gone", "default/vm-u-keep/u-keep", "default/vm-u-mid/u-mid"}, names)
 		for _, p := range pods {
-			if p.UID != "u-mid" {
+			switch p.UID {
+			case "u-keep", "u-gone":
 				assert.True(t, running(p), "%s reports Running after recovery", p.Name)
+			case "u-died":
+				term := terminated(p)
+				require.NotNil(t, term, "the VM that died while unsupervised reports how it ended: %+v", p.Status.ContainerStatuses)
+				assert.NotZero(t, term.ExitCode)
 			}
 		}
+		// Restart policy Always: once the library shows the pod still
+		// exists, the dead VM is restarted.
+		_, err = h2.vms.GetPod(ctx, died.Namespace, died.Name)
+		require.NoError(t, err)
+		h2.wait(died.UID, 90*time.Second, "restarted", func(p *corev1.Pod) bool {
+			return running(p) && p.Status.ContainerStatuses[0].RestartCount == 1
+		})
 
 		// The library's start-up sweep deletes the pod gone from the API;
 		// the in-flight pod is confirmed (GetPod) and gets its VM.
@@ -425,10 +444,11 @@ func TestVMLifecycle(t *testing.T) {
 		assert.Empty(t, vmtest.QEMUPids(goneDir))
 		assert.Equal(t, pid, vmtest.QEMUPids(keepDir))
 
-		for _, p := range []*corev1.Pod{keep, mid} {
+		for _, p := range []*corev1.Pod{keep, mid, died} {
 			require.NoError(t, h2.vms.DeletePod(ctx, deleting(p)))
 		}
 		waitGoneDir(t, keepDir, 60*time.Second)
 		waitGoneDir(t, midDir, 60*time.Second)
+		waitGoneDir(t, diedDir, 60*time.Second)
 	})
 }
