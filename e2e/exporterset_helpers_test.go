@@ -293,6 +293,8 @@ func (e *exsEnv) waitSet(tb testing.TB, name string, timeout time.Duration, what
 	tb.Helper()
 	var set v1alpha1.ExporterSet
 	var pods []corev1.Pod
+	start := time.Now()
+	defer func() { tb.Logf("exporterset %s: %s after %s", name, what, time.Since(start).Round(time.Millisecond)) }()
 	err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		if err := e.cl.Get(ctx, client.ObjectKey{Namespace: e.ns, Name: name}, &set); err != nil {
 			return false, nil

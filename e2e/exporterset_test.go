@@ -82,35 +82,55 @@ func (e *exsEnv) testWarmBuffer(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "already has a value")
 
-	// 3. kubectl scale up: 4 pods.
-	_, err = e.c.Kubectl(ctx, "scale", "exs/"+name, "--replicas=4")
+	// 3. kubectl scale up: 5 pods.
+	_, err = e.c.Kubectl(ctx, "scale", "exs/"+name, "--replicas=5")
 	require.NoError(t, err)
-	_, pods = e.waitCounts(t, name, counts{4, 4, 4, 3, 1}, vmBoot)
+	_, pods = e.waitCounts(t, name, counts{5, 5, 5, 4, 1}, vmBoot)
 
 	// 4. Release with Replace (remove the lease label): the used VM is
-	// deleted, its QEMU stops, and a fresh VM fills the set back to 4.
+	// deleted, its QEMU stops, and a fresh VM fills the set back to 5.
 	_, err = e.c.Kubectl(ctx, "label", "pod", leased, v1alpha1.LeaseLabel+"-")
 	require.NoError(t, err)
 	e.waitVMGone(t, leasedPod, 90*time.Second)
-	_, pods = e.waitCounts(t, name, counts{4, 4, 4, 4, 0}, vmBoot)
+	_, pods = e.waitCounts(t, name, counts{5, 5, 5, 5, 0}, vmBoot)
 	assert.NotContains(t, podNames(pods), leased)
 	for _, p := range pods {
 		assert.NotContains(t, p.Labels, v1alpha1.UsedLabel, "pod %s: fresh pods carry no used mark", p.Name)
 	}
 
+	// 4b. A lease claimed and released at once (both before the controller
+	// may have seen the lease) still retires the pod: the claim's used mark
+	// is durable.
+	quick := e.claim(t, name, "ci-job-quick")
+	_, err = e.c.Kubectl(ctx, "label", "pod", quick, v1alpha1.LeaseLabel+"-")
+	require.NoError(t, err)
+	for _, p := range pods {
+		if p.Name == quick {
+			e.waitVMGone(t, p, 90*time.Second)
+		}
+	}
+	_, pods = e.waitCounts(t, name, counts{5, 5, 5, 5, 0}, vmBoot)
+	assert.NotContains(t, podNames(pods), quick)
+
 	// 5. Claim again, then scale to 0: the target is leased + minAvailable
-	// = 3; the newest unleased pod goes (after the 3s cooldown), the leased
-	// one stays.
+	// = 3; the two newest unleased pods go (after the 3s cooldown), the
+	// leased one stays.
 	leased = e.claim(t, name, "ci-job-3")
-	_, pods = e.waitCounts(t, name, counts{4, 4, 4, 3, 1}, time.Minute)
+	_, pods = e.waitCounts(t, name, counts{5, 5, 5, 4, 1}, time.Minute)
 	before := pods
 	_, err = e.c.Kubectl(ctx, "scale", "exs/"+name, "--replicas=0")
 	require.NoError(t, err)
 	_, pods = e.waitCounts(t, name, counts{3, 3, 3, 2, 1}, 2*time.Minute)
 	require.Contains(t, podNames(pods), leased, "scale-down never deletes the leased pod")
+	var unleased []string // oldest first
+	for _, p := range before {
+		if p.Name != leased {
+			unleased = append(unleased, p.Name)
+		}
+	}
 	for _, p := range before {
 		if !slices.Contains(podNames(pods), p.Name) {
-			assert.NotEqual(t, leased, p.Name)
+			assert.Contains(t, unleased[2:], p.Name, "scale-down removes the newest unleased pods (oldest first: %v)", unleased)
 			e.waitVMGone(t, p, 90*time.Second)
 		}
 	}
@@ -155,9 +175,9 @@ func (e *exsEnv) testWarmBuffer(t *testing.T) {
 	}
 
 	// Every pod the set created, counted by UID over the whole scenario:
-	// 2 + 1 (lease) + 1 (scale up) + 1 (Replace) = 5; no pod was created
-	// twice.
-	assert.Equal(t, 5, created.count(), "pods created: %v", created.names())
+	// 2 + 1 (lease) + 2 (scale up) + 1 (Replace) + 1 (quick lease) = 7;
+	// no pod was created twice.
+	assert.Equal(t, 7, created.count(), "pods created: %v", created.names())
 }
 
 // testMissingImage: a set whose image does not exist never gets a Ready
