@@ -360,6 +360,36 @@ func TestVMLifecycle(t *testing.T) {
 		waitGoneDir(t, filepath.Join(stateDir, VMsDirName, "u-gc"), 60*time.Second)
 	})
 
+	t.Run("RecoveryKillsUnreachableQEMU", func(t *testing.T) {
+		sd := filepath.Join(root, "state-stale")
+		dir := filepath.Join(sd, VMsDirName, "u-stale")
+		pod := podFor("u-stale", refs[vmtest.VariantACPI], corev1.RestartPolicyNever, nil)
+		require.NoError(t, os.MkdirAll(dir, 0o700))
+		b, _ := json.Marshal(pod)
+		require.NoError(t, os.WriteFile(filepath.Join(dir, PodFileName), b, 0o600))
+		img, err := store.Pull(ctx, refs[vmtest.VariantACPI], oci.PullOptions{})
+		require.NoError(t, err)
+		vm, err := qemu.Start(ctx, qemu.Spec{Name: "stale", CPUs: 1, MemoryMiB: 128, Kernel: img.Kernel, Initrd: img.Initrd, Cmdline: img.Cmdline, AllowedDirs: []string{imageDir}}, dir)
+		require.NoError(t, err)
+		vm.Detach()
+		require.NoError(t, os.Remove(filepath.Join(dir, qemu.QMPSocketName))) // alive, unreachable
+		require.Len(t, vmtest.QEMUPids(dir), 1)
+
+		h3 := newHarness(t, sd, store, imageDir)
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		res, err := h3.vms.Recover(rctx)
+		cancel()
+		require.NoError(t, err)
+		assert.Equal(t, RecoveryResult{Exited: 1}, res)
+		assert.Empty(t, vmtest.QEMUPids(dir), "the unreachable QEMU was killed")
+		_, err = h3.vms.GetPod(ctx, pod.Namespace, pod.Name)
+		require.NoError(t, err)
+		term := h3.wait(pod.UID, 10*time.Second, "Failed", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodFailed })
+		assert.Contains(t, terminated(term).Message, "could not re-adopt")
+		require.NoError(t, h3.vms.DeletePod(ctx, deleting(pod)))
+		waitGoneDir(t, dir, 10*time.Second)
+	})
+
 	t.Run("RestartRecovery", func(t *testing.T) {
 		keep := podFor("u-keep", refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, nil)
 		gone := podFor("u-gone", refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, nil)
