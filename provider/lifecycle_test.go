@@ -215,6 +215,7 @@ func TestVMLifecycle(t *testing.T) {
 		})
 		assert.Equal(t, corev1.PodPending, p.Status.Phase)
 		assert.Contains(t, p.Status.ContainerStatuses[0].State.Waiting.Message, "not found")
+		t.Logf("ImagePullBackOff message: %s", p.Status.ContainerStatuses[0].State.Waiting.Message)
 		tags := h.seenTags(pod.UID)
 		assert.Contains(t, tags, "Pending/ErrImagePull")
 		// Backs off and retries: ErrImagePull shows again.
