@@ -70,6 +70,24 @@ func TestKubeletAPI(t *testing.T) {
 		assert.Contains(t, out, "nope")
 	})
 
+	t.Run("LogsOfAPodThatNeverStarted", func(t *testing.T) {
+		k.t = t
+		ctx := context.Background()
+		p := vmPodSpec("never", a.name, reg.Addr+"/"+vmtest.Repo+":missing", corev1.RestartPolicyAlways, nil)
+		_, err := c.Client().CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{})
+		require.NoError(t, err)
+		waitPod(t, c, "default", "never", 60*time.Second, "image pull failing", func(p *corev1.Pod) bool {
+			cs := p.Status.ContainerStatuses
+			return len(cs) == 1 && cs[0].State.Waiting != nil && strings.Contains(cs[0].State.Waiting.Reason, "ImagePull")
+		})
+		out, err := k.run("logs", "never")
+		require.Error(t, err)
+		assert.Contains(t, out, `container "vm" in pod "never" is waiting to start: `)
+		assert.Contains(t, out, "ImagePull")
+		require.NoError(t, c.Client().CoreV1().Pods("default").Delete(ctx, "never", metav1.DeleteOptions{}))
+		waitPodGone(t, c, "default", "never", 60*time.Second)
+	})
+
 	t.Run("ExecNeedsGuestAgent", func(t *testing.T) {
 		k.t = t
 		out, err := k.run("exec", "kapi", "--", "true")
