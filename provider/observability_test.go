@@ -209,6 +209,7 @@ func TestObservability(t *testing.T) {
 		assert.Equal(t, 1.0, delta(MetricVMStarts, nil))
 		assert.Equal(t, 0.0, delta(MetricVMStartFailures, nil))
 		assert.Equal(t, 1.0, delta(MetricVMStartDuration, nil))
+		assert.Equal(t, 1.0, delta(MetricVMReadyDuration, nil))
 		for _, ph := range []string{PhasePull, PhaseOverlay, PhaseQEMUStart, PhaseBoot} {
 			assert.Equal(t, 1.0, delta(MetricVMStartPhaseSeconds, map[string]string{"phase": ph}), "phase %s", ph)
 		}
@@ -258,6 +259,7 @@ func TestObservability(t *testing.T) {
 		assert.Equal(t, 1.0, value(after, MetricVMExits, panicked)-value(before, MetricVMExits, panicked))
 		assert.Equal(t, 1.0, value(after, MetricVMExits, nil)-value(before, MetricVMExits, nil))
 		assert.Equal(t, 1.0, value(after, MetricVMStarts, nil)-value(before, MetricVMStarts, nil))
+		assert.Equal(t, 0.0, value(after, MetricVMReadyDuration, nil)-value(before, MetricVMReadyDuration, nil), "no probe: Ready is not a boot")
 		// No probe: pod.start ends when QEMU runs, without a boot span.
 		rootSpan, kids := spanTree(t, sr, "o-panic")
 		assert.Equal(t, codes.Unset, rootSpan.Status().Code)

@@ -230,6 +230,7 @@ func (a *startAttempt) booted() {
 	a.mu.Unlock()
 	boot.End(trace.WithTimestamp(now))
 	a.t.metrics.phase(PhaseBoot, now.Sub(since).Seconds())
+	a.t.metrics.ready(now.Sub(a.begin).Seconds())
 	a.span.SetAttributes(attribute.Float64("qemu_kubelet.ready_after_seconds", now.Sub(a.begin).Seconds()))
 	a.end(nil)
 }
