@@ -229,6 +229,35 @@ func (e *exsEnv) deleteAll(tb testing.TB) {
 	}
 }
 
+// createSet creates set and, when tb ends, deletes it and waits until the
+// garbage collector deleted its pods and their VMs stopped.
+func (e *exsEnv) createSet(tb testing.TB, set *v1alpha1.ExporterSet) {
+	tb.Helper()
+	if err := e.cl.Create(context.Background(), set); err != nil {
+		tb.Fatalf("create exporterset %s: %v", set.Name, err)
+	}
+	tb.Cleanup(func() { e.deleteSet(tb, set.Name) })
+}
+
+// deleteSet deletes the set (foreground) and waits until its pods have left
+// the API server, their VM dirs are removed and no QEMU runs for them.
+func (e *exsEnv) deleteSet(tb testing.TB, name string) {
+	tb.Helper()
+	ctx := context.Background()
+	l, err := e.c.Client().CoreV1().Pods(e.ns).List(ctx, metav1.ListOptions{LabelSelector: "app=" + name})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	err = e.cl.Delete(ctx, &v1alpha1.ExporterSet{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns}},
+		client.PropagationPolicy(metav1.DeletePropagationForeground))
+	if err != nil && !apierrors.IsNotFound(err) {
+		tb.Fatalf("delete exporterset %s: %v", name, err)
+	}
+	for _, p := range l.Items {
+		e.waitVMGone(tb, p, 90*time.Second)
+	}
+}
+
 // vmTemplate is a VM pod template for the env's node: tolerates the
 // provider taint, selects the node, 1 vCPU and 256Mi, a short grace period
 // (the ACPI test image powers off at once once booted). Its readiness probe

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -14,7 +15,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -44,7 +44,7 @@ func (e *exsEnv) testWarmBuffer(t *testing.T) {
 	ctx := context.Background()
 	const name = "warm"
 	set := e.newSet(name, e.image, 1, 2)
-	require.NoError(t, e.cl.Create(ctx, set))
+	e.createSet(t, set)
 	created := e.recordCreates(t, name)
 
 	// 1. Two Ready, unleased VMs.
@@ -191,7 +191,7 @@ func (e *exsEnv) testMissingImage(t *testing.T) {
 	image := e.reg + "/qemu-kubelet/does-not-exist:1"
 	set := e.newSet(name, image, 2, 0)
 	created := e.recordCreates(t, name)
-	require.NoError(t, e.cl.Create(ctx, set))
+	e.createSet(t, set)
 
 	s, pods := e.waitSet(t, name, 2*time.Minute, "ReplicaFailure with the pull error", func(s *v1alpha1.ExporterSet, pods []corev1.Pod) bool {
 		c := setCondition(s, v1alpha1.ConditionReplicaFailure)
@@ -236,11 +236,10 @@ func (e *exsEnv) testMissingImage(t *testing.T) {
 	assert.NotContains(t, out, "SuccessfulDelete")
 
 	// Deleting the set deletes its pods (garbage collector, foreground).
-	require.NoError(t, e.cl.Delete(ctx, s, client.PropagationPolicy(metav1.DeletePropagationForeground)))
-	require.NoError(t, wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
-		pods, err := e.livePods(ctx, name)
-		return err == nil && len(pods) == 0, nil
-	}), "pods of the deleted set still there")
+	e.deleteSet(t, name)
+	pods, err = e.livePods(ctx, name)
+	require.NoError(t, err)
+	assert.Empty(t, pods)
 }
 
 // createRecorder counts the distinct pods (by UID) that appear with
@@ -249,6 +248,16 @@ type createRecorder struct {
 	mu      sync.Mutex
 	seen    map[types.UID]string
 	created map[types.UID]time.Time
+}
+
+func (r *createRecorder) uids() []types.UID {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []types.UID
+	for uid := range r.seen {
+		out = append(out, uid)
+	}
+	return out
 }
 
 // times returns the pods' creation timestamps, sorted.
@@ -322,13 +331,12 @@ func assertColumns(t *testing.T, out, name string, want ...string) {
 // runs, as for any VM pod without one: that brief Ready must not count as a
 // successful start.
 func (e *exsEnv) testFailingGuests(t *testing.T) {
-	ctx := context.Background()
 	const name = "panicky"
 	set := e.newSet(name, e.panic, 1, 0)
 	set.Spec.Template.Spec.RestartPolicy = corev1.RestartPolicyNever
 	set.Spec.Template.Spec.Containers[0].ReadinessProbe = nil
 	created := e.recordCreates(t, name)
-	require.NoError(t, e.cl.Create(ctx, set))
+	e.createSet(t, set)
 
 	s, _ := e.waitSet(t, name, 3*time.Minute, "ReplicaFailure GuestPanicked", func(s *v1alpha1.ExporterSet, _ []corev1.Pod) bool {
 		c := setCondition(s, v1alpha1.ConditionReplicaFailure)
@@ -354,9 +362,9 @@ func (e *exsEnv) testFailingGuests(t *testing.T) {
 		assert.Equal(t, metav1.ConditionTrue, c.Status, "%+v", c)
 		assert.Contains(t, c.Message, "panic")
 	}
-	require.NoError(t, e.cl.Delete(ctx, s))
-	require.NoError(t, wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
-		pods, err := e.livePods(ctx, name)
-		return err == nil && len(pods) == 0 && len(vmtest.QEMUPids(e.stateDir)) == 0, nil
-	}), "pods or QEMU of the deleted set still there")
+	// Deleting the set stops every VM it made.
+	e.deleteSet(t, name)
+	for _, uid := range created.uids() {
+		assert.Empty(t, vmtest.QEMUPids(filepath.Join(e.stateDir, "vms", string(uid))), "QEMU of pod %s", uid)
+	}
 }
