@@ -77,6 +77,13 @@ func (e *exsEnv) testWarmBuffer(t *testing.T) {
 	out, err = e.c.Kubectl(ctx, "get", "exs", name)
 	require.NoError(t, err)
 	assertColumns(t, out, name, "3", "3", "3", "2", "1")
+	assert.Equal(t, []string{
+		"qemu_kubelet_exporterset_available_replicas 2",
+		"qemu_kubelet_exporterset_desired_replicas 3",
+		"qemu_kubelet_exporterset_leased_replicas 1",
+		"qemu_kubelet_exporterset_ready_replicas 3",
+		"qemu_kubelet_exporterset_replicas 3",
+	}, e.metricLines(t, name), "controller /metrics for KEDA/Prometheus")
 
 	// A second claim of the same pod by the recipe's label command fails:
 	// without --overwrite kubectl refuses a pod already leased.
@@ -168,18 +175,53 @@ func (e *exsEnv) testWarmBuffer(t *testing.T) {
 	// max(3, 1+2) = 3, so nothing is created.
 	again := e.claim(t, name, "ci-job-4")
 	assert.Contains(t, podNames(pods), again)
-	e.waitCounts(t, name, counts{3, 3, 3, 2, 1}, time.Minute)
+	_, pods = e.waitCounts(t, name, counts{3, 3, 3, 2, 1}, time.Minute)
+
+	// 7. A template change rolls the unleased VMs; the leased one stays
+	// until released, then goes as outdated (Reuse does not keep an
+	// outdated pod) and is replaced.
+	var holder corev1.Pod
+	for _, p := range pods {
+		if p.Name == again {
+			holder = p
+		}
+	}
+	patch = client.RawPatch(types.MergePatchType, []byte(`{"spec":{"template":{"metadata":{"annotations":{"rev":"2"}}}}}`))
+	require.NoError(t, e.cl.Patch(ctx, &v1alpha1.ExporterSet{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns}}, patch))
+	_, pods = e.waitSet(t, name, 2*vmBoot, "unleased pods rolled, leased kept", func(s *v1alpha1.ExporterSet, pods []corev1.Pod) bool {
+		if statusCounts(s) != (counts{3, 3, 3, 2, 1}) || s.Status.UpdatedReplicas != 2 || s.Status.ObservedGeneration != s.Generation || len(pods) != 3 {
+			return false
+		}
+		for _, p := range pods {
+			if (p.UID == holder.UID) != (p.Annotations["rev"] == "") {
+				return false
+			}
+		}
+		return true
+	})
+	require.Contains(t, podNames(pods), again, "a rollout never deletes the leased pod")
+	_, err = e.c.Kubectl(ctx, "label", "pod", again, v1alpha1.LeaseLabel+"-")
+	require.NoError(t, err)
+	e.waitVMGone(t, holder, 90*time.Second)
+	_, pods = e.waitSet(t, name, vmBoot, "all pods at the new template", func(s *v1alpha1.ExporterSet, pods []corev1.Pod) bool {
+		return statusCounts(s) == (counts{3, 3, 3, 3, 0}) && s.Status.UpdatedReplicas == 3 && len(pods) == 3
+	})
+	for _, p := range pods {
+		assert.Equal(t, "2", p.Annotations["rev"], "pod %s", p.Name)
+		assert.True(t, e.booted(p), "pod %s: booted", p.Name)
+	}
 
 	out, err = e.c.Kubectl(ctx, "describe", "exs", name)
 	require.NoError(t, err)
-	for _, want := range []string{"SuccessfulCreate", "SuccessfulDelete", "Released", "ScaleDown", "Available", "Progressing"} {
+	for _, want := range []string{"SuccessfulCreate", "SuccessfulDelete", "Released", "ScaleDown", "Outdated", "Available", "Progressing"} {
 		assert.Contains(t, out, want, "kubectl describe exs")
 	}
 
 	// Every pod the set created, counted by UID over the whole scenario:
-	// 2 + 1 (lease) + 2 (scale up) + 1 (Replace) + 1 (quick lease) = 7;
-	// no pod was created twice.
-	assert.Equal(t, 7, created.count(), "pods created: %v", created.names())
+	// 2 + 1 (lease) + 2 (scale up) + 1 (Replace) + 1 (quick lease) + 2
+	// (rollout) + 1 (outdated leased pod released) = 10; no pod was created
+	// twice.
+	assert.Equal(t, 10, created.count(), "pods created: %v", created.names())
 }
 
 // testMissingImage: a set whose image does not exist never gets a Ready
