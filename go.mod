@@ -34,6 +34,8 @@ require (
 	sigs.k8s.io/yaml v1.6.0
 )
 
+require gotest.tools v2.2.0+incompatible // indirect
+
 require (
 	cel.dev/expr v0.25.1 // indirect
 	github.com/NYTimes/gziphandler v1.1.1 // indirect
