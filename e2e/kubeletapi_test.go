@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -26,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/rest"
 	statsv1alpha1 "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 )
 
@@ -105,6 +107,81 @@ func TestKubeletAPI(t *testing.T) {
 		assert.Contains(t, m, `container_memory_working_set_bytes{container="vm",namespace="default",pod="kapi"}`)
 		assert.Contains(t, m, "node_cpu_usage_seconds_total ")
 		assert.Contains(t, m, "resource_scrape_error 0")
+	})
+
+	t.Run("MetricsServerReadsVMPods", func(t *testing.T) {
+		k.t = t
+		// metrics-server, built from its Go module, scrapes the node's
+		// /metrics/resource like on any cluster; its metrics API is read
+		// directly (this control plane has no aggregation layer set up).
+		root, err := cluster.RepoRoot()
+		require.NoError(t, err)
+		b, err := exec.Command(filepath.Join(root, "hack", "build-metrics-server.sh")).Output()
+		require.NoError(t, err, "hack/build-metrics-server.sh")
+		port := freePort(t)
+		admin := k.c.AdminKubeconfig()
+		ms := exec.Command(strings.TrimSpace(string(b)), "--kubeconfig="+admin, "--authentication-kubeconfig="+admin, "--authorization-kubeconfig="+admin,
+			"--client-ca-file="+k.c.CAFile(), "--secure-port="+fmt.Sprint(port), "--bind-address=127.0.0.1", "--cert-dir="+t.TempDir(),
+			"--kubelet-insecure-tls", "--kubelet-preferred-address-types=InternalIP", "--kubelet-use-node-status-port", "--metric-resolution=15s", "--kubelet-request-timeout=5s")
+		msLog := &bgKubectl{done: make(chan struct{})}
+		ms.Stdout, ms.Stderr = msLog, msLog
+		ms.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		require.NoError(t, ms.Start())
+		msLog.cmd = ms
+		go func() { _ = ms.Wait(); close(msLog.done) }()
+		t.Cleanup(msLog.stop)
+
+		rc := restConfigFor(t, admin)
+		tlsCfg, err := rest.TLSConfigFor(rc)
+		require.NoError(t, err)
+		tlsCfg.InsecureSkipVerify, tlsCfg.RootCAs = true, nil //nolint:gosec // metrics-server's self-signed serving cert
+		cl := &http.Client{Transport: &http.Transport{TLSClientConfig: tlsCfg}, Timeout: 10 * time.Second}
+		get := func(path string, v any) error {
+			resp, err := cl.Get(fmt.Sprintf("https://127.0.0.1:%d%s", port, path))
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("%s: %s: %s", path, resp.Status, body)
+			}
+			return json.Unmarshal(body, v)
+		}
+		var pm struct {
+			Containers []struct {
+				Name  string            `json:"name"`
+				Usage map[string]string `json:"usage"`
+			} `json:"containers"`
+		}
+		var nm struct {
+			Usage map[string]string `json:"usage"`
+		}
+		deadline := time.Now().Add(120 * time.Second)
+		for {
+			err = get("/apis/metrics.k8s.io/v1beta1/namespaces/default/pods/kapi", &pm)
+			if err == nil {
+				err = get("/apis/metrics.k8s.io/v1beta1/nodes/"+a.name, &nm)
+			}
+			if err == nil {
+				break
+			}
+			select {
+			case <-msLog.done:
+				t.Fatalf("metrics-server exited: %v\n%s", err, tail(msLog.output(), 30))
+			default:
+			}
+			require.True(t, time.Now().Before(deadline), "metrics-server has no metrics for pod kapi: %v\nmetrics-server log:\n%s", err, tail(msLog.output(), 30))
+			time.Sleep(2 * time.Second)
+		}
+		require.Len(t, pm.Containers, 1)
+		assert.Equal(t, "vm", pm.Containers[0].Name)
+		cpu, mem := resource.MustParse(pm.Containers[0].Usage["cpu"]), resource.MustParse(pm.Containers[0].Usage["memory"])
+		assert.Greater(t, mem.Value(), int64(20<<20), "QEMU's working set")
+		assert.False(t, cpu.IsZero() && mem.IsZero())
+		t.Logf("metrics-server: pod kapi cpu=%s memory=%s; node cpu=%s memory=%s", cpu.String(), mem.String(), nm.Usage["cpu"], nm.Usage["memory"])
+		assert.NotEmpty(t, nm.Usage["cpu"])
+		assert.NotEmpty(t, nm.Usage["memory"])
 	})
 
 	t.Run("PortForwardReachesGuestHTTP", func(t *testing.T) {
