@@ -238,15 +238,35 @@ func (e *podEnv) testRefused(t *testing.T) {
 
 func (e *podEnv) testNodeRestart(t *testing.T) {
 	ctx := context.Background()
+	// An image only reachable through a proxy that stalls its first blob
+	// download: its pod is mid-creation (pulling) when qemu-kubelet dies.
+	proxy := ocitest.NewProxy(t, e.reg)
+	slowRef := vmtest.PushVariant(t, e.reg, "inflight", vmtest.VariantACPI, "qk.inflight=1")
+	slowRef = proxy.Addr + strings.TrimPrefix(slowRef, e.reg)
+	proxy.AddFault(&ocitest.Fault{Match: "/blobs/", CutAfter: 1, Stall: true})
+
 	keep := e.create(t, vmPodSpec("keep", e.a.name, e.refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, nil))
 	gone := e.create(t, vmPodSpec("gone", e.a.name, e.refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, nil))
 	keep = waitPod(t, e.c, "default", keep.Name, 120*time.Second, "Running", podRunning)
 	gone = waitPod(t, e.c, "default", gone.Name, 120*time.Second, "Running", podRunning)
+	e.waitBooted(t, gone) // so that its guest honours the power button later
 	keepPids := vmtest.QEMUPids(e.a.vmDir(string(keep.UID)))
 	require.Len(t, keepPids, 1)
 	startedAt := keep.Status.ContainerStatuses[0].State.Running.StartedAt
+	inflight := e.create(t, vmPodSpec("inflight", e.a.name, slowRef, corev1.RestartPolicyAlways, nil))
+	waitPod(t, e.c, "default", inflight.Name, 60*time.Second, "pulling", func(p *corev1.Pod) bool {
+		return len(p.Status.ContainerStatuses) == 1 && p.Status.ContainerStatuses[0].State.Waiting != nil &&
+			p.Status.ContainerStatuses[0].State.Waiting.Reason == "ContainerCreating"
+	})
+	// The manifest came through (requests are recorded when they end); the
+	// first blob download is now held open by the proxy.
+	require.Eventually(t, func() bool { return hasGet(proxy.Requests(), "/manifests/") }, 30*time.Second, 100*time.Millisecond, "the pull reached the registry")
+	time.Sleep(500 * time.Millisecond)
+	_, err := os.Stat(filepath.Join(e.a.vmDir(string(inflight.UID)), "pod.json"))
+	require.NoError(t, err, "the intent record of the pod being created is on disk")
 
-	// kill -9 qemu-kubelet; while it is down, delete one pod for good.
+	// kill -9 qemu-kubelet mid-creation; while it is down, delete one pod
+	// for good.
 	_ = e.a.kill(syscall.SIGKILL)
 	zero := int64(0)
 	require.NoError(t, e.c.Client().CoreV1().Pods("default").Delete(ctx, gone.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero}))
@@ -254,26 +274,38 @@ func (e *podEnv) testNodeRestart(t *testing.T) {
 	assert.Len(t, vmtest.QEMUPids(e.a.vmDir(string(gone.UID))), 1, "its VM runs on while qemu-kubelet is down")
 	assert.Equal(t, keepPids, vmtest.QEMUPids(e.a.vmDir(string(keep.UID))))
 
+	restarted := time.Now()
 	e.a.start()
 	waitNode(t, e.c, e.a.name, 90*time.Second, "Ready=True", readyIs(corev1.ConditionTrue))
 	// The deleted pod's VM is stopped and cleaned up.
 	waitNoDir(t, e.a.vmDir(string(gone.UID)), 90*time.Second)
+	t.Logf("restart: VM of the pod deleted while down cleaned up after %s", time.Since(restarted).Round(time.Millisecond))
 	// The kept pod's VM was adopted: same QEMU process, still Running.
 	p := waitPod(t, e.c, "default", keep.Name, 30*time.Second, "Running", podRunning)
 	assert.Equal(t, keepPids, vmtest.QEMUPids(e.a.vmDir(string(keep.UID))), "same QEMU pid after the restart")
 	assert.Equal(t, int32(0), p.Status.ContainerStatuses[0].RestartCount)
 	assert.True(t, startedAt.Equal(&p.Status.ContainerStatuses[0].State.Running.StartedAt), "startedAt unchanged")
+	// The pod that was being created resumes (the stall fault was one-shot)
+	// and runs; exactly one QEMU for it.
+	inflight = waitPod(t, e.c, "default", inflight.Name, 120*time.Second, "Running", podRunning)
+	t.Logf("restart: in-flight pod Running after %s", time.Since(restarted).Round(time.Millisecond))
+	require.Len(t, vmtest.QEMUPids(e.a.vmDir(string(inflight.UID))), 1)
+	e.waitBooted(t, inflight)
 	// The provider lists exactly the node's pod.
 	out, err := e.c.Kubectl(ctx, "get", "--raw", "/api/v1/nodes/"+e.a.name+"/proxy/runningpods/")
 	require.NoError(t, err)
 	var l corev1.PodList
 	require.NoError(t, json.Unmarshal([]byte(out), &l), out)
-	require.Len(t, l.Items, 1, out)
-	assert.Equal(t, keep.UID, l.Items[0].UID)
+	require.Len(t, l.Items, 2, out)
+	assert.ElementsMatch(t, []string{string(keep.UID), string(inflight.UID)}, []string{string(l.Items[0].UID), string(l.Items[1].UID)})
 
-	require.NoError(t, e.c.Client().CoreV1().Pods("default").Delete(ctx, keep.Name, metav1.DeleteOptions{}))
-	waitPodGone(t, e.c, "default", keep.Name, 60*time.Second)
-	waitNoDir(t, e.a.vmDir(string(keep.UID)), 30*time.Second)
+	for _, p := range []*corev1.Pod{keep, inflight} {
+		require.NoError(t, e.c.Client().CoreV1().Pods("default").Delete(ctx, p.Name, metav1.DeleteOptions{}))
+	}
+	for _, p := range []*corev1.Pod{keep, inflight} {
+		waitPodGone(t, e.c, "default", p.Name, 60*time.Second)
+		waitNoDir(t, e.a.vmDir(string(p.UID)), 30*time.Second)
+	}
 }
 
 func (e *podEnv) testEvict(t *testing.T) {
@@ -331,4 +363,13 @@ func (e *podEnv) testForcedStop(t *testing.T) {
 func (e *podEnv) waitBooted(t *testing.T, p *corev1.Pod) {
 	t.Helper()
 	waitFileContains(t, filepath.Join(e.a.vmDir(string(p.UID)), qemu.ConsoleLogName), vmtest.BootMarker, 90*time.Second)
+}
+
+func hasGet(reqs []ocitest.Request, part string) bool {
+	for _, r := range reqs {
+		if r.Method == "GET" && strings.Contains(r.Path, part) {
+			return true
+		}
+	}
+	return false
 }

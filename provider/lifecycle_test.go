@@ -215,6 +215,7 @@ func TestVMLifecycle(t *testing.T) {
 		})
 		assert.Equal(t, corev1.PodPending, p.Status.Phase)
 		assert.Contains(t, p.Status.ContainerStatuses[0].State.Waiting.Message, "not found")
+		t.Logf("ImagePullBackOff message: %s", p.Status.ContainerStatuses[0].State.Waiting.Message)
 		tags := h.seenTags(pod.UID)
 		assert.Contains(t, tags, "Pending/ErrImagePull")
 		// Backs off and retries: ErrImagePull shows again.
@@ -276,6 +277,14 @@ func TestVMLifecycle(t *testing.T) {
 		newPids := vmtest.QEMUPids(dir)
 		require.Len(t, newPids, 1)
 		assert.NotEqual(t, pids[0], newPids[0])
+
+		// A second crash soon after: CrashLoopBackOff (1s here), then the
+		// second restart.
+		require.NoError(t, syscall.Kill(newPids[0], syscall.SIGKILL))
+		p = h.wait(pod.UID, 60*time.Second, "second restart", func(p *corev1.Pod) bool {
+			return running(p) && p.Status.ContainerStatuses[0].RestartCount == 2
+		})
+		assert.Contains(t, h.seenTags(pod.UID), "Running/CrashLoopBackOff")
 		require.NoError(t, h.vms.DeletePod(ctx, deleting(pod)))
 		waitGoneDir(t, dir, 60*time.Second)
 	})
@@ -325,15 +334,74 @@ func TestVMLifecycle(t *testing.T) {
 		})
 	})
 
+	t.Run("ImageGCKeepsImagesInUse", func(t *testing.T) {
+		for _, v := range []string{vmtest.VariantNoACPI, vmtest.VariantPanic} {
+			_, err := store.Pull(ctx, refs[v], oci.PullOptions{})
+			require.NoError(t, err)
+		}
+		pod := podFor("u-gc", refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, nil)
+		require.NoError(t, h.vms.CreatePod(ctx, pod))
+		h.wait(pod.UID, 90*time.Second, "Running", running)
+		type ev struct{ typ, reason, msg string }
+		var events []ev
+		gc := ImageGC{Store: store, Policy: oci.GCPolicy{MaxBytes: 1}, Event: func(typ, reason, msg string) { events = append(events, ev{typ, reason, msg}) }}
+		res, err := gc.Once(ctx)
+		require.NoError(t, err)
+		assert.Len(t, res.Removed, 2, "the two unused images go")
+		assert.Equal(t, 1, res.KeptInUse)
+		require.Len(t, events, 2)
+		assert.Equal(t, ReasonImagesRemoved, events[0].reason)
+		assert.Contains(t, events[0].msg, "removed 2 unused image(s)")
+		assert.Equal(t, ReasonFreeDiskSpaceFailed, events[1].reason)
+		assert.Equal(t, corev1.EventTypeWarning, events[1].typ)
+		imgs := store.List()
+		require.Len(t, imgs, 1)
+		assert.Contains(t, imgs[0].Names, refs[vmtest.VariantACPI])
+		require.NoError(t, h.vms.DeletePod(ctx, deleting(pod)))
+		waitGoneDir(t, filepath.Join(stateDir, VMsDirName, "u-gc"), 60*time.Second)
+	})
+
+	t.Run("RecoveryKillsUnreachableQEMU", func(t *testing.T) {
+		sd := filepath.Join(root, "state-stale")
+		dir := filepath.Join(sd, VMsDirName, "u-stale")
+		pod := podFor("u-stale", refs[vmtest.VariantACPI], corev1.RestartPolicyNever, nil)
+		require.NoError(t, os.MkdirAll(dir, 0o700))
+		b, _ := json.Marshal(pod)
+		require.NoError(t, os.WriteFile(filepath.Join(dir, PodFileName), b, 0o600))
+		img, err := store.Pull(ctx, refs[vmtest.VariantACPI], oci.PullOptions{})
+		require.NoError(t, err)
+		vm, err := qemu.Start(ctx, qemu.Spec{Name: "stale", CPUs: 1, MemoryMiB: 128, Kernel: img.Kernel, Initrd: img.Initrd, Cmdline: img.Cmdline, AllowedDirs: []string{imageDir}}, dir)
+		require.NoError(t, err)
+		vm.Detach()
+		require.NoError(t, os.Remove(filepath.Join(dir, qemu.QMPSocketName))) // alive, unreachable
+		require.Len(t, vmtest.QEMUPids(dir), 1)
+
+		h3 := newHarness(t, sd, store, imageDir)
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		res, err := h3.vms.Recover(rctx)
+		cancel()
+		require.NoError(t, err)
+		assert.Equal(t, RecoveryResult{Exited: 1}, res)
+		assert.Empty(t, vmtest.QEMUPids(dir), "the unreachable QEMU was killed")
+		_, err = h3.vms.GetPod(ctx, pod.Namespace, pod.Name)
+		require.NoError(t, err)
+		term := h3.wait(pod.UID, 10*time.Second, "Failed", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodFailed })
+		assert.Contains(t, terminated(term).Message, "could not re-adopt")
+		require.NoError(t, h3.vms.DeletePod(ctx, deleting(pod)))
+		waitGoneDir(t, dir, 10*time.Second)
+	})
+
 	t.Run("RestartRecovery", func(t *testing.T) {
 		keep := podFor("u-keep", refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, nil)
 		gone := podFor("u-gone", refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, nil)
-		for _, p := range []*corev1.Pod{keep, gone} {
+		died := podFor("u-died", refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, nil)
+		for _, p := range []*corev1.Pod{keep, gone, died} {
 			require.NoError(t, h.vms.CreatePod(ctx, p))
 		}
-		for _, p := range []*corev1.Pod{keep, gone} {
+		for _, p := range []*corev1.Pod{keep, gone, died} {
 			h.wait(p.UID, 90*time.Second, "Running", running)
 		}
+		diedDir := filepath.Join(stateDir, VMsDirName, "u-died")
 		keepDir := filepath.Join(stateDir, VMsDirName, "u-keep")
 		goneDir := filepath.Join(stateDir, VMsDirName, "u-gone")
 		pid := vmtest.QEMUPids(keepDir)
@@ -355,13 +423,18 @@ func TestVMLifecycle(t *testing.T) {
 		orphanPid := ovm.Pid()
 		ovm.Detach()
 
-		// "Restart" qemu-kubelet: the old workers stop and detach.
+		// "Restart" qemu-kubelet: the old workers stop and detach. While
+		// nobody supervises, one VM dies.
 		h.cancel()
 		time.Sleep(200 * time.Millisecond)
+		diedPid := vmtest.QEMUPids(diedDir)
+		require.Len(t, diedPid, 1)
+		require.NoError(t, syscall.Kill(diedPid[0], syscall.SIGKILL))
+		require.Eventually(t, func() bool { return len(vmtest.QEMUPids(diedDir)) == 0 }, 10*time.Second, 50*time.Millisecond)
 		h2 := newHarness(t, stateDir, store, imageDir)
 		res, err := h2.vms.Recover(ctx)
 		require.NoError(t, err)
-		assert.Equal(t, RecoveryResult{Running: 2, Pending: 1, Orphans: 1}, res)
+		assert.Equal(t, RecoveryResult{Running: 2, Exited: 1, Pending: 1, Orphans: 1}, res)
 		assert.Equal(t, pid, vmtest.QEMUPids(keepDir), "the VM kept running: same QEMU pid")
 		_, err = os.Stat(orphanDir)
 		assert.True(t, os.IsNotExist(err), "orphan state dir removed")
@@ -373,12 +446,24 @@ func TestVMLifecycle(t *testing.T) {
 		for _, p := range pods {
 			names = append(names, p.Namespace+"/"+p.Name+"/"+string(p.UID))
 		}
-		assert.Equal(t, []string{"default/vm-u-gone/u-gone", "default/vm-u-keep/u-keep", "default/vm-u-mid/u-mid"}, names)
+		assert.Equal(t, []string{"default/vm-u-died/u-died", "default/vm-u-gone/u-gone", "default/vm-u-keep/u-keep", "default/vm-u-mid/u-mid"}, names)
 		for _, p := range pods {
-			if p.UID != "u-mid" {
+			switch p.UID {
+			case "u-keep", "u-gone":
 				assert.True(t, running(p), "%s reports Running after recovery", p.Name)
+			case "u-died":
+				term := terminated(p)
+				require.NotNil(t, term, "the VM that died while unsupervised reports how it ended: %+v", p.Status.ContainerStatuses)
+				assert.NotZero(t, term.ExitCode)
 			}
 		}
+		// Restart policy Always: once the library shows the pod still
+		// exists, the dead VM is restarted.
+		_, err = h2.vms.GetPod(ctx, died.Namespace, died.Name)
+		require.NoError(t, err)
+		h2.wait(died.UID, 90*time.Second, "restarted", func(p *corev1.Pod) bool {
+			return running(p) && p.Status.ContainerStatuses[0].RestartCount == 1
+		})
 
 		// The library's start-up sweep deletes the pod gone from the API;
 		// the in-flight pod is confirmed (GetPod) and gets its VM.
@@ -390,10 +475,11 @@ func TestVMLifecycle(t *testing.T) {
 		assert.Empty(t, vmtest.QEMUPids(goneDir))
 		assert.Equal(t, pid, vmtest.QEMUPids(keepDir))
 
-		for _, p := range []*corev1.Pod{keep, mid} {
+		for _, p := range []*corev1.Pod{keep, mid, died} {
 			require.NoError(t, h2.vms.DeletePod(ctx, deleting(p)))
 		}
 		waitGoneDir(t, keepDir, 60*time.Second)
 		waitGoneDir(t, midDir, 60*time.Second)
+		waitGoneDir(t, diedDir, 60*time.Second)
 	})
 }

@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"syscall"
 
+	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/provider"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
@@ -215,7 +216,9 @@ func runNode(ctx context.Context, o options, cfg *config.Node) error {
 	if err := nodeutil.WithTLSConfig(nodeutil.WithKeyPairFromPath(certFile, keyFile))(&tlsHolder); err != nil {
 		return fmt.Errorf("kubelet API TLS (%s, %s): %w", certFile, keyFile, err)
 	}
-	v := &vkNode{cfg: cfg, client: client, status: status, pods: pods, auth: auth, tlsConfig: tlsHolder.TLSConfig, facts: facts}
+	v := &vkNode{cfg: cfg, client: client, status: status, pods: pods, auth: auth, tlsConfig: tlsHolder.TLSConfig, facts: facts,
+		imageGC: provider.ImageGC{Store: images, Period: cfg.Images.GCPeriod,
+			Policy: oci.GCPolicy{MaxBytes: cfg.Images.GCMaxBytes, MaxAge: cfg.Images.GCMaxAge}}}
 
 	logger.Info("Starting node", "version", version, "accelerator", facts.Accelerator.Name, "qemu", facts.QEMUVersion, "leaseDuration", cfg.LeaseDuration)
 	err = v.run(ctx, func() { logger.Info("Node registered and running") })

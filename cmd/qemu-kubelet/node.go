@@ -41,6 +41,7 @@ type vkNode struct {
 	status    *provider.NodeStatus
 	pods      *provider.VMs
 	facts     provider.Facts
+	imageGC   provider.ImageGC
 	auth      nodeutil.Auth
 	tlsConfig *tls.Config
 }
@@ -133,7 +134,7 @@ func (v *vkNode) run(ctx context.Context, ready func()) error {
 		return fmt.Errorf("node controller: %w", nc.Err())
 	}
 	ready()
-	v.nodeEvents(eb)
+	v.nodeEvents(ctx, eb)
 
 	select {
 	case <-ctx.Done():
@@ -145,11 +146,17 @@ func (v *vkNode) run(ctx context.Context, ready func()) error {
 	}
 }
 
-// nodeEvents records the node events of a start: the accelerator in use, and
-// a warning when KVM was not usable and VMs fall back to TCG.
-func (v *vkNode) nodeEvents(eb record.EventBroadcaster) {
+// nodeEvents records the node events: at start the accelerator in use (a
+// warning when KVM was not usable and VMs fall back to TCG), then what the
+// image cache garbage collection does (it runs until ctx ends).
+func (v *vkNode) nodeEvents(ctx context.Context, eb record.EventBroadcaster) {
 	rec := eb.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "qemu-kubelet", Host: v.cfg.NodeName})
 	ref := &corev1.ObjectReference{Kind: "Node", Name: v.cfg.NodeName, UID: types.UID(v.cfg.NodeName)}
+	gc := v.imageGC
+	gc.Event = func(typ, reason, msg string) { rec.Event(ref, typ, reason, msg) }
+	if gc.Store != nil {
+		go gc.Run(ctx)
+	}
 	a := v.facts.Accelerator
 	switch {
 	case a.Error != "":

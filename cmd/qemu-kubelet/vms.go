@@ -21,7 +21,11 @@ const imageDirName = "images"
 // openImages opens the node's image cache.
 func openImages(ctx context.Context, cfg *config.Node) (*oci.Store, string, error) {
 	dir := filepath.Join(cfg.StateDir, imageDirName)
-	s, err := oci.Open(dir, oci.Options{Logger: klog.FromContext(ctx)})
+	regs := map[string]oci.RegistryConfig{}
+	for host, r := range cfg.Images.Registries {
+		regs[host] = oci.RegistryConfig{PlainHTTP: r.PlainHTTP, InsecureSkipVerify: r.InsecureSkipVerify, Mirrors: r.Mirrors}
+	}
+	s, err := oci.Open(dir, oci.Options{Logger: klog.FromContext(ctx), Registries: regs})
 	if err != nil {
 		return nil, "", fmt.Errorf("image cache: %w", err)
 	}

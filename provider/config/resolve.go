@@ -90,6 +90,8 @@ type Node struct {
 	MemoryAvailable Threshold
 	DiskAvailable   Threshold
 	PIDAvailable    Threshold
+	// Images is the image cache configuration.
+	Images ImageCache
 }
 
 // Default fills the absent fields of c (in place) with their defaults.
@@ -155,6 +157,7 @@ func Default(c *NodeConfiguration, env Environment) {
 	if c.Pressure.PIDAvailable == "" {
 		c.Pressure.PIDAvailable = DefaultPIDAvailable
 	}
+	defaultImages(&c.Images)
 }
 
 // Resolve defaults a copy of c, validates it and returns the parsed Node.
@@ -320,6 +323,7 @@ func validate(c *NodeConfiguration) (*Node, field.ErrorList) {
 	n.MemoryAvailable, errs = parseThreshold(prPath.Child("memoryAvailable"), c.Pressure.MemoryAvailable, errs)
 	n.DiskAvailable, errs = parseThreshold(prPath.Child("diskAvailable"), c.Pressure.DiskAvailable, errs)
 	n.PIDAvailable, errs = parseThreshold(prPath.Child("pidAvailable"), c.Pressure.PIDAvailable, errs)
+	n.Images, errs = validateImages(c.Images, errs)
 	return n, errs
 }
 

@@ -78,6 +78,8 @@ type NodeConfiguration struct {
 	NodeLeaseDurationSeconds *int32 `json:"nodeLeaseDurationSeconds,omitempty"`
 	// Pressure holds the thresholds of the pressure conditions.
 	Pressure PressureThresholds `json:"pressure,omitempty"`
+	// Images configures the OS image cache and registries.
+	Images Images `json:"images,omitempty"`
 }
 
 // Overcommit ratios (>= 1 means more than the host has, < 1 holds back).

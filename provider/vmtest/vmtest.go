@@ -82,6 +82,34 @@ func PushTestImages(tb testing.TB, addr string) map[string]string {
 	return refs
 }
 
+// PushVariant pushes one variant under tag with extra appended to its kernel
+// command line: a different manifest and cmdline blob than PushTestImages',
+// so a node that cached those still has to download this one.
+func PushVariant(tb testing.TB, addr, tag, variant, extra string) string {
+	tb.Helper()
+	dir := BuildTestImages(tb)
+	oras := ocitest.Oras(tb)
+	work := tb.TempDir()
+	initrd := "initramfs-" + variant + ".cpio.gz"
+	for _, f := range []string{"vmlinuz", initrd} {
+		if err := os.Symlink(filepath.Join(dir, f), filepath.Join(work, f)); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	cmdline, err := os.ReadFile(filepath.Join(dir, "cmdline"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(work, "cmdline"), []byte(strings.TrimSpace(string(cmdline))+" "+extra+"\n"), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	ref := fmt.Sprintf("%s/%s:%s", addr, Repo, tag)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ocitest.Run(ctx, tb, work, oras, "push", "--plain-http", "--artifact-type", ArtifactType, ref, "vmlinuz", initrd, "cmdline")
+	return ref
+}
+
 // QEMUPids returns the pids of qemu-system processes whose command line
 // mentions dir.
 func QEMUPids(dir string) []int {

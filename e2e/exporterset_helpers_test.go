@@ -1,0 +1,455 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/wait"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
+	"github.com/qemu-kubelet/qemu-kubelet/e2e/cluster"
+	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
+	"github.com/qemu-kubelet/qemu-kubelet/qemu"
+)
+
+// exsEnv is what the ExporterSet scenarios and BenchmarkLease share: a real
+// control plane, a registry holding the test OS images, one qemu-kubelet
+// node running VMs under TCG, the ExporterSet CRD and the real
+// exporterset-controller binary.
+type exsEnv struct {
+	c        *cluster.Cluster
+	cl       client.Client
+	node     string
+	stateDir string // the node's state dir: every VM's QEMU runs under it
+	image    string // the test OS image (ACPI variant) in the registry
+	reg      string
+	ns       string
+	recipe   string // the claim recipe of docs/exporterset.md
+}
+
+// startExsEnv starts everything for tb and stops it when tb ends: sets and
+// pods are deleted first so their VMs stop, then the controller, the node
+// and the control plane; a QEMU left running fails tb.
+//
+// It takes testing.TB (the benchmark needs it), so it starts the node with
+// its own small starter rather than newNodeAgent, which takes *testing.T.
+func startExsEnv(tb testing.TB) *exsEnv {
+	tb.Helper()
+	root := ocitest.RepoRoot(tb)
+	tmp := tb.TempDir()
+	kubeletBin := goBuild(tb, root, tmp, "./cmd/qemu-kubelet")
+	ctrlBin := goBuild(tb, root, tmp, "./cmd/exporterset-controller")
+
+	c := cluster.StartT(tb, cluster.Options{})
+	reg := ocitest.StartRegistry(tb, ocitest.RegistryOptions{})
+	refs := vmtest.PushTestImages(tb, reg.Addr)
+
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		tb.Fatal(err)
+	}
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		tb.Fatal(err)
+	}
+	cl, err := client.New(c.RESTConfig(), client.Options{Scheme: scheme})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	e := &exsEnv{c: c, cl: cl, node: "qk-exs", image: refs[vmtest.VariantACPI], reg: reg.Addr, ns: "default",
+		recipe: claimRecipe(tb)}
+
+	ctx := context.Background()
+	if out, err := c.Kubectl(ctx, "apply", "--server-side", "-f", filepath.Join(root, "config", "crd")); err != nil {
+		tb.Fatalf("install CRDs: %v", err)
+	} else {
+		tb.Logf("%s", strings.TrimSpace(out))
+	}
+	// Served once established. (kubectl wait --for=condition=Established
+	// errors out instead of waiting while the new CRD has no conditions.)
+	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		return cl.List(ctx, &v1alpha1.ExporterSetList{}, client.InNamespace(e.ns)) == nil, nil
+	}); err != nil {
+		tb.Fatalf("ExporterSet CRD never served: %v", err)
+	}
+
+	e.stateDir = startVMNode(tb, c, kubeletBin, e.node, tmp)
+	vmtest.ReapQEMU(tb, e.stateDir)
+	startProcess(tb, "exporterset-controller", filepath.Join(tmp, "exporterset-controller.log"), ctrlBin,
+		"--kubeconfig", c.AdminKubeconfig(),
+		"--metrics-bind-address", "127.0.0.1:"+fmt.Sprint(freePortTB(tb)),
+		"--health-probe-bind-address", "127.0.0.1:"+fmt.Sprint(freePortTB(tb)),
+		"-v", "2")
+	// Runs before the controller, the node and the cluster stop (cleanups
+	// are LIFO): sets go, the garbage collector deletes their pods, the
+	// node stops their VMs.
+	tb.Cleanup(func() { e.deleteAll(tb) })
+
+	if err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
+		n, err := c.Client().CoreV1().Nodes().Get(ctx, e.node, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, cond := range n.Status.Conditions {
+			if cond.Type == corev1.NodeReady {
+				return cond.Status == corev1.ConditionTrue, nil
+			}
+		}
+		return false, nil
+	}); err != nil {
+		tb.Fatalf("node %s never Ready: %v", e.node, err)
+	}
+	return e
+}
+
+// goBuild builds pkg of the module at root into dir and returns the binary.
+func goBuild(tb testing.TB, root, dir, pkg string) string {
+	tb.Helper()
+	out := filepath.Join(dir, filepath.Base(pkg))
+	cmd := exec.Command("go", "build", "-o", out, pkg)
+	cmd.Dir = root
+	if b, err := cmd.CombinedOutput(); err != nil {
+		tb.Fatalf("go build %s: %v\n%s", pkg, err, b)
+	}
+	return out
+}
+
+func freePortTB(tb testing.TB) int {
+	tb.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// startProcess runs bin in its own process group with output to logPath;
+// when tb ends the group is sent SIGTERM (SIGKILL after 15 s) and, if tb
+// failed, the log's tail is written to tb's log.
+func startProcess(tb testing.TB, name, logPath, bin string, args ...string) {
+	tb.Helper()
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		tb.Fatalf("start %s: %v", name, err)
+	}
+	done := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		logf.Close()
+		close(done)
+	}()
+	tb.Cleanup(func() {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			<-done
+		}
+		if tb.Failed() {
+			b, _ := os.ReadFile(logPath)
+			tb.Logf("%s log (tail):\n%s", name, tail(string(b), 60))
+		}
+	})
+}
+
+// startVMNode writes a node config and starts qemu-kubelet for node name
+// (TCG, as the test host has no KVM to rely on); it returns the state dir.
+func startVMNode(tb testing.TB, c *cluster.Cluster, bin, name, dir string) string {
+	tb.Helper()
+	kc, err := c.NodeKubeconfig(name)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	// The node's kubelet API is not used here: loopback is enough.
+	ip, port := "127.0.0.1", freePortTB(tb)
+	state := filepath.Join(dir, "node-state")
+	cfgPath := filepath.Join(dir, "node.yaml")
+	cfg := fmt.Sprintf(`apiVersion: qemu-kubelet.io/v1alpha1
+kind: NodeConfiguration
+nodeName: %s
+nodeIP: %s
+stateDir: %s
+maxVMs: 8
+reserved: {cpu: 100m, memory: 256Mi, ephemeral-storage: 1Gi}
+accelerator: {policy: tcg, probeTimeout: 20s}
+server: {address: %s, port: %d, clientCAFile: %s}
+nodeStatusUpdateFrequency: 2s
+nodeLeaseDurationSeconds: 12
+`, name, ip, state, ip, port, c.CAFile())
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	startProcess(tb, "qemu-kubelet "+name, filepath.Join(dir, "qemu-kubelet.log"), bin,
+		"--config", cfgPath, "--kubeconfig", kc, "-v", "2")
+	return state
+}
+
+// deleteAll deletes every ExporterSet and pod of the namespace and waits
+// until the pods are gone and no QEMU runs on the node.
+func (e *exsEnv) deleteAll(tb testing.TB) {
+	ctx := context.Background()
+	_ = e.cl.DeleteAllOf(ctx, &v1alpha1.ExporterSet{}, client.InNamespace(e.ns))
+	_ = e.c.Client().CoreV1().Pods(e.ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		l, err := e.c.Client().CoreV1().Pods(e.ns).List(ctx, metav1.ListOptions{})
+		return err == nil && len(l.Items) == 0 && len(vmtest.QEMUPids(e.stateDir)) == 0, nil
+	})
+	if err != nil {
+		tb.Errorf("cleanup: pods or QEMU processes still there after 2m (QEMU pids %v)", vmtest.QEMUPids(e.stateDir))
+	}
+}
+
+// vmTemplate is a VM pod template for the env's node: tolerates the
+// provider taint, selects the node, 1 vCPU and 256Mi, a short grace period
+// (the ACPI test image powers off at once once booted). Its readiness probe
+// asks the guest's HTTP server (port 8080 of the test image), so a Ready pod
+// is a booted guest, not just a running QEMU.
+func (e *exsEnv) vmTemplate(labels map[string]string, image string) corev1.PodTemplateSpec {
+	q := resource.MustParse
+	return corev1.PodTemplateSpec{
+		ObjectMeta: metav1.ObjectMeta{Labels: labels},
+		Spec: corev1.PodSpec{
+			NodeSelector:                  map[string]string{"kubernetes.io/hostname": e.node},
+			Tolerations:                   []corev1.Toleration{{Key: "virtual-kubelet.io/provider", Operator: corev1.TolerationOpEqual, Value: "qemu", Effect: corev1.TaintEffectNoSchedule}},
+			TerminationGracePeriodSeconds: ptr.To[int64](10),
+			Containers: []corev1.Container{{
+				Name: "vm", Image: image,
+				Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP}},
+				ReadinessProbe: &corev1.Probe{
+					ProbeHandler:  corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/", Port: intstr.FromString("http")}},
+					PeriodSeconds: 1, TimeoutSeconds: 1, FailureThreshold: 3,
+				},
+				Resources: corev1.ResourceRequirements{
+					Requests: corev1.ResourceList{corev1.ResourceCPU: q("100m"), corev1.ResourceMemory: q("64Mi")},
+					Limits:   corev1.ResourceList{corev1.ResourceCPU: q("1"), corev1.ResourceMemory: q("256Mi")},
+				},
+			}},
+		},
+	}
+}
+
+// newSet returns an ExporterSet named name whose pods carry app=name (the
+// label the documented claim recipe selects on).
+func (e *exsEnv) newSet(name, image string, replicas, minAvailable int32) *v1alpha1.ExporterSet {
+	labels := map[string]string{"app": name}
+	return &v1alpha1.ExporterSet{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns},
+		Spec: v1alpha1.ExporterSetSpec{
+			Replicas:          ptr.To(replicas),
+			MinAvailable:      ptr.To(minAvailable),
+			Selector:          &metav1.LabelSelector{MatchLabels: labels},
+			Template:          e.vmTemplate(labels, image),
+			RecyclePolicy:     v1alpha1.RecyclePolicyReplace,
+			ScaleDownCooldown: &metav1.Duration{Duration: 3 * time.Second},
+		},
+	}
+}
+
+// counts is what a test expects of a set's status: DESIRED, CURRENT, READY,
+// AVAILABLE, LEASED as `kubectl get exs` shows them.
+type counts struct{ desired, current, ready, available, leased int32 }
+
+func statusCounts(s *v1alpha1.ExporterSet) counts {
+	st := s.Status
+	return counts{st.DesiredReplicas, st.Replicas, st.ReadyReplicas, st.AvailableReplicas, st.LeasedReplicas}
+}
+
+func (c counts) String() string {
+	return fmt.Sprintf("desired=%d current=%d ready=%d available=%d leased=%d", c.desired, c.current, c.ready, c.available, c.leased)
+}
+
+// waitSet polls the set until ok (given the set and its live, non-deleted
+// pods) or timeout.
+func (e *exsEnv) waitSet(tb testing.TB, name string, timeout time.Duration, what string, ok func(*v1alpha1.ExporterSet, []corev1.Pod) bool) (*v1alpha1.ExporterSet, []corev1.Pod) {
+	tb.Helper()
+	var set v1alpha1.ExporterSet
+	var pods []corev1.Pod
+	start := time.Now()
+	defer func() { tb.Logf("exporterset %s: %s after %s", name, what, time.Since(start).Round(time.Millisecond)) }()
+	err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		if err := e.cl.Get(ctx, client.ObjectKey{Namespace: e.ns, Name: name}, &set); err != nil {
+			return false, nil
+		}
+		var err error
+		if pods, err = e.livePods(ctx, name); err != nil {
+			return false, nil
+		}
+		return ok(&set, pods), nil
+	})
+	if err != nil {
+		var names []string
+		for _, p := range pods {
+			names = append(names, fmt.Sprintf("%s(%s ready=%v labels=%v)", p.Name, podTag(&p), podReady(&p), p.Labels))
+		}
+		tb.Fatalf("exporterset %s: waiting for %s: %v; status %s conditions %+v; pods %v", name, what, err,
+			statusCounts(&set), set.Status.Conditions, names)
+	}
+	return &set, pods
+}
+
+// waitCounts waits until the set's status shows want and its live pods
+// match: current pods, ready pods and leased pods as counted.
+func (e *exsEnv) waitCounts(tb testing.TB, name string, want counts, timeout time.Duration) (*v1alpha1.ExporterSet, []corev1.Pod) {
+	tb.Helper()
+	return e.waitSet(tb, name, timeout, want.String(), func(s *v1alpha1.ExporterSet, pods []corev1.Pod) bool {
+		if statusCounts(s) != want || s.Status.ObservedGeneration != s.Generation || int32(len(pods)) != want.current {
+			return false
+		}
+		var ready, leased int32
+		for i := range pods {
+			if podReady(&pods[i]) {
+				ready++
+			}
+			if _, ok := pods[i].Labels[v1alpha1.LeaseLabel]; ok {
+				leased++
+			}
+		}
+		return ready == want.ready && leased == want.leased
+	})
+}
+
+// livePods are the set's pods (label app=name) not being deleted, oldest
+// first.
+func (e *exsEnv) livePods(ctx context.Context, name string) ([]corev1.Pod, error) {
+	l, err := e.c.Client().CoreV1().Pods(e.ns).List(ctx, metav1.ListOptions{LabelSelector: "app=" + name})
+	if err != nil {
+		return nil, err
+	}
+	var out []corev1.Pod
+	for _, p := range l.Items {
+		if p.DeletionTimestamp == nil {
+			out = append(out, p)
+		}
+	}
+	slices.SortFunc(out, func(a, b corev1.Pod) int { return a.CreationTimestamp.Compare(b.CreationTimestamp.Time) })
+	return out, nil
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+func podNames(pods []corev1.Pod) []string {
+	var out []string
+	for _, p := range pods {
+		out = append(out, p.Name)
+	}
+	return out
+}
+
+// waitVMGone waits until pod (by UID) has left the API server, its state
+// dir is removed and no QEMU runs for it.
+func (e *exsEnv) waitVMGone(tb testing.TB, p corev1.Pod, timeout time.Duration) {
+	tb.Helper()
+	dir := filepath.Join(e.stateDir, "vms", string(p.UID))
+	err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		got, err := e.c.Client().CoreV1().Pods(e.ns).Get(ctx, p.Name, metav1.GetOptions{})
+		if err == nil && got.UID == p.UID {
+			return false, nil
+		}
+		if err != nil && !apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		_, serr := os.Stat(dir)
+		return os.IsNotExist(serr) && len(vmtest.QEMUPids(dir)) == 0, nil
+	})
+	if err != nil {
+		tb.Fatalf("pod %s (%s): still in the API server, or its VM dir or QEMU still there after %s (QEMU pids %v)", p.Name, p.UID, timeout, vmtest.QEMUPids(dir))
+	}
+}
+
+// booted reports whether pod's guest printed the test image's boot marker
+// on its serial console.
+func (e *exsEnv) booted(p corev1.Pod) bool {
+	b, _ := os.ReadFile(filepath.Join(e.stateDir, "vms", string(p.UID), qemu.ConsoleLogName))
+	return strings.Contains(string(b), vmtest.BootMarker)
+}
+
+// vmRunning reports whether exactly one QEMU runs for pod.
+func (e *exsEnv) vmRunning(p corev1.Pod) bool {
+	return len(vmtest.QEMUPids(filepath.Join(e.stateDir, "vms", string(p.UID)))) == 1
+}
+
+// claimRecipe is the shell block under "### Claim" in docs/exporterset.md:
+// the tests run the documented recipe itself, with real kubectl and jq.
+func claimRecipe(tb testing.TB) string {
+	tb.Helper()
+	b, err := os.ReadFile(filepath.Join(ocitest.RepoRoot(tb), "docs", "exporterset.md"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	m := regexp.MustCompile("(?s)### Claim.*?```sh\n(.*?)```").FindSubmatch(b)
+	if m == nil {
+		tb.Fatal("docs/exporterset.md: no ```sh block under ### Claim")
+	}
+	return string(m[1])
+}
+
+var labeledRE = regexp.MustCompile(`pod/(\S+) labeled`)
+
+// claim runs the documented recipe for set as holder me and returns the
+// claimed pod's name; it fails tb when kubectl fails.
+func (e *exsEnv) claim(tb testing.TB, set, me string) string {
+	tb.Helper()
+	name, out, err := e.tryClaim(set, me)
+	if err != nil {
+		tb.Fatalf("claim recipe: %v\n%s", err, out)
+	}
+	return name
+}
+
+func (e *exsEnv) tryClaim(set, me string) (string, string, error) {
+	recipe := e.recipe
+	// The recipe's first line assigns ns, set and me: override after it.
+	recipe = strings.Replace(recipe, "\n", fmt.Sprintf("\nns=%s set=%s me=%s\n", e.ns, set, me), 1)
+	cmd := exec.Command("bash", "-euo", "pipefail", "-c", recipe)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+e.c.AdminKubeconfig(), "PATH="+e.c.BinDir()+":"+os.Getenv("PATH"))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return "", string(out), fmt.Errorf("bash recipe: %w", err)
+	}
+	m := labeledRE.FindStringSubmatch(string(out))
+	if m == nil {
+		return "", string(out), fmt.Errorf("recipe output names no labeled pod")
+	}
+	return m[1], string(out), nil
+}
+
+// condition returns the set's condition of type typ, or nil.
+func setCondition(s *v1alpha1.ExporterSet, typ string) *metav1.Condition {
+	return meta.FindStatusCondition(s.Status.Conditions, typ)
+}

@@ -1,0 +1,299 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/watch"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
+)
+
+// vmBoot bounds one VM boot to Ready under TCG on a busy 2-core host.
+const vmBoot = 3 * time.Minute
+
+// TestExporterSet runs ExporterSets of real VM pods: the real
+// exporterset-controller binary, a real control plane and scheduler, a
+// qemu-kubelet node booting the test OS image from a real registry under
+// QEMU TCG.
+func TestExporterSet(t *testing.T) {
+	e := startExsEnv(t)
+	t.Run("WarmBufferLeaseScaleRecycle", e.testWarmBuffer)
+	t.Run("MissingImageReplicaFailureNoChurn", e.testMissingImage)
+}
+
+// testWarmBuffer: replicas 1 + minAvailable 2 -> 2 Ready VMs; a claim by
+// the documented kubectl recipe -> a third VM; kubectl scale up; a Replace
+// release deletes the used VM and a fresh one fills the buffer; scale to 0
+// with a lease keeps the leased VM; a Reuse release keeps the pod.
+func (e *exsEnv) testWarmBuffer(t *testing.T) {
+	ctx := context.Background()
+	const name = "warm"
+	set := e.newSet(name, e.image, 1, 2)
+	require.NoError(t, e.cl.Create(ctx, set))
+	created := e.recordCreates(t, name)
+
+	// 1. Two Ready, unleased VMs.
+	_, pods := e.waitCounts(t, name, counts{2, 2, 2, 2, 0}, 2*vmBoot)
+	for _, p := range pods {
+		assert.True(t, e.vmRunning(p), "pod %s: one QEMU", p.Name)
+		assert.True(t, e.booted(p), "pod %s: Ready means booted (readiness probe on the guest's HTTP port)", p.Name)
+		assert.Equal(t, e.node, p.Spec.NodeName)
+		assert.Equal(t, name, metav1.GetControllerOf(&p).Name)
+	}
+	out, err := e.c.Kubectl(ctx, "get", "exs", name)
+	require.NoError(t, err)
+	assertColumns(t, out, name, "2", "2", "2", "2", "0")
+
+	// 2. Claim one with the documented recipe: a third VM boots to Ready.
+	leased := e.claim(t, name, "ci-job-1")
+	assert.Contains(t, podNames(pods), leased, "the recipe claims one of the Ready pods")
+	_, pods = e.waitCounts(t, name, counts{3, 3, 3, 2, 1}, vmBoot)
+	var leasedPod corev1.Pod
+	for _, p := range pods {
+		if p.Name == leased {
+			leasedPod = p
+			assert.Equal(t, "ci-job-1", p.Labels[v1alpha1.LeaseLabel])
+			assert.Equal(t, "true", p.Labels[v1alpha1.UsedLabel])
+		}
+		assert.True(t, e.vmRunning(p), "pod %s: one QEMU", p.Name)
+		assert.True(t, e.booted(p), "pod %s: booted", p.Name)
+	}
+	require.NotEmpty(t, leasedPod.UID)
+	out, err = e.c.Kubectl(ctx, "get", "exs", name)
+	require.NoError(t, err)
+	assertColumns(t, out, name, "3", "3", "3", "2", "1")
+
+	// A second claim of the same pod by the recipe's label command fails:
+	// without --overwrite kubectl refuses a pod already leased.
+	_, err = e.c.Kubectl(ctx, "label", "pod", leased, v1alpha1.LeaseLabel+"=ci-job-2", v1alpha1.UsedLabel+"=true")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "already has a value")
+
+	// 3. kubectl scale up: 5 pods.
+	_, err = e.c.Kubectl(ctx, "scale", "exs/"+name, "--replicas=5")
+	require.NoError(t, err)
+	_, pods = e.waitCounts(t, name, counts{5, 5, 5, 4, 1}, vmBoot)
+
+	// 4. Release with Replace (remove the lease label): the used VM is
+	// deleted, its QEMU stops, and a fresh VM fills the set back to 5.
+	_, err = e.c.Kubectl(ctx, "label", "pod", leased, v1alpha1.LeaseLabel+"-")
+	require.NoError(t, err)
+	e.waitVMGone(t, leasedPod, 90*time.Second)
+	_, pods = e.waitCounts(t, name, counts{5, 5, 5, 5, 0}, vmBoot)
+	assert.NotContains(t, podNames(pods), leased)
+	for _, p := range pods {
+		assert.NotContains(t, p.Labels, v1alpha1.UsedLabel, "pod %s: fresh pods carry no used mark", p.Name)
+	}
+
+	// 4b. A lease claimed and released at once (both before the controller
+	// may have seen the lease) still retires the pod: the claim's used mark
+	// is durable.
+	quick := e.claim(t, name, "ci-job-quick")
+	_, err = e.c.Kubectl(ctx, "label", "pod", quick, v1alpha1.LeaseLabel+"-")
+	require.NoError(t, err)
+	for _, p := range pods {
+		if p.Name == quick {
+			e.waitVMGone(t, p, 90*time.Second)
+		}
+	}
+	_, pods = e.waitCounts(t, name, counts{5, 5, 5, 5, 0}, vmBoot)
+	assert.NotContains(t, podNames(pods), quick)
+
+	// 5. Claim again, then scale to 0: the target is leased + minAvailable
+	// = 3; the two newest unleased pods go (after the 3s cooldown), the
+	// leased one stays.
+	leased = e.claim(t, name, "ci-job-3")
+	_, pods = e.waitCounts(t, name, counts{5, 5, 5, 4, 1}, time.Minute)
+	before := pods
+	_, err = e.c.Kubectl(ctx, "scale", "exs/"+name, "--replicas=0")
+	require.NoError(t, err)
+	_, pods = e.waitCounts(t, name, counts{3, 3, 3, 2, 1}, 2*time.Minute)
+	require.Contains(t, podNames(pods), leased, "scale-down never deletes the leased pod")
+	var unleased []string // oldest first
+	for _, p := range before {
+		if p.Name != leased {
+			unleased = append(unleased, p.Name)
+		}
+	}
+	for _, p := range before {
+		if !slices.Contains(podNames(pods), p.Name) {
+			assert.Contains(t, unleased[2:], p.Name, "scale-down removes the newest unleased pods (oldest first: %v)", unleased)
+			e.waitVMGone(t, p, 90*time.Second)
+		}
+	}
+
+	// 6. Reuse: with replicas 3 (the target stays 3), removing the lease
+	// label returns the pod to the buffer: the controller clears the used
+	// mark, the pod keeps its UID and its VM keeps running.
+	var reused corev1.Pod
+	for _, p := range pods {
+		if p.Name == leased {
+			reused = p
+		}
+	}
+	patch := client.RawPatch(types.MergePatchType, []byte(`{"spec":{"recyclePolicy":"Reuse","replicas":3}}`))
+	require.NoError(t, e.cl.Patch(ctx, &v1alpha1.ExporterSet{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns}}, patch))
+	_, err = e.c.Kubectl(ctx, "label", "pod", leased, v1alpha1.LeaseLabel+"-")
+	require.NoError(t, err)
+	_, pods = e.waitSet(t, name, 2*time.Minute, "reused pod back in the buffer, 3 pods", func(s *v1alpha1.ExporterSet, pods []corev1.Pod) bool {
+		if statusCounts(s) != (counts{3, 3, 3, 3, 0}) || len(pods) != 3 {
+			return false
+		}
+		for _, p := range pods {
+			if p.UID == reused.UID {
+				_, used := p.Labels[v1alpha1.UsedLabel]
+				_, lease := p.Labels[v1alpha1.LeaseLabel]
+				return !used && !lease
+			}
+		}
+		return false
+	})
+	assert.True(t, e.vmRunning(reused), "the reused VM keeps running")
+	// It is claimable again with the same recipe; the target stays
+	// max(3, 1+2) = 3, so nothing is created.
+	again := e.claim(t, name, "ci-job-4")
+	assert.Contains(t, podNames(pods), again)
+	e.waitCounts(t, name, counts{3, 3, 3, 2, 1}, time.Minute)
+
+	out, err = e.c.Kubectl(ctx, "describe", "exs", name)
+	require.NoError(t, err)
+	for _, want := range []string{"SuccessfulCreate", "SuccessfulDelete", "Released", "ScaleDown", "Available", "Progressing"} {
+		assert.Contains(t, out, want, "kubectl describe exs")
+	}
+
+	// Every pod the set created, counted by UID over the whole scenario:
+	// 2 + 1 (lease) + 2 (scale up) + 1 (Replace) + 1 (quick lease) = 7;
+	// no pod was created twice.
+	assert.Equal(t, 7, created.count(), "pods created: %v", created.names())
+}
+
+// testMissingImage: a set whose image does not exist never gets a Ready
+// pod; the node reports ErrImagePull/ImagePullBackOff, the set reports
+// ReplicaFailure with that reason and does not delete and recreate pods.
+func (e *exsEnv) testMissingImage(t *testing.T) {
+	ctx := context.Background()
+	const name = "missing"
+	image := e.reg + "/qemu-kubelet/does-not-exist:1"
+	set := e.newSet(name, image, 2, 0)
+	created := e.recordCreates(t, name)
+	require.NoError(t, e.cl.Create(ctx, set))
+
+	s, pods := e.waitSet(t, name, 2*time.Minute, "ReplicaFailure with the pull error", func(s *v1alpha1.ExporterSet, pods []corev1.Pod) bool {
+		c := setCondition(s, v1alpha1.ConditionReplicaFailure)
+		return c != nil && c.Status == metav1.ConditionTrue && (c.Reason == "ErrImagePull" || c.Reason == "ImagePullBackOff")
+	})
+	c := setCondition(s, v1alpha1.ConditionReplicaFailure)
+	assert.Contains(t, c.Message, "does-not-exist", "the condition carries the pod's pull message")
+	require.Len(t, pods, 2)
+	for _, p := range pods {
+		assert.Equal(t, corev1.PodPending, p.Status.Phase)
+		assert.Equal(t, e.node, p.Spec.NodeName, "scheduled to the real node")
+	}
+
+	// Over a 40s window (several pull retries and backoffs of the node)
+	// no pod is created or deleted: the node retries, the set waits.
+	uids := map[types.UID]bool{}
+	for _, p := range pods {
+		uids[p.UID] = true
+	}
+	time.Sleep(40 * time.Second)
+	s, pods = e.waitSet(t, name, time.Second, "2 pods", func(_ *v1alpha1.ExporterSet, pods []corev1.Pod) bool { return len(pods) == 2 })
+	for _, p := range pods {
+		assert.True(t, uids[p.UID], "pod %s (%s) is one of the first two", p.Name, p.UID)
+		cs := p.Status.ContainerStatuses
+		require.Len(t, cs, 1)
+		require.NotNil(t, cs[0].State.Waiting, "pod %s: %s", p.Name, podTag(&p))
+		assert.Contains(t, []string{"ErrImagePull", "ImagePullBackOff"}, cs[0].State.Waiting.Reason)
+	}
+	assert.Equal(t, 2, created.count(), "pods created over the window: %v", created.names())
+	c = setCondition(s, v1alpha1.ConditionReplicaFailure)
+	require.NotNil(t, c)
+	assert.Equal(t, metav1.ConditionTrue, c.Status)
+	assert.Equal(t, counts{2, 2, 0, 0, 0}, statusCounts(s))
+	if a := setCondition(s, v1alpha1.ConditionAvailable); assert.NotNil(t, a) {
+		assert.Equal(t, metav1.ConditionFalse, a.Status)
+	}
+
+	out, err := e.c.Kubectl(ctx, "describe", "exs", name)
+	require.NoError(t, err)
+	assert.Contains(t, out, "ReplicaFailure")
+	assert.Contains(t, out, "ImagePull")
+	assert.NotContains(t, out, "SuccessfulDelete")
+
+	// Deleting the set deletes its pods (garbage collector, foreground).
+	require.NoError(t, e.cl.Delete(ctx, s, client.PropagationPolicy(metav1.DeletePropagationForeground)))
+	require.NoError(t, wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
+		pods, err := e.livePods(ctx, name)
+		return err == nil && len(pods) == 0, nil
+	}), "pods of the deleted set still there")
+}
+
+// createRecorder counts the distinct pods (by UID) that appear with
+// app=<set> while a test runs.
+type createRecorder struct {
+	mu   sync.Mutex
+	seen map[types.UID]string
+}
+
+func (r *createRecorder) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.seen)
+}
+
+func (r *createRecorder) names() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for uid, n := range r.seen {
+		out = append(out, fmt.Sprintf("%s(%s)", n, uid))
+	}
+	return out
+}
+
+func (e *exsEnv) recordCreates(t *testing.T, set string) *createRecorder {
+	t.Helper()
+	r := &createRecorder{seen: map[types.UID]string{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	w, err := e.c.Client().CoreV1().Pods(e.ns).Watch(ctx, metav1.ListOptions{LabelSelector: "app=" + set})
+	require.NoError(t, err)
+	go func() {
+		defer w.Stop()
+		for ev := range w.ResultChan() {
+			p, ok := ev.Object.(*corev1.Pod)
+			if !ok || ev.Type == watch.Error {
+				continue
+			}
+			r.mu.Lock()
+			r.seen[p.UID] = p.Name
+			r.mu.Unlock()
+		}
+	}()
+	return r
+}
+
+// assertColumns checks the `kubectl get exs` row for name: DESIRED,
+// CURRENT, READY, AVAILABLE, LEASED as given, then AGE.
+func assertColumns(t *testing.T, out, name string, want ...string) {
+	t.Helper()
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 2, out)
+	assert.Equal(t, []string{"NAME", "DESIRED", "CURRENT", "READY", "AVAILABLE", "LEASED", "AGE"}, strings.Fields(lines[0]))
+	row := strings.Fields(lines[1])
+	require.Len(t, row, 7, out)
+	assert.Equal(t, append([]string{name}, want...), row[:6], out)
+}
