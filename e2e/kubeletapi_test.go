@@ -397,6 +397,49 @@ func TestKubeletAPI(t *testing.T) {
 		}
 	})
 
+	t.Run("StartupProbeHoldsTheOthers", func(t *testing.T) {
+		k.t = t
+		ctx := context.Background()
+		ok := vmPodSpec("startup-ok", a.name, refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, nil)
+		ok.Spec.Containers[0].StartupProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/", Port: intstr.FromInt32(8080)}},
+			PeriodSeconds: 2, TimeoutSeconds: 2, FailureThreshold: 60}
+		bad := vmPodSpec("startup-bad", a.name, refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, nil)
+		bad.Spec.Containers[0].StartupProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(9999)}},
+			InitialDelaySeconds: 5, PeriodSeconds: 2, TimeoutSeconds: 2, FailureThreshold: 3}
+		// Would kill at once if it ran before the startup probe succeeded.
+		bad.Spec.Containers[0].LivenessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(9998)}},
+			PeriodSeconds: 1, TimeoutSeconds: 1, FailureThreshold: 1}
+		for _, p := range []*corev1.Pod{ok, bad} {
+			_, err := c.Client().CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{})
+			require.NoError(t, err)
+		}
+		p := waitPod(t, c, "default", "startup-ok", 120*time.Second, "Running", podRunning)
+		if s := p.Status.ContainerStatuses[0].Started; s != nil && !*s {
+			t.Logf("startup-ok Running, not started yet, as expected while the guest boots")
+		}
+		p = waitPod(t, c, "default", "startup-ok", 120*time.Second, "started and Ready", func(p *corev1.Pod) bool {
+			cs := p.Status.ContainerStatuses
+			return len(cs) == 1 && cs[0].Started != nil && *cs[0].Started && cs[0].Ready
+		})
+		assert.Zero(t, p.Status.ContainerStatuses[0].RestartCount)
+
+		p = waitPod(t, c, "default", "startup-bad", 150*time.Second, "restarted by its startup probe", func(p *corev1.Pod) bool {
+			return len(p.Status.ContainerStatuses) == 1 && p.Status.ContainerStatuses[0].RestartCount >= 1
+		})
+		require.NotNil(t, p.Status.ContainerStatuses[0].LastTerminationState.Terminated)
+		assert.Equal(t, int32(137), p.Status.ContainerStatuses[0].LastTerminationState.Terminated.ExitCode)
+		ev := k.ok("get", "events", "--field-selector", "involvedObject.name=startup-bad")
+		assert.Contains(t, ev, "Startup probe failed")
+		assert.Contains(t, ev, "failed startup probe, will be restarted")
+		assert.NotContains(t, ev, "Liveness probe failed", "liveness waits for the startup probe")
+		for _, n := range []string{"startup-ok", "startup-bad"} {
+			require.NoError(t, c.Client().CoreV1().Pods("default").Delete(ctx, n, metav1.DeleteOptions{}))
+		}
+		for _, n := range []string{"startup-ok", "startup-bad"} {
+			waitPodGone(t, c, "default", n, 90*time.Second)
+		}
+	})
+
 	t.Run("GuestConfigDisks", func(t *testing.T) {
 		k.t = t
 		ctx := context.Background()

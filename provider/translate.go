@@ -179,9 +179,6 @@ func translateContainer(c corev1.Container, bad func(field, format string, a ...
 	if c.Lifecycle != nil {
 		bad(f+".lifecycle", "lifecycle hooks are not supported by VM pods")
 	}
-	if c.StartupProbe != nil {
-		bad(f+".startupProbe", "not supported yet")
-	}
 	if sc := c.SecurityContext; sc != nil {
 		if sc.Privileged != nil && *sc.Privileged {
 			bad(f+".securityContext.privileged", "not supported: QEMU never runs privileged for a pod")
