@@ -282,6 +282,21 @@ func readyIs(status corev1.ConditionStatus) func(*corev1.Node) bool {
 	}
 }
 
+// readyAndSettled is Ready=True with the node-lifecycle controller's
+// not-ready/unreachable taints gone: it removes them a moment after Ready
+// turns True, so a check of the node's taints must wait for this.
+func readyAndSettled(n *corev1.Node) bool {
+	if !readyIs(corev1.ConditionTrue)(n) {
+		return false
+	}
+	for _, t := range n.Spec.Taints {
+		if t.Key == corev1.TaintNodeNotReady || t.Key == corev1.TaintNodeUnreachable {
+			return false
+		}
+	}
+	return true
+}
+
 // restConfigFor loads a kubeconfig file.
 func restConfigFor(t *testing.T, kubeconfig string) *rest.Config {
 	t.Helper()

@@ -42,7 +42,7 @@ func testRegistersReady(t *testing.T, c *cluster.Cluster, bin string) {
 	// node must say TCG and why.
 	a := newNodeAgent(t, c, bin, "qk-register", "prefer-kvm", "labels: {pool: e2e}\n")
 	a.start()
-	n := waitNode(t, c, a.name, 90*time.Second, "Ready=True", readyIs(corev1.ConditionTrue))
+	n := waitNode(t, c, a.name, 90*time.Second, "Ready=True without lifecycle taints", readyAndSettled)
 
 	ready := condition(n, corev1.NodeReady)
 	assert.Equal(t, "KubeletReady", ready.Reason)
@@ -137,7 +137,7 @@ func testTaintCordonSurviveRestart(t *testing.T, c *cluster.Cluster, bin string)
 	})
 	// Let a few status periods pass so any status/label push has happened.
 	time.Sleep(5 * time.Second)
-	n = waitNode(t, c, a.name, 10*time.Second, "still Ready", readyIs(corev1.ConditionTrue))
+	n = waitNode(t, c, a.name, 10*time.Second, "still Ready", readyAndSettled)
 	assert.True(t, n.Spec.Unschedulable, "cordon survives the restart")
 	// The node-lifecycle controller adds node.kubernetes.io/unschedulable for
 	// the cordon.

@@ -35,13 +35,14 @@ import (
 // false; liveness starts true, and failureThreshold failures kill the VM
 // (exit 137), after which the restart policy applies as for any VM exit.
 
-// probeState is the readiness of one run, read by snapshot.
+// probeState is what the probes of one run found, read by snapshot.
 type probeState struct {
 	// run is the start time of the VM run it belongs to.
-	run   time.Time
-	mu    sync.Mutex
-	ready bool
-	msg   string
+	run     time.Time
+	mu      sync.Mutex
+	ready   bool
+	started bool
+	msg     string
 }
 
 func (s *probeState) set(ready bool, msg string) (changed bool) {
@@ -52,32 +53,50 @@ func (s *probeState) set(ready bool, msg string) (changed bool) {
 	return changed
 }
 
-// applyProbes sets the Ready parts of status from the readiness probe of
-// pod's container while the VM runs: not ready until the probe of this run
-// (s, matched by the run's start time) succeeded. Without a readiness
-// probe the status is left as PodStatus made it.
+func (s *probeState) setStarted() {
+	s.mu.Lock()
+	s.started = true
+	s.mu.Unlock()
+}
+
+// applyProbes sets the Ready and Started parts of status from the probes of
+// pod's container while the VM runs: with a startupProbe, not started (and
+// not ready) until it succeeded in this run; with a readinessProbe, not
+// ready until it succeeded in this run (s is matched to the run by its start
+// time). Without either the status is left as PodStatus made it.
 func applyProbes(status *corev1.PodStatus, pod *corev1.Pod, s *probeState) {
-	if len(pod.Spec.Containers) == 0 || pod.Spec.Containers[0].ReadinessProbe == nil ||
-		len(status.ContainerStatuses) != 1 || status.ContainerStatuses[0].State.Running == nil {
+	if len(pod.Spec.Containers) == 0 || len(status.ContainerStatuses) != 1 || status.ContainerStatuses[0].State.Running == nil {
 		return
 	}
-	ready := false
+	c := &pod.Spec.Containers[0]
+	if c.ReadinessProbe == nil && c.StartupProbe == nil {
+		return
+	}
+	var ready, started bool
 	if s != nil && s.run.Equal(status.ContainerStatuses[0].State.Running.StartedAt.Time) {
 		s.mu.Lock()
-		ready = s.ready
+		ready, started = s.ready, s.started
 		s.mu.Unlock()
 	}
+	if c.StartupProbe == nil {
+		started = true
+	}
+	if c.ReadinessProbe == nil {
+		ready = started
+	}
+	ready = ready && started
 	cs := &status.ContainerStatuses[0]
 	cs.Ready = ready
+	cs.Started = &started
 	for i := range status.Conditions {
-		c := &status.Conditions[i]
-		if c.Type != corev1.ContainersReady && c.Type != corev1.PodReady {
+		cond := &status.Conditions[i]
+		if cond.Type != corev1.ContainersReady && cond.Type != corev1.PodReady {
 			continue
 		}
 		if ready {
-			c.Status, c.Reason, c.Message = corev1.ConditionTrue, "", ""
+			cond.Status, cond.Reason, cond.Message = corev1.ConditionTrue, "", ""
 		} else {
-			c.Status, c.Reason, c.Message = corev1.ConditionFalse, "ContainersNotReady", "containers with unready status: ["+cs.Name+"]"
+			cond.Status, cond.Reason, cond.Message = corev1.ConditionFalse, "ContainersNotReady", "containers with unready status: ["+cs.Name+"]"
 		}
 	}
 }
@@ -273,10 +292,11 @@ func httpCheck(ctx context.Context, hg *corev1.HTTPGetAction, hostPort int, time
 	return false, fmt.Sprintf("HTTP probe failed with statuscode: %d", resp.StatusCode)
 }
 
-// startProbes starts the readiness and liveness probes of the pod's
-// container for this run of vm; they end when the VM exits, the pod is
-// deleted or ctx ends. Without a readiness probe the pod is Ready while the
-// VM runs (PodStatus); with one, rec.probes carries its result.
+// startProbes starts the probes of the pod's container for this run of
+// vm; they end when the VM exits, the pod is deleted or ctx ends. A
+// startupProbe runs first and holds the others until it succeeded; its
+// failure kills the VM like a liveness failure. rec.probes carries the
+// results for the pod status (applyProbes).
 func (p *VMs) startProbes(ctx context.Context, rec *podVM, vm *qemu.VM) {
 	rec.mu.Lock()
 	if len(rec.pod.Spec.Containers) == 0 {
@@ -284,16 +304,16 @@ func (p *VMs) startProbes(ctx context.Context, rec *podVM, vm *qemu.VM) {
 		return
 	}
 	c := rec.pod.Spec.Containers[0].DeepCopy()
-	rec.probes = nil
-	var ready *probeState
-	if c.ReadinessProbe != nil {
-		ready = &probeState{msg: "readiness probe has not succeeded yet"}
-		if rec.state.Running != nil {
-			ready.run = rec.state.Running.StartedAt.Time
-		}
-		rec.probes = ready
+	state := &probeState{msg: "probes have not succeeded yet"}
+	if rec.state.Running != nil {
+		state.run = rec.state.Running.StartedAt.Time
 	}
+	rec.probes = state
 	rec.mu.Unlock()
+	if c.ReadinessProbe == nil && c.LivenessProbe == nil && c.StartupProbe == nil {
+		return
+	}
+	runStart := time.Now()
 	stop := make(chan struct{})
 	go func() {
 		select {
@@ -303,31 +323,70 @@ func (p *VMs) startProbes(ctx context.Context, rec *podVM, vm *qemu.VM) {
 		}
 		close(stop)
 	}()
+	kill := func(kind, msg string) {
+		rec.mu.Lock()
+		pod := rec.pod.DeepCopy()
+		rec.mu.Unlock()
+		klog.FromContext(ctx).Info(kind+" probe failed; killing the VM", "pod", klog.KObj(pod), "msg", msg)
+		p.event(pod, corev1.EventTypeNormal, "Killing", fmt.Sprintf("Container %s failed %s probe, will be restarted", c.Name, strings.ToLower(kind)))
+		vm.Kill()
+	}
+	started := make(chan struct{})
+	if c.StartupProbe != nil {
+		go p.runProbe(ctx, rec, vm, c, "Startup", c.StartupProbe, false, stop, nil, func(ok bool, msg string) bool {
+			if ok {
+				state.setStarted()
+				p.push(rec)
+				close(started)
+				return false
+			}
+			if msg != "" {
+				kill("Startup", msg)
+				return false
+			}
+			return true
+		})
+	} else {
+		state.setStarted()
+		close(started)
+	}
 	if c.ReadinessProbe != nil {
-		go p.runProbe(ctx, rec, vm, c, "Readiness", c.ReadinessProbe, false, stop, func(ok bool, msg string) {
-			if ready.set(ok, msg) {
+		go p.runProbe(ctx, rec, vm, c, "Readiness", c.ReadinessProbe, false, stop, afterStart(started, runStart), func(ok bool, msg string) bool {
+			if state.set(ok, msg) {
 				p.push(rec)
 			}
+			return true
 		})
 	}
 	if c.LivenessProbe != nil {
-		go p.runProbe(ctx, rec, vm, c, "Liveness", c.LivenessProbe, true, stop, func(ok bool, msg string) {
-			if ok {
-				return
+		go p.runProbe(ctx, rec, vm, c, "Liveness", c.LivenessProbe, true, stop, afterStart(started, runStart), func(ok bool, msg string) bool {
+			if !ok {
+				kill("Liveness", msg)
+				return false
 			}
-			rec.mu.Lock()
-			pod := rec.pod.DeepCopy()
-			rec.mu.Unlock()
-			klog.FromContext(ctx).Info("Liveness probe failed; killing the VM", "pod", klog.KObj(pod), "msg", msg)
-			p.event(pod, corev1.EventTypeNormal, "Killing", fmt.Sprintf("Container %s failed liveness probe, will be restarted", c.Name))
-			vm.Kill()
+			return true
 		})
 	}
 }
 
-// runProbe is one probe's loop; onResult is called after every check with
-// the thresholded result. A liveness probe stops after reporting failure.
-func (p *VMs) runProbe(ctx context.Context, rec *podVM, vm *qemu.VM, c *corev1.Container, kind string, probe *corev1.Probe, initial bool, stop <-chan struct{}, onResult func(bool, string)) {
+// afterStart is a probe's gate: closed once the startup probe succeeded,
+// with the time the run started (initialDelaySeconds counts from it).
+func afterStart(started <-chan struct{}, runStart time.Time) *probeGate {
+	return &probeGate{started: started, runStart: runStart}
+}
+
+type probeGate struct {
+	started  <-chan struct{}
+	runStart time.Time
+}
+
+// runProbe is one probe's loop. It waits for gate (nil: none), then the
+// probe's initial delay (counted from the run's start when gated), then
+// checks every period; onResult gets the thresholded result after every
+// check, and the message of the failing check when the result is a failure
+// (empty while failures are below the threshold); it returns whether to go
+// on.
+func (p *VMs) runProbe(ctx context.Context, rec *podVM, vm *qemu.VM, c *corev1.Container, kind string, probe *corev1.Probe, initial bool, stop <-chan struct{}, gate *probeGate, onResult func(ok bool, msg string) bool) {
 	delay, period, timeout := probeDurations(probe)
 	g := &guestProber{vm: vm, probe: probe, c: c, hostPorts: map[int]int{}}
 	defer g.close()
@@ -341,6 +400,14 @@ func (p *VMs) runProbe(ctx context.Context, rec *podVM, vm *qemu.VM, c *corev1.C
 		case <-stop:
 			return false
 		}
+	}
+	if gate != nil {
+		select {
+		case <-gate.started:
+		case <-stop:
+			return
+		}
+		delay -= time.Since(gate.runStart)
 	}
 	if delay > 0 && !wait(delay) {
 		return
@@ -367,8 +434,11 @@ func (p *VMs) runProbe(ctx context.Context, rec *podVM, vm *qemu.VM, c *corev1.C
 			p.event(pod, corev1.EventTypeWarning, "Unhealthy", fmt.Sprintf("%s probe failed: %s", kind, msg))
 		}
 		res := counter.observe(ok)
-		onResult(res, msg)
-		if kind == "Liveness" && !res {
+		failMsg := ""
+		if !res && !ok && counter.failures >= counter.failureThreshold {
+			failMsg = msg
+		}
+		if !onResult(res, failMsg) {
 			return
 		}
 		if !wait(period) {

@@ -97,6 +97,30 @@ func TestApplyProbes(t *testing.T) {
 	applyProbes(s, probed, ps)
 	notReady(s)
 
+	// A startup probe holds Started and Ready until it succeeded.
+	startup := probed.DeepCopy()
+	startup.Spec.Containers[0].StartupProbe = &corev1.Probe{}
+	st := &probeState{run: started.Time, ready: true}
+	s = status()
+	applyProbes(s, startup, st)
+	notReady(s)
+	require.NotNil(t, s.ContainerStatuses[0].Started)
+	assert.False(t, *s.ContainerStatuses[0].Started)
+	st.setStarted()
+	s = status()
+	applyProbes(s, startup, st)
+	assert.True(t, s.ContainerStatuses[0].Ready)
+	assert.True(t, *s.ContainerStatuses[0].Started)
+	// Startup probe only: ready once started.
+	onlyStartup := plain.DeepCopy()
+	onlyStartup.Spec.Containers[0].StartupProbe = &corev1.Probe{}
+	s = status()
+	applyProbes(s, onlyStartup, &probeState{run: started.Time})
+	notReady(s)
+	s = status()
+	applyProbes(s, onlyStartup, st)
+	assert.True(t, s.ContainerStatuses[0].Ready)
+
 	// Not running: untouched.
 	s = status()
 	s.ContainerStatuses[0].State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{}}
