@@ -82,6 +82,8 @@ type VMsConfig struct {
 	StartTimeout time.Duration
 	// DefaultGrace is the grace period when a pod gives none (default 30s).
 	DefaultGrace time.Duration
+	// Telemetry receives start/exit metrics and spans (optional; tracing.go).
+	Telemetry *Telemetry
 }
 
 // VMs is the pod side of the provider: every pod bound to the node becomes
@@ -411,6 +413,7 @@ func (p *VMs) push(rec *podVM) {
 	if cb != nil {
 		cb(p.snapshot(rec))
 	}
+	p.observeReady(rec) // tracing.go: boot ends when the pod turns Ready
 }
 
 func (p *VMs) event(pod *corev1.Pod, typ, reason, msg string) {
@@ -565,6 +568,7 @@ func (p *VMs) run(rec *podVM) {
 			rec.mu.Unlock()
 			term := TerminatedFromExit(ex, started, ContainerIDPrefix+string(rec.uid))
 			log.Info("VM exited", "exitCode", ex.ExitCode, "class", ex.Class, "reason", ex.Reason)
+			p.cfg.Telemetry.vmExited(rec.uid, ex)
 			typ := corev1.EventTypeNormal
 			if ex.ExitCode != 0 {
 				typ = corev1.EventTypeWarning
@@ -666,6 +670,8 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (*qemu.VM, bool) {
 		case <-pctx.Done():
 		}
 	}()
+	att := p.cfg.Telemetry.beginStart(pctx, rec.uid, pod, plan.Image) // tracing.go: pod.start span, start metrics
+	defer att.done()
 
 	var img *oci.Image
 	for attempt := 1; ; attempt++ {
@@ -674,6 +680,7 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (*qemu.VM, bool) {
 		t0 := time.Now()
 		var err error
 		img, err = p.cfg.Images.Pull(pctx, plan.Image, oci.PullOptions{Auth: auth, Policy: plan.PullPolicy})
+		att.pulled(t0, err)
 		if err == nil {
 			p.event(pod, corev1.EventTypeNormal, "Pulled", fmt.Sprintf("Successfully pulled image %q (%s) in %s", plan.Image, img.Digest, time.Since(t0).Round(time.Millisecond)))
 			break
@@ -732,6 +739,7 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (*qemu.VM, bool) {
 		rec.mu.Unlock()
 		spec, err = p.vmSpec(ctx, rec, pod, plan, img)
 	}
+	att.overlaid(err)
 	if err != nil {
 		reason := ReasonStartError
 		var inv invalidSpec
@@ -750,6 +758,7 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (*qemu.VM, bool) {
 	sctx, scancel := context.WithTimeout(pctx, p.cfg.StartTimeout)
 	vm, err := qemu.Start(sctx, spec, rec.dir)
 	scancel()
+	att.qemuStarted(err)
 	if err != nil {
 		if pctx.Err() != nil {
 			return nil, false
@@ -901,6 +910,7 @@ func (p *VMs) finishDelete(rec *podVM, vm *qemu.VM) {
 				log.Error(err, "Stop VM")
 			}
 			log.Info("VM stopped", "exitCode", ex.ExitCode, "reason", ex.Reason)
+			p.cfg.Telemetry.vmExited(rec.uid, ex)
 			rec.mu.Lock()
 			started := time.Now()
 			if rec.state.Running != nil {

@@ -1,0 +1,234 @@
+package provider
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/qemu-kubelet/qemu-kubelet/oci"
+	"github.com/qemu-kubelet/qemu-kubelet/qemu"
+)
+
+// Metric names of the node agent (docs/observability.md lists them all).
+const (
+	MetricImagePulls          = "qemu_kubelet_image_pulls_total"
+	MetricImagePullDuration   = "qemu_kubelet_image_pull_duration_seconds"
+	MetricImageCacheSize      = "qemu_kubelet_image_cache_size_bytes"
+	MetricImageCacheImages    = "qemu_kubelet_image_cache_images"
+	MetricImageCacheInUse     = "qemu_kubelet_image_cache_images_in_use"
+	MetricVMStarts            = "qemu_kubelet_vm_starts_total"
+	MetricVMStartFailures     = "qemu_kubelet_vm_start_failures_total"
+	MetricVMExits             = "qemu_kubelet_vm_exits_total"
+	MetricVMStartDuration     = "qemu_kubelet_vm_start_duration_seconds"
+	MetricVMStartPhaseSeconds = "qemu_kubelet_vm_start_phase_duration_seconds"
+	MetricVMsRunning          = "qemu_kubelet_vms_running"
+)
+
+// Start phases (label phase of MetricVMStartPhaseSeconds, child spans of
+// pod.start).
+const (
+	PhasePull      = "pull"
+	PhaseOverlay   = "overlay"
+	PhaseQEMUStart = "qemu_start"
+	PhaseBoot      = "boot"
+)
+
+// Pull results (label result of the pull metrics): one per oci error kind,
+// plus success, canceled and error (anything unclassified).
+const (
+	PullSuccess  = "success"
+	PullCanceled = "canceled"
+	PullOther    = "error"
+)
+
+var pullKinds = []struct {
+	kind   error
+	result string
+}{
+	{oci.ErrNotFound, "not_found"},
+	{oci.ErrUnauthorized, "unauthorized"},
+	{oci.ErrRegistryUnavailable, "registry_unavailable"},
+	{oci.ErrUnsupportedArtifact, "unsupported_artifact"},
+	{oci.ErrHostileContent, "hostile_content"},
+	{oci.ErrTooLarge, "too_large"},
+	{oci.ErrDigestMismatch, "digest_mismatch"},
+	{oci.ErrInvalidReference, "invalid_reference"},
+}
+
+// PullResult is the result label of a pull that returned err.
+func PullResult(err error) string {
+	if err == nil {
+		return PullSuccess
+	}
+	for _, k := range pullKinds {
+		if errors.Is(err, k.kind) {
+			return k.result
+		}
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return PullCanceled
+	}
+	return PullOther
+}
+
+// Buckets of the start histograms: a TCG boot takes seconds, a KVM start
+// with a cached image well under one; pulls of multi-GB images minutes.
+var (
+	startBuckets = []float64{0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300}
+	pullBuckets  = []float64{0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800}
+)
+
+// Metrics are the node agent's Prometheus metrics about image pulls and VM
+// starts and exits. A nil *Metrics records nothing.
+type Metrics struct {
+	pulls           *prometheus.CounterVec
+	pullDuration    *prometheus.HistogramVec
+	vmStarts        prometheus.Counter
+	vmStartFailures *prometheus.CounterVec
+	vmExits         *prometheus.CounterVec
+	startDuration   prometheus.Histogram
+	phaseDuration   *prometheus.HistogramVec
+}
+
+// NewMetrics creates the metrics and registers them with reg.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{
+		pulls: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricImagePulls,
+			Help: "Image pulls by result: success, canceled, error or the oci error kind (not_found, unauthorized, registry_unavailable, ...). A pull served from the cache counts as success."},
+			[]string{"result"}),
+		pullDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: MetricImagePullDuration,
+			Help: "Duration of image pulls (including cache hits) by result.", Buckets: pullBuckets},
+			[]string{"result"}),
+		vmStarts: prometheus.NewCounter(prometheus.CounterOpts{Name: MetricVMStarts,
+			Help: "QEMU processes started for pods (first starts and restarts)."}),
+		vmStartFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricVMStartFailures,
+			Help: "VM starts that failed after the image was pulled, by reason (the container status reason: StartError, InvalidVMSpec)."},
+			[]string{"reason"}),
+		vmExits: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricVMExits,
+			Help: "VM exits by class: guest-shutdown, panicked, crashed, killed (deliberate stops of deleted pods included)."},
+			[]string{"class"}),
+		startDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Name: MetricVMStartDuration,
+			Help: "Time from the start of a pod's VM start (pull check included) to QEMU running.", Buckets: startBuckets}),
+		phaseDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: MetricVMStartPhaseSeconds,
+			Help: "Duration of each phase of a VM start: pull, overlay, qemu_start, boot (QEMU running to pod Ready; pods with a readiness or startup probe only).", Buckets: startBuckets},
+			[]string{"phase"}),
+	}
+	for _, c := range []prometheus.Collector{m.pulls, m.pullDuration, m.vmStarts, m.vmStartFailures, m.vmExits, m.startDuration, m.phaseDuration} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register node agent metrics: %w", err)
+		}
+	}
+	// Known label values start at 0 so rate() and absent() work from the
+	// first scrape.
+	for _, r := range []string{PullSuccess, "not_found", "unauthorized", "registry_unavailable"} {
+		m.pulls.WithLabelValues(r)
+	}
+	for _, c := range []qemu.ExitClass{qemu.ExitGuestShutdown, qemu.ExitPanicked, qemu.ExitCrashed, qemu.ExitKilled} {
+		m.vmExits.WithLabelValues(string(c))
+	}
+	for _, r := range []string{ReasonStartError, ReasonInvalidVMSpec} {
+		m.vmStartFailures.WithLabelValues(r)
+	}
+	return m, nil
+}
+
+func (m *Metrics) pulled(result string, seconds float64) {
+	if m == nil {
+		return
+	}
+	m.pulls.WithLabelValues(result).Inc()
+	m.pullDuration.WithLabelValues(result).Observe(seconds)
+}
+
+func (m *Metrics) phase(phase string, seconds float64) {
+	if m == nil {
+		return
+	}
+	m.phaseDuration.WithLabelValues(phase).Observe(seconds)
+}
+
+func (m *Metrics) started(seconds float64) {
+	if m == nil {
+		return
+	}
+	m.vmStarts.Inc()
+	m.startDuration.Observe(seconds)
+}
+
+func (m *Metrics) startFailed(reason string) {
+	if m == nil {
+		return
+	}
+	m.vmStartFailures.WithLabelValues(reason).Inc()
+}
+
+func (m *Metrics) exited(class qemu.ExitClass) {
+	if m == nil {
+		return
+	}
+	m.vmExits.WithLabelValues(string(class)).Inc()
+}
+
+// StateCollector reports, at scrape time, the state the node holds: VMs
+// running and the image cache. Register it with the registry serving
+// /metrics; either field may be nil.
+type StateCollector struct {
+	VMs    *VMs
+	Images *oci.Store
+}
+
+var (
+	descVMsRunning = prometheus.NewDesc(MetricVMsRunning, "QEMU processes the node currently supervises (started or adopted).", nil, nil)
+	descCacheSize  = prometheus.NewDesc(MetricImageCacheSize, "Bytes on disk of the cached OS images.", nil, nil)
+	descCacheCount = prometheus.NewDesc(MetricImageCacheImages, "OS images in the cache.", nil, nil)
+	descCacheInUse = prometheus.NewDesc(MetricImageCacheInUse, "Cached OS images held by at least one pod (never garbage collected).", nil, nil)
+)
+
+// Describe implements prometheus.Collector.
+func (c StateCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descVMsRunning
+	ch <- descCacheSize
+	ch <- descCacheCount
+	ch <- descCacheInUse
+}
+
+// Collect implements prometheus.Collector.
+func (c StateCollector) Collect(ch chan<- prometheus.Metric) {
+	if c.VMs != nil {
+		ch <- prometheus.MustNewConstMetric(descVMsRunning, prometheus.GaugeValue, float64(c.VMs.RunningVMs()))
+	}
+	if c.Images != nil {
+		var size int64
+		inUse := 0
+		imgs := c.Images.List()
+		for _, i := range imgs {
+			size += i.Size
+			if i.InUse > 0 {
+				inUse++
+			}
+		}
+		ch <- prometheus.MustNewConstMetric(descCacheSize, prometheus.GaugeValue, float64(size))
+		ch <- prometheus.MustNewConstMetric(descCacheCount, prometheus.GaugeValue, float64(len(imgs)))
+		ch <- prometheus.MustNewConstMetric(descCacheInUse, prometheus.GaugeValue, float64(inUse))
+	}
+}
+
+// RunningVMs counts the pods whose QEMU process the provider supervises.
+func (p *VMs) RunningVMs() int {
+	p.mu.Lock()
+	recs := make([]*podVM, 0, len(p.pods))
+	for _, r := range p.pods {
+		recs = append(recs, r)
+	}
+	p.mu.Unlock()
+	n := 0
+	for _, r := range recs {
+		r.mu.Lock()
+		if r.vm != nil {
+			n++
+		}
+		r.mu.Unlock()
+	}
+	return n
+}
