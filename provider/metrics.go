@@ -130,6 +130,9 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	for _, r := range []string{ReasonStartError, ReasonInvalidVMSpec} {
 		m.vmStartFailures.WithLabelValues(r)
 	}
+	for _, ph := range []string{PhasePull, PhaseOverlay, PhaseQEMUStart, PhaseBoot} {
+		m.phaseDuration.WithLabelValues(ph)
+	}
 	return m, nil
 }
 

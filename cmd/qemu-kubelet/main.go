@@ -40,6 +40,7 @@ type options struct {
 	kubeconfig  string
 	nodeName    string
 	showVersion bool
+	obs         observabilityOptions // observability.go
 }
 
 func main() {
@@ -53,6 +54,7 @@ func run() int {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig with the node's credentials (default $KUBECONFIG, else in-cluster)")
 	fs.StringVar(&o.nodeName, "node-name", "", "node name; overrides nodeName of the config file")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
+	o.obs.addFlags(fs)
 	klog.InitFlags(fs)
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return 2
@@ -182,6 +184,11 @@ func runNode(ctx context.Context, o options, cfg *config.Node) error {
 		return fmt.Errorf("create client: %w", err)
 	}
 
+	obs, err := startObservability(ctx, o.obs, cfg.NodeName, os.Getenv)
+	if err != nil {
+		return err
+	}
+	defer obs.close(ctx)
 	facts := probe(ctx, cfg)
 	host := provider.HostSource{StateDir: cfg.StateDir, QEMUBinary: cfg.QEMUBinary}
 	status := provider.NewNodeStatus(ctx, facts, host.Read)
@@ -193,8 +200,11 @@ func runNode(ctx context.Context, o options, cfg *config.Node) error {
 	status.SetImages(func() []corev1.ContainerImage { return provider.NodeImages(images.List()) })
 	// Workers outlive nothing: on SIGTERM they detach and VMs keep running
 	// for the next start to adopt.
-	pods, err := newVMs(ctx, cfg, facts, client, images, imageDir, status.Allocatable)
+	pods, err := newVMs(ctx, cfg, facts, client, images, imageDir, status.Allocatable, obs.telemetry)
 	if err != nil {
+		return err
+	}
+	if err := obs.register(pods, images); err != nil {
 		return err
 	}
 

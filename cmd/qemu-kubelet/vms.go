@@ -33,7 +33,7 @@ func openImages(ctx context.Context, cfg *config.Node) (*oci.Store, string, erro
 }
 
 // newVMs builds the VM pod handler and re-adopts the VMs of the state dir.
-func newVMs(ctx context.Context, cfg *config.Node, facts provider.Facts, client kubernetes.Interface, images *oci.Store, imageDir string, allocatable func() corev1.ResourceList) (*provider.VMs, error) {
+func newVMs(ctx context.Context, cfg *config.Node, facts provider.Facts, client kubernetes.Interface, images *oci.Store, imageDir string, allocatable func() corev1.ResourceList, tel *provider.Telemetry) (*provider.VMs, error) {
 	vms := provider.NewVMs(ctx, provider.VMsConfig{
 		NodeName:    cfg.NodeName,
 		NodeIP:      cfg.NodeIP,
@@ -43,6 +43,7 @@ func newVMs(ctx context.Context, cfg *config.Node, facts provider.Facts, client 
 		Images:      images,
 		ImageDir:    imageDir,
 		Allocatable: allocatable,
+		Telemetry:   tel,
 		Secrets: func(ctx context.Context, ns, name string) (*corev1.Secret, error) {
 			return client.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{})
 		},
