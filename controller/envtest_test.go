@@ -713,6 +713,69 @@ func TestEnvtestFailedPodReplaced(t *testing.T) {
 	assert.NotNil(t, s.Status.LastFailureTime)
 }
 
+// staleSetReader shows one old version of the set (a cache that has not
+// seen the controller's last status write) and everything else live.
+type staleSetReader struct {
+	client.Client
+	set *v1alpha1.ExporterSet
+}
+
+func (r staleSetReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if s, ok := obj.(*v1alpha1.ExporterSet); ok && key == client.ObjectKeyFromObject(r.set) {
+		r.set.DeepCopyInto(s)
+		return nil
+	}
+	return r.Client.Get(ctx, key, obj, opts...)
+}
+
+func TestEnvtestStaleCachedStatusKeepsBackoff(t *testing.T) {
+	ns := namespace(t)
+	createSet(t, sampleSet(ns, "backoff", 1))
+	// The cache's version: two failures, the last an hour ago (its backoff
+	// long over).
+	s := getSet(t, ns, "backoff")
+	s.Status.ConsecutiveFailures = 2
+	s.Status.LastFailureTime = ptr.To(metav1.NewTime(time.Now().Add(-time.Hour)))
+	require.NoError(t, env.client.Status().Update(context.Background(), s))
+	stale := getSet(t, ns, "backoff")
+	// The stored version, as the controller's last reconcile wrote it: a
+	// third failure just now, so the next create waits 20 s.
+	s = stale.DeepCopy()
+	s.Status.ConsecutiveFailures = 3
+	s.Status.LastFailureTime = ptr.To(metav1.Now())
+	require.NoError(t, env.client.Status().Update(context.Background(), s))
+
+	cases := []struct {
+		name        string
+		apiReader   client.Reader
+		wantCreated int
+	}{
+		// Documents the bug the APIReader check fixes.
+		{name: "without the check the stale backoff creates at once", apiReader: nil, wantCreated: 1},
+		{name: "with the check nothing is created and the plan is made again", apiReader: env.client, wantCreated: 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, p := range pods(t, ns, "backoff") {
+				require.NoError(t, env.client.Delete(context.Background(), &p))
+			}
+			r := NewReconciler(env.client, countingRecorder{reasons: make(chan string, 100)}, nil)
+			r.Reader = staleSetReader{Client: env.client, set: stale}
+			r.APIReader = tc.apiReader
+			res, err := r.Reconcile(context.Background(), ctrl.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: "backoff"}})
+			require.NoError(t, err)
+			assert.Len(t, pods(t, ns, "backoff"), tc.wantCreated)
+			if tc.wantCreated == 0 {
+				assert.NotZero(t, res.RequeueAfter, "planned again once the cache caught up")
+				// With the stored version the backoff holds.
+				r.Reader = env.client
+				reconcileOnce(t, r, ns, "backoff")
+				assert.Empty(t, pods(t, ns, "backoff"), "the stored backoff (20 s) holds")
+			}
+		})
+	}
+}
+
 func TestEnvtestCELValidation(t *testing.T) {
 	ns := namespace(t)
 	cases := []struct {

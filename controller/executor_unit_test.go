@@ -88,6 +88,16 @@ func TestPodState(t *testing.T) {
 			want: PodState{Name: "p", UID: "u", ResourceVersion: "7", Created: t0, Phase: corev1.PodRunning, Ready: true, TemplateHash: "h"},
 		},
 		{
+			name: "ready since the Ready condition's transition",
+			pod: corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Name: "p"},
+				Status: corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{
+					{Type: corev1.ContainersReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.NewTime(t0.Add(-time.Hour))},
+					{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.NewTime(t0.Add(-time.Minute))}}},
+			},
+			want: PodState{Name: "p", Phase: corev1.PodRunning, Ready: true, ReadySince: t0.Add(-time.Minute)},
+		},
+		{
 			name: "image pull back-off is a waiting reason",
 			pod: corev1.Pod{
 				ObjectMeta: metav1.ObjectMeta{Name: "p"},

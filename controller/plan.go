@@ -3,6 +3,7 @@ package controller
 import (
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -27,6 +28,12 @@ const (
 	failureBackoffMax  = 5 * time.Minute
 	// failureThreshold consecutive failed pods make ReplicaFailure True.
 	failureThreshold = 3
+	// stableReady is how long a pod created after the last failure must
+	// have been Ready for starts to count as working again (the failure
+	// count resets). A VM pod without a readiness probe is Ready while its
+	// QEMU runs, so a guest that crashes a few seconds after boot is Ready
+	// briefly: that must not reset the backoff.
+	stableReady = failureBackoffBase
 )
 
 // startFailureReasons are container waiting reasons that mean the pod cannot
@@ -52,10 +59,13 @@ type PodState struct {
 	Created         time.Time
 	Phase           corev1.PodPhase
 	Ready           bool
-	Terminating     bool // deletionTimestamp is set
-	Leased          bool
-	Used            bool // has been leased since it was last recycled
-	TemplateHash    string
+	// ReadySince is when the pod's Ready condition last changed (zero if
+	// unknown: then a Ready pod counts as stably Ready).
+	ReadySince   time.Time
+	Terminating  bool // deletionTimestamp is set
+	Leased       bool
+	Used         bool // has been leased since it was last recycled
+	TemplateHash string
 	// WaitingReason/WaitingMessage: the first container waiting reason, if any.
 	WaitingReason  string
 	WaitingMessage string
@@ -87,6 +97,10 @@ type Input struct {
 	ScaleDownPendingSince *time.Time
 	ConsecutiveFailures   int32
 	LastFailureTime       *time.Time
+	// LastFailure is the ReplicaFailure condition of the last status when
+	// it reported repeated pod failures (see IsRepeatedFailure): its reason
+	// and last-pod detail are kept while no newer failure is seen.
+	LastFailure *Condition
 
 	Now time.Time
 }
@@ -237,10 +251,15 @@ func Plan(in Input) Actions {
 		lastFailure = &now
 	} else if failures > 0 && lastFailure != nil {
 		for _, p := range live {
-			if p.Ready && p.Created.After(*lastFailure) {
-				failures = 0 // a pod started after the last failure: starts work
-				break
+			if !p.Ready || !p.Created.After(*lastFailure) {
+				continue
 			}
+			if stableAt := p.ReadySince.Add(stableReady); !p.ReadySince.IsZero() && in.Now.Before(stableAt) {
+				requeue = append(requeue, stableAt.Sub(in.Now)) // look again once it may count
+				continue
+			}
+			failures = 0 // a pod started after the last failure and stayed Ready: starts work
+			break
 		}
 	}
 	var backoffWait time.Duration
@@ -356,7 +375,7 @@ func Plan(in Input) Actions {
 	}
 	st.Conditions = append(st.Conditions, prog)
 
-	st.Conditions = append(st.Conditions, replicaFailure(live, failures, lastFailed))
+	st.Conditions = append(st.Conditions, replicaFailure(live, failures, lastFailed, in.LastFailure))
 	acts.Status = st
 
 	for _, d := range requeue {
@@ -367,7 +386,19 @@ func Plan(in Input) Actions {
 	return acts
 }
 
-func replicaFailure(live []PodState, failures int32, lastFailed *PodState) Condition {
+// failedInARow is in the message of a ReplicaFailure condition that reports
+// repeated pod failures; lastDetail introduces the last failed pod's detail.
+const failedInARow, lastDetail = " pods failed in a row", "; last: "
+
+// IsRepeatedFailure reports whether c is a ReplicaFailure condition that
+// Plan made for repeated pod failures (the one to pass as
+// Input.LastFailure).
+func IsRepeatedFailure(c *Condition) bool {
+	return c != nil && c.Type == v1alpha1.ConditionReplicaFailure && c.Status == metav1.ConditionTrue &&
+		strings.Contains(c.Message, failedInARow)
+}
+
+func replicaFailure(live []PodState, failures int32, lastFailed *PodState, prev *Condition) Condition {
 	var stuck []PodState
 	for _, p := range live {
 		if startFailureReasons[p.WaitingReason] {
@@ -382,14 +413,22 @@ func replicaFailure(live []PodState, failures int32, lastFailed *PodState) Condi
 	}
 	if failures >= failureThreshold {
 		reason, msg := "PodFailed", ""
-		if lastFailed != nil {
+		switch {
+		case lastFailed != nil:
 			if lastFailed.FailedReason != "" {
 				reason = lastFailed.FailedReason
 			}
-			msg = fmt.Sprintf("; last: pod %s: %s", lastFailed.Name, lastFailed.FailedMessage)
+			msg = fmt.Sprintf("%spod %s: %s", lastDetail, lastFailed.Name, lastFailed.FailedMessage)
+		case IsRepeatedFailure(prev):
+			// No new failure in this pass (the failed pod is gone): keep the
+			// last one's reason and detail rather than a generic one.
+			reason = prev.Reason
+			if i := strings.Index(prev.Message, lastDetail); i >= 0 {
+				msg = prev.Message[i:]
+			}
 		}
 		return Condition{v1alpha1.ConditionReplicaFailure, metav1.ConditionTrue, reason,
-			fmt.Sprintf("%d pods failed in a row%s", failures, msg)}
+			fmt.Sprintf("%d%s%s", failures, failedInARow, msg)}
 	}
 	return Condition{v1alpha1.ConditionReplicaFailure, metav1.ConditionFalse, "NoFailures", "pods start"}
 }

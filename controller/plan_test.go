@@ -30,11 +30,14 @@ func pod(name string, age time.Duration, opts ...func(*PodState)) PodState {
 }
 
 func notReady(p *PodState) { p.Ready = false }
-func pending(p *PodState)  { p.Ready = false; p.Phase = corev1.PodPending }
-func leased(p *PodState)   { p.Leased = true; p.Used = true }
-func used(p *PodState)     { p.Used = true }
-func old(p *PodState)      { p.TemplateHash = "old" }
-func term(p *PodState)     { p.Terminating = true }
+func readySince(t time.Time) func(*PodState) {
+	return func(p *PodState) { p.ReadySince = t }
+}
+func pending(p *PodState) { p.Ready = false; p.Phase = corev1.PodPending }
+func leased(p *PodState)  { p.Leased = true; p.Used = true }
+func used(p *PodState)    { p.Used = true }
+func old(p *PodState)     { p.TemplateHash = "old" }
+func term(p *PodState)    { p.Terminating = true }
 func failed(reason string) func(*PodState) {
 	return func(p *PodState) {
 		p.Phase, p.Ready, p.FailedReason, p.FailedMessage = corev1.PodFailed, false, reason, "qemu exited 1"
@@ -318,10 +321,60 @@ func TestPlan(t *testing.T) {
 			},
 		},
 		{
+			name: "repeated failures keep the last failed pod's reason once it is gone",
+			in: with(base(1, 0), func(i *Input) {
+				i.ConsecutiveFailures = 4
+				i.LastFailureTime = ptr.To(t0.Add(-time.Second))
+				i.LastFailure = &Condition{"ReplicaFailure", metav1.ConditionTrue, "GuestPanicked", "4 pods failed in a row; last: pod f: guest panicked"}
+			}),
+			check: func(t *testing.T, a Actions) {
+				c := cond(a, "ReplicaFailure")
+				assert.Equal(t, metav1.ConditionTrue, c.Status)
+				assert.Equal(t, "GuestPanicked", c.Reason)
+				assert.Equal(t, "4 pods failed in a row; last: pod f: guest panicked", c.Message)
+			},
+		},
+		{
+			name: "a previous image pull ReplicaFailure is not taken for repeated failures",
+			in: with(base(1, 0), func(i *Input) {
+				i.ConsecutiveFailures = 3
+				i.LastFailureTime = ptr.To(t0.Add(-time.Second))
+				i.LastFailure = &Condition{"ReplicaFailure", metav1.ConditionTrue, "ImagePullBackOff", "1 pods cannot start; pod p: not found"}
+			}),
+			check: func(t *testing.T, a Actions) {
+				c := cond(a, "ReplicaFailure")
+				assert.Equal(t, "PodFailed", c.Reason)
+				assert.Equal(t, "3 pods failed in a row", c.Message)
+			},
+		},
+		{
 			name: "a pod Ready after the last failure resets the failure count",
 			in: with(base(1, 0, pod("a", 0)), func(i *Input) {
 				i.ConsecutiveFailures = 5
 				i.LastFailureTime = ptr.To(t0.Add(-time.Minute))
+			}),
+			check: func(t *testing.T, a Actions) {
+				assert.Equal(t, int32(0), a.Status.ConsecutiveFailures)
+				assert.Equal(t, metav1.ConditionFalse, cond(a, "ReplicaFailure").Status)
+			},
+		},
+		{
+			name: "a pod Ready only briefly does not reset the failure count (a VM Ready while QEMU runs, crashing after boot)",
+			in: with(base(1, 0, pod("a", 3*time.Second, readySince(t0.Add(-3*time.Second)))), func(i *Input) {
+				i.ConsecutiveFailures = 5
+				i.LastFailureTime = ptr.To(t0.Add(-time.Minute))
+			}),
+			check: func(t *testing.T, a Actions) {
+				assert.Equal(t, int32(5), a.Status.ConsecutiveFailures)
+				assert.Equal(t, metav1.ConditionTrue, cond(a, "ReplicaFailure").Status)
+				assert.Equal(t, stableReady-3*time.Second, a.RequeueAfter, "looks again when the pod may count as started")
+			},
+		},
+		{
+			name: "a pod Ready for stableReady after the last failure resets the failure count",
+			in: with(base(1, 0, pod("a", time.Minute, readySince(t0.Add(-stableReady)))), func(i *Input) {
+				i.ConsecutiveFailures = 5
+				i.LastFailureTime = ptr.To(t0.Add(-2 * time.Minute))
 			}),
 			check: func(t *testing.T, a Actions) {
 				assert.Equal(t, int32(0), a.Status.ConsecutiveFailures)

@@ -49,8 +49,16 @@ type Reconciler struct {
 	Client client.Client
 	// Reader, when set, is where sets and pods are read from (tests use it to
 	// simulate a lagging cache).
-	Reader   client.Reader
-	Recorder events.EventRecorder
+	Reader client.Reader
+	// APIReader, when set, reads the set again, uncached, before a plan's
+	// pods are created or deleted (SetupWithManager sets the manager's). The
+	// status carries the failure backoff and the scale-down cooldown: a
+	// cached set that misses this controller's last status write (the cache
+	// lags by a few milliseconds) would plan with an expired backoff and
+	// create at once. A set whose cached version is not the stored one is
+	// planned again once the cache caught up.
+	APIReader client.Reader
+	Recorder  events.EventRecorder
 	// Leases is the lease source; nil means LabelLeases.
 	Leases LeaseSource
 	// Metrics, when set, receives per-set gauges.
@@ -96,6 +104,9 @@ func (r *Reconciler) now() time.Time {
 // changes) and the pods they control. workers is the number of sets
 // reconciled in parallel.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, workers int) error {
+	if r.APIReader == nil {
+		r.APIReader = mgr.GetAPIReader()
+	}
 	owner := handler.EnqueueRequestForOwner(mgr.GetScheme(), mgr.GetRESTMapper(), &v1alpha1.ExporterSet{}, handler.OnlyControllerOwner())
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("exporterset").
@@ -211,6 +222,11 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 
 		ConsecutiveFailures: set.Status.ConsecutiveFailures,
 	}
+	if c := meta.FindStatusCondition(set.Status.Conditions, v1alpha1.ConditionReplicaFailure); c != nil {
+		if prev := (Condition{c.Type, c.Status, c.Reason, c.Message}); IsRepeatedFailure(&prev) {
+			in.LastFailure = &prev
+		}
+	}
 	if in.Recycle == "" {
 		in.Recycle = v1alpha1.RecyclePolicyReplace
 	}
@@ -233,6 +249,19 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	log.V(1).Info("plan", "create", acts.Create, "delete", len(acts.Delete), "clearUsed", len(acts.ClearUsed), "markUsed", len(acts.MarkUsed),
 		"pods", len(in.Pods), "pendingCreates", pendingCreates, "target", acts.Status.Desired)
 
+	if (acts.Create > 0 || len(acts.Delete) > 0) && r.APIReader != nil {
+		var stored v1alpha1.ExporterSet
+		if err := r.APIReader.Get(ctx, key, &stored); err != nil {
+			if apierrors.IsNotFound(err) {
+				return ctrl.Result{}, nil
+			}
+			return ctrl.Result{}, fmt.Errorf("get exporterset %s from the API server: %w", key, err)
+		}
+		if stored.ResourceVersion != set.ResourceVersion {
+			log.V(1).Info("cached exporterset is older than the stored one; plan again", "cached", set.ResourceVersion, "stored", stored.ResourceVersion)
+			return ctrl.Result{RequeueAfter: 200 * time.Millisecond}, nil
+		}
+	}
 	execErr := r.execute(ctx, &set, key, hash, acts, now)
 	if execErr != nil {
 		acts.Status.Conditions = append(acts.Status.Conditions,
@@ -436,7 +465,7 @@ func podState(p *corev1.Pod, l Lease) PodState {
 	}
 	for _, c := range p.Status.Conditions {
 		if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
-			s.Ready = true
+			s.Ready, s.ReadySince = true, c.LastTransitionTime.Time
 		}
 	}
 	statuses := append(append([]corev1.ContainerStatus{}, p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...)

@@ -43,6 +43,7 @@ type exsEnv struct {
 	node     string
 	stateDir string // the node's state dir: every VM's QEMU runs under it
 	image    string // the test OS image (ACPI variant) in the registry
+	panic    string // the variant that prints the boot marker and panics
 	reg      string
 	ns       string
 	recipe   string // the claim recipe of docs/exporterset.md
@@ -76,7 +77,7 @@ func startExsEnv(tb testing.TB) *exsEnv {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	e := &exsEnv{c: c, cl: cl, node: "qk-exs", image: refs[vmtest.VariantACPI], reg: reg.Addr, ns: "default",
+	e := &exsEnv{c: c, cl: cl, node: "qk-exs", image: refs[vmtest.VariantACPI], panic: refs[vmtest.VariantPanic], reg: reg.Addr, ns: "default",
 		recipe: claimRecipe(tb)}
 
 	ctx := context.Background()

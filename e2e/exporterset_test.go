@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 )
 
 // vmBoot bounds one VM boot to Ready under TCG on a busy 2-core host.
@@ -32,6 +33,7 @@ func TestExporterSet(t *testing.T) {
 	e := startExsEnv(t)
 	t.Run("WarmBufferLeaseScaleRecycle", e.testWarmBuffer)
 	t.Run("MissingImageReplicaFailureNoChurn", e.testMissingImage)
+	t.Run("FailingGuestsBackOff", e.testFailingGuests)
 }
 
 // testWarmBuffer: replicas 1 + minAvailable 2 -> 2 Ready VMs; a claim by
@@ -244,8 +246,21 @@ func (e *exsEnv) testMissingImage(t *testing.T) {
 // createRecorder counts the distinct pods (by UID) that appear with
 // app=<set> while a test runs.
 type createRecorder struct {
-	mu   sync.Mutex
-	seen map[types.UID]string
+	mu      sync.Mutex
+	seen    map[types.UID]string
+	created map[types.UID]time.Time
+}
+
+// times returns the pods' creation timestamps, sorted.
+func (r *createRecorder) times() []time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []time.Time
+	for _, t := range r.created {
+		out = append(out, t)
+	}
+	slices.SortFunc(out, func(a, b time.Time) int { return a.Compare(b) })
+	return out
 }
 
 func (r *createRecorder) count() int {
@@ -266,7 +281,7 @@ func (r *createRecorder) names() []string {
 
 func (e *exsEnv) recordCreates(t *testing.T, set string) *createRecorder {
 	t.Helper()
-	r := &createRecorder{seen: map[types.UID]string{}}
+	r := &createRecorder{seen: map[types.UID]string{}, created: map[types.UID]time.Time{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	w, err := e.c.Client().CoreV1().Pods(e.ns).Watch(ctx, metav1.ListOptions{LabelSelector: "app=" + set})
@@ -280,6 +295,7 @@ func (e *exsEnv) recordCreates(t *testing.T, set string) *createRecorder {
 			}
 			r.mu.Lock()
 			r.seen[p.UID] = p.Name
+			r.created[p.UID] = p.CreationTimestamp.Time
 			r.mu.Unlock()
 		}
 	}()
@@ -296,4 +312,51 @@ func assertColumns(t *testing.T, out, name string, want ...string) {
 	row := strings.Fields(lines[1])
 	require.Len(t, row, 7, out)
 	assert.Equal(t, append([]string{name}, want...), row[:6], out)
+}
+
+// testFailingGuests: a set whose VMs panic right after booting
+// (restartPolicy Never: each pod fails, GuestPanicked). Failed pods are
+// deleted and replaced, the first at once, then with a backoff of 10 s
+// doubling; after 3 failures in a row ReplicaFailure carries the pod's
+// reason. The VMs have no readiness probe, so each is Ready while its QEMU
+// runs, as for any VM pod without one: that brief Ready must not count as a
+// successful start.
+func (e *exsEnv) testFailingGuests(t *testing.T) {
+	ctx := context.Background()
+	const name = "panicky"
+	set := e.newSet(name, e.panic, 1, 0)
+	set.Spec.Template.Spec.RestartPolicy = corev1.RestartPolicyNever
+	set.Spec.Template.Spec.Containers[0].ReadinessProbe = nil
+	created := e.recordCreates(t, name)
+	require.NoError(t, e.cl.Create(ctx, set))
+
+	s, _ := e.waitSet(t, name, 3*time.Minute, "ReplicaFailure GuestPanicked", func(s *v1alpha1.ExporterSet, _ []corev1.Pod) bool {
+		c := setCondition(s, v1alpha1.ConditionReplicaFailure)
+		return c != nil && c.Status == metav1.ConditionTrue && c.Reason == "GuestPanicked"
+	})
+	assert.GreaterOrEqual(t, s.Status.ConsecutiveFailures, int32(3))
+	// Observe 40 s more: with failures >= 3 the next replacement waits at
+	// least 20 s, so at most 2 more pods appear (a hot loop of ~5 s boots
+	// would make 8).
+	n0 := created.count()
+	time.Sleep(40 * time.Second)
+	n1 := created.count()
+	assert.LessOrEqual(t, n1-n0, 2, "pods created in 40 s after ReplicaFailure: %v", created.names())
+	times := created.times()
+	for i := 2; i < len(times); i++ {
+		gap := times[i].Sub(times[i-1])
+		// Creation timestamps have 1 s resolution; the backoff runs from
+		// the failure, after the previous pod's boot.
+		assert.GreaterOrEqual(t, gap, 9*time.Second, "creation %d came %s after the previous one: no backoff (creations %v)", i+1, gap, times)
+	}
+	s, _ = e.waitSet(t, name, time.Second, "status", func(*v1alpha1.ExporterSet, []corev1.Pod) bool { return true })
+	if c := setCondition(s, v1alpha1.ConditionReplicaFailure); assert.NotNil(t, c) {
+		assert.Equal(t, metav1.ConditionTrue, c.Status, "%+v", c)
+		assert.Contains(t, c.Message, "panic")
+	}
+	require.NoError(t, e.cl.Delete(ctx, s))
+	require.NoError(t, wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
+		pods, err := e.livePods(ctx, name)
+		return err == nil && len(pods) == 0 && len(vmtest.QEMUPids(e.stateDir)) == 0, nil
+	}), "pods or QEMU of the deleted set still there")
 }

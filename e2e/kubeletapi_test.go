@@ -24,6 +24,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -69,6 +70,24 @@ func TestKubeletAPI(t *testing.T) {
 		out, err := k.run("logs", "kapi", "-c", "nope")
 		assert.Error(t, err)
 		assert.Contains(t, out, "nope")
+	})
+
+	t.Run("LogsOfAPodThatNeverStarted", func(t *testing.T) {
+		k.t = t
+		ctx := context.Background()
+		p := vmPodSpec("never", a.name, reg.Addr+"/"+vmtest.Repo+":missing", corev1.RestartPolicyAlways, nil)
+		_, err := c.Client().CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{})
+		require.NoError(t, err)
+		waitPod(t, c, "default", "never", 60*time.Second, "image pull failing", func(p *corev1.Pod) bool {
+			cs := p.Status.ContainerStatuses
+			return len(cs) == 1 && cs[0].State.Waiting != nil && strings.Contains(cs[0].State.Waiting.Reason, "ImagePull")
+		})
+		out, err := k.run("logs", "never")
+		require.Error(t, err)
+		assert.Contains(t, out, `container "vm" in pod "never" is waiting to start: `)
+		assert.Contains(t, out, "ImagePull")
+		require.NoError(t, c.Client().CoreV1().Pods("default").Delete(ctx, "never", metav1.DeleteOptions{}))
+		waitPodGone(t, c, "default", "never", 60*time.Second)
 	})
 
 	t.Run("ExecNeedsGuestAgent", func(t *testing.T) {
@@ -306,6 +325,39 @@ func TestKubeletAPI(t *testing.T) {
 			out, err := k.runAs(kc, args...)
 			require.Error(t, err, "%v", args)
 			assert.Contains(t, strings.ToLower(out), "forbidden", "%v: %s", args, out)
+		}
+
+		// A user who may read pods but not their log/attach/portforward
+		// subresources is refused exactly those.
+		ctx := context.Background()
+		_, err = c.Client().RbacV1().Roles("default").Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "pod-reader"},
+			Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list"}}}}, metav1.CreateOptions{})
+		require.NoError(t, err)
+		_, err = c.Client().RbacV1().RoleBindings("default").Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "pod-reader"},
+			RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "pod-reader"},
+			Subjects: []rbacv1.Subject{{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: "viewer"}}}, metav1.CreateOptions{})
+		require.NoError(t, err)
+		vc, err := c.UserKubeconfig("viewer")
+		require.NoError(t, err)
+		for deadline := time.Now().Add(30 * time.Second); ; {
+			out, err := k.runAs(vc, "get", "pod", "kapi")
+			if err == nil {
+				break
+			}
+			require.True(t, time.Now().Before(deadline), "viewer cannot get the pod: %s", out)
+			time.Sleep(time.Second)
+		}
+		for sub, args := range map[string][]string{
+			"pods/log":         {"logs", "kapi"},
+			"pods/attach":      {"attach", "kapi"},
+			"pods/portforward": {"port-forward", "pod/kapi", "18080:8080"},
+			"pods/exec":        {"exec", "kapi", "--", "true"},
+		} {
+			out, err := k.runAs(vc, args...)
+			require.Error(t, err, "%v", args)
+			assert.Contains(t, out, "forbidden", "%v: %s", args, out)
+			assert.Contains(t, out, `cannot `, "%v: %s", args, out)
+			assert.Contains(t, out, `resource "`+sub+`"`, "%v: %s", args, out)
 		}
 	})
 

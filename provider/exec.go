@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
 	"github.com/virtual-kubelet/virtual-kubelet/node/api"
 )
 
@@ -23,5 +22,12 @@ func (p *VMs) execInVM(_ context.Context, namespace, name, container string, cmd
 	if _, err := p.view(namespace, name, container); err != nil {
 		return err
 	}
-	return errdefs.AsInvalidInput(fmt.Errorf("exec %q in pod %s/%s: %w", strings.Join(cmd, " "), namespace, name, ErrExecNeedsGuestAgent))
+	return invalidInput{fmt.Errorf("exec %q in pod %s/%s: %w", strings.Join(cmd, " "), namespace, name, ErrExecNeedsGuestAgent)}
 }
+
+// invalidInput is an errdefs InvalidInput error that still unwraps (for
+// errors.Is), unlike errdefs.AsInvalidInput.
+type invalidInput struct{ error }
+
+func (e invalidInput) InvalidInput() bool { return true }
+func (e invalidInput) Unwrap() error      { return e.error }

@@ -21,6 +21,10 @@ type podView struct {
 	started time.Time
 	// container is the name of the pod's one container.
 	container string
+	// waiting is the container's waiting reason ("" when not waiting).
+	waiting string
+	// everStarted: a VM was started for the pod at least once.
+	everStarted bool
 }
 
 // view finds namespace/name and checks container (empty: the pod's one
@@ -35,9 +39,12 @@ func (p *VMs) view(namespace, name, container string) (podView, error) {
 	}
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
-	v := podView{pod: rec.pod.DeepCopy(), dir: rec.dir, vm: rec.vm}
+	v := podView{pod: rec.pod.DeepCopy(), dir: rec.dir, vm: rec.vm, everStarted: rec.state.Started}
 	if len(rec.pod.Spec.Containers) > 0 {
 		v.container = rec.pod.Spec.Containers[0].Name
+	}
+	if rec.state.Waiting != nil {
+		v.waiting = rec.state.Waiting.Reason
 	}
 	switch {
 	case rec.state.Running != nil:

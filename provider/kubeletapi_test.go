@@ -359,3 +359,47 @@ func tcpPair(t *testing.T) (net.Conn, net.Conn) {
 	t.Cleanup(func() { a.Close(); b.Close() })
 	return a, b
 }
+
+// TestViewAndLogErrors: the lookups behind logs/attach/exec/port-forward
+// on a pod record (no VM).
+func TestViewAndLogErrors(t *testing.T) {
+	ctx := context.Background()
+	p := NewVMs(ctx, VMsConfig{NodeName: "n1"})
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web", UID: "u1"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "vm"}}}}
+	rec := &podVM{uid: pod.UID, dir: t.TempDir(), pod: pod, deleteReq: make(chan struct{})}
+	rec.state.SetWaiting(ReasonErrImagePull, "nope")
+	p.pods[pod.UID] = rec
+
+	_, err := p.GetContainerLogs(ctx, "ns", "web", "vm", api.ContainerLogOpts{})
+	require.Error(t, err)
+	assert.True(t, errdefs.IsInvalidInput(err))
+	assert.Equal(t, `container "vm" in pod "web" is waiting to start: ErrImagePull`, err.Error())
+
+	_, err = p.GetContainerLogs(ctx, "ns", "web", "other", api.ContainerLogOpts{})
+	assert.True(t, errdefs.IsInvalidInput(err))
+	assert.Contains(t, err.Error(), "container other is not valid for pod web")
+	_, err = p.GetContainerLogs(ctx, "ns", "nope", "vm", api.ContainerLogOpts{})
+	assert.True(t, errdefs.IsNotFound(err))
+
+	err = p.AttachToContainer(ctx, "ns", "web", "vm", nil)
+	assert.True(t, errdefs.IsInvalidInput(err))
+	assert.Contains(t, err.Error(), "its VM is not running")
+	err = p.RunInContainer(ctx, "ns", "web", "vm", []string{"ls"}, nil)
+	assert.ErrorIs(t, err, ErrExecNeedsGuestAgent)
+	assert.True(t, errdefs.IsInvalidInput(err))
+	s1, s2 := tcpPair(t)
+	_ = s2
+	err = p.PortForward(ctx, "ns", "web", 80, s1)
+	assert.True(t, errdefs.IsInvalidInput(err))
+
+	// A VM ran once (now in back-off): logs show what it wrote.
+	rec.state.Started = true
+	rec.state.SetWaiting(ReasonCrashLoopBackOff, "")
+	writeConsole(t, rec.dir, qemu.ConsoleLogName, "last run\n", time.Now())
+	rc, err := p.GetContainerLogs(ctx, "ns", "web", "", api.ContainerLogOpts{})
+	require.NoError(t, err)
+	b, _ := io.ReadAll(rc)
+	rc.Close()
+	assert.Equal(t, "last run\n", string(b))
+}

@@ -262,6 +262,14 @@ func (p *VMs) consoleLogs(ctx context.Context, namespace, name, container string
 	if err != nil {
 		return nil, err
 	}
+	if v.vm == nil && !v.everStarted && !opts.Previous {
+		// Never ran: as the kubelet says it.
+		reason := v.waiting
+		if reason == "" {
+			reason = ReasonContainerCreating
+		}
+		return nil, errdefs.InvalidInputf("container %q in pod %q is waiting to start: %s", v.container, name, reason)
+	}
 	src := ConsoleLogSource{Dir: v.dir, Pod: namespace + "/" + name, Now: p.now}
 	if v.vm != nil {
 		src.Done = v.vm.Done()

@@ -8,6 +8,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -219,6 +221,7 @@ func (g *guestProber) forward(ctx context.Context, guestPort int) (int, error) {
 		return 0, err
 	}
 	g.hostPorts[guestPort] = hp
+	recordProbeForward(g.vm, hp)
 	return hp, nil
 }
 
@@ -233,6 +236,53 @@ func (g *guestProber) close() {
 	for _, hp := range g.hostPorts {
 		_ = g.vm.RemoveForward(ctx, hp)
 	}
+}
+
+// ProbeForwardsFileName lists the probe forwards added to the VM ("<QEMU
+// pid> <host port>" lines): forwards a qemu-kubelet that stopped
+// (detaching from its VMs) could not remove are removed by the next one
+// when it adopts the VM.
+const ProbeForwardsFileName = "probe-forwards"
+
+func recordProbeForward(vm *qemu.VM, hostPort int) {
+	f, err := os.OpenFile(filepath.Join(vm.StateDir(), ProbeForwardsFileName), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return // best effort: at worst a forward outlives its prober
+	}
+	fmt.Fprintf(f, "%d %d\n", vm.Pid(), hostPort)
+	f.Close()
+}
+
+// staleProbeForwards parses the ledger: the host ports recorded for QEMU
+// pid (other pids: earlier VMs, gone). Pure.
+func staleProbeForwards(ledger []byte, pid int) []int {
+	var out []int
+	for _, line := range strings.Split(string(ledger), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 2 || f[0] != strconv.Itoa(pid) {
+			continue
+		}
+		if p, err := strconv.Atoi(f[1]); err == nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// removeStaleProbeForwards removes the forwards earlier probers of this
+// QEMU left behind and empties the ledger.
+func removeStaleProbeForwards(ctx context.Context, vm *qemu.VM) {
+	path := filepath.Join(vm.StateDir(), ProbeForwardsFileName)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	for _, hp := range staleProbeForwards(b, vm.Pid()) {
+		_ = vm.RemoveForward(ctx, hp) // already gone: fine
+	}
+	os.Remove(path)
 }
 
 // tcpCheck connects through the forward and waits up to timeout for the
@@ -310,6 +360,7 @@ func (p *VMs) startProbes(ctx context.Context, rec *podVM, vm *qemu.VM) {
 	}
 	rec.probes = state
 	rec.mu.Unlock()
+	removeStaleProbeForwards(ctx, vm)
 	if c.ReadinessProbe == nil && c.LivenessProbe == nil && c.StartupProbe == nil {
 		return
 	}

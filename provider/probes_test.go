@@ -129,6 +129,13 @@ func TestApplyProbes(t *testing.T) {
 	assert.False(t, s.ContainerStatuses[0].Ready)
 }
 
+func TestStaleProbeForwards(t *testing.T) {
+	ledger := []byte("100 4001\n100 4002\n200 5001\ngarbage\n100 x\n")
+	assert.Equal(t, []int{4001, 4002}, staleProbeForwards(ledger, 100))
+	assert.Equal(t, []int{5001}, staleProbeForwards(ledger, 200))
+	assert.Empty(t, staleProbeForwards(ledger, 300))
+}
+
 func TestProbePortAndDurations(t *testing.T) {
 	c := &corev1.Container{Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}}}
 	p, err := probePort(intstr.FromString("http"), c)
