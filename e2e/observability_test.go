@@ -83,6 +83,7 @@ func TestObservability(t *testing.T) {
 	assert.Equal(t, 1.0, delta(up, provider.MetricImagePulls, map[string]string{"result": "success"}))
 	assert.Equal(t, 1.0, delta(up, provider.MetricVMStarts, nil))
 	assert.Equal(t, 1.0, delta(up, provider.MetricVMStartDuration, nil))
+	assert.Equal(t, 1.0, delta(up, provider.MetricVMReadyDuration, nil))
 	assert.Equal(t, 1.0, delta(up, provider.MetricVMStartPhaseSeconds, map[string]string{"phase": provider.PhaseBoot}))
 	assert.Equal(t, 1.0, obsValue(up, provider.MetricVMsRunning, nil))
 	assert.Equal(t, 1.0, obsValue(up, provider.MetricImageCacheImages, nil))

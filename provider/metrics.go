@@ -21,6 +21,7 @@ const (
 	MetricVMStartFailures     = "qemu_kubelet_vm_start_failures_total"
 	MetricVMExits             = "qemu_kubelet_vm_exits_total"
 	MetricVMStartDuration     = "qemu_kubelet_vm_start_duration_seconds"
+	MetricVMReadyDuration     = "qemu_kubelet_vm_ready_duration_seconds"
 	MetricVMStartPhaseSeconds = "qemu_kubelet_vm_start_phase_duration_seconds"
 	MetricVMsRunning          = "qemu_kubelet_vms_running"
 )
@@ -88,6 +89,7 @@ type Metrics struct {
 	vmStartFailures *prometheus.CounterVec
 	vmExits         *prometheus.CounterVec
 	startDuration   prometheus.Histogram
+	readyDuration   prometheus.Histogram
 	phaseDuration   *prometheus.HistogramVec
 }
 
@@ -110,11 +112,13 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			[]string{"class"}),
 		startDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Name: MetricVMStartDuration,
 			Help: "Time from the start of a pod's VM start (pull check included) to QEMU running.", Buckets: startBuckets}),
+		readyDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Name: MetricVMReadyDuration,
+			Help: "Time from the start of a pod's VM start to the pod Ready: the guest booted (pods with a readiness or startup probe only).", Buckets: startBuckets}),
 		phaseDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: MetricVMStartPhaseSeconds,
 			Help: "Duration of each phase of a VM start: pull, overlay, qemu_start, boot (QEMU running to pod Ready; pods with a readiness or startup probe only).", Buckets: startBuckets},
 			[]string{"phase"}),
 	}
-	for _, c := range []prometheus.Collector{m.pulls, m.pullDuration, m.vmStarts, m.vmStartFailures, m.vmExits, m.startDuration, m.phaseDuration} {
+	for _, c := range []prometheus.Collector{m.pulls, m.pullDuration, m.vmStarts, m.vmStartFailures, m.vmExits, m.startDuration, m.readyDuration, m.phaseDuration} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register node agent metrics: %w", err)
 		}
@@ -157,6 +161,13 @@ func (m *Metrics) started(seconds float64) {
 	}
 	m.vmStarts.Inc()
 	m.startDuration.Observe(seconds)
+}
+
+func (m *Metrics) ready(seconds float64) {
+	if m == nil {
+		return
+	}
+	m.readyDuration.Observe(seconds)
 }
 
 func (m *Metrics) startFailed(reason string) {

@@ -209,6 +209,7 @@ func TestObservability(t *testing.T) {
 		assert.Equal(t, 1.0, delta(MetricVMStarts, nil))
 		assert.Equal(t, 0.0, delta(MetricVMStartFailures, nil))
 		assert.Equal(t, 1.0, delta(MetricVMStartDuration, nil))
+		assert.Equal(t, 1.0, delta(MetricVMReadyDuration, nil))
 		for _, ph := range []string{PhasePull, PhaseOverlay, PhaseQEMUStart, PhaseBoot} {
 			assert.Equal(t, 1.0, delta(MetricVMStartPhaseSeconds, map[string]string{"phase": ph}), "phase %s", ph)
 		}
@@ -258,6 +259,7 @@ func TestObservability(t *testing.T) {
 		assert.Equal(t, 1.0, value(after, MetricVMExits, panicked)-value(before, MetricVMExits, panicked))
 		assert.Equal(t, 1.0, value(after, MetricVMExits, nil)-value(before, MetricVMExits, nil))
 		assert.Equal(t, 1.0, value(after, MetricVMStarts, nil)-value(before, MetricVMStarts, nil))
+		assert.Equal(t, 0.0, value(after, MetricVMReadyDuration, nil)-value(before, MetricVMReadyDuration, nil), "no probe: Ready is not a boot")
 		// No probe: pod.start ends when QEMU runs, without a boot span.
 		rootSpan, kids := spanTree(t, sr, "o-panic")
 		assert.Equal(t, codes.Unset, rootSpan.Status().Code)
@@ -279,19 +281,22 @@ func TestObservability(t *testing.T) {
 		sl.wait(t, pod.UID, 10*time.Second, "terminated", func(p *corev1.Pod) bool { return terminated(p) != nil })
 		after := scrape(t, url)
 		notFound := map[string]string{"result": "not_found"}
+		canceled := map[string]string{"result": PullCanceled}
 		n := value(after, MetricImagePulls, notFound) - value(before, MetricImagePulls, notFound)
+		nc := value(after, MetricImagePulls, canceled) - value(before, MetricImagePulls, canceled)
 		assert.GreaterOrEqual(t, n, 1.0)
-		assert.Equal(t, n, value(after, MetricImagePulls, nil)-value(before, MetricImagePulls, nil), "every pull of the missing image is not_found")
+		assert.LessOrEqual(t, nc, 1.0, "at most the attempt in flight at the delete is canceled")
+		assert.Equal(t, n+nc, value(after, MetricImagePulls, nil)-value(before, MetricImagePulls, nil), "every pull of the missing image is not_found (or canceled by the delete)")
 		assert.Equal(t, 0.0, value(after, MetricVMStarts, nil)-value(before, MetricVMStarts, nil))
 
 		rootSpan, kids := spanTree(t, sr, "o-missing")
 		assert.Equal(t, codes.Error, rootSpan.Status().Code, "a start that never ran is an error")
 		assert.Contains(t, rootSpan.Status().Description, "not found", "names the last pull error")
 		require.NotEmpty(t, kids[SpanPull])
-		assert.Len(t, kids[SpanPull], int(n), "one pull span per attempt")
+		assert.Len(t, kids[SpanPull], int(n+nc), "one pull span per attempt")
 		for _, s := range kids[SpanPull] {
 			assert.Equal(t, codes.Error, s.Status().Code)
-			assert.Equal(t, "not_found", attr(s, "result"))
+			assert.Contains(t, []string{"not_found", PullCanceled}, attr(s, "result"))
 			require.NotEmpty(t, s.Events(), "the error is recorded as an exception event")
 			assert.Equal(t, "exception", s.Events()[0].Name)
 		}

@@ -101,9 +101,6 @@ func (a *startAttempt) phaseSpan(name string, err error, attrs ...attribute.KeyV
 	a.mu.Lock()
 	from := a.mark
 	a.mark = now
-	if err != nil {
-		a.lastErr = err
-	}
 	a.mu.Unlock()
 	_, s := a.t.tracer.Start(a.sctx, name, trace.WithTimestamp(from), trace.WithAttributes(attrs...))
 	if err != nil {
@@ -122,6 +119,9 @@ func (a *startAttempt) pulled(t0 time.Time, err error) {
 	result := PullResult(err)
 	a.mu.Lock()
 	a.mark = t0
+	if err != nil && result != PullCanceled {
+		a.lastErr = err // named when the start ends without a VM
+	}
 	a.mu.Unlock()
 	d := a.phaseSpan(SpanPull, err, attribute.String("result", result))
 	a.t.metrics.pulled(result, d.Seconds())
@@ -230,6 +230,7 @@ func (a *startAttempt) booted() {
 	a.mu.Unlock()
 	boot.End(trace.WithTimestamp(now))
 	a.t.metrics.phase(PhaseBoot, now.Sub(since).Seconds())
+	a.t.metrics.ready(now.Sub(a.begin).Seconds())
 	a.span.SetAttributes(attribute.Float64("qemu_kubelet.ready_after_seconds", now.Sub(a.begin).Seconds()))
 	a.end(nil)
 }
