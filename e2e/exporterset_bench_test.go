@@ -37,9 +37,7 @@ func BenchmarkLease(b *testing.B) {
 	ctx := context.Background()
 	const name = "bench"
 	set := e.newSet(name, e.image, 0, 1)
-	if err := e.cl.Create(ctx, set); err != nil {
-		b.Fatal(err)
-	}
+	e.createSet(b, set)
 	warm := counts{1, 1, 1, 1, 0}
 	e.waitCounts(b, name, warm, 2*vmBoot)
 

@@ -3,7 +3,9 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -47,6 +49,7 @@ type exsEnv struct {
 	reg      string
 	ns       string
 	recipe   string // the claim recipe of docs/exporterset.md
+	metrics  string // the controller's /metrics URL
 }
 
 // startExsEnv starts everything for tb and stops it when tb ends: sets and
@@ -96,9 +99,11 @@ func startExsEnv(tb testing.TB) *exsEnv {
 
 	e.stateDir = startVMNode(tb, c, kubeletBin, e.node, tmp)
 	vmtest.ReapQEMU(tb, e.stateDir)
+	metricsAddr := fmt.Sprintf("127.0.0.1:%d", freePortTB(tb))
+	e.metrics = "http://" + metricsAddr + "/metrics"
 	startProcess(tb, "exporterset-controller", filepath.Join(tmp, "exporterset-controller.log"), ctrlBin,
 		"--kubeconfig", c.AdminKubeconfig(),
-		"--metrics-bind-address", "127.0.0.1:"+fmt.Sprint(freePortTB(tb)),
+		"--metrics-bind-address", metricsAddr,
 		"--health-probe-bind-address", "127.0.0.1:"+fmt.Sprint(freePortTB(tb)),
 		"-v", "2")
 	// Runs before the controller, the node and the cluster stop (cleanups
@@ -226,6 +231,35 @@ func (e *exsEnv) deleteAll(tb testing.TB) {
 	})
 	if err != nil {
 		tb.Errorf("cleanup: pods or QEMU processes still there after 2m (QEMU pids %v)", vmtest.QEMUPids(e.stateDir))
+	}
+}
+
+// createSet creates set and, when tb ends, deletes it and waits until the
+// garbage collector deleted its pods and their VMs stopped.
+func (e *exsEnv) createSet(tb testing.TB, set *v1alpha1.ExporterSet) {
+	tb.Helper()
+	if err := e.cl.Create(context.Background(), set); err != nil {
+		tb.Fatalf("create exporterset %s: %v", set.Name, err)
+	}
+	tb.Cleanup(func() { e.deleteSet(tb, set.Name) })
+}
+
+// deleteSet deletes the set (foreground) and waits until its pods have left
+// the API server, their VM dirs are removed and no QEMU runs for them.
+func (e *exsEnv) deleteSet(tb testing.TB, name string) {
+	tb.Helper()
+	ctx := context.Background()
+	l, err := e.c.Client().CoreV1().Pods(e.ns).List(ctx, metav1.ListOptions{LabelSelector: "app=" + name})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	err = e.cl.Delete(ctx, &v1alpha1.ExporterSet{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns}},
+		client.PropagationPolicy(metav1.DeletePropagationForeground))
+	if err != nil && !apierrors.IsNotFound(err) {
+		tb.Fatalf("delete exporterset %s: %v", name, err)
+	}
+	for _, p := range l.Items {
+		e.waitVMGone(tb, p, 90*time.Second)
 	}
 }
 
@@ -405,6 +439,31 @@ func (e *exsEnv) booted(p corev1.Pod) bool {
 // vmRunning reports whether exactly one QEMU runs for pod.
 func (e *exsEnv) vmRunning(p corev1.Pod) bool {
 	return len(vmtest.QEMUPids(filepath.Join(e.stateDir, "vms", string(p.UID)))) == 1
+}
+
+// metricLines returns the controller's metric lines for set (one per
+// gauge, as "name value").
+func (e *exsEnv) metricLines(tb testing.TB, set string) []string {
+	tb.Helper()
+	resp, err := http.Get(e.metrics)
+	if err != nil {
+		tb.Fatalf("GET %s: %v", e.metrics, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "qemu_kubelet_exporterset_") && strings.Contains(l, `exporterset="`+set+`"`) {
+			name, rest, _ := strings.Cut(l, "{")
+			_, val, _ := strings.Cut(rest, "} ")
+			out = append(out, name+" "+val)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // claimRecipe is the shell block under "### Claim" in docs/exporterset.md:

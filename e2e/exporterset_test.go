@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -14,7 +15,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -44,7 +44,7 @@ func (e *exsEnv) testWarmBuffer(t *testing.T) {
 	ctx := context.Background()
 	const name = "warm"
 	set := e.newSet(name, e.image, 1, 2)
-	require.NoError(t, e.cl.Create(ctx, set))
+	e.createSet(t, set)
 	created := e.recordCreates(t, name)
 
 	// 1. Two Ready, unleased VMs.
@@ -77,6 +77,13 @@ func (e *exsEnv) testWarmBuffer(t *testing.T) {
 	out, err = e.c.Kubectl(ctx, "get", "exs", name)
 	require.NoError(t, err)
 	assertColumns(t, out, name, "3", "3", "3", "2", "1")
+	assert.Equal(t, []string{
+		"qemu_kubelet_exporterset_available_replicas 2",
+		"qemu_kubelet_exporterset_desired_replicas 3",
+		"qemu_kubelet_exporterset_leased_replicas 1",
+		"qemu_kubelet_exporterset_ready_replicas 3",
+		"qemu_kubelet_exporterset_replicas 3",
+	}, e.metricLines(t, name), "controller /metrics for KEDA/Prometheus")
 
 	// A second claim of the same pod by the recipe's label command fails:
 	// without --overwrite kubectl refuses a pod already leased.
@@ -168,18 +175,53 @@ func (e *exsEnv) testWarmBuffer(t *testing.T) {
 	// max(3, 1+2) = 3, so nothing is created.
 	again := e.claim(t, name, "ci-job-4")
 	assert.Contains(t, podNames(pods), again)
-	e.waitCounts(t, name, counts{3, 3, 3, 2, 1}, time.Minute)
+	_, pods = e.waitCounts(t, name, counts{3, 3, 3, 2, 1}, time.Minute)
+
+	// 7. A template change rolls the unleased VMs; the leased one stays
+	// until released, then goes as outdated (Reuse does not keep an
+	// outdated pod) and is replaced.
+	var holder corev1.Pod
+	for _, p := range pods {
+		if p.Name == again {
+			holder = p
+		}
+	}
+	patch = client.RawPatch(types.MergePatchType, []byte(`{"spec":{"template":{"metadata":{"annotations":{"rev":"2"}}}}}`))
+	require.NoError(t, e.cl.Patch(ctx, &v1alpha1.ExporterSet{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns}}, patch))
+	_, pods = e.waitSet(t, name, 2*vmBoot, "unleased pods rolled, leased kept", func(s *v1alpha1.ExporterSet, pods []corev1.Pod) bool {
+		if statusCounts(s) != (counts{3, 3, 3, 2, 1}) || s.Status.UpdatedReplicas != 2 || s.Status.ObservedGeneration != s.Generation || len(pods) != 3 {
+			return false
+		}
+		for _, p := range pods {
+			if (p.UID == holder.UID) != (p.Annotations["rev"] == "") {
+				return false
+			}
+		}
+		return true
+	})
+	require.Contains(t, podNames(pods), again, "a rollout never deletes the leased pod")
+	_, err = e.c.Kubectl(ctx, "label", "pod", again, v1alpha1.LeaseLabel+"-")
+	require.NoError(t, err)
+	e.waitVMGone(t, holder, 90*time.Second)
+	_, pods = e.waitSet(t, name, vmBoot, "all pods at the new template", func(s *v1alpha1.ExporterSet, pods []corev1.Pod) bool {
+		return statusCounts(s) == (counts{3, 3, 3, 3, 0}) && s.Status.UpdatedReplicas == 3 && len(pods) == 3
+	})
+	for _, p := range pods {
+		assert.Equal(t, "2", p.Annotations["rev"], "pod %s", p.Name)
+		assert.True(t, e.booted(p), "pod %s: booted", p.Name)
+	}
 
 	out, err = e.c.Kubectl(ctx, "describe", "exs", name)
 	require.NoError(t, err)
-	for _, want := range []string{"SuccessfulCreate", "SuccessfulDelete", "Released", "ScaleDown", "Available", "Progressing"} {
+	for _, want := range []string{"SuccessfulCreate", "SuccessfulDelete", "Released", "ScaleDown", "Outdated", "Available", "Progressing"} {
 		assert.Contains(t, out, want, "kubectl describe exs")
 	}
 
 	// Every pod the set created, counted by UID over the whole scenario:
-	// 2 + 1 (lease) + 2 (scale up) + 1 (Replace) + 1 (quick lease) = 7;
-	// no pod was created twice.
-	assert.Equal(t, 7, created.count(), "pods created: %v", created.names())
+	// 2 + 1 (lease) + 2 (scale up) + 1 (Replace) + 1 (quick lease) + 2
+	// (rollout) + 1 (outdated leased pod released) = 10; no pod was created
+	// twice.
+	assert.Equal(t, 10, created.count(), "pods created: %v", created.names())
 }
 
 // testMissingImage: a set whose image does not exist never gets a Ready
@@ -191,7 +233,7 @@ func (e *exsEnv) testMissingImage(t *testing.T) {
 	image := e.reg + "/qemu-kubelet/does-not-exist:1"
 	set := e.newSet(name, image, 2, 0)
 	created := e.recordCreates(t, name)
-	require.NoError(t, e.cl.Create(ctx, set))
+	e.createSet(t, set)
 
 	s, pods := e.waitSet(t, name, 2*time.Minute, "ReplicaFailure with the pull error", func(s *v1alpha1.ExporterSet, pods []corev1.Pod) bool {
 		c := setCondition(s, v1alpha1.ConditionReplicaFailure)
@@ -236,11 +278,10 @@ func (e *exsEnv) testMissingImage(t *testing.T) {
 	assert.NotContains(t, out, "SuccessfulDelete")
 
 	// Deleting the set deletes its pods (garbage collector, foreground).
-	require.NoError(t, e.cl.Delete(ctx, s, client.PropagationPolicy(metav1.DeletePropagationForeground)))
-	require.NoError(t, wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
-		pods, err := e.livePods(ctx, name)
-		return err == nil && len(pods) == 0, nil
-	}), "pods of the deleted set still there")
+	e.deleteSet(t, name)
+	pods, err = e.livePods(ctx, name)
+	require.NoError(t, err)
+	assert.Empty(t, pods)
 }
 
 // createRecorder counts the distinct pods (by UID) that appear with
@@ -249,6 +290,16 @@ type createRecorder struct {
 	mu      sync.Mutex
 	seen    map[types.UID]string
 	created map[types.UID]time.Time
+}
+
+func (r *createRecorder) uids() []types.UID {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []types.UID
+	for uid := range r.seen {
+		out = append(out, uid)
+	}
+	return out
 }
 
 // times returns the pods' creation timestamps, sorted.
@@ -322,13 +373,12 @@ func assertColumns(t *testing.T, out, name string, want ...string) {
 // runs, as for any VM pod without one: that brief Ready must not count as a
 // successful start.
 func (e *exsEnv) testFailingGuests(t *testing.T) {
-	ctx := context.Background()
 	const name = "panicky"
 	set := e.newSet(name, e.panic, 1, 0)
 	set.Spec.Template.Spec.RestartPolicy = corev1.RestartPolicyNever
 	set.Spec.Template.Spec.Containers[0].ReadinessProbe = nil
 	created := e.recordCreates(t, name)
-	require.NoError(t, e.cl.Create(ctx, set))
+	e.createSet(t, set)
 
 	s, _ := e.waitSet(t, name, 3*time.Minute, "ReplicaFailure GuestPanicked", func(s *v1alpha1.ExporterSet, _ []corev1.Pod) bool {
 		c := setCondition(s, v1alpha1.ConditionReplicaFailure)
@@ -354,9 +404,9 @@ func (e *exsEnv) testFailingGuests(t *testing.T) {
 		assert.Equal(t, metav1.ConditionTrue, c.Status, "%+v", c)
 		assert.Contains(t, c.Message, "panic")
 	}
-	require.NoError(t, e.cl.Delete(ctx, s))
-	require.NoError(t, wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
-		pods, err := e.livePods(ctx, name)
-		return err == nil && len(pods) == 0 && len(vmtest.QEMUPids(e.stateDir)) == 0, nil
-	}), "pods or QEMU of the deleted set still there")
+	// Deleting the set stops every VM it made.
+	e.deleteSet(t, name)
+	for _, uid := range created.uids() {
+		assert.Empty(t, vmtest.QEMUPids(filepath.Join(e.stateDir, "vms", string(uid))), "QEMU of pod %s", uid)
+	}
 }

@@ -51,6 +51,7 @@ func TestPods(t *testing.T) {
 	t.Run("ACPIIgnoringGuestKilledAtGrace", e.testForcedStop)
 	t.Run("MissingImageBacksOff", e.testMissingImage)
 	t.Run("GuestPowerOffCompletes", e.testPowerOff)
+	t.Run("GuestPowerOffRestartsAlways", e.testPowerOffAlways)
 	t.Run("GuestPanicFails", e.testPanic)
 	t.Run("KilledQEMURestarts", e.testKillRestart)
 	t.Run("RefusedPods", e.testRefused)
@@ -80,8 +81,11 @@ func (e *podEnv) testBootAndDelete(t *testing.T) {
 
 	out, err := e.c.Kubectl(ctx, "get", "pod", p.Name, "-o", "wide")
 	require.NoError(t, err)
-	assert.Contains(t, out, "Running")
-	assert.Contains(t, out, e.a.name)
+	row := wideRow(t, out, p.Name)
+	assert.Equal(t, "Running", row["STATUS"], out)
+	assert.Equal(t, "1/1", row["READY"], out)
+	assert.Equal(t, e.a.name, row["NODE"], out)
+	assert.Equal(t, e.a.ip, row["IP"], out)
 
 	dir := e.a.vmDir(string(p.UID))
 	waitFileContains(t, filepath.Join(dir, qemu.ConsoleLogName), vmtest.BootMarker, 90*time.Second)
@@ -101,8 +105,7 @@ func (e *podEnv) testBootAndDelete(t *testing.T) {
 	assert.NotZero(t, n.Status.Images[0].SizeBytes)
 	out, err = e.c.Kubectl(ctx, "describe", "node", e.a.name)
 	require.NoError(t, err)
-	assert.Contains(t, out, "default  ")
-	assert.Contains(t, out, "boot")
+	assertDescribeNodeLists(t, out, "default", p.Name, "100m", "64Mi")
 
 	// Delete: the ACPI guest powers off within the grace period; the pod
 	// leaves the API server without waiting for the grace period to end.
@@ -245,14 +248,23 @@ func (e *podEnv) testNodeRestart(t *testing.T) {
 	slowRef = proxy.Addr + strings.TrimPrefix(slowRef, e.reg)
 	proxy.AddFault(&ocitest.Fault{Match: "/blobs/", CutAfter: 1, Stall: true})
 
-	keep := e.create(t, vmPodSpec("keep", e.a.name, e.refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, nil))
+	// Three VMs run through the restart; a fourth pod is deleted while
+	// qemu-kubelet is down.
+	var keeps []*corev1.Pod
+	for _, n := range []string{"keep-a", "keep-b", "keep-c"} {
+		keeps = append(keeps, e.create(t, vmPodSpec(n, e.a.name, e.refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, nil)))
+	}
 	gone := e.create(t, vmPodSpec("gone", e.a.name, e.refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, nil))
-	keep = waitPod(t, e.c, "default", keep.Name, 120*time.Second, "Running", podRunning)
+	keepPids := map[string][]int{}
+	startedAt := map[string]metav1.Time{}
+	for i, k := range keeps {
+		keeps[i] = waitPod(t, e.c, "default", k.Name, 120*time.Second, "Running", podRunning)
+		keepPids[k.Name] = vmtest.QEMUPids(e.a.vmDir(string(k.UID)))
+		require.Len(t, keepPids[k.Name], 1, k.Name)
+		startedAt[k.Name] = keeps[i].Status.ContainerStatuses[0].State.Running.StartedAt
+	}
 	gone = waitPod(t, e.c, "default", gone.Name, 120*time.Second, "Running", podRunning)
 	e.waitBooted(t, gone) // so that its guest honours the power button later
-	keepPids := vmtest.QEMUPids(e.a.vmDir(string(keep.UID)))
-	require.Len(t, keepPids, 1)
-	startedAt := keep.Status.ContainerStatuses[0].State.Running.StartedAt
 	inflight := e.create(t, vmPodSpec("inflight", e.a.name, slowRef, corev1.RestartPolicyAlways, nil))
 	waitPod(t, e.c, "default", inflight.Name, 60*time.Second, "pulling", func(p *corev1.Pod) bool {
 		return len(p.Status.ContainerStatuses) == 1 && p.Status.ContainerStatuses[0].State.Waiting != nil &&
@@ -264,6 +276,7 @@ func (e *podEnv) testNodeRestart(t *testing.T) {
 	time.Sleep(500 * time.Millisecond)
 	_, err := os.Stat(filepath.Join(e.a.vmDir(string(inflight.UID)), "pod.json"))
 	require.NoError(t, err, "the intent record of the pod being created is on disk")
+	require.Len(t, vmtest.QEMUPids(e.a.dir), 4, "3 kept VMs + the one to delete run; none for the pod being created")
 
 	// kill -9 qemu-kubelet mid-creation; while it is down, delete one pod
 	// for good.
@@ -272,7 +285,9 @@ func (e *podEnv) testNodeRestart(t *testing.T) {
 	require.NoError(t, e.c.Client().CoreV1().Pods("default").Delete(ctx, gone.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero}))
 	waitPodGone(t, e.c, "default", gone.Name, 30*time.Second)
 	assert.Len(t, vmtest.QEMUPids(e.a.vmDir(string(gone.UID))), 1, "its VM runs on while qemu-kubelet is down")
-	assert.Equal(t, keepPids, vmtest.QEMUPids(e.a.vmDir(string(keep.UID))))
+	for _, k := range keeps {
+		assert.Equal(t, keepPids[k.Name], vmtest.QEMUPids(e.a.vmDir(string(k.UID))), k.Name)
+	}
 
 	restarted := time.Now()
 	e.a.start()
@@ -280,29 +295,53 @@ func (e *podEnv) testNodeRestart(t *testing.T) {
 	// The deleted pod's VM is stopped and cleaned up.
 	waitNoDir(t, e.a.vmDir(string(gone.UID)), 90*time.Second)
 	t.Logf("restart: VM of the pod deleted while down cleaned up after %s", time.Since(restarted).Round(time.Millisecond))
-	// The kept pod's VM was adopted: same QEMU process, still Running.
-	p := waitPod(t, e.c, "default", keep.Name, 30*time.Second, "Running", podRunning)
-	assert.Equal(t, keepPids, vmtest.QEMUPids(e.a.vmDir(string(keep.UID))), "same QEMU pid after the restart")
-	assert.Equal(t, int32(0), p.Status.ContainerStatuses[0].RestartCount)
-	assert.True(t, startedAt.Equal(&p.Status.ContainerStatuses[0].State.Running.StartedAt), "startedAt unchanged")
+	// The kept pods' VMs were adopted: same QEMU processes, still Running.
+	for _, k := range keeps {
+		p := waitPod(t, e.c, "default", k.Name, 30*time.Second, "Running", podRunning)
+		assert.Equal(t, keepPids[k.Name], vmtest.QEMUPids(e.a.vmDir(string(k.UID))), "%s: same QEMU pid after the restart", k.Name)
+		assert.Equal(t, int32(0), p.Status.ContainerStatuses[0].RestartCount, k.Name)
+		st := startedAt[k.Name]
+		assert.True(t, st.Equal(&p.Status.ContainerStatuses[0].State.Running.StartedAt), "%s: startedAt unchanged", k.Name)
+	}
 	// The pod that was being created resumes (the stall fault was one-shot)
 	// and runs; exactly one QEMU for it.
 	inflight = waitPod(t, e.c, "default", inflight.Name, 120*time.Second, "Running", podRunning)
 	t.Logf("restart: in-flight pod Running after %s", time.Since(restarted).Round(time.Millisecond))
-	require.Len(t, vmtest.QEMUPids(e.a.vmDir(string(inflight.UID))), 1)
+	inflightPids := vmtest.QEMUPids(e.a.vmDir(string(inflight.UID)))
+	require.Len(t, inflightPids, 1)
 	e.waitBooted(t, inflight)
-	// The provider lists exactly the node's pod.
+	// Nothing orphaned: exactly the 4 QEMUs of the live pods run under the
+	// node's dir, and exactly their 4 state dirs exist.
+	want := []int{inflightPids[0]}
+	wantDirs := []string{string(inflight.UID)}
+	for _, k := range keeps {
+		want = append(want, keepPids[k.Name]...)
+		wantDirs = append(wantDirs, string(k.UID))
+	}
+	assert.ElementsMatch(t, want, vmtest.QEMUPids(e.a.dir), "QEMU processes under the node's dir")
+	ents, err := os.ReadDir(filepath.Dir(e.a.vmDir("x")))
+	require.NoError(t, err)
+	var dirs []string
+	for _, d := range ents {
+		dirs = append(dirs, d.Name())
+	}
+	assert.ElementsMatch(t, wantDirs, dirs, "VM state dirs")
+	// The provider lists exactly the node's pods.
 	out, err := e.c.Kubectl(ctx, "get", "--raw", "/api/v1/nodes/"+e.a.name+"/proxy/runningpods/")
 	require.NoError(t, err)
 	var l corev1.PodList
 	require.NoError(t, json.Unmarshal([]byte(out), &l), out)
-	require.Len(t, l.Items, 2, out)
-	assert.ElementsMatch(t, []string{string(keep.UID), string(inflight.UID)}, []string{string(l.Items[0].UID), string(l.Items[1].UID)})
+	var listed []string
+	for _, p := range l.Items {
+		listed = append(listed, string(p.UID))
+	}
+	assert.ElementsMatch(t, wantDirs, listed, out)
 
-	for _, p := range []*corev1.Pod{keep, inflight} {
+	all := append([]*corev1.Pod{inflight}, keeps...)
+	for _, p := range all {
 		require.NoError(t, e.c.Client().CoreV1().Pods("default").Delete(ctx, p.Name, metav1.DeleteOptions{}))
 	}
-	for _, p := range []*corev1.Pod{keep, inflight} {
+	for _, p := range all {
 		waitPodGone(t, e.c, "default", p.Name, 60*time.Second)
 		waitNoDir(t, e.a.vmDir(string(p.UID)), 30*time.Second)
 	}

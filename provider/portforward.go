@@ -24,8 +24,13 @@ import (
 // host port, which is unique to one connection here (every forward gets its
 // own host port and carries one connection at a time).
 
-// guestPollInterval is how often awaitGuest looks at QEMU's connections.
-const guestPollInterval = 50 * time.Millisecond
+// awaitGuest looks at QEMU's connections after guestPollFirst, then at
+// doubling intervals up to guestPollMax (a guest on the same host answers in
+// about a millisecond; a booting one takes seconds).
+const (
+	guestPollFirst = time.Millisecond
+	guestPollMax   = 50 * time.Millisecond
+)
 
 // GuestAcceptTimeout bounds how long a port-forward connection waits for
 // the guest to answer.
@@ -75,6 +80,7 @@ func vmUsernet(vm *qemu.VM) usernetQuery {
 // that is ErrGuestPortClosed; no answer in time is ErrGuestNoAnswer.
 func awaitGuest(ctx context.Context, query usernetQuery, conn net.Conn, hostPort int, timeout time.Duration) ([]byte, error) {
 	deadline := time.Now().Add(timeout)
+	interval := guestPollFirst
 	buf := make([]byte, 32<<10)
 	defer conn.SetReadDeadline(time.Time{}) //nolint:errcheck // best effort
 	for {
@@ -88,9 +94,10 @@ func awaitGuest(ctx context.Context, query usernetQuery, conn net.Conn, hostPort
 		// Not (yet) connected to the guest: QEMU may not have taken the
 		// connection yet, the guest has not answered, or it refused and
 		// QEMU closed the host side (seen as EOF below).
-		if err := conn.SetReadDeadline(time.Now().Add(guestPollInterval)); err != nil {
+		if err := conn.SetReadDeadline(time.Now().Add(interval)); err != nil {
 			return nil, err
 		}
+		interval = min(2*interval, guestPollMax)
 		n, err := conn.Read(buf)
 		switch {
 		case n > 0:
