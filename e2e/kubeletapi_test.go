@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"crypto/md5"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -448,6 +449,99 @@ func TestKubeletAPI(t *testing.T) {
 		}
 	})
 
+	t.Run("StartupProbeHoldsTheOthers", func(t *testing.T) {
+		k.t = t
+		ctx := context.Background()
+		ok := vmPodSpec("startup-ok", a.name, refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, nil)
+		ok.Spec.Containers[0].StartupProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/", Port: intstr.FromInt32(8080)}},
+			PeriodSeconds: 2, TimeoutSeconds: 2, FailureThreshold: 60}
+		bad := vmPodSpec("startup-bad", a.name, refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, nil)
+		bad.Spec.Containers[0].StartupProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(9999)}},
+			InitialDelaySeconds: 5, PeriodSeconds: 2, TimeoutSeconds: 2, FailureThreshold: 3}
+		// Would kill at once if it ran before the startup probe succeeded.
+		bad.Spec.Containers[0].LivenessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(9998)}},
+			PeriodSeconds: 1, TimeoutSeconds: 1, FailureThreshold: 1}
+		for _, p := range []*corev1.Pod{ok, bad} {
+			_, err := c.Client().CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{})
+			require.NoError(t, err)
+		}
+		p := waitPod(t, c, "default", "startup-ok", 120*time.Second, "Running", podRunning)
+		if s := p.Status.ContainerStatuses[0].Started; s != nil && !*s {
+			t.Logf("startup-ok Running, not started yet, as expected while the guest boots")
+		}
+		p = waitPod(t, c, "default", "startup-ok", 120*time.Second, "started and Ready", func(p *corev1.Pod) bool {
+			cs := p.Status.ContainerStatuses
+			return len(cs) == 1 && cs[0].Started != nil && *cs[0].Started && cs[0].Ready
+		})
+		assert.Zero(t, p.Status.ContainerStatuses[0].RestartCount)
+
+		p = waitPod(t, c, "default", "startup-bad", 150*time.Second, "restarted by its startup probe", func(p *corev1.Pod) bool {
+			return len(p.Status.ContainerStatuses) == 1 && p.Status.ContainerStatuses[0].RestartCount >= 1
+		})
+		require.NotNil(t, p.Status.ContainerStatuses[0].LastTerminationState.Terminated)
+		assert.Equal(t, int32(137), p.Status.ContainerStatuses[0].LastTerminationState.Terminated.ExitCode)
+		ev := k.ok("get", "events", "--field-selector", "involvedObject.name=startup-bad")
+		assert.Contains(t, ev, "Startup probe failed")
+		assert.Contains(t, ev, "failed startup probe, will be restarted")
+		assert.NotContains(t, ev, "Liveness probe failed", "liveness waits for the startup probe")
+		for _, n := range []string{"startup-ok", "startup-bad"} {
+			require.NoError(t, c.Client().CoreV1().Pods("default").Delete(ctx, n, metav1.DeleteOptions{}))
+		}
+		for _, n := range []string{"startup-ok", "startup-bad"} {
+			waitPodGone(t, c, "default", n, 90*time.Second)
+		}
+	})
+
+	t.Run("GuestConfigDisks", func(t *testing.T) {
+		k.t = t
+		ctx := context.Background()
+		q := resource.MustParse("16Mi")
+		_, err := c.Client().CoreV1().ConfigMaps("default").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "app"},
+			Data: map[string]string{"a.conf": "x=1\n"}}, metav1.CreateOptions{})
+		require.NoError(t, err)
+		_, err = c.Client().CoreV1().ConfigMaps("default").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "seed"},
+			Data: map[string]string{"user-data": "#cloud-config\n"}}, metav1.CreateOptions{})
+		require.NoError(t, err)
+		p := vmPodSpec("cfg", a.name, refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, nil)
+		p.Spec.Volumes = []corev1.Volume{
+			{Name: "creds", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "creds"}}},
+			{Name: "app", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: "app"}}}},
+			{Name: "cloud-init", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: "seed"}}}},
+			{Name: "scratch", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: &q}}},
+		}
+		p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "A", Value: "1"},
+			{Name: "TOKEN", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "creds"}, Key: "token"}}}}
+		_, err = c.Client().CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{})
+		require.NoError(t, err)
+		// The secret is missing: the pod waits, as on a kubelet.
+		got := waitPod(t, c, "default", "cfg", 120*time.Second, "CreateContainerConfigError", func(p *corev1.Pod) bool {
+			cs := p.Status.ContainerStatuses
+			return len(cs) == 1 && cs[0].State.Waiting != nil && cs[0].State.Waiting.Reason == "CreateContainerConfigError"
+		})
+		assert.Contains(t, got.Status.ContainerStatuses[0].State.Waiting.Message, `secret "creds" not found`)
+		assert.Equal(t, corev1.PodPending, got.Status.Phase)
+
+		_, err = c.Client().CoreV1().Secrets("default").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "creds"},
+			Data: map[string][]byte{"token": []byte("s3cret")}}, metav1.CreateOptions{})
+		require.NoError(t, err)
+		waitPod(t, c, "default", "cfg", 150*time.Second, "Running", podRunning)
+		// The guest mounts each FAT disk and prints the md5 of every file.
+		md5 := func(s string) string { return fmt.Sprintf("%x", md5sum([]byte(s))) }
+		out := k.eventually(90*time.Second, vmtest.BootMarker, "logs", "cfg")
+		for _, want := range []string{
+			"QK-CONFIG creds token " + md5("s3cret"),
+			"QK-CONFIG app a.conf " + md5("x=1\n"),
+			"QK-CONFIG cloud-init user-data " + md5("#cloud-config\n"),
+			"QK-CONFIG cloud-init meta-data " + md5("instance-id: "+string(got.UID)+"\nlocal-hostname: cfg\n"),
+			"QK-CONFIG env env " + md5("A='1'\nTOKEN='s3cret'\n"),
+			"QK-DISK scratch 32768 sectors",
+		} {
+			assert.Contains(t, out, want)
+		}
+		require.NoError(t, c.Client().CoreV1().Pods("default").Delete(ctx, "cfg", metav1.DeleteOptions{}))
+		waitPodGone(t, c, "default", "cfg", 90*time.Second)
+	})
+
 	t.Run("LogsAfterQemuKubeletRestart", func(t *testing.T) {
 		k.t = t
 		before := k.ok("logs", "kapi")
@@ -566,6 +660,8 @@ func osPipe(t *testing.T) (*os.File, *os.File) {
 	t.Cleanup(func() { w.Close(); r.Close() })
 	return r, w
 }
+
+func md5sum(b []byte) [16]byte { return md5.Sum(b) } //nolint:gosec // matches the guest's md5sum
 
 // openPTY opens a pseudo-terminal pair (closed at cleanup).
 func openPTY(t *testing.T) (*os.File, *os.File) {

@@ -59,8 +59,11 @@ type VMsConfig struct {
 	ImageDir string
 	// Allocatable returns the node's current allocatable (admission).
 	Allocatable func() corev1.ResourceList
-	// Secrets reads a pull secret (nil: pull secrets are ignored).
+	// Secrets reads a pull secret (nil: pull secrets are ignored) or a
+	// secret a volume or env var refers to (nil: such pods wait).
 	Secrets func(ctx context.Context, namespace, name string) (*corev1.Secret, error)
+	// ConfigMaps reads a config map a volume or env var refers to.
+	ConfigMaps func(ctx context.Context, namespace, name string) (*corev1.ConfigMap, error)
 	// Recorder receives kubelet-style pod events (optional).
 	Recorder record.EventRecorder
 	// ForceDelete writes the final status of a deleted pod and removes it
@@ -722,6 +725,20 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (*qemu.VM, bool) {
 	})
 
 	spec, err := p.vmSpec(ctx, rec, pod, plan, img)
+	for attempt := 1; err != nil && IsConfigError(err); attempt++ {
+		// A missing Secret/ConfigMap: wait for it, as a kubelet (volumes.go).
+		msg := err.Error()
+		log.Info("VM config not available", "err", msg)
+		p.event(pod, corev1.EventTypeWarning, "Failed", "Error: "+msg)
+		p.update(rec, func(st *VMState) { st.SetWaiting(ReasonCreateContainerConfigError, msg) })
+		if !sleepCtx(pctx, min(p.cfg.Backoff.Delay(attempt), ConfigRetryMax)) {
+			return nil, false
+		}
+		rec.mu.Lock()
+		pod = rec.pod.DeepCopy()
+		rec.mu.Unlock()
+		spec, err = p.vmSpec(ctx, rec, pod, plan, img)
+	}
 	att.overlaid(err)
 	if err != nil {
 		reason := ReasonStartError
@@ -799,6 +816,11 @@ func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan Plan
 	if img.Disk != "" {
 		spec.Disks = []qemu.Disk{{Path: overlay, Format: qemu.FormatQCOW2}}
 	}
+	guest, err := PrepareGuestDisks(ctx, rec.dir, pod, ConfigSources{Secret: p.cfg.Secrets, ConfigMap: p.cfg.ConfigMaps})
+	if err != nil {
+		return spec, err
+	}
+	spec.Disks = append(spec.Disks, guest...)
 	if err := spec.Validate(); err != nil {
 		return spec, invalidSpec{fmt.Errorf("VM spec for image %s: %w", plan.Image, err)}
 	}

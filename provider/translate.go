@@ -121,16 +121,13 @@ func Translate(pod *corev1.Pod) (Plan, *Rejection) {
 			// Added by the ServiceAccount admission plugin; ignored.
 		case v.PersistentVolumeClaim != nil:
 			bad(f+".persistentVolumeClaim", "volume %q: persistent volume claims are not supported by VM pods", v.Name)
-		case v.Secret != nil:
-			bad(f+".secret", "volume %q: secret volumes are not supported yet", v.Name)
-		case v.ConfigMap != nil:
-			bad(f+".configMap", "volume %q: configMap volumes are not supported yet", v.Name)
-		case v.EmptyDir != nil:
-			bad(f+".emptyDir", "volume %q: emptyDir volumes are not supported yet", v.Name)
+		case v.Secret != nil, v.ConfigMap != nil, v.EmptyDir != nil:
+			// Guest disks (volumes.go), checked below.
 		default:
 			bad(f, "volume %q: this volume type is not supported by VM pods", v.Name)
 		}
 	}
+	problems = append(problems, ValidateGuestVolumes(spec)...)
 	if len(spec.Containers) > 0 {
 		c := spec.Containers[0]
 		translateContainer(c, bad, &plan)
@@ -172,17 +169,15 @@ func translateContainer(c corev1.Container, bad func(field, format string, a ...
 	if len(c.Args) > 0 {
 		bad(f+".args", "not supported: a VM boots its image's OS (use the %s annotation for kernel arguments)", AnnotationKernelCmdline)
 	}
-	if len(c.Env) > 0 || len(c.EnvFrom) > 0 {
-		bad(f+".env", "not supported: a VM has no process environment to set")
+	for _, pr := range ValidateGuestEnv(&c, f) {
+		field, msg, _ := strings.Cut(pr, ": ")
+		bad(field, "%s", msg)
 	}
 	if c.WorkingDir != "" {
 		bad(f+".workingDir", "not supported by VM pods")
 	}
 	if c.Lifecycle != nil {
 		bad(f+".lifecycle", "lifecycle hooks are not supported by VM pods")
-	}
-	if c.StartupProbe != nil {
-		bad(f+".startupProbe", "not supported yet")
 	}
 	if sc := c.SecurityContext; sc != nil {
 		if sc.Privileged != nil && *sc.Privileged {

@@ -91,13 +91,13 @@ func TestTranslateRejects(t *testing.T) {
 		{"pvc", func(p *corev1.Pod) {
 			p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: "data", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "c"}}})
 		}, []string{"spec.volumes[1].persistentVolumeClaim", `volume "data"`}},
-		{"secret, configMap, emptyDir: not yet", func(p *corev1.Pod) {
+		{"guest disk volumes that cannot be disks", func(p *corev1.Pod) {
 			p.Spec.Volumes = []corev1.Volume{
 				{Name: "s", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "s"}}},
-				{Name: "c", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{}}},
+				{Name: "much-too-long-name", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{}}},
 				{Name: "e", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
 			}
-		}, []string{"spec.volumes[0].secret: volume \"s\": secret volumes are not supported yet", "spec.volumes[1].configMap", "spec.volumes[2].emptyDir"}},
+		}, []string{"spec.volumes[1].name: volume \"much-too-long-name\"", "spec.volumes[2].emptyDir.sizeLimit"}},
 		{"other projected volume", func(p *corev1.Pod) {
 			p.Spec.Volumes = []corev1.Volume{{Name: "tokens", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{}}}}
 		}, []string{"spec.volumes[0]: volume \"tokens\""}},
@@ -112,8 +112,9 @@ func TestTranslateRejects(t *testing.T) {
 			[]string{"uefi is not available with machine microvm"}},
 		{"command args env", func(p *corev1.Pod) {
 			c := &p.Spec.Containers[0]
-			c.Command, c.Args, c.Env = []string{"sh"}, []string{"-c"}, []corev1.EnvVar{{Name: "A", Value: "b"}}
-		}, []string{"spec.containers[0].command", "spec.containers[0].args", "spec.containers[0].env"}},
+			c.Command, c.Args = []string{"sh"}, []string{"-c"}
+			c.Env = []corev1.EnvVar{{Name: "A", Value: "b"}, {Name: "R", ValueFrom: &corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{Resource: "limits.cpu"}}}}
+		}, []string{"spec.containers[0].command", "spec.containers[0].args", "spec.containers[0].env[1].valueFrom: env \"R\""}},
 		{"gpu and hostPort", func(p *corev1.Pod) {
 			p.Spec.Containers[0].Resources.Limits = rl("nvidia.com/gpu", "1")
 			p.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: 22, HostPort: 2222}}

@@ -86,7 +86,9 @@ func (v *vkNode) run(ctx context.Context, ready func()) error {
 	// Kubelet API: the provider routes (as nodeutil.AttachProviderRoutes
 	// mounts them) behind webhook authentication and authorization.
 	mux := http.NewServeMux()
-	mux.Handle("/", api.PodHandler(api.PodHandlerConfig{
+	// KubeletAPIHandler: PodHandler with the port-forward timeouts the
+	// right way round and kubelet streaming defaults (4h idle).
+	mux.Handle("/", provider.KubeletAPIHandler(api.PodHandlerConfig{
 		RunInContainer:        v.pods.RunInContainer,
 		AttachToContainer:     v.pods.AttachToContainer,
 		GetContainerLogs:      v.pods.GetContainerLogs,

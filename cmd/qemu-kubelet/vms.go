@@ -47,6 +47,9 @@ func newVMs(ctx context.Context, cfg *config.Node, facts provider.Facts, client 
 		Secrets: func(ctx context.Context, ns, name string) (*corev1.Secret, error) {
 			return client.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{})
 		},
+		ConfigMaps: func(ctx context.Context, ns, name string) (*corev1.ConfigMap, error) {
+			return client.CoreV1().ConfigMaps(ns).Get(ctx, name, metav1.GetOptions{})
+		},
 		ForceDelete: func(ctx context.Context, pod *corev1.Pod) error { return finalDelete(ctx, client, pod) },
 	})
 	res, err := vms.Recover(ctx)

@@ -20,6 +20,21 @@ while [ ! -e /sys/class/net/eth0 ] && [ $i -lt 30 ]; do usleep 100000; i=$((i+1)
 if ifconfig eth0 10.0.2.15 netmask 255.255.255.0 up 2>/dev/null; then
   route add default gw 10.0.2.2 2>/dev/null
 fi
+# Guest disks with a serial (qemu-kubelet's config and scratch disks):
+# print each file of a FAT one with its md5, so tests see what the guest sees.
+for b in /sys/block/vd*; do
+  [ -e "$b/serial" ] || continue
+  s=$(cat "$b/serial")
+  [ -n "$s" ] || continue
+  mkdir -p "/mnt/$s"
+  if mount -t vfat -o ro "/dev/${b##*/}" "/mnt/$s" 2>/dev/null; then
+    (cd "/mnt/$s" && find . -type f | sort | while read -r f; do
+      echo "QK-CONFIG $s ${f#./} $(md5sum < "$f" | cut -d' ' -f1)"
+    done)
+  else
+    echo "QK-DISK $s $(cat "$b/size") sectors"
+  fi
+done
 echo "QK-HTTP-OK" > /www/index.html
 httpd -p 8080 -h /www
 
