@@ -84,6 +84,108 @@ func BenchmarkPodReady(b *testing.B) {
 	b.Logf("pairs=%d bare=%v ready=%v marker=%v phases(ms)=%v", len(bare), bare, ready, marker, phases)
 }
 
+// BenchmarkTenPodsReady: 10 VM pods created at once through the API server
+// on one node (image cached, HTTP readiness probe) until all are Ready;
+// baseline in the same run: one pod alone, create -> Ready.
+// x-of-baseline = all-Ready time / single pod's (10 guests booting on the
+// host's CPUs at once: the ideal on 2 CPUs is about 5x).
+func BenchmarkTenPodsReady(b *testing.B) {
+	env := newPodBenchEnv(b)
+	env.podRun(b, "ten-warmup")
+	var single, all []time.Duration
+	i := 0
+	for b.Loop() {
+		single = append(single, env.podRun(b, fmt.Sprintf("single-%d", i)).ready)
+		all = append(all, env.tenPods(b, i))
+		i++
+	}
+	ms, ma := pbMedianDur(single), pbMedianDur(all)
+	b.ReportMetric(pbMs(ms), "single-ready-ms")
+	b.ReportMetric(pbMs(ma), "all-10-ready-ms")
+	b.ReportMetric(float64(ma)/float64(ms), "x-of-baseline")
+}
+
+// tenPods creates 10 probed VM pods at once and returns the time from the
+// first Create call to all of them Ready; then deletes them (not timed).
+func (e *podBenchEnv) tenPods(b *testing.B, round int) time.Duration {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	pods := e.c.Client().CoreV1().Pods("default")
+	sel := fmt.Sprintf("bench-ten=r%d", round)
+	w, err := pods.Watch(ctx, metav1.ListOptions{LabelSelector: sel})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer w.Stop()
+	start := time.Now()
+	errs := make(chan error, 10)
+	for j := range 10 {
+		p := e.probedPod(fmt.Sprintf("ten-%d-%d", round, j))
+		p.Labels = map[string]string{"bench-ten": fmt.Sprintf("r%d", round)}
+		go func() {
+			_, err := pods.Create(ctx, p, metav1.CreateOptions{})
+			errs <- err
+		}()
+	}
+	for range 10 {
+		if err := <-errs; err != nil {
+			b.Fatal(err)
+		}
+	}
+	ready := map[string]bool{}
+	var took time.Duration
+	for len(ready) < 10 {
+		select {
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				b.Fatalf("watch closed with %d of 10 Ready", len(ready))
+			}
+			p, isPod := ev.Object.(*corev1.Pod)
+			if !isPod {
+				continue
+			}
+			if p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded {
+				b.Fatalf("pod %s ended %s: %+v", p.Name, p.Status.Phase, p.Status)
+			}
+			for _, c := range p.Status.Conditions {
+				if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue && !ready[p.Name] {
+					ready[p.Name] = true
+					took = time.Since(start)
+				}
+			}
+		case <-ctx.Done():
+			b.Fatalf("%d of 10 pods Ready: %v", len(ready), ctx.Err())
+		}
+	}
+	if n := len(vmtest.QEMUPids(e.dir)); n != 10 {
+		b.Fatalf("%d QEMU processes for 10 Ready pods", n)
+	}
+	if err := pods.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: sel}); err != nil {
+		b.Fatal(err)
+	}
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+		l, err := pods.List(ctx, metav1.ListOptions{LabelSelector: sel})
+		return err == nil && len(l.Items) == 0 && len(vmtest.QEMUPids(e.dir)) == 0, nil
+	})
+	if err != nil {
+		b.Fatalf("10 pods not gone after delete: %v", err)
+	}
+	return took
+}
+
+// probedPod is the benchmarks' VM pod: the ACPI test image with an HTTP
+// readiness probe on the guest (period 1 s), so Ready means booted.
+func (e *podBenchEnv) probedPod(name string) *corev1.Pod {
+	pod := vmPodSpec(name, e.node, e.ref, corev1.RestartPolicyAlways, nil)
+	pod.Spec.Containers[0].Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}}
+	pod.Spec.Containers[0].ReadinessProbe = &corev1.Probe{
+		ProbeHandler:  corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/", Port: intstr.FromString("http")}},
+		PeriodSeconds: 1, TimeoutSeconds: 1, FailureThreshold: 3,
+	}
+	return pod
+}
+
 func pbMs(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 func pbMedianDur(d []time.Duration) time.Duration {
@@ -146,7 +248,7 @@ kind: NodeConfiguration
 nodeName: %s
 nodeIP: %s
 stateDir: %s
-maxVMs: 7
+maxVMs: 12
 reserved: {cpu: 100m, memory: 256Mi, ephemeral-storage: 1Gi}
 accelerator: {policy: tcg, probeTimeout: 20s}
 server: {address: %s, port: %d, clientCAFile: %s}
@@ -246,12 +348,7 @@ func (e *podBenchEnv) podRun(b *testing.B, name string) podTiming {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	pods := e.c.Client().CoreV1().Pods("default")
-	pod := vmPodSpec(name, e.node, e.ref, corev1.RestartPolicyAlways, nil)
-	pod.Spec.Containers[0].Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}}
-	pod.Spec.Containers[0].ReadinessProbe = &corev1.Probe{
-		ProbeHandler:  corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/", Port: intstr.FromString("http")}},
-		PeriodSeconds: 1, TimeoutSeconds: 1, FailureThreshold: 3,
-	}
+	pod := e.probedPod(name)
 	before := benchPhaseSums(b, e.metricsURL)
 	w, err := pods.Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()})
 	if err != nil {
