@@ -744,6 +744,7 @@ func TestEnvtestStaleCachedStatusKeepsBackoff(t *testing.T) {
 	s.Status.ConsecutiveFailures = 3
 	s.Status.LastFailureTime = ptr.To(metav1.Now())
 	require.NoError(t, env.client.Status().Update(context.Background(), s))
+	key := client.ObjectKeyFromObject(s)
 
 	cases := []struct {
 		name        string
@@ -762,6 +763,7 @@ func TestEnvtestStaleCachedStatusKeepsBackoff(t *testing.T) {
 			r := NewReconciler(env.client, countingRecorder{reasons: make(chan string, 100)}, nil)
 			r.Reader = staleSetReader{Client: env.client, set: stale}
 			r.APIReader = tc.apiReader
+			r.written.Store(key, s.ResourceVersion) // as if this reconciler had written the stored status
 			res, err := r.Reconcile(context.Background(), ctrl.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: "backoff"}})
 			require.NoError(t, err)
 			assert.Len(t, pods(t, ns, "backoff"), tc.wantCreated)

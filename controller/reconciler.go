@@ -50,12 +50,12 @@ type Reconciler struct {
 	// Reader, when set, is where sets and pods are read from (tests use it to
 	// simulate a lagging cache).
 	Reader client.Reader
-	// APIReader, when set, reads the set again, uncached, before a plan's
-	// pods are created or deleted (SetupWithManager sets the manager's). The
-	// status carries the failure backoff and the scale-down cooldown: a
-	// cached set that misses this controller's last status write (the cache
-	// lags by a few milliseconds) would plan with an expired backoff and
-	// create at once. A set whose cached version is not the stored one is
+	// APIReader, when set, reads the set uncached before a plan's pods are
+	// created or deleted while the cache may not have seen this
+	// controller's last status write (SetupWithManager sets the manager's).
+	// The status carries the failure backoff and the scale-down cooldown: a
+	// cached set missing the last write (the cache lags by milliseconds)
+	// would plan with an expired backoff and create at once. Such a set is
 	// planned again once the cache caught up.
 	APIReader client.Reader
 	Recorder  events.EventRecorder
@@ -68,6 +68,9 @@ type Reconciler struct {
 
 	expOnce sync.Once
 	exp     *expectations
+	// written holds, per set, the resourceVersion of this controller's
+	// last status write until the cache is known to have seen it.
+	written sync.Map // types.NamespacedName -> string
 }
 
 // NewReconciler returns a Reconciler with the label lease source.
@@ -167,6 +170,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err := r.reader().Get(ctx, key, &set); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.expectations().Forget(key)
+			r.written.Delete(key)
 			r.Metrics.forget(key)
 			return ctrl.Result{}, nil
 		}
@@ -249,7 +253,11 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	log.V(1).Info("plan", "create", acts.Create, "delete", len(acts.Delete), "clearUsed", len(acts.ClearUsed), "markUsed", len(acts.MarkUsed),
 		"pods", len(in.Pods), "pendingCreates", pendingCreates, "target", acts.Status.Desired)
 
-	if (acts.Create > 0 || len(acts.Delete) > 0) && r.APIReader != nil {
+	if rv, ok := r.written.Load(key); ok && rv == set.ResourceVersion {
+		r.written.CompareAndDelete(key, rv) // the cache has seen the write
+	} else if ok && (acts.Create > 0 || len(acts.Delete) > 0) && r.APIReader != nil {
+		// The cached set is not the version our last status write made: it
+		// may be older (or a later spec change). Act only on the stored one.
 		var stored v1alpha1.ExporterSet
 		if err := r.APIReader.Get(ctx, key, &stored); err != nil {
 			if apierrors.IsNotFound(err) {
@@ -261,6 +269,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 			log.V(1).Info("cached exporterset is older than the stored one; plan again", "cached", set.ResourceVersion, "stored", stored.ResourceVersion)
 			return ctrl.Result{RequeueAfter: 200 * time.Millisecond}, nil
 		}
+		r.written.CompareAndDelete(key, rv) // the cache has caught up
 	}
 	execErr := r.execute(ctx, &set, key, hash, acts, now)
 	if execErr != nil {
@@ -425,6 +434,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, set *v1alpha1.ExporterSet,
 	if err := r.Client.Status().Update(ctx, set); err != nil {
 		return fmt.Errorf("update status of exporterset %s/%s: %w", set.Namespace, set.Name, err)
 	}
+	r.written.Store(client.ObjectKeyFromObject(set), set.ResourceVersion)
 	return nil
 }
 
