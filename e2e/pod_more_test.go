@@ -13,12 +13,16 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// testPowerOffAlways: under restartPolicy Always a guest that powers itself
-// off (exit code 0) is started again, restartCount counting each run, the
-// last run reported as Terminated/Completed.
+// poweroffAfterBootCmdline makes the test image's init power the guest off
+// (exit 0) right after its boot marker (hack/testimage/init.sh).
+const poweroffAfterBootCmdline = "qk.poweroff"
+
+// testPowerOffAlways: under restartPolicy Always a guest that boots and then
+// powers itself off (exit code 0) is started again, restartCount counting
+// each run, the last run reported as Terminated/Completed.
 func (e *podEnv) testPowerOffAlways(t *testing.T) {
 	p := e.create(t, vmPodSpec("poweroff-always", e.a.name, e.refs[vmtest.VariantACPI], corev1.RestartPolicyAlways,
-		map[string]string{"qemu-kubelet.io/kernel-cmdline": vmtest.PoweroffCmdline}))
+		map[string]string{"qemu-kubelet.io/kernel-cmdline": poweroffAfterBootCmdline}))
 	rec := recordPod(t, e.c, "default", p.Name)
 	p = waitPod(t, e.c, "default", p.Name, 180*time.Second, "restartCount >= 2", func(p *corev1.Pod) bool {
 		return len(p.Status.ContainerStatuses) == 1 && p.Status.ContainerStatuses[0].RestartCount >= 2
@@ -38,6 +42,12 @@ func (e *podEnv) testPowerOffAlways(t *testing.T) {
 	}
 	assert.True(t, backoff, "CrashLoopBackOff between restarts; states seen: %v", rec.seen())
 	assert.LessOrEqual(t, len(vmtest.QEMUPids(e.a.vmDir(string(p.UID)))), 1, "at most one QEMU per pod")
+	// The previous run booted fully before powering itself off: its console
+	// through the real kubectl.
+	prev, err := e.c.Kubectl(context.Background(), "logs", "--previous", p.Name)
+	require.NoError(t, err, prev)
+	assert.Contains(t, prev, vmtest.BootMarker, "previous run's console:\n%s", tail(prev, 20))
+	assert.Contains(t, prev, "QK-POWEROFF", "previous run's console:\n%s", tail(prev, 20))
 	require.NoError(t, e.c.Client().CoreV1().Pods("default").Delete(context.Background(), p.Name, metav1.DeleteOptions{}))
 	waitPodGone(t, e.c, "default", p.Name, 60*time.Second)
 	waitNoDir(t, e.a.vmDir(string(p.UID)), 30*time.Second)

@@ -49,6 +49,12 @@ fi
 
 echo "QK-BOOT-OK variant=$VARIANT kernel=$(uname -r)"
 
+# qk.poweroff on the kernel command line: power off once booted (exit 0),
+# as a guest whose work is done.
+case " $(cat /proc/cmdline) " in
+  *" qk.poweroff "*) echo "QK-POWEROFF"; poweroff -f ;;
+esac
+
 if [ "$VARIANT" = panic ]; then
   echo "QK-PANIC-NOW"
   echo c > /proc/sysrq-trigger
