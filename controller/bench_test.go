@@ -35,7 +35,7 @@ const benchQPS, benchBurst = 1000, 2000
 func startKCM(b *testing.B) {
 	b.Helper()
 	cmd := exec.Command(filepath.Join(filepath.Dir(env.kubectl), "kube-controller-manager"),
-		"--kubeconfig="+env.kubeconfig, "--controllers=replicaset-controller", "--leader-elect=false",
+		"--kubeconfig="+env.kubeconfig, "--controllers=replicaset-controller,deployment-controller", "--leader-elect=false",
 		"--secure-port=0", fmt.Sprintf("--kube-api-qps=%d", benchQPS), fmt.Sprintf("--kube-api-burst=%d", benchBurst),
 		"--concurrent-replicaset-syncs=5", "-v=0")
 	logf, err := os.CreateTemp("", "kcm-*.log")
@@ -125,13 +125,14 @@ func benchNamespace(b *testing.B, cs kubernetes.Interface) string {
 
 // BenchmarkCreate100 measures the time from creating an ExporterSet of 100
 // replicas until its 100 pods exist, against the baseline of a ReplicaSet of
-// 100 reconciled by the real kube-controller-manager in the same apiserver,
+// 100 reconciled by the real kube-controller-manager in the same apiserver
+// (and a Deployment of 100, which adds the deployment controller's step),
 // both with the same client QPS/burst (kube-controller-manager speaks
 // protobuf, the ExporterSet controller JSON: controller-runtime's status
 // client cannot fall back to JSON for CRDs when protobuf is configured). No scheduler runs: the pods stay
 // Pending and unbound, so only the controllers and the apiserver are
 // measured. x-of-baseline = ReplicaSet time / ExporterSet time (>= 1 means
-// the ExporterSet is at least as fast).
+// the ExporterSet is at least as fast); x-of-deployment likewise.
 func BenchmarkCreate100(b *testing.B) {
 	const n = 100
 	startKCM(b)
@@ -148,11 +149,11 @@ func BenchmarkCreate100(b *testing.B) {
 		}
 	}
 	warmUpKCM(b, cs, tmpl("warmup"))
-	var rsTotal, exsTotal time.Duration
+	var rsTotal, depTotal, exsTotal time.Duration
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
-		rsNS, exsNS := benchNamespace(b, cs), benchNamespace(b, cs)
+		rsNS, depNS, exsNS := benchNamespace(b, cs), benchNamespace(b, cs), benchNamespace(b, cs)
 		mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 			Scheme: env.scheme, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
 			Cache:      cache.Options{DefaultNamespaces: map[string]cache.Config{exsNS: {}}},
@@ -188,6 +189,16 @@ func BenchmarkCreate100(b *testing.B) {
 				return err
 			})
 		}
+		dep := func() {
+			depTotal += timeToPods(b, cs, depNS, "dep", n, func() error {
+				_, err := cs.AppsV1().Deployments(depNS).Create(context.Background(), &appsv1.Deployment{
+					ObjectMeta: metav1.ObjectMeta{Name: "dep"},
+					Spec: appsv1.DeploymentSpec{Replicas: ptr.To[int32](n),
+						Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "dep"}}, Template: tmpl("dep")},
+				}, metav1.CreateOptions{})
+				return err
+			})
+		}
 		exs := func() {
 			exsTotal += timeToPods(b, cs, exsNS, "exs", n, func() error {
 				return env.client.Create(context.Background(), &v1alpha1.ExporterSet{
@@ -199,9 +210,11 @@ func BenchmarkCreate100(b *testing.B) {
 		}
 		if i%2 == 0 { // alternate the order so neither side always runs on a warmer apiserver
 			rs()
+			dep()
 			exs()
 		} else {
 			exs()
+			dep()
 			rs()
 		}
 
@@ -215,7 +228,10 @@ func BenchmarkCreate100(b *testing.B) {
 	b.StopTimer()
 	rsMS := float64(rsTotal.Milliseconds()) / float64(b.N)
 	exsMS := float64(exsTotal.Milliseconds()) / float64(b.N)
+	depMS := float64(depTotal.Milliseconds()) / float64(b.N)
 	b.ReportMetric(rsMS, "replicaset-ms/op")
+	b.ReportMetric(depMS, "deployment-ms/op")
 	b.ReportMetric(exsMS, "exporterset-ms/op")
 	b.ReportMetric(rsTotal.Seconds()/exsTotal.Seconds(), "x-of-baseline")
+	b.ReportMetric(depTotal.Seconds()/exsTotal.Seconds(), "x-of-deployment")
 }
