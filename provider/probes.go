@@ -433,7 +433,7 @@ type probeGate struct {
 
 // runProbe is one probe's loop. It waits for gate (nil: none), then the
 // probe's initial delay (counted from the run's start when gated), then
-// checks every period; onResult gets the thresholded result after every
+// checks every period (a check's own duration counts against the period); onResult gets the thresholded result after every
 // check, and the message of the failing check when the result is a failure
 // (empty while failures are below the threshold); it returns whether to go
 // on.
@@ -464,6 +464,9 @@ func (p *VMs) runProbe(ctx context.Context, rec *podVM, vm *qemu.VM, c *corev1.C
 		return
 	}
 	for {
+		// Like the kubelet's probe worker (a ticker), a check that takes
+		// long counts against the period instead of adding to it.
+		began := time.Now()
 		cctx, cancel := context.WithCancel(ctx)
 		go func() {
 			select {
@@ -492,7 +495,7 @@ func (p *VMs) runProbe(ctx context.Context, rec *podVM, vm *qemu.VM, c *corev1.C
 		if !onResult(res, failMsg) {
 			return
 		}
-		if !wait(period) {
+		if !wait(max(0, period-time.Since(began))) {
 			return
 		}
 	}
