@@ -8,7 +8,9 @@
 # holding
 #   vmlinuz                    Debian linux-image-*-cloud-amd64 kernel
 #   initramfs-acpi.cpio.gz     busybox init: prints QK-BOOT-OK on ttyS0, serves
-#                              "QK-HTTP-OK" over HTTP on guest port 8080, echoes
+#                              "QK-HTTP-OK" over HTTP on guest port 8080 (GET
+#                              /cgi-bin/burn?SECS burns a vCPU for SECS s,
+#                              /cgi-bin/idle stops that), echoes
 #                              console lines back as "QK-ECHO: <line>", powers
 #                              off on the ACPI power button (busybox acpid)
 #   initramfs-noacpi.cpio.gz   same, but ignores the ACPI power button

@@ -49,7 +49,28 @@ type Options struct {
 	Dir string
 	// Logf receives progress lines; default discards.
 	Logf func(format string, args ...any)
+
+	// APIServerBindAddress is the address kube-apiserver listens on.
+	// Default 127.0.0.1; "0.0.0.0" also serves the addresses of
+	// APIServerExtraIPs (clients stay on ServerURL, which is loopback).
+	APIServerBindAddress string
+	// APIServerExtraIPs are added to the apiserver's serving certificate,
+	// for clients that reach it at another address (e.g. from a network
+	// namespace).
+	APIServerExtraIPs []string
+	// Aggregation sets up the aggregation layer: a front-proxy CA and
+	// client certificate (--proxy-client-*, --requestheader-*) and
+	// --enable-aggregator-routing, so APIServices backed by a selectorless
+	// Service plus EndpointSlice (e.g. metrics-server) are served.
+	Aggregation bool
+	// HPASyncPeriod, if set, is kube-controller-manager's
+	// --horizontal-pod-autoscaler-sync-period (default 15s there).
+	HPASyncPeriod time.Duration
 }
+
+// FrontProxyClientCN is the CN of the apiserver's front-proxy client
+// certificate when Options.Aggregation is set (--requestheader-allowed-names).
+const FrontProxyClientCN = "front-proxy-client"
 
 // Cluster is a running control plane on loopback.
 type Cluster struct {
@@ -173,26 +194,43 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		return nil, err
 	}
 
-	if err := c.spawn("kube-apiserver",
-		"--etcd-servers="+etcdURL,
-		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
-		"--secure-port="+strconv.Itoa(apiPort),
+	bind := opts.APIServerBindAddress
+	if bind == "" {
+		bind = "127.0.0.1"
+	}
+	apiArgs := []string{
+		"--etcd-servers=" + etcdURL,
+		"--bind-address=" + bind, "--advertise-address=127.0.0.1",
+		"--secure-port=" + strconv.Itoa(apiPort),
 		"--endpoint-reconciler-type=none",
-		"--tls-cert-file="+pki("apiserver.crt"), "--tls-private-key-file="+pki("apiserver.key"),
-		"--client-ca-file="+pki("ca.crt"),
+		"--tls-cert-file=" + pki("apiserver.crt"), "--tls-private-key-file=" + pki("apiserver.key"),
+		"--client-ca-file=" + pki("ca.crt"),
 		"--service-account-issuer=https://kubernetes.default.svc",
-		"--service-account-key-file="+pki("sa.pub"),
-		"--service-account-signing-key-file="+pki("sa.key"),
+		"--service-account-key-file=" + pki("sa.pub"),
+		"--service-account-signing-key-file=" + pki("sa.key"),
 		"--service-cluster-ip-range=10.96.0.0/24",
 		"--authorization-mode=Node,RBAC",
 		"--enable-admission-plugins=NodeRestriction",
-		"--kubelet-client-certificate="+pki("kubelet-client.crt"),
-		"--kubelet-client-key="+pki("kubelet-client.key"),
+		"--kubelet-client-certificate=" + pki("kubelet-client.crt"),
+		"--kubelet-client-key=" + pki("kubelet-client.key"),
 		"--kubelet-preferred-address-types=InternalIP,Hostname",
 		"--allow-privileged=true",
 		"--profiling=false",
 		"--v=1",
-	); err != nil {
+	}
+	if opts.Aggregation {
+		apiArgs = append(apiArgs,
+			"--requestheader-client-ca-file="+pki("front-proxy-ca.crt"),
+			"--requestheader-allowed-names="+FrontProxyClientCN,
+			"--requestheader-extra-headers-prefix=X-Remote-Extra-",
+			"--requestheader-group-headers=X-Remote-Group",
+			"--requestheader-username-headers=X-Remote-User",
+			"--proxy-client-cert-file="+pki("front-proxy-client.crt"),
+			"--proxy-client-key-file="+pki("front-proxy-client.key"),
+			"--enable-aggregator-routing=true",
+		)
+	}
+	if err := c.spawn("kube-apiserver", apiArgs...); err != nil {
 		return nil, err
 	}
 	if err := c.waitHTTP(ctx, "kube-apiserver", c.serverURL+"/readyz", c.adminTLS()); err != nil {
@@ -209,20 +247,24 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		return nil, err
 	}
 
-	if err := c.spawn("kube-controller-manager",
-		"--kubeconfig="+kcmKC,
-		"--authentication-kubeconfig="+kcmKC, "--authorization-kubeconfig="+kcmKC,
-		"--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(kcmPort),
+	var kcmExtra []string
+	if opts.HPASyncPeriod > 0 {
+		kcmExtra = append(kcmExtra, "--horizontal-pod-autoscaler-sync-period="+opts.HPASyncPeriod.String())
+	}
+	if err := c.spawn("kube-controller-manager", append([]string{
+		"--kubeconfig=" + kcmKC,
+		"--authentication-kubeconfig=" + kcmKC, "--authorization-kubeconfig=" + kcmKC,
+		"--bind-address=127.0.0.1", "--secure-port=" + strconv.Itoa(kcmPort),
 		"--leader-elect=false",
 		"--use-service-account-credentials=true",
-		"--service-account-private-key-file="+pki("sa.key"),
-		"--root-ca-file="+pki("ca.crt"),
-		"--cluster-signing-cert-file="+pki("ca.crt"), "--cluster-signing-key-file="+pki("ca.key"),
-		"--node-monitor-grace-period="+opts.NodeMonitorGracePeriod.String(),
+		"--service-account-private-key-file=" + pki("sa.key"),
+		"--root-ca-file=" + pki("ca.crt"),
+		"--cluster-signing-cert-file=" + pki("ca.crt"), "--cluster-signing-key-file=" + pki("ca.key"),
+		"--node-monitor-grace-period=" + opts.NodeMonitorGracePeriod.String(),
 		"--node-monitor-period=2s",
 		"--profiling=false",
 		"--v=1",
-	); err != nil {
+	}, kcmExtra...)...); err != nil {
 		return nil, err
 	}
 	if err := c.spawn("kube-scheduler",
@@ -499,6 +541,7 @@ func (c *Cluster) writePKI() error {
 		var hosts []string
 		if l.server {
 			hosts = []string{"127.0.0.1", "::1", "localhost", "10.96.0.1", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}
+			hosts = append(hosts, c.opts.APIServerExtraIPs...)
 		}
 		crt, key, err := c.ca.issue(l.cn, l.groups, hosts, l.server)
 		if err != nil {
@@ -511,7 +554,31 @@ func (c *Cluster) writePKI() error {
 			return err
 		}
 	}
+	if c.opts.Aggregation {
+		if err := writeFrontProxyPKI(pki); err != nil {
+			return fmt.Errorf("front-proxy certificates: %w", err)
+		}
+	}
 	return writeKeyPair(filepath.Join(pki, "sa.key"), filepath.Join(pki, "sa.pub"))
+}
+
+// writeFrontProxyPKI writes a separate front-proxy CA and the client
+// certificate the apiserver presents to aggregated APIs, as kubeadm does.
+func writeFrontProxyPKI(pki string) error {
+	fp, err := newCA()
+	if err != nil {
+		return err
+	}
+	crt, key, err := fp.issue(FrontProxyClientCN, nil, nil, false)
+	if err != nil {
+		return err
+	}
+	for name, b := range map[string][]byte{"front-proxy-ca.crt": fp.certPEM, "front-proxy-client.crt": crt} {
+		if err := os.WriteFile(filepath.Join(pki, name), b, 0o644); err != nil {
+			return err
+		}
+	}
+	return os.WriteFile(filepath.Join(pki, "front-proxy-client.key"), key, 0o600)
 }
 
 func (c *Cluster) writeKubeconfig(path, user string, groups ...string) error {

@@ -36,6 +36,27 @@ for b in /sys/block/vd*; do
   fi
 done
 echo "QK-HTTP-OK" > /www/index.html
+# GET /cgi-bin/burn?SECS keeps one vCPU busy for SECS seconds (default 60,
+# at most 3600) in the background, for CPU autoscaling tests; GET
+# /cgi-bin/idle stops every burn.
+mkdir -p /www/cgi-bin
+cat > /www/cgi-bin/burn <<'BURN'
+#!/bin/sh
+secs=${QUERY_STRING:-60}
+case "$secs" in ''|*[!0-9]*) secs=60 ;; esac
+[ "$secs" -gt 3600 ] && secs=3600
+timeout "$secs" sh -c 'while :; do :; done' </dev/null >/dev/null 2>&1 &
+echo $! >> /tmp/qk-burn.pids
+printf 'Content-Type: text/plain\r\n\r\nQK-BURN %s\n' "$secs"
+BURN
+cat > /www/cgi-bin/idle <<'IDLE'
+#!/bin/sh
+# busybox timeout execs the loop in the process the shell forked: $! above.
+for p in $(cat /tmp/qk-burn.pids 2>/dev/null); do kill "$p" 2>/dev/null; done
+rm -f /tmp/qk-burn.pids
+printf 'Content-Type: text/plain\r\n\r\nQK-IDLE\n'
+IDLE
+chmod 0755 /www/cgi-bin/burn /www/cgi-bin/idle
 httpd -p 8080 -h /www
 
 if [ "$VARIANT" = acpi ]; then
