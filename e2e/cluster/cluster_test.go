@@ -2,13 +2,19 @@ package cluster
 
 import (
 	"context"
-	corev1 "k8s.io/api/core/v1"
+	"crypto/tls"
+	"crypto/x509"
+	"net"
+	"net/http"
+	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -69,6 +75,14 @@ func TestClusterLifecycle(t *testing.T) {
 		t.Fatalf("user without RBAC listing pods: want Forbidden, got %v", err)
 	}
 
+	// By default the apiserver listens on loopback only.
+	if ip := nonLoopbackIPv4(); ip != "" {
+		if conn, err := net.DialTimeout("tcp", net.JoinHostPort(ip, serverPort(t, c)), 2*time.Second); err == nil {
+			conn.Close()
+			t.Errorf("apiserver reachable at %s by default; want loopback only", ip)
+		}
+	}
+
 	var pids []int
 	for _, p := range c.procs {
 		pids = append(pids, p.cmd.Process.Pid)
@@ -98,4 +112,86 @@ func pollUntil(ctx context.Context, f func() bool) error {
 		}
 	}
 	return nil
+}
+
+// TestClusterAggregationOptions starts a control plane with the opt-in
+// aggregation layer, a wildcard bind address with an extra serving IP and a
+// short HPA sync period, and checks each reached the components.
+func TestClusterAggregationOptions(t *testing.T) {
+	ip := nonLoopbackIPv4()
+	if ip == "" {
+		t.Fatal("no non-loopback IPv4 address on this host to serve the apiserver on")
+	}
+	c := StartT(t, Options{Aggregation: true, APIServerBindAddress: "0.0.0.0", APIServerExtraIPs: []string{ip}, HPASyncPeriod: 5 * time.Second})
+	ctx := context.Background()
+
+	// The apiserver publishes the front-proxy settings aggregated APIs
+	// (metrics-server) read to authenticate proxied requests.
+	cm, err := c.Client().CoreV1().ConfigMaps("kube-system").Get(ctx, "extension-apiserver-authentication", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cm.Data["requestheader-allowed-names"]; !strings.Contains(got, FrontProxyClientCN) {
+		t.Errorf("requestheader-allowed-names = %q, want %s", got, FrontProxyClientCN)
+	}
+	fpCA, err := os.ReadFile(c.Dir() + "/pki/front-proxy-ca.crt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cm.Data["requestheader-client-ca-file"]; strings.TrimSpace(got) != strings.TrimSpace(string(fpCA)) {
+		t.Errorf("requestheader-client-ca-file is not the front-proxy CA:\n%s", got)
+	}
+	if got := cm.Data["requestheader-username-headers"]; !strings.Contains(got, "X-Remote-User") {
+		t.Errorf("requestheader-username-headers = %q", got)
+	}
+
+	// Reachable and verifiable (the extra IP is in its certificate) at the
+	// non-loopback address.
+	pool := x509.NewCertPool()
+	caPEM, err := os.ReadFile(c.CAFile())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool.AppendCertsFromPEM(caPEM)
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	resp, err := hc.Get("https://" + net.JoinHostPort(ip, serverPort(t, c)) + "/livez")
+	if err != nil {
+		t.Fatalf("apiserver at %s: %v", ip, err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("GET /livez at %s: %s", ip, resp.Status)
+	}
+
+	// kube-controller-manager got the HPA sync period.
+	kcm := c.proc("kube-controller-manager")
+	cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(kcm.cmd.Process.Pid) + "/cmdline")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(cmdline), "--horizontal-pod-autoscaler-sync-period=5s") {
+		t.Errorf("kube-controller-manager command line lacks the HPA sync period: %q", cmdline)
+	}
+}
+
+func serverPort(t *testing.T, c *Cluster) string {
+	t.Helper()
+	u, err := url.Parse(c.ServerURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u.Port()
+}
+
+func nonLoopbackIPv4() string {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return ""
+	}
+	for _, a := range addrs {
+		if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil && !ipn.IP.IsLoopback() && !ipn.IP.IsLinkLocalUnicast() {
+			return ipn.IP.String()
+		}
+	}
+	return ""
 }
