@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/qemu-kubelet/qemu-kubelet/e2e/cluster"
+	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 )
 
 // instruction is one Dockerfile instruction with continuations joined.
@@ -90,13 +90,6 @@ func parseDockerfile(t *testing.T, path string) []stage {
 	return stages
 }
 
-func repoRoot(t *testing.T) string {
-	t.Helper()
-	root, err := cluster.RepoRoot()
-	require.NoError(t, err)
-	return root
-}
-
 // makeBuildRecipe returns the commands of the Makefile's build target.
 func makeBuildRecipe(t *testing.T, root string) []string {
 	t.Helper()
@@ -118,7 +111,7 @@ func makeBuildRecipe(t *testing.T, root string) []string {
 }
 
 func TestBuildStageRunsMakeBuild(t *testing.T) {
-	root := repoRoot(t)
+	root := testutil.MustRepoRoot(t)
 	stages := parseDockerfile(t, filepath.Join(root, "Dockerfile"))
 	require.Len(t, stages, 2, "multi-stage: build and runtime")
 	build := stages[0]
@@ -155,7 +148,7 @@ func TestBuildStageRunsMakeBuild(t *testing.T) {
 }
 
 func TestRuntimeStageCopiesEveryBinary(t *testing.T) {
-	root := repoRoot(t)
+	root := testutil.MustRepoRoot(t)
 	stages := parseDockerfile(t, filepath.Join(root, "Dockerfile"))
 	require.Len(t, stages, 2)
 	runtime := stages[1]
@@ -316,7 +309,7 @@ func aptInstalled(runs []instruction) []string {
 }
 
 func TestRuntimePackages(t *testing.T) {
-	root := repoRoot(t)
+	root := testutil.MustRepoRoot(t)
 	stages := parseDockerfile(t, filepath.Join(root, "Dockerfile"))
 	require.Len(t, stages, 2)
 	var runs []instruction

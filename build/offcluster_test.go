@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,6 +20,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/qemu-kubelet/qemu-kubelet/e2e/cluster"
+	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
 )
 
@@ -40,7 +40,7 @@ func buildAgent(t *testing.T, root string) string {
 // warnings there), with ExecStart pointing at a real qemu-kubelet build,
 // and keeps the settings docs/off-cluster.md relies on.
 func TestSystemdUnit(t *testing.T) {
-	root := repoRoot(t)
+	root := testutil.MustRepoRoot(t)
 	unit, err := os.ReadFile(filepath.Join(root, "docs", "systemd", "qemu-kubelet.service"))
 	require.NoError(t, err)
 	s := string(unit)
@@ -76,7 +76,7 @@ func TestSystemdUnit(t *testing.T) {
 // TestOffClusterConfigExample: docs/systemd/config.yaml passes the agent's
 // strict loader and validation, with the state dir the unit provides.
 func TestOffClusterConfigExample(t *testing.T) {
-	root := repoRoot(t)
+	root := testutil.MustRepoRoot(t)
 	file, err := config.Load(filepath.Join(root, "docs", "systemd", "config.yaml"))
 	require.NoError(t, err)
 	n, err := config.Resolve(file, config.Environment{Hostname: "kvm-01", HostIP: "192.0.2.10"})
@@ -95,7 +95,7 @@ func TestOffClusterConfigExample(t *testing.T) {
 // authorizer restricts. (The bootstrap-token variant is not run: the test
 // API server does not enable bootstrap token authentication.)
 func TestClientCertificateJoin(t *testing.T) {
-	root := repoRoot(t)
+	root := testutil.MustRepoRoot(t)
 	bin := buildAgent(t, root)
 	c := cluster.StartT(t, cluster.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -155,12 +155,12 @@ spec:
 	require.NoError(t, err)
 	var cfg map[string]any
 	require.NoError(t, yaml.Unmarshal(raw, &cfg))
-	ip := hostIPv4(t)
+	ip := testutil.HostIPv4(t)
 	cfg["nodeIP"] = ip
 	cfg["stateDir"] = filepath.Join(dir, "state")
 	cfg["accelerator"] = map[string]any{"policy": "tcg"} // no usable KVM here
 	cfg["reserved"] = map[string]any{"cpu": "100m", "memory": "256Mi", "ephemeral-storage": "1Gi"}
-	cfg["server"] = map[string]any{"address": ip, "port": freeTCPPort(t), "clientCAFile": c.CAFile()}
+	cfg["server"] = map[string]any{"address": ip, "port": testutil.FreePort(t), "clientCAFile": c.CAFile()}
 	require.Equal(t, node, cfg["nodeName"], "the example's nodeName is the certificate's")
 	b, err := yaml.Marshal(cfg)
 	require.NoError(t, err)
@@ -218,25 +218,4 @@ spec:
 	b, err = os.ReadFile(logPath)
 	require.NoError(t, err)
 	assert.NotContains(t, strings.ToLower(string(b)), "forbidden", "the agent was refused an API request")
-}
-
-func hostIPv4(t *testing.T) string {
-	t.Helper()
-	addrs, err := net.InterfaceAddrs()
-	require.NoError(t, err)
-	for _, a := range addrs {
-		if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil && !ipn.IP.IsLoopback() && !ipn.IP.IsLinkLocalUnicast() {
-			return ipn.IP.String()
-		}
-	}
-	t.Fatal("no non-loopback IPv4 address: the API server does not proxy to loopback kubelets")
-	return ""
-}
-
-func freeTCPPort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }

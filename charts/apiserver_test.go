@@ -3,7 +3,6 @@ package charts
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/qemu-kubelet/qemu-kubelet/e2e/cluster"
+	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 )
 
 // TestAgainstAPIServer applies the chart to a real kube-apiserver (built
@@ -128,8 +128,8 @@ func installAndRun(ctx context.Context, t *testing.T, c *cluster.Cluster) {
 	out, err := build.CombinedOutput()
 	require.NoError(t, err, "go build: %s", out)
 
-	ip := hostIPv4(t)
-	port := freeTCPPort(t)
+	ip := testutil.HostIPv4(t)
+	port := testutil.FreePort(t)
 	state := filepath.Join(t.TempDir(), "state")
 	const nodeName = "qemu-host1"
 	manifest := render(t, "",
@@ -342,27 +342,6 @@ func start(t *testing.T, bin string, args ...string) (logPath string) {
 		}
 	})
 	return logPath
-}
-
-func hostIPv4(t *testing.T) string {
-	t.Helper()
-	addrs, err := net.InterfaceAddrs()
-	require.NoError(t, err)
-	for _, a := range addrs {
-		if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil && !ipn.IP.IsLoopback() && !ipn.IP.IsLinkLocalUnicast() {
-			return ipn.IP.String()
-		}
-	}
-	t.Fatal("no non-loopback IPv4 address: the API server does not proxy to loopback kubelets")
-	return ""
-}
-
-func freeTCPPort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 func tailFile(path string, n int) string {

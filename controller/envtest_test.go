@@ -8,11 +8,8 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
-	"runtime/pprof"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -40,6 +37,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
+	qktest "github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 )
 
 // env is the real kube-apiserver + etcd shared by the tests of this package.
@@ -52,23 +50,6 @@ var env struct {
 }
 
 const waitTimeout = 60 * time.Second
-
-func repoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", fmt.Errorf("no go.mod above the working directory")
-		}
-		dir = parent
-	}
-}
 
 // controlPlaneBin returns KUBEBUILDER_ASSETS, or builds the control plane
 // with hack/build-control-plane.sh (cached) and returns its bin dir.
@@ -91,36 +72,6 @@ func TestMain(m *testing.M) {
 	os.Exit(runTests(m))
 }
 
-// guardCleanup stops the control plane on SIGINT/SIGTERM and shortly before
-// `go test -timeout` would kill the binary, since deferred cleanup does not
-// run then (envtest's etcd and kube-apiserver live in their own process
-// groups). The returned function disarms it.
-func guardCleanup(stop func()) func() {
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
-	var deadline <-chan time.Time
-	if f := flag.Lookup("test.timeout"); f != nil {
-		if d, err := time.ParseDuration(f.Value.String()); err == nil && d > 30*time.Second {
-			deadline = time.After(d - 15*time.Second)
-		}
-	}
-	done := make(chan struct{})
-	go func() {
-		select {
-		case s := <-sig:
-			fmt.Fprintf(os.Stderr, "controller tests: %v: stopping the control plane\n", s)
-		case <-deadline:
-			fmt.Fprintln(os.Stderr, "controller tests: test timeout is near: stopping the control plane; goroutines:")
-			_ = pprof.Lookup("goroutine").WriteTo(os.Stderr, 2)
-		case <-done:
-			return
-		}
-		stop()
-		os.Exit(1)
-	}()
-	return func() { signal.Stop(sig); close(done) }
-}
-
 func runTests(m *testing.M) int {
 	// Errors only, unless EXS_TEST_VERBOSE is set.
 	lvl := zapcore.ErrorLevel
@@ -133,7 +84,7 @@ func runTests(m *testing.M) int {
 		// when a test's manager stops.
 		klog.SetLogger(logr.Discard())
 	}
-	root, err := repoRoot()
+	root, err := qktest.RepoRoot()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "controller tests:", err)
 		return 1
@@ -159,7 +110,7 @@ func runTests(m *testing.M) int {
 		}
 	}
 	defer stop()
-	defer guardCleanup(stop)()
+	defer qktest.GuardCleanup("controller tests", stop)()
 	env.cfg = cfg
 	env.scheme = runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(env.scheme); err != nil {
@@ -932,7 +883,7 @@ func TestEnvtestInvalidSelectorReported(t *testing.T) {
 // big for client-side apply's last-applied annotation; the documented
 // install is server-side apply.
 func TestEnvtestCRDInstallsServerSide(t *testing.T) {
-	root, err := repoRoot()
+	root, err := qktest.RepoRoot()
 	require.NoError(t, err)
 	dir := filepath.Join(root, "config", "crd")
 	out := mustKubectl(t, "apply", "--server-side", "--force-conflicts", "-f", dir)

@@ -24,6 +24,7 @@ import (
 
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/e2e/cluster"
+	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 )
@@ -70,8 +71,8 @@ func TestAggregatedMetrics(t *testing.T) {
 	waitNode(t, c, a.name, 90*time.Second, "Ready=True", readyIs(corev1.ConditionTrue))
 	startProcess(t, "exporterset-controller", filepath.Join(tmp, "exporterset-controller.log"), ctrlBin,
 		"--kubeconfig", c.AdminKubeconfig(),
-		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", freePort(t)),
-		"--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", freePort(t)),
+		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t)),
+		"--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t)),
 		"-v", "2")
 	e := &exsEnv{c: c, cl: cl, node: a.name, stateDir: filepath.Join(a.dir, "state"), image: refs[vmtest.VariantACPI], reg: reg.Addr, ns: "default"}
 	// Runs before the controller and the node stop (cleanups are LIFO).
@@ -164,7 +165,7 @@ func TestAggregatedMetrics(t *testing.T) {
 		}), "HPA never read CPU metrics: %s", hpaStatus())
 		t.Logf("idle: %s", strings.TrimSpace(k.ok("get", "hpa", "busy", "--no-headers")))
 
-		port := freePort(t)
+		port := testutil.FreePort(t)
 		pf := k.start(nil, "port-forward", "pod/"+first, fmt.Sprintf("%d:8080", port))
 		pf.waitFor(t, fmt.Sprintf("Forwarding from 127.0.0.1:%d", port), 30*time.Second)
 		guest := func(path, want string) {

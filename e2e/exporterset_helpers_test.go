@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -30,6 +29,7 @@ import (
 
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/e2e/cluster"
+	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
@@ -99,12 +99,12 @@ func startExsEnv(tb testing.TB) *exsEnv {
 
 	e.stateDir = startVMNode(tb, c, kubeletBin, e.node, tmp)
 	vmtest.ReapQEMU(tb, e.stateDir)
-	metricsAddr := fmt.Sprintf("127.0.0.1:%d", freePortTB(tb))
+	metricsAddr := fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(tb))
 	e.metrics = "http://" + metricsAddr + "/metrics"
 	startProcess(tb, "exporterset-controller", filepath.Join(tmp, "exporterset-controller.log"), ctrlBin,
 		"--kubeconfig", c.AdminKubeconfig(),
 		"--metrics-bind-address", metricsAddr,
-		"--health-probe-bind-address", "127.0.0.1:"+fmt.Sprint(freePortTB(tb)),
+		"--health-probe-bind-address", "127.0.0.1:"+fmt.Sprint(testutil.FreePort(tb)),
 		"-v", "2")
 	// Runs before the controller, the node and the cluster stop (cleanups
 	// are LIFO): sets go, the garbage collector deletes their pods, the
@@ -138,16 +138,6 @@ func goBuild(tb testing.TB, root, dir, pkg string) string {
 		tb.Fatalf("go build %s: %v\n%s", pkg, err, b)
 	}
 	return out
-}
-
-func freePortTB(tb testing.TB) int {
-	tb.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // startProcess runs bin in its own process group with output to logPath;
@@ -196,7 +186,7 @@ func startVMNode(tb testing.TB, c *cluster.Cluster, bin, name, dir string) strin
 		tb.Fatal(err)
 	}
 	// The node's kubelet API is not used here: loopback is enough.
-	ip, port := "127.0.0.1", freePortTB(tb)
+	ip, port := "127.0.0.1", testutil.FreePort(tb)
 	state := filepath.Join(dir, "node-state")
 	cfgPath := filepath.Join(dir, "node.yaml")
 	cfg := fmt.Sprintf(`apiVersion: qemu-kubelet.io/v1alpha1

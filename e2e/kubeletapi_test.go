@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/qemu-kubelet/qemu-kubelet/e2e/cluster"
+	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 	"github.com/stretchr/testify/assert"
@@ -137,7 +138,7 @@ func TestKubeletAPI(t *testing.T) {
 		require.NoError(t, err)
 		b, err := exec.Command(filepath.Join(root, "hack", "build-metrics-server.sh")).Output()
 		require.NoError(t, err, "hack/build-metrics-server.sh")
-		port := freePort(t)
+		port := testutil.FreePort(t)
 		admin := k.c.AdminKubeconfig()
 		ms := exec.Command(strings.TrimSpace(string(b)), "--kubeconfig="+admin, "--authentication-kubeconfig="+admin, "--authorization-kubeconfig="+admin,
 			"--client-ca-file="+k.c.CAFile(), "--secure-port="+fmt.Sprint(port), "--bind-address=127.0.0.1", "--cert-dir="+t.TempDir(),
@@ -205,7 +206,7 @@ func TestKubeletAPI(t *testing.T) {
 
 	t.Run("PortForwardReachesGuestHTTP", func(t *testing.T) {
 		k.t = t
-		l1, l2 := freePort(t), freePort(t)
+		l1, l2 := testutil.FreePort(t), testutil.FreePort(t)
 		pf := k.start(nil, "port-forward", "pod/kapi", fmt.Sprintf("%d:8080", l1), fmt.Sprintf("%d:8080", l2))
 		pf.waitFor(t, fmt.Sprintf("Forwarding from 127.0.0.1:%d", l2), 30*time.Second)
 		// Both forwards, concurrently, several requests each.
@@ -226,7 +227,7 @@ func TestKubeletAPI(t *testing.T) {
 
 		// A guest port nothing listens on: the connection closes and kubectl
 		// reports the guest's refusal.
-		l3 := freePort(t)
+		l3 := testutil.FreePort(t)
 		bad := k.start(nil, "port-forward", "pod/kapi", fmt.Sprintf("%d:9999", l3))
 		bad.waitFor(t, fmt.Sprintf("Forwarding from 127.0.0.1:%d", l3), 30*time.Second)
 		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/", l3))

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/qemu-kubelet/qemu-kubelet/e2e/cluster"
+	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -40,34 +41,6 @@ func buildQemuKubelet(t *testing.T) string {
 		t.Fatalf("build qemu-kubelet: %v\n%s", err, b)
 	}
 	return out
-}
-
-// hostIP is the host's first non-loopback IPv4 address: the API server
-// refuses to proxy to a node address on loopback, so the kubelet API must
-// listen on a real interface.
-func hostIP(t *testing.T) string {
-	t.Helper()
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, a := range addrs {
-		if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil && !ipn.IP.IsLoopback() && !ipn.IP.IsLinkLocalUnicast() {
-			return ipn.IP.String()
-		}
-	}
-	t.Fatal("no non-loopback IPv4 address: the API server does not proxy to loopback kubelets")
-	return ""
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // nodeAgent is one qemu-kubelet process under test, restartable with the
@@ -99,7 +72,7 @@ func newNodeAgent(t *testing.T, c *cluster.Cluster, bin, name, policy, extra str
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := &nodeAgent{t: t, bin: bin, name: name, port: freePort(t), ip: hostIP(t), dir: dir, kubeconfig: kc,
+	a := &nodeAgent{t: t, bin: bin, name: name, port: testutil.FreePort(t), ip: testutil.HostIPv4(t), dir: dir, kubeconfig: kc,
 		configPath: filepath.Join(dir, "node.yaml"), logPath: filepath.Join(dir, "qemu-kubelet.log")}
 	cfg := fmt.Sprintf(`apiVersion: qemu-kubelet.io/v1alpha1
 kind: NodeConfiguration

@@ -27,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/qemu-kubelet/qemu-kubelet/e2e/cluster"
+	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
@@ -49,7 +50,7 @@ func TestObservability(t *testing.T) {
 	a := newNodeAgent(t, c, bin, "qk-obs", "tcg", "")
 	vmtest.ReapQEMU(t, a.dir)
 	t.Cleanup(func() { deleteAllPods(t, c, "default", a.dir) })
-	metricsPort := freePort(t)
+	metricsPort := testutil.FreePort(t)
 	obsStartAgent(t, a, []string{"--metrics-bind-address=127.0.0.1:" + fmt.Sprint(metricsPort)},
 		"OTEL_EXPORTER_OTLP_ENDPOINT="+collector.URL, "OTEL_BSP_SCHEDULE_DELAY=200")
 	waitNode(t, c, a.name, 90*time.Second, "Ready=True", readyIs(corev1.ConditionTrue))

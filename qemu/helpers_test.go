@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 )
 
 // testStateRoot is the prefix of every state dir the tests create; TestMain
@@ -74,7 +76,7 @@ var (
 func testImage(t testing.TB) string {
 	t.Helper()
 	imageOnce.Do(func() {
-		root, err := repoRoot()
+		root, err := testutil.RepoRoot()
 		if err != nil {
 			imageErr = err
 			return
@@ -94,23 +96,6 @@ func testImage(t testing.TB) string {
 		t.Fatal(imageErr)
 	}
 	return imageDir
-}
-
-func repoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", fmt.Errorf("no go.mod above the working directory")
-		}
-		dir = parent
-	}
 }
 
 // newStateDir returns a short (unix socket paths are limited) fresh dir;

@@ -2,18 +2,14 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
-	"runtime/pprof"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -32,21 +28,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
+	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 )
-
-func repoRoot(t *testing.T) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	require.NoError(t, err)
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		require.NotEqual(t, dir, parent, "no go.mod above the working directory")
-		dir = parent
-	}
-}
 
 // controlPlaneBin returns KUBEBUILDER_ASSETS or builds the control plane
 // (cached) with hack/build-control-plane.sh.
@@ -85,7 +68,7 @@ func httpGet(url string) (int, string, error) {
 // election, metrics and health endpoints) against a real kube-apiserver.
 func TestRunAgainstRealAPIServer(t *testing.T) {
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
-	root := repoRoot(t)
+	root := testutil.MustRepoRoot(t)
 	testEnv := &envtest.Environment{
 		BinaryAssetsDirectory: controlPlaneBin(t, root),
 		CRDDirectoryPaths:     []string{filepath.Join(root, "config", "crd")},
@@ -99,7 +82,7 @@ func TestRunAgainstRealAPIServer(t *testing.T) {
 		}
 	}
 	t.Cleanup(stop)
-	t.Cleanup(guardCleanup(stop))
+	t.Cleanup(testutil.GuardCleanup("exporterset-controller tests", stop))
 
 	scheme := runtime.NewScheme()
 	require.NoError(t, clientgoscheme.AddToScheme(scheme))
@@ -161,34 +144,4 @@ func TestRunAgainstRealAPIServer(t *testing.T) {
 	require.NoError(t, c.Get(context.Background(), client.ObjectKey{Namespace: "default", Name: "exs-test"}, &lease))
 	require.NotNil(t, lease.Spec.HolderIdentity)
 	assert.NotEmpty(t, *lease.Spec.HolderIdentity, "leader election holds the Lease")
-}
-
-// guardCleanup stops the control plane on SIGINT/SIGTERM and shortly before
-// `go test -timeout` would kill the binary, since cleanups do not run then
-// (envtest's etcd and kube-apiserver live in their own process groups). The
-// returned function disarms it.
-func guardCleanup(stop func()) func() {
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
-	var deadline <-chan time.Time
-	if f := flag.Lookup("test.timeout"); f != nil {
-		if d, err := time.ParseDuration(f.Value.String()); err == nil && d > 30*time.Second {
-			deadline = time.After(d - 15*time.Second)
-		}
-	}
-	done := make(chan struct{})
-	go func() {
-		select {
-		case s := <-sig:
-			fmt.Fprintf(os.Stderr, "%v: stopping the control plane\n", s)
-		case <-deadline:
-			fmt.Fprintln(os.Stderr, "test timeout is near: stopping the control plane; goroutines:")
-			_ = pprof.Lookup("goroutine").WriteTo(os.Stderr, 2)
-		case <-done:
-			return
-		}
-		stop()
-		os.Exit(1)
-	}()
-	return func() { signal.Stop(sig); close(done) }
 }

@@ -18,26 +18,12 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 )
 
-// RepoRoot walks up from the working directory to the directory with go.mod.
-func RepoRoot(tb testing.TB) string {
-	tb.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			tb.Fatal("go.mod not found above the working directory")
-		}
-		dir = parent
-	}
-}
+// RepoRoot is the directory holding go.mod (see internal/testutil).
+func RepoRoot(tb testing.TB) string { return testutil.MustRepoRoot(tb) }
 
 // Oras returns the path of the oras CLI, building it (cached) if needed.
 func Oras(tb testing.TB) string {
