@@ -1,7 +1,7 @@
 # qemu-kubelet — common tasks. The first two are the README's quick start.
 #   make run    local control plane + a virtual node + the controller + a sample pool
 #   make test   everything CI runs (installs what a fresh machine lacks)
-#   make bench  benchmarks; results written to $(BENCH_OUT)
+#   make bench  benchmarks (each takes its own medians/ratios inside one iteration); results in $(BENCH_OUT)
 
 GO        ?= go
 VERSION   ?= v0.1.0-dev+$(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
@@ -9,7 +9,7 @@ PKG       := github.com/qemu-kubelet/qemu-kubelet
 LDFLAGS   := -X main.version=$(VERSION)
 BIN       := bin
 BENCH_OUT ?= bench-results.txt
-BENCHTIME ?= 3x
+BENCHTIME ?= 1x
 TEST_TIMEOUT ?= 25m
 
 export GOFLAGS ?= -mod=mod
