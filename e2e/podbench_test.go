@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"net"
@@ -19,6 +18,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/qemu-kubelet/qemu-kubelet/e2e/cluster"
+	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
@@ -303,35 +303,11 @@ nodeLeaseDurationSeconds: 12
 // serial console on stdout and returns the time to the boot marker.
 func (e *podBenchEnv) bareBoot(b *testing.B) time.Duration {
 	b.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	start := time.Now()
-	cmd := exec.CommandContext(ctx, "qemu-system-x86_64",
+	return testutil.BareBoot(b, "qemu-system-x86_64", vmtest.BootMarker,
 		"-machine", "q35,vmport=off", "-accel", "tcg", "-cpu", "max", "-smp", "1", "-m", "256M",
 		"-nodefaults", "-no-user-config", "-display", "none", "-serial", "stdio", "-device", "pvpanic",
 		"-netdev", "user,id=net0", "-device", "virtio-net-pci,netdev=net0",
 		"-kernel", e.kernel, "-initrd", e.initrd, "-append", e.cmdline)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	defer func() {
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		_ = cmd.Wait()
-	}()
-	sc := bufio.NewScanner(out)
-	for sc.Scan() {
-		if strings.Contains(sc.Text(), vmtest.BootMarker) {
-			return time.Since(start)
-		}
-	}
-	b.Fatalf("bare QEMU exited without the boot marker: %v", sc.Err())
-	return 0
 }
 
 // podTiming is one pod's start, measured from the Create call.

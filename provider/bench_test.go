@@ -1,18 +1,15 @@
 package provider
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"os/exec"
 	"path/filepath"
 	"sort"
-	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
@@ -58,35 +55,12 @@ func medianDur(d []time.Duration) time.Duration {
 // cmdline, pvpanic, user-mode virtio-net) from a bare qemu-system command
 // line with the serial console on stdout, until the boot marker.
 func (e *benchEnv) bareBoot(b *testing.B) time.Duration {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	start := time.Now()
-	cmd := exec.CommandContext(ctx, "qemu-system-x86_64",
+	b.Helper()
+	return testutil.BareBoot(b, "qemu-system-x86_64", vmtest.BootMarker,
 		"-machine", "q35,vmport=off", "-accel", "tcg", "-cpu", "max", "-smp", "1", "-m", "256M",
 		"-nodefaults", "-no-user-config", "-display", "none", "-serial", "stdio", "-device", "pvpanic",
 		"-netdev", "user,id=net0", "-device", "virtio-net-pci,netdev=net0",
 		"-kernel", e.img.Kernel, "-initrd", e.img.Initrd, "-append", e.img.Cmdline)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	defer func() {
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		_ = cmd.Wait()
-	}()
-	sc := bufio.NewScanner(out)
-	for sc.Scan() {
-		if strings.Contains(sc.Text(), vmtest.BootMarker) {
-			return time.Since(start)
-		}
-	}
-	b.Fatalf("bare QEMU exited without the boot marker: %v", sc.Err())
-	return 0
 }
 
 // podBoot creates a pod through the provider and returns the time to

@@ -1,17 +1,15 @@
 package qemu
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 )
 
 func median(d []time.Duration) time.Duration {
@@ -25,36 +23,12 @@ func median(d []time.Duration) time.Duration {
 // stdout) and returns the time until the boot marker appears.
 func bareBoot(b *testing.B, spec Spec) time.Duration {
 	b.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	start := time.Now()
-	cmd := exec.CommandContext(ctx, DefaultQEMUBinary,
+	return testutil.BareBoot(b, DefaultQEMUBinary, bootMarker,
 		"-machine", "q35", "-accel", "tcg", "-cpu", "max",
 		"-smp", fmt.Sprint(spec.CPUs), "-m", fmt.Sprintf("%dM", spec.MemoryMiB),
 		"-nodefaults", "-no-user-config", "-display", "none",
 		"-serial", "stdio", "-device", "pvpanic",
 		"-kernel", spec.Kernel, "-initrd", spec.Initrd, "-append", spec.Cmdline)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	defer func() {
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		cmd.Wait()
-	}()
-	sc := bufio.NewScanner(out)
-	for sc.Scan() {
-		if strings.Contains(sc.Text(), bootMarker) {
-			return time.Since(start)
-		}
-	}
-	b.Fatalf("bare QEMU exited without the boot marker: %v", sc.Err())
-	return 0
 }
 
 // packageBoot starts the VM through this package (state dir, QMP, console
