@@ -10,7 +10,7 @@ LDFLAGS   := -X main.version=$(VERSION)
 BIN       := bin
 BENCH_OUT ?= bench-results.txt
 BENCHTIME ?= 1x
-TEST_TIMEOUT ?= 25m
+TEST_TIMEOUT ?= 45m
 
 export GOFLAGS ?= -mod=mod
 export GOTOOLCHAIN ?= local
