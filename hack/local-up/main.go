@@ -144,11 +144,13 @@ Boot a VM of your own and watch its serial console:
 
   %s
   kubectl get pod vm1 -o wide -w
-  tail -f %s/vms/$(kubectl get pod vm1 -o jsonpath='{.metadata.uid}')/console.log
+  kubectl logs -f vm1                      # the serial console
+  kubectl attach -it vm1                   # type into it (the test image echoes lines)
+  kubectl port-forward pod/vm1 8080:8080   # then: curl localhost:8080
 
 Logs: %s
 Press Ctrl-C to stop and clean up.
-`, c.AdminKubeconfig(), nodeName, kubectlRunLine(), stateDir, filepath.Join(c.Dir(), "logs"))
+`, c.AdminKubeconfig(), nodeName, kubectlRunLine(), filepath.Join(c.Dir(), "logs"))
 
 	select {
 	case <-ctx.Done():
