@@ -193,3 +193,23 @@ type ExporterSetList struct {
 func init() {
 	SchemeBuilder.Register(&ExporterSet{}, &ExporterSetList{})
 }
+
+// The contract between a pod and the node's built-in Jumpstarter exporter:
+// a pod opts in by naming, in JumpstarterSecretAnnotation, a Secret in its
+// namespace holding these keys. The ExporterSet controller writes that
+// Secret in Jumpstarter mode; anyone may write it by hand.
+const (
+	// JumpstarterSecretAnnotation names the pod's exporter Secret.
+	JumpstarterSecretAnnotation = "qemu-kubelet.io/jumpstarter-exporter-secret"
+	// JumpstarterSecretEndpoint is the controller's gRPC endpoint (host:port).
+	JumpstarterSecretEndpoint = "endpoint"
+	// JumpstarterSecretToken is the exporter's token (Exporter status.credential).
+	JumpstarterSecretToken = "token"
+	// JumpstarterSecretNamespace and JumpstarterSecretName identify the
+	// Exporter object.
+	JumpstarterSecretNamespace = "namespace"
+	JumpstarterSecretName      = "name"
+	// JumpstarterSecretCA is an optional PEM CA bundle for the controller
+	// and router certificates.
+	JumpstarterSecretCA = "ca.crt"
+)

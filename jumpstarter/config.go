@@ -1,0 +1,59 @@
+package jumpstarter
+
+import (
+	"time"
+
+	"github.com/go-logr/logr"
+)
+
+// Config is what one exporter needs. The node agent fills it from the
+// Secret a pod names (see api/v1alpha1's JumpstarterSecret* keys) and the VM.
+type Config struct {
+	// Endpoint is the controller's gRPC address (host:port, TLS).
+	Endpoint string
+	// Token is the exporter's bearer token (Exporter status.credential).
+	// Never logged.
+	Token string
+	// Namespace and Name identify the Exporter object.
+	Namespace, Name string
+	// CABundle verifies the controller's and the router's certificates
+	// (PEM); empty: the system roots.
+	CABundle []byte
+	// Insecure dials the controller and router without TLS (tests only).
+	Insecure bool
+
+	// Labels are sent with Register (the controller keeps only
+	// jumpstarter.dev/ ones; lease selectors match the Exporter object).
+	Labels map[string]string
+	// Target is the VM; Ports the guest TCP ports reported as network
+	// drivers (besides the console and power drivers every target has).
+	Target Target
+	Ports  []Port
+	// Hostname, Username, Password answer the root driver's get_hostname,
+	// get_username and get_password (upstream QemuClient).
+	Hostname, Username, Password string
+
+	// OnState is called (from the exporter's own goroutine, never
+	// concurrently) on every state change; err is set for StateFailed.
+	OnState func(s State, err error)
+	// Observer receives metrics (optional).
+	Observer Observer
+	// Log is the exporter's logger (tokens are never logged).
+	Log logr.Logger
+	// Backoff bounds reconnect delays (defaults 1s doubling to 30s).
+	BackoffInitial, BackoffMax time.Duration
+}
+
+// Observer receives what the exporter does, for Prometheus metrics. The
+// node agent implements it; nil means no metrics.
+type Observer interface {
+	// Registration is called after every Register attempt (err nil on success).
+	Registration(err error)
+	// DriverCall is called after every DriverCall/StreamingDriverCall with
+	// the driver's name (jumpstarter.dev/name, "" for the root), the
+	// method and the gRPC status code name ("OK", "NotFound"...).
+	DriverCall(driver, method, code string)
+	// StreamOpened/StreamClosed bracket every byte stream (console, TCP).
+	StreamOpened(kind string)
+	StreamClosed(kind string)
+}
