@@ -36,11 +36,12 @@ import (
 var version = "v0.1.0-dev"
 
 type options struct {
-	configFile  string
-	kubeconfig  string
-	nodeName    string
-	showVersion bool
-	obs         observabilityOptions // observability.go
+	configFile               string
+	kubeconfig               string
+	nodeName                 string
+	kubeAPIQPS, kubeAPIBurst int
+	showVersion              bool
+	obs                      observabilityOptions // observability.go
 }
 
 func main() {
@@ -54,6 +55,8 @@ func run() int {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig with the node's credentials (default $KUBECONFIG, else in-cluster)")
 	fs.StringVar(&o.nodeName, "node-name", "", "node name; overrides nodeName of the config file")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
+	fs.IntVar(&o.kubeAPIQPS, "kube-api-qps", 0, "API client QPS; overrides kubeAPIQPS of the config file (default 50)")
+	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", 0, "API client burst; overrides kubeAPIBurst of the config file (default 100)")
 	o.obs.addFlags(fs)
 	klog.InitFlags(fs)
 	if err := fs.Parse(os.Args[1:]); err != nil {
@@ -100,6 +103,14 @@ func loadConfig(o options) (*config.Node, error) {
 	}
 	if o.nodeName != "" {
 		file.NodeName = o.nodeName
+	}
+	if o.kubeAPIQPS != 0 {
+		v := int32(o.kubeAPIQPS)
+		file.KubeAPIQPS = &v
+	}
+	if o.kubeAPIBurst != 0 {
+		v := int32(o.kubeAPIBurst)
+		file.KubeAPIBurst = &v
 	}
 	hostname, _ := os.Hostname()
 	n, err := config.Resolve(file, config.Environment{Hostname: hostname, HostIP: firstHostIPv4()})
@@ -179,9 +190,19 @@ func runNode(ctx context.Context, o options, cfg *config.Node) error {
 	if err != nil {
 		return err
 	}
+	// Like the kubelet: the main client has the kubeAPIQPS/Burst budget and
+	// events go through a client of their own, so a flood of events never
+	// delays a pod status write or a delete.
+	rc.QPS, rc.Burst = cfg.KubeAPIQPS, cfg.KubeAPIBurst
 	client, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return fmt.Errorf("create client: %w", err)
+	}
+	erc := rest.CopyConfig(rc)
+	erc.QPS, erc.Burst = cfg.EventRecordQPS, cfg.EventBurst
+	eventClient, err := kubernetes.NewForConfig(erc)
+	if err != nil {
+		return fmt.Errorf("create event client: %w", err)
 	}
 
 	obs, err := startObservability(ctx, o.obs, cfg.NodeName, os.Getenv)
@@ -226,7 +247,7 @@ func runNode(ctx context.Context, o options, cfg *config.Node) error {
 	if err := nodeutil.WithTLSConfig(nodeutil.WithKeyPairFromPath(certFile, keyFile))(&tlsHolder); err != nil {
 		return fmt.Errorf("kubelet API TLS (%s, %s): %w", certFile, keyFile, err)
 	}
-	v := &vkNode{cfg: cfg, client: client, status: status, pods: pods, auth: auth, tlsConfig: tlsHolder.TLSConfig, facts: facts,
+	v := &vkNode{cfg: cfg, client: client, eventClient: eventClient, status: status, pods: pods, auth: auth, tlsConfig: tlsHolder.TLSConfig, facts: facts,
 		imageGC: provider.ImageGC{Store: images, Period: cfg.Images.GCPeriod,
 			Policy: oci.GCPolicy{MaxBytes: cfg.Images.GCMaxBytes, MaxAge: cfg.Images.GCMaxAge}}}
 

@@ -49,3 +49,24 @@ func TestLoadConfig(t *testing.T) {
 	assert.Equal(t, "only-flag", n.NodeName)
 	assert.Equal(t, int32(10250), n.Port)
 }
+
+// TestLoadConfigAPIBudget: --kube-api-qps/--kube-api-burst override the file,
+// and a burst below the QPS is refused naming the field.
+func TestLoadConfigAPIBudget(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "node.yaml")
+	require.NoError(t, os.WriteFile(p, []byte("apiVersion: qemu-kubelet.io/v1alpha1\nkind: NodeConfiguration\nkubeAPIQPS: 10\nkubeAPIBurst: 20\n"), 0o600))
+
+	n, err := loadConfig(options{configFile: p})
+	require.NoError(t, err)
+	assert.Equal(t, float32(10), n.KubeAPIQPS)
+	assert.Equal(t, 20, n.KubeAPIBurst)
+
+	n, err = loadConfig(options{configFile: p, kubeAPIQPS: 70, kubeAPIBurst: 140})
+	require.NoError(t, err)
+	assert.Equal(t, float32(70), n.KubeAPIQPS)
+	assert.Equal(t, 140, n.KubeAPIBurst)
+
+	_, err = loadConfig(options{configFile: p, kubeAPIQPS: 70})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "kubeAPIBurst")
+}

@@ -36,14 +36,16 @@ import (
 //     which no pod needs while pods are not started (downward API
 //     resolution is skipped).
 type vkNode struct {
-	cfg       *config.Node
-	client    kubernetes.Interface
-	status    *provider.NodeStatus
-	pods      *provider.VMs
-	facts     provider.Facts
-	imageGC   provider.ImageGC
-	auth      nodeutil.Auth
-	tlsConfig *tls.Config
+	cfg    *config.Node
+	client kubernetes.Interface
+	// eventClient has its own rate limit (eventRecordQPS/eventBurst).
+	eventClient kubernetes.Interface
+	status      *provider.NodeStatus
+	pods        *provider.VMs
+	facts       provider.Facts
+	imageGC     provider.ImageGC
+	auth        nodeutil.Auth
+	tlsConfig   *tls.Config
 }
 
 func (v *vkNode) run(ctx context.Context, ready func()) error {
@@ -58,7 +60,7 @@ func (v *vkNode) run(ctx context.Context, ready func()) error {
 
 	eb := record.NewBroadcaster()
 	eb.StartStructuredLogging(2)
-	eb.StartRecordingToSink(&corev1client.EventSinkImpl{Interface: v.client.CoreV1().Events(corev1.NamespaceAll)})
+	eb.StartRecordingToSink(&corev1client.EventSinkImpl{Interface: v.eventClient.CoreV1().Events(corev1.NamespaceAll)})
 	defer eb.Shutdown()
 	recorder := eb.NewRecorder(scheme.Scheme, corev1.EventSource{Component: path.Join(v.cfg.NodeName, "pod-controller"), Host: v.cfg.NodeName})
 	v.pods.SetRecorder(eb.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "qemu-kubelet", Host: v.cfg.NodeName}))

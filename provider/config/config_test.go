@@ -83,6 +83,10 @@ func TestResolveDefaults(t *testing.T) {
 	assert.Equal(t, int32(10250), n.Port)
 	assert.Equal(t, 10*time.Second, n.StatusUpdateFrequency)
 	assert.Equal(t, 40*time.Second, n.LeaseDuration)
+	assert.Equal(t, float32(50), n.KubeAPIQPS, "the kubelet's default, not client-go's 5")
+	assert.Equal(t, 100, n.KubeAPIBurst)
+	assert.Equal(t, float32(50), n.EventRecordQPS)
+	assert.Equal(t, 100, n.EventBurst)
 	assert.Equal(t, Threshold{Amount: 100 << 20}, n.MemoryAvailable)
 	assert.Equal(t, Threshold{Percent: 10, IsPercent: true}, n.DiskAvailable)
 	assert.Equal(t, Threshold{Percent: 5, IsPercent: true}, n.PIDAvailable)
@@ -109,6 +113,10 @@ labels: {pool: ci}
 server: {address: 127.0.0.1, port: 11250, tlsCertFile: /c.pem, tlsPrivateKeyFile: /k.pem, clientCAFile: /ca.pem}
 nodeStatusUpdateFrequency: 2s
 nodeLeaseDurationSeconds: 12
+kubeAPIQPS: 20
+kubeAPIBurst: 40
+eventRecordQPS: 5
+eventBurst: 10
 pressure: {memoryAvailable: "0", diskAvailable: 5Gi, pidAvailable: 1000}
 `))
 	require.NoError(t, err)
@@ -132,6 +140,10 @@ pressure: {memoryAvailable: "0", diskAvailable: 5Gi, pidAvailable: 1000}
 	assert.False(t, n.MemoryAvailable.Crossed(0, 100), "0 disables")
 	assert.Equal(t, int64(1000), n.PIDAvailable.Amount)
 	assert.Equal(t, 12*time.Second, n.LeaseDuration)
+	assert.Equal(t, float32(20), n.KubeAPIQPS)
+	assert.Equal(t, 40, n.KubeAPIBurst)
+	assert.Equal(t, float32(5), n.EventRecordQPS)
+	assert.Equal(t, 10, n.EventBurst)
 }
 
 func TestResolveValidation(t *testing.T) {
@@ -160,6 +172,9 @@ func TestResolveValidation(t *testing.T) {
 		{"cert without key", "server: {tlsCertFile: /c.pem}", []string{"server.tlsCertFile", "together"}},
 		{"too fast status", "nodeStatusUpdateFrequency: 10ms", []string{"nodeStatusUpdateFrequency", "at least 1s"}},
 		{"lease too short", "nodeLeaseDurationSeconds: 1", []string{"nodeLeaseDurationSeconds", "between 4 and 3600"}},
+		{"zero qps", "kubeAPIQPS: 0", []string{"kubeAPIQPS", "at least 1"}},
+		{"burst below qps", "kubeAPIQPS: 200", []string{"kubeAPIBurst", "at least kubeAPIQPS (200)"}},
+		{"event burst below qps", "eventRecordQPS: 10\neventBurst: 2", []string{"eventBurst", "at least eventRecordQPS (10)"}},
 		{"bad percent", "pressure: {diskAvailable: 150%}", []string{"pressure.diskAvailable", "percentage"}},
 		{"bad threshold", "pressure: {memoryAvailable: plenty}", []string{"pressure.memoryAvailable"}},
 		{"several errors listed", "maxVMs: -1\nserver: {port: 0}", []string{"maxVMs", "server.port"}},

@@ -28,6 +28,10 @@ const (
 	DefaultServerPort                               = 10250
 	DefaultNodeStatusUpdateFrequency                = "10s"
 	DefaultNodeLeaseDurationSeconds                 = 40
+	DefaultKubeAPIQPS                               = 50
+	DefaultKubeAPIBurst                             = 100
+	DefaultEventRecordQPS                           = 50
+	DefaultEventBurst                               = 100
 	DefaultMemoryAvailable           QuantityString = "100Mi"
 	DefaultDiskAvailable             QuantityString = "10%"
 	DefaultPIDAvailable              QuantityString = "5%"
@@ -86,7 +90,13 @@ type Node struct {
 	// StatusUpdateFrequency is the period of host readings / status pushes.
 	StatusUpdateFrequency time.Duration
 	// LeaseDuration of the node lease; renewed every LeaseDuration/4.
-	LeaseDuration   time.Duration
+	LeaseDuration time.Duration
+	// KubeAPIQPS/KubeAPIBurst: the node's API client budget; EventRecordQPS/
+	// EventBurst: the events client's.
+	KubeAPIQPS      float32
+	KubeAPIBurst    int
+	EventRecordQPS  float32
+	EventBurst      int
 	MemoryAvailable Threshold
 	DiskAvailable   Threshold
 	PIDAvailable    Threshold
@@ -148,6 +158,10 @@ func Default(c *NodeConfiguration, env Environment) {
 		v := int32(DefaultNodeLeaseDurationSeconds)
 		c.NodeLeaseDurationSeconds = &v
 	}
+	defaultInt32(&c.KubeAPIQPS, DefaultKubeAPIQPS)
+	defaultInt32(&c.KubeAPIBurst, DefaultKubeAPIBurst)
+	defaultInt32(&c.EventRecordQPS, DefaultEventRecordQPS)
+	defaultInt32(&c.EventBurst, DefaultEventBurst)
 	if c.Pressure.MemoryAvailable == "" {
 		c.Pressure.MemoryAvailable = DefaultMemoryAvailable
 	}
@@ -319,12 +333,32 @@ func validate(c *NodeConfiguration) (*Node, field.ErrorList) {
 		n.LeaseDuration = time.Duration(l) * time.Second
 	}
 
+	n.KubeAPIQPS, n.KubeAPIBurst, errs = validateBudget("kubeAPIQPS", "kubeAPIBurst", *c.KubeAPIQPS, *c.KubeAPIBurst, errs)
+	n.EventRecordQPS, n.EventBurst, errs = validateBudget("eventRecordQPS", "eventBurst", *c.EventRecordQPS, *c.EventBurst, errs)
+
 	prPath := field.NewPath("pressure")
 	n.MemoryAvailable, errs = parseThreshold(prPath.Child("memoryAvailable"), c.Pressure.MemoryAvailable, errs)
 	n.DiskAvailable, errs = parseThreshold(prPath.Child("diskAvailable"), c.Pressure.DiskAvailable, errs)
 	n.PIDAvailable, errs = parseThreshold(prPath.Child("pidAvailable"), c.Pressure.PIDAvailable, errs)
 	n.Images, errs = validateImages(c.Images, errs)
 	return n, errs
+}
+
+func defaultInt32(p **int32, v int32) {
+	if *p == nil {
+		*p = &v
+	}
+}
+
+// validateBudget checks a client-side rate limit: qps > 0 and burst >= qps.
+func validateBudget(qpsField, burstField string, qps, burst int32, errs field.ErrorList) (float32, int, field.ErrorList) {
+	if qps < 1 {
+		errs = append(errs, field.Invalid(field.NewPath(qpsField), qps, "must be at least 1"))
+	}
+	if burst < qps {
+		errs = append(errs, field.Invalid(field.NewPath(burstField), burst, "must be at least "+qpsField+" ("+strconv.Itoa(int(qps))+")"))
+	}
+	return float32(qps), int(burst), errs
 }
 
 func parseDuration(p *field.Path, s string, min time.Duration, errs field.ErrorList) (time.Duration, field.ErrorList) {

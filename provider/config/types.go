@@ -76,6 +76,17 @@ type NodeConfiguration struct {
 	// kube-node-lease; it is renewed every quarter of it, like the kubelet
 	// (default 40).
 	NodeLeaseDurationSeconds *int32 `json:"nodeLeaseDurationSeconds,omitempty"`
+	// KubeAPIQPS and KubeAPIBurst are the node's API client budget, as the
+	// kubelet's kubeAPIQPS/kubeAPIBurst (defaults 50 and 100). Pod status
+	// writes, deletes and the node's own updates share it; events have a
+	// client and budget of their own (EventRecordQPS/EventBurst).
+	KubeAPIQPS   *int32 `json:"kubeAPIQPS,omitempty"`
+	KubeAPIBurst *int32 `json:"kubeAPIBurst,omitempty"`
+	// EventRecordQPS and EventBurst bound event creation, on a client of
+	// their own so events never delay a pod status write (kubelet's
+	// eventRecordQPS/eventBurst; defaults 50 and 100).
+	EventRecordQPS *int32 `json:"eventRecordQPS,omitempty"`
+	EventBurst     *int32 `json:"eventBurst,omitempty"`
 	// Pressure holds the thresholds of the pressure conditions.
 	Pressure PressureThresholds `json:"pressure,omitempty"`
 	// Images configures the OS image cache and registries.
