@@ -244,9 +244,9 @@ func (c *Conn) SetWriteDeadline(t time.Time) error {
 
 // Listener hands Conns to a grpc.Server: Accept returns what Put queues.
 type Listener struct {
-	ch     chan net.Conn
-	done   chan struct{}
-	once   sync.Once
+	ch   chan net.Conn
+	done chan struct{}
+	once sync.Once
 }
 
 // NewListener returns an open Listener.
