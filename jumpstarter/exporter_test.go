@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr/funcr"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
@@ -202,7 +203,20 @@ func (r *recorder) waitState(t testing.TB, s jumpstarter.State, within time.Dura
 	}
 }
 
+// logBuf collects every log line of the exporter (to check no token leaks).
+type logBuf struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
 type env struct {
+	logs   *logBuf
 	ctrl   *jstest.Controller
 	target *fakeTarget
 	rec    *recorder
@@ -222,7 +236,13 @@ func startEnv(t testing.TB, insecure bool, mutate func(*jumpstarter.Config)) *en
 	tgt := newFakeTarget()
 	tgt.guest[8080] = echoServer(t)
 	rec := newRecorder()
+	logs := &logBuf{}
 	cfg := jumpstarter.Config{
+		Log: funcr.New(func(prefix, args string) {
+			logs.mu.Lock()
+			fmt.Fprintln(&logs.b, prefix, args)
+			logs.mu.Unlock()
+		}, funcr.Options{Verbosity: 10}),
 		Endpoint: ctrl.Endpoint(), Token: token, Namespace: ns, Name: name,
 		CABundle: ctrl.CABundle(), Insecure: insecure,
 		Labels:   map[string]string{"jumpstarter.dev/board": "qemu-x86", "team": "ci"},
@@ -240,7 +260,7 @@ func startEnv(t testing.TB, insecure bool, mutate func(*jumpstarter.Config)) *en
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- e.Run(ctx) }()
-	ev := &env{ctrl: ctrl, target: tgt, rec: rec, cfg: cfg, cancel: cancel, done: done}
+	ev := &env{logs: logs, ctrl: ctrl, target: tgt, rec: rec, cfg: cfg, cancel: cancel, done: done}
 	t.Cleanup(func() { ev.stop(t) })
 	return ev
 }
@@ -469,6 +489,9 @@ func TestExporterLeaseSession(t *testing.T) {
 	st, _ = e.ctrl.ExporterState(ns, name)
 	assert.True(t, st.Unregistered, "Unregister on stop")
 	assert.Equal(t, jumpstarter.StateStopped, e.rec.last().state)
+	assert.Contains(t, e.logs.String(), "lease assigned", "the exporter logs")
+	assert.NotContains(t, e.logs.String(), e.cfg.Token, "the token is never logged")
+	assert.NotContains(t, e.logs.String(), parked.GetRouterToken(), "router tokens are never logged")
 }
 
 // checkReport asserts what the Python client needs to build its tree.
@@ -518,6 +541,8 @@ func TestExporterWrongToken(t *testing.T) {
 	require.Error(t, ev.err)
 	assert.Contains(t, ev.err.Error(), "rejected the exporter token (Unauthenticated)")
 	assert.NotContains(t, ev.err.Error(), "not-the-token")
+	assert.Contains(t, e.logs.String(), "Unauthenticated")
+	assert.NotContains(t, e.logs.String(), "not-the-token", "the token is never logged")
 	time.Sleep(1500 * time.Millisecond)
 	e.rec.mu.Lock()
 	n := len(e.rec.registrations)
