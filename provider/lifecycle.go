@@ -675,9 +675,15 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (*qemu.VM, bool) {
 
 	var img *oci.Image
 	for attempt := 1; ; attempt++ {
+		t0 := time.Now()
+		if img = p.presentImage(pctx, plan); img != nil {
+			// As the kubelet: one Pulled event, no Pulling, for a cached image.
+			att.pulled(t0, nil)
+			p.event(pod, corev1.EventTypeNormal, "Pulled", fmt.Sprintf("Container image %q already present on machine", plan.Image))
+			break
+		}
 		auth := p.pullSecrets(pctx, pod, plan.PullSecrets)
 		p.event(pod, corev1.EventTypeNormal, "Pulling", fmt.Sprintf("Pulling image %q", plan.Image))
-		t0 := time.Now()
 		var err error
 		img, err = p.cfg.Images.Pull(pctx, plan.Image, oci.PullOptions{Auth: auth, Policy: plan.PullPolicy})
 		att.pulled(t0, err)
@@ -785,6 +791,20 @@ type invalidSpec struct{ error }
 
 // vmSpec builds the VM spec for a pulled image and makes a fresh overlay
 // (each run starts from the image, as a container starts from its image).
+// presentImage returns the cached image of plan when its pull policy lets
+// the node use it without asking the registry (IfNotPresent, Never), else
+// nil. It never contacts a registry.
+func (p *VMs) presentImage(ctx context.Context, plan Plan) *oci.Image {
+	if plan.PullPolicy == oci.PullAlways {
+		return nil
+	}
+	img, err := p.cfg.Images.Pull(ctx, plan.Image, oci.PullOptions{Policy: oci.PullNever})
+	if err != nil {
+		return nil
+	}
+	return img
+}
+
 func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan Plan, img *oci.Image) (qemu.Spec, error) {
 	accel := qemu.Accelerator(p.cfg.Accelerator)
 	if plan.Accelerator != "" {

@@ -20,6 +20,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
 )
 
 // harness runs a VMs provider against a real registry, image store and QEMU
@@ -28,6 +29,8 @@ type harness struct {
 	t      testing.TB
 	vms    *VMs
 	cancel context.CancelFunc
+	// events holds the pod events, "Type Reason Message" (buffered).
+	events *record.FakeRecorder
 
 	mu   sync.Mutex
 	last map[types.UID]*corev1.Pod
@@ -36,8 +39,9 @@ type harness struct {
 
 func newHarness(t testing.TB, stateDir string, store *oci.Store, imageDir string) *harness {
 	ctx, cancel := context.WithCancel(context.Background())
-	h := &harness{t: t, cancel: cancel, last: map[types.UID]*corev1.Pod{}, seen: map[types.UID][]string{}}
+	h := &harness{t: t, cancel: cancel, last: map[types.UID]*corev1.Pod{}, seen: map[types.UID][]string{}, events: record.NewFakeRecorder(1000)}
 	h.vms = NewVMs(ctx, VMsConfig{
+		Recorder: h.events,
 		NodeName: "n1", NodeIP: "10.1.2.3", StateDir: stateDir, Accelerator: "tcg",
 		Images: store, ImageDir: imageDir,
 		Allocatable:      func() corev1.ResourceList { return rl("cpu", "8", "memory", "8Gi", "pods", "10") },
@@ -84,6 +88,19 @@ func (h *harness) wait(uid types.UID, timeout time.Duration, what string, ok fun
 			h.t.Fatalf("pod %s: waiting for %s: statuses seen %v; last %+v", uid, what, seen, lastState(p))
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// drainEvents returns the events recorded since the last call.
+func (h *harness) drainEvents() []string {
+	var out []string
+	for {
+		select {
+		case e := <-h.events.Events:
+			out = append(out, e)
+		default:
+			return out
+		}
 	}
 }
 
@@ -178,8 +195,12 @@ func TestVMLifecycle(t *testing.T) {
 
 	t.Run("BootsRunsAndStopsGracefully", func(t *testing.T) {
 		pod := podFor("u-acpi", refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, nil)
+		h.drainEvents()
 		require.NoError(t, h.vms.CreatePod(ctx, pod))
 		p := h.wait(pod.UID, 90*time.Second, "Running", running)
+		evs := strings.Join(h.drainEvents(), "\n")
+		assert.Contains(t, evs, "Normal Pulling Pulling image", "first use of the image pulls it")
+		assert.Contains(t, evs, "Normal Pulled Successfully pulled image")
 		cs := p.Status.ContainerStatuses[0]
 		assert.False(t, cs.State.Running.StartedAt.IsZero())
 		assert.True(t, cs.Ready)
@@ -235,7 +256,13 @@ func TestVMLifecycle(t *testing.T) {
 
 	t.Run("GuestPowerOffNeverCompletes", func(t *testing.T) {
 		pod := podFor("u-off", refs[vmtest.VariantACPI], corev1.RestartPolicyNever, map[string]string{AnnotationKernelCmdline: vmtest.PoweroffCmdline})
+		h.drainEvents()
 		require.NoError(t, h.vms.CreatePod(ctx, pod))
+		h.wait(pod.UID, 90*time.Second, "started", func(p *corev1.Pod) bool { return p.Status.Phase != corev1.PodPending })
+		// The image is cached by now: the kubelet's single Pulled event.
+		evs := strings.Join(h.drainEvents(), "\n")
+		assert.Contains(t, evs, "Normal Pulled Container image \""+refs[vmtest.VariantACPI]+"\" already present on machine")
+		assert.NotContains(t, evs, "Pulling", "no Pulling event for a cached image")
 		p := h.wait(pod.UID, 90*time.Second, "Succeeded", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodSucceeded })
 		term := terminated(p)
 		require.NotNil(t, term)
