@@ -331,33 +331,30 @@ func (e *Exporter) session(ctx context.Context) (online, registered bool, err er
 			}
 			return online, true, e.callError("status stream", err)
 		case m := <-statusCh:
-			first := !online
-			online = true
-			if m.GetLeased() && m.GetLeaseName() != "" {
-				if lease != nil && lease.name != m.GetLeaseName() {
-					lease.stop()
-					lease = nil
-				}
-				if first {
-					e.setState(StateOnline, nil)
-				}
-				if lease == nil {
-					e.log.Info("lease assigned", "lease", m.GetLeaseName(), "client", m.GetClientName())
-					lease = e.startLease(ctx, ctl, m.GetLeaseName(), events)
-				}
-				continue
+			if !online {
+				online = true
+				e.setState(StateOnline, nil)
 			}
+			cur := ""
 			if lease != nil {
+				cur = lease.name
+			}
+			step := onStatus(cur, m.GetLeased(), m.GetLeaseName(), reported == pb.ExporterStatus_EXPORTER_STATUS_AVAILABLE)
+			if step.stop {
 				e.log.Info("lease ended", "lease", lease.name)
 				lease.stop()
 				lease = nil
-				if err := available("Lease ended"); err != nil {
-					return online, true, err
-				}
-				continue
 			}
-			if first || reported != pb.ExporterStatus_EXPORTER_STATUS_AVAILABLE {
-				if err := available("Exporter registered and available"); err != nil {
+			if step.start != "" {
+				e.log.Info("lease assigned", "lease", step.start, "client", m.GetClientName())
+				select { // an EndSession of an earlier lease is no news for this one
+				case <-e.endSession:
+				default:
+				}
+				lease = e.startLease(ctx, ctl, step.start, events)
+			}
+			if step.available != "" {
+				if err := available(step.available); err != nil {
 					return online, true, err
 				}
 			}
@@ -382,6 +379,32 @@ func (e *Exporter) session(ctx context.Context) (online, registered bool, err er
 			}
 		}
 	}
+}
+
+// leaseStep is what the Run goroutine does on a StatusResponse.
+type leaseStep struct {
+	stop      bool   // stop the current lease
+	start     string // start serving this lease
+	available string // report AVAILABLE (and StateOnline) with this message
+}
+
+// onStatus decides leaseStep from the current lease ("" none), the
+// controller's StatusResponse and whether AVAILABLE is what the controller
+// last heard from this session.
+func onStatus(current string, leased bool, leaseName string, reportedAvailable bool) leaseStep {
+	if leased && leaseName != "" {
+		if current == leaseName {
+			return leaseStep{}
+		}
+		return leaseStep{stop: current != "", start: leaseName}
+	}
+	if current != "" {
+		return leaseStep{stop: true, available: "Lease ended"}
+	}
+	if !reportedAvailable {
+		return leaseStep{available: "Exporter registered and available"}
+	}
+	return leaseStep{}
 }
 
 // unregister tells the controller the exporter goes away (best effort).
