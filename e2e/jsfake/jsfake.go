@@ -233,6 +233,8 @@ func (m *Mirror) lease(ctx context.Context, l *unstructured.Unstructured, exps [
 		return nil
 	}
 	u := l.DeepCopy()
+	// status.ended is required once there is a status.
+	_ = unstructured.SetNestedField(u.Object, false, "status", "ended")
 	now := time.Now()
 	conds := conditions(u)
 	ref, _, _ := unstructured.NestedString(u.Object, "status", "exporterRef", "name")
