@@ -50,6 +50,7 @@ type exsEnv struct {
 	ns       string
 	recipe   string // the claim recipe of docs/exporterset.md
 	metrics  string // the controller's /metrics URL
+	js       *jsEnv // the Jumpstarter side, started on first use (jumpstarter_exs_test.go)
 }
 
 // startExsEnv starts everything for tb and stops it when tb ends: sets and
