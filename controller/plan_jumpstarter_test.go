@@ -21,7 +21,9 @@ func js(in Input) Input {
 }
 
 // exp gives the pod an enabled Exporter.
-func exp(p *PodState) { p.Exporter = ExporterState{Found: true, Enabled: true, ResourceVersion: "erv-" + p.Name} }
+func exp(p *PodState) {
+	p.Exporter = ExporterState{Found: true, Enabled: true, ResourceVersion: "erv-" + p.Name}
+}
 
 // disabledFor gives the pod an Exporter this controller disabled d ago.
 func disabledFor(d time.Duration) func(*PodState) {
@@ -67,8 +69,8 @@ func TestPlanJumpstarter(t *testing.T) {
 			},
 		},
 		{
-			name: "no lease, no pod: only the cold exporter exists",
-			in:   with(js(base(0, 0)), func(i *Input) { i.Jumpstarter.Cold = ExporterState{} }),
+			name:     "no lease, no pod: only the cold exporter exists",
+			in:       with(js(base(0, 0)), func(i *Input) { i.Jumpstarter.Cold = ExporterState{} }),
 			wantCold: ColdCreate,
 			check: func(t *testing.T, a Actions) {
 				assert.Equal(t, int32(0), a.Status.Desired)
