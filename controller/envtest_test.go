@@ -36,6 +36,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	jsv1 "github.com/qemu-kubelet/qemu-kubelet/api/jumpstarter/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	qktest "github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 )
@@ -96,7 +97,9 @@ func runTests(m *testing.M) int {
 	}
 	testEnv := &envtest.Environment{
 		BinaryAssetsDirectory: bin,
-		CRDDirectoryPaths:     []string{filepath.Join(root, "config", "crd")},
+		// Jumpstarter's CRDs (data from upstream, ../shared/jumpstarter/crds)
+		// make the apiserver serve the Exporters and Leases of Jumpstarter mode.
+		CRDDirectoryPaths: []string{filepath.Join(root, "config", "crd"), jumpstarterCRDs(root)},
 		ErrorIfCRDPathMissing: true,
 	}
 	cfg, err := testEnv.Start()
@@ -114,6 +117,10 @@ func runTests(m *testing.M) int {
 	env.cfg = cfg
 	env.scheme = runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(env.scheme); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if err := jsv1.AddToScheme(env.scheme); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
