@@ -99,7 +99,7 @@ func runTests(m *testing.M) int {
 		BinaryAssetsDirectory: bin,
 		// Jumpstarter's CRDs (data from upstream, ../shared/jumpstarter/crds)
 		// make the apiserver serve the Exporters and Leases of Jumpstarter mode.
-		CRDDirectoryPaths: []string{filepath.Join(root, "config", "crd"), jumpstarterCRDs(root)},
+		CRDDirectoryPaths:     []string{filepath.Join(root, "config", "crd"), jumpstarterCRDs(root)},
 		ErrorIfCRDPathMissing: true,
 	}
 	cfg, err := testEnv.Start()
