@@ -490,8 +490,8 @@ func TestEnvtestScaleSubresourceAndColumns(t *testing.T) {
 	table := mustKubectl(t, "-n", ns, "get", "exs")
 	lines := strings.Split(strings.TrimSpace(table), "\n")
 	require.Len(t, lines, 2, table)
-	assert.Equal(t, []string{"NAME", "DESIRED", "CURRENT", "READY", "AVAILABLE", "LEASED", "AGE"}, strings.Fields(lines[0]))
-	assert.Equal(t, []string{"web", "4", "4", "4", "4", "0"}, strings.Fields(lines[1])[:6])
+	assert.Equal(t, []string{"NAME", "DESIRED", "CURRENT", "READY", "AVAILABLE", "LEASED", "PENDING", "AGE"}, strings.Fields(lines[0]))
+	assert.Equal(t, []string{"web", "4", "4", "4", "4", "0", "0"}, strings.Fields(lines[1])[:7])
 
 	s := getSet(t, ns, "web")
 	assert.Equal(t, metav1.ConditionTrue, condition(s.Status, v1alpha1.ConditionAvailable).Status)

@@ -354,14 +354,16 @@ func (e *exsEnv) recordCreates(t *testing.T, set string) *createRecorder {
 }
 
 // assertColumns checks the `kubectl get exs` row for name: DESIRED,
-// CURRENT, READY, AVAILABLE, LEASED as given, then AGE.
+// CURRENT, READY, AVAILABLE, LEASED as given, then PENDING (0 outside
+// Jumpstarter mode) and AGE.
 func assertColumns(t *testing.T, out, name string, want ...string) {
 	t.Helper()
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	require.Len(t, lines, 2, out)
-	assert.Equal(t, []string{"NAME", "DESIRED", "CURRENT", "READY", "AVAILABLE", "LEASED", "AGE"}, strings.Fields(lines[0]))
+	assert.Equal(t, []string{"NAME", "DESIRED", "CURRENT", "READY", "AVAILABLE", "LEASED", "PENDING", "AGE"}, strings.Fields(lines[0]))
 	row := strings.Fields(lines[1])
-	require.Len(t, row, 7, out)
+	require.Len(t, row, 8, out)
+	assert.Equal(t, "0", row[6], out)
 	assert.Equal(t, append([]string{name}, want...), row[:6], out)
 }
 

@@ -1,0 +1,195 @@
+package jsfake
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	jsv1 "github.com/qemu-kubelet/qemu-kubelet/api/jumpstarter/v1alpha1"
+	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
+	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/jstest"
+	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/pb"
+)
+
+func controlPlane(t *testing.T, root string) string {
+	t.Helper()
+	if d := os.Getenv("KUBEBUILDER_ASSETS"); d != "" {
+		return d
+	}
+	out, err := exec.Command(filepath.Join(root, "hack", "build-control-plane.sh")).Output()
+	require.NoError(t, err, "hack/build-control-plane.sh")
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	return lines[len(lines)-1]
+}
+
+func eventually(t *testing.T, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	last := ""
+	for time.Now().Before(deadline) {
+		ok, s := cond()
+		if ok {
+			return
+		}
+		last = s
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("timed out waiting for %s; last: %s", what, last)
+}
+
+// TestFakeFollowsUpstreamLeaseRules runs the mirror against a real API
+// server with Jumpstarter's CRDs and a raw-protocol exporter on jstest.
+func TestFakeFollowsUpstreamLeaseRules(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs the control plane")
+	}
+	root, err := testutil.RepoRoot()
+	require.NoError(t, err)
+	crds := os.Getenv("QK_JUMPSTARTER_CRDS")
+	if crds == "" {
+		crds = filepath.Join(root, "..", "shared", "jumpstarter", "crds")
+	}
+	te := &envtest.Environment{BinaryAssetsDirectory: controlPlane(t, root), CRDDirectoryPaths: []string{crds}, ErrorIfCRDPathMissing: true}
+	cfg, err := te.Start()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = te.Stop() })
+	scheme := runtime.NewScheme()
+	require.NoError(t, clientgoscheme.AddToScheme(scheme))
+	require.NoError(t, jsv1.AddToScheme(scheme))
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	const ns = "default"
+
+	ctl, err := jstest.Start(jstest.Options{Insecure: true})
+	require.NoError(t, err)
+	t.Cleanup(ctl.Close)
+	f := &Fake{Client: c, Ctl: ctl, Namespace: ns, Interval: 50 * time.Millisecond, Log: logr.Discard()}
+	go f.Run(ctx)
+
+	getLease := func(name string) *jsv1.Lease {
+		var l jsv1.Lease
+		require.NoError(t, c.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &l))
+		return &l
+	}
+	getExp := func(name string) *jsv1.Exporter {
+		var e jsv1.Exporter
+		require.NoError(t, c.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &e))
+		return &e
+	}
+	newLease := func(name string, sel map[string]string) {
+		require.NoError(t, c.Create(ctx, &jsv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec: jsv1.LeaseSpec{ClientRef: corev1.LocalObjectReference{Name: "ci"}, Selector: metav1.LabelSelector{MatchLabels: sel},
+				Duration: &metav1.Duration{Duration: time.Hour}}}))
+	}
+
+	// Credential.
+	require.NoError(t, c.Create(ctx, &jsv1.Exporter{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "e1", Labels: map[string]string{"board": "x"}}}))
+	var token string
+	eventually(t, "credential of e1", func() (bool, string) {
+		e := getExp("e1")
+		if e.Status.Credential == nil || e.Status.Endpoint != ctl.Endpoint() {
+			return false, fmt.Sprint(e.Status)
+		}
+		var s corev1.Secret
+		if err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: e.Status.Credential.Name}, &s); err != nil {
+			return false, err.Error()
+		}
+		token = string(s.Data["token"])
+		return token != "" && e.Status.Credential.Name == "e1-exporter", ""
+	})
+
+	// No match: Unsatisfiable, ended. Offline match: Pending Offline, waits.
+	newLease("nomatch", map[string]string{"board": "y"})
+	newLease("wait", map[string]string{"board": "x"})
+	eventually(t, "nomatch ended Unsatisfiable", func() (bool, string) {
+		l := getLease("nomatch")
+		return l.Status.Ended && meta.IsStatusConditionTrue(l.Status.Conditions, jsv1.LeaseConditionUnsatisfiable), fmt.Sprint(l.Status)
+	})
+	eventually(t, "wait Pending Offline", func() (bool, string) {
+		l := getLease("wait")
+		c := meta.FindStatusCondition(l.Status.Conditions, jsv1.LeaseConditionPending)
+		return c != nil && c.Reason == "Offline" && !l.Status.Ended, fmt.Sprint(l.Status)
+	})
+
+	// All matches disabled: Unsatisfiable AllDisabled.
+	require.NoError(t, c.Create(ctx, &jsv1.Exporter{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "e2", Labels: map[string]string{"board": "z"}},
+		Spec: jsv1.ExporterSpec{Enabled: new(false)}}))
+	newLease("disabled", map[string]string{"board": "z"})
+	eventually(t, "disabled ended AllDisabled", func() (bool, string) {
+		l := getLease("disabled")
+		c := meta.FindStatusCondition(l.Status.Conditions, jsv1.LeaseConditionUnsatisfiable)
+		return l.Status.Ended && c != nil && c.Reason == "AllDisabled", fmt.Sprint(l.Status)
+	})
+
+	// The exporter comes online: the waiting lease lands on it.
+	conn, err := grpc.NewClient(ctl.Endpoint(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+	ectx := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token, "jumpstarter-kind", "Exporter",
+		"jumpstarter-namespace", ns, "jumpstarter-name", "e1")
+	cs := pb.NewControllerServiceClient(conn)
+	_, err = cs.Register(ectx, &pb.RegisterRequest{Labels: map[string]string{"jumpstarter.dev/name": "e1"}})
+	require.NoError(t, err)
+	sctx, scancel := context.WithCancel(ectx)
+	defer scancel()
+	stream, err := cs.Status(sctx, &pb.StatusRequest{})
+	require.NoError(t, err)
+	_, err = stream.Recv()
+	require.NoError(t, err)
+	_, err = cs.ReportStatus(ectx, &pb.ReportStatusRequest{Status: pb.ExporterStatus_EXPORTER_STATUS_AVAILABLE})
+	require.NoError(t, err)
+	eventually(t, "wait assigned to e1", func() (bool, string) {
+		l := getLease("wait")
+		return l.Status.ExporterRef != nil && l.Status.ExporterRef.Name == "e1" && meta.IsStatusConditionTrue(l.Status.Conditions, jsv1.LeaseConditionReady), fmt.Sprint(l.Status)
+	})
+	eventually(t, "e1 leaseRef and Online", func() (bool, string) {
+		e := getExp("e1")
+		return e.Status.LeaseRef != nil && e.Status.LeaseRef.Name == "wait" && meta.IsStatusConditionTrue(e.Status.Conditions, jsv1.ExporterConditionOnline) &&
+			e.Status.ExporterStatusValue == "Available", fmt.Sprint(e.Status)
+	})
+	st, _ := ctl.ExporterState(ns, "e1")
+	assert.Equal(t, "wait", st.Lease, "jstest holds the lease")
+
+	// A second lease waits: the only exporter is leased.
+	newLease("second", map[string]string{"board": "x"})
+	eventually(t, "second Pending NotAvailable", func() (bool, string) {
+		c := meta.FindStatusCondition(getLease("second").Status.Conditions, jsv1.LeaseConditionPending)
+		return c != nil && c.Reason == "NotAvailable", fmt.Sprint(c)
+	})
+
+	// Release: the lease ends, the exporter is free, the second one lands.
+	l := getLease("wait")
+	l.Spec.Release = true
+	require.NoError(t, c.Update(ctx, l))
+	eventually(t, "wait ended", func() (bool, string) {
+		return getLease("wait").Status.Ended, ""
+	})
+	eventually(t, "second assigned after release", func() (bool, string) {
+		l := getLease("second")
+		return l.Status.ExporterRef != nil && l.Status.ExporterRef.Name == "e1", fmt.Sprint(l.Status)
+	})
+	st, _ = ctl.ExporterState(ns, "e1")
+	assert.Equal(t, "second", st.Lease)
+}
