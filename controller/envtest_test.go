@@ -507,7 +507,7 @@ func TestEnvtestScaleSubresourceAndColumns(t *testing.T) {
 # HELP qemu_kubelet_exporterset_available_replicas Ready, unleased pods of the ExporterSet (the warm buffer).
 # TYPE qemu_kubelet_exporterset_available_replicas gauge
 qemu_kubelet_exporterset_available_replicas{exporterset="web",namespace="` + ns + `"} 4
-# HELP qemu_kubelet_exporterset_desired_replicas Effective target number of pods: max(replicas, leased + minAvailable), capped by maxReplicas.
+# HELP qemu_kubelet_exporterset_desired_replicas Effective target number of pods: max(replicas, leased + pending leases + minAvailable), capped by maxReplicas.
 # TYPE qemu_kubelet_exporterset_desired_replicas gauge
 qemu_kubelet_exporterset_desired_replicas{exporterset="web",namespace="` + ns + `"} 4
 `

@@ -2,6 +2,8 @@ package jsfake
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -22,24 +24,82 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	jsv1 "github.com/qemu-kubelet/qemu-kubelet/api/jumpstarter/v1alpha1"
+	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/jstest"
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/pb"
 )
 
-func controlPlane(t *testing.T, root string) string {
-	t.Helper()
-	if d := os.Getenv("KUBEBUILDER_ASSETS"); d != "" {
-		return d
+// env is the real apiserver (with Jumpstarter's CRDs) of this package's
+// tests; nil under -short.
+var env struct {
+	cfg    *rest.Config
+	client client.Client
+	scheme *runtime.Scheme
+}
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	if testing.Short() {
+		return m.Run()
 	}
-	out, err := exec.Command(filepath.Join(root, "hack", "build-control-plane.sh")).Output()
-	require.NoError(t, err, "hack/build-control-plane.sh")
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	return lines[len(lines)-1]
+	root, err := testutil.RepoRoot()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	bin := os.Getenv("KUBEBUILDER_ASSETS")
+	if bin == "" {
+		out, err := exec.Command(filepath.Join(root, "hack", "build-control-plane.sh")).Output()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "hack/build-control-plane.sh:", err)
+			return 1
+		}
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		bin = lines[len(lines)-1]
+	}
+	crds := os.Getenv("QK_JUMPSTARTER_CRDS")
+	if crds == "" {
+		crds = filepath.Join(root, "..", "shared", "jumpstarter", "crds")
+	}
+	te := &envtest.Environment{BinaryAssetsDirectory: bin, ErrorIfCRDPathMissing: true,
+		CRDDirectoryPaths: []string{crds, filepath.Join(root, "config", "crd")}}
+	cfg, err := te.Start()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "start envtest:", err)
+		return 1
+	}
+	stop := func() { _ = te.Stop() }
+	defer stop()
+	defer testutil.GuardCleanup("jsfake tests", stop)()
+	env.cfg = cfg
+	env.scheme = runtime.NewScheme()
+	if err := errors.Join(clientgoscheme.AddToScheme(env.scheme), jsv1.AddToScheme(env.scheme), v1alpha1.AddToScheme(env.scheme)); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if env.client, err = client.New(cfg, client.Options{Scheme: env.scheme}); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return m.Run()
+}
+
+// namespace makes a namespace for one test.
+func namespace(t *testing.T) string {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "jsfake-"}}
+	require.NoError(t, env.client.Create(context.Background(), ns))
+	return ns.Name
 }
 
 func eventually(t *testing.T, what string, cond func() (bool, string)) {
@@ -57,30 +117,53 @@ func eventually(t *testing.T, what string, cond func() (bool, string)) {
 	t.Fatalf("timed out waiting for %s; last: %s", what, last)
 }
 
+// goOnline plays an exporter at the protocol level: Register, an open
+// Status stream (Online) and ReportStatus AVAILABLE. stop closes it.
+func goOnline(ctx context.Context, endpoint, token, ns, name string) (stop func(), err error) {
+	conn, err := grpc.NewClient(endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	ectx := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token, "jumpstarter-kind", "Exporter",
+		"jumpstarter-namespace", ns, "jumpstarter-name", name)
+	cs := pb.NewControllerServiceClient(conn)
+	sctx, scancel := context.WithCancel(ectx)
+	stop = func() { scancel(); conn.Close() }
+	if _, err := cs.Register(ectx, &pb.RegisterRequest{Labels: map[string]string{"jumpstarter.dev/name": name}}); err != nil {
+		stop()
+		return nil, fmt.Errorf("register %s: %w", name, err)
+	}
+	stream, err := cs.Status(sctx, &pb.StatusRequest{})
+	if err == nil {
+		_, err = stream.Recv()
+	}
+	if err == nil {
+		_, err = cs.ReportStatus(ectx, &pb.ReportStatusRequest{Status: pb.ExporterStatus_EXPORTER_STATUS_AVAILABLE})
+	}
+	if err != nil {
+		stop()
+		return nil, fmt.Errorf("status of %s: %w", name, err)
+	}
+	go func() { // drain lease updates until stopped
+		for {
+			if _, err := stream.Recv(); err != nil {
+				return
+			}
+		}
+	}()
+	return stop, nil
+}
+
 // TestFakeFollowsUpstreamLeaseRules runs the mirror against a real API
 // server with Jumpstarter's CRDs and a raw-protocol exporter on jstest.
 func TestFakeFollowsUpstreamLeaseRules(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs the control plane")
 	}
-	root, err := testutil.RepoRoot()
-	require.NoError(t, err)
-	crds := os.Getenv("QK_JUMPSTARTER_CRDS")
-	if crds == "" {
-		crds = filepath.Join(root, "..", "shared", "jumpstarter", "crds")
-	}
-	te := &envtest.Environment{BinaryAssetsDirectory: controlPlane(t, root), CRDDirectoryPaths: []string{crds}, ErrorIfCRDPathMissing: true}
-	cfg, err := te.Start()
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = te.Stop() })
-	scheme := runtime.NewScheme()
-	require.NoError(t, clientgoscheme.AddToScheme(scheme))
-	require.NoError(t, jsv1.AddToScheme(scheme))
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
-	require.NoError(t, err)
+	c := env.client
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	const ns = "default"
+	ns := namespace(t)
 
 	ctl, err := jstest.Start(jstest.Options{Insecure: true})
 	require.NoError(t, err)
@@ -144,22 +227,9 @@ func TestFakeFollowsUpstreamLeaseRules(t *testing.T) {
 	})
 
 	// The exporter comes online: the waiting lease lands on it.
-	conn, err := grpc.NewClient(ctl.Endpoint(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	stop, err := goOnline(ctx, ctl.Endpoint(), token, ns, "e1")
 	require.NoError(t, err)
-	defer conn.Close()
-	ectx := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token, "jumpstarter-kind", "Exporter",
-		"jumpstarter-namespace", ns, "jumpstarter-name", "e1")
-	cs := pb.NewControllerServiceClient(conn)
-	_, err = cs.Register(ectx, &pb.RegisterRequest{Labels: map[string]string{"jumpstarter.dev/name": "e1"}})
-	require.NoError(t, err)
-	sctx, scancel := context.WithCancel(ectx)
-	defer scancel()
-	stream, err := cs.Status(sctx, &pb.StatusRequest{})
-	require.NoError(t, err)
-	_, err = stream.Recv()
-	require.NoError(t, err)
-	_, err = cs.ReportStatus(ectx, &pb.ReportStatusRequest{Status: pb.ExporterStatus_EXPORTER_STATUS_AVAILABLE})
-	require.NoError(t, err)
+	defer stop()
 	eventually(t, "wait assigned to e1", func() (bool, string) {
 		l := getLease("wait")
 		return l.Status.ExporterRef != nil && l.Status.ExporterRef.Name == "e1" && meta.IsStatusConditionTrue(l.Status.Conditions, jsv1.LeaseConditionReady), fmt.Sprint(l.Status)
