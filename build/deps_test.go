@@ -20,6 +20,7 @@ func TestDependencyDirection(t *testing.T) {
 		{"oci", []string{"k8s.io/", "sigs.k8s.io/", "github.com/virtual-kubelet/", mod + "qemu", mod + "provider"}},
 		{"controller", []string{mod + "qemu", mod + "oci", mod + "provider", "github.com/virtual-kubelet/"}},
 		{"api/v1alpha1", []string{mod + "qemu", mod + "oci", mod + "provider", mod + "controller"}},
+		{"api/jumpstarter/v1alpha1", []string{mod + "qemu", mod + "oci", mod + "provider", mod + "controller", mod + "jumpstarter"}},
 		{"jumpstarter/...", []string{"k8s.io/", "sigs.k8s.io/", "github.com/virtual-kubelet/", mod + "qemu", mod + "oci", mod + "provider", mod + "controller"}},
 	}
 	for _, r := range rules {

@@ -36,6 +36,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	jsv1 "github.com/qemu-kubelet/qemu-kubelet/api/jumpstarter/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	qktest "github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 )
@@ -96,7 +97,9 @@ func runTests(m *testing.M) int {
 	}
 	testEnv := &envtest.Environment{
 		BinaryAssetsDirectory: bin,
-		CRDDirectoryPaths:     []string{filepath.Join(root, "config", "crd")},
+		// Jumpstarter's CRDs (data from upstream, ../shared/jumpstarter/crds)
+		// make the apiserver serve the Exporters and Leases of Jumpstarter mode.
+		CRDDirectoryPaths:     []string{filepath.Join(root, "config", "crd"), jumpstarterCRDs(root)},
 		ErrorIfCRDPathMissing: true,
 	}
 	cfg, err := testEnv.Start()
@@ -114,6 +117,10 @@ func runTests(m *testing.M) int {
 	env.cfg = cfg
 	env.scheme = runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(env.scheme); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if err := jsv1.AddToScheme(env.scheme); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -483,8 +490,8 @@ func TestEnvtestScaleSubresourceAndColumns(t *testing.T) {
 	table := mustKubectl(t, "-n", ns, "get", "exs")
 	lines := strings.Split(strings.TrimSpace(table), "\n")
 	require.Len(t, lines, 2, table)
-	assert.Equal(t, []string{"NAME", "DESIRED", "CURRENT", "READY", "AVAILABLE", "LEASED", "AGE"}, strings.Fields(lines[0]))
-	assert.Equal(t, []string{"web", "4", "4", "4", "4", "0"}, strings.Fields(lines[1])[:6])
+	assert.Equal(t, []string{"NAME", "DESIRED", "CURRENT", "READY", "AVAILABLE", "LEASED", "PENDING", "AGE"}, strings.Fields(lines[0]))
+	assert.Equal(t, []string{"web", "4", "4", "4", "4", "0", "0"}, strings.Fields(lines[1])[:7])
 
 	s := getSet(t, ns, "web")
 	assert.Equal(t, metav1.ConditionTrue, condition(s.Status, v1alpha1.ConditionAvailable).Status)
@@ -500,7 +507,7 @@ func TestEnvtestScaleSubresourceAndColumns(t *testing.T) {
 # HELP qemu_kubelet_exporterset_available_replicas Ready, unleased pods of the ExporterSet (the warm buffer).
 # TYPE qemu_kubelet_exporterset_available_replicas gauge
 qemu_kubelet_exporterset_available_replicas{exporterset="web",namespace="` + ns + `"} 4
-# HELP qemu_kubelet_exporterset_desired_replicas Effective target number of pods: max(replicas, leased + minAvailable), capped by maxReplicas.
+# HELP qemu_kubelet_exporterset_desired_replicas Effective target number of pods: max(replicas, leased + pending leases + minAvailable), capped by maxReplicas.
 # TYPE qemu_kubelet_exporterset_desired_replicas gauge
 qemu_kubelet_exporterset_desired_replicas{exporterset="web",namespace="` + ns + `"} 4
 `

@@ -235,8 +235,8 @@ func (r *Reconciler) setupPods(ctx context.Context, set *v1alpha1.ExporterSet, p
 	gated := map[string]string{}
 	for i := range pods {
 		p := &pods[i]
-		if p.DeletionTimestamp != nil {
-			continue
+		if p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded {
+			continue // going anyway: no Exporter to make for it
 		}
 		e := st.exporters[p.Name]
 		if e == nil {

@@ -23,15 +23,16 @@ func TestMetricsLint(t *testing.T) {
 	m, err := NewMetrics(reg)
 	require.NoError(t, err)
 	key := types.NamespacedName{Namespace: "lab", Name: "boards"}
-	m.observe(key, Status{Replicas: 5, Desired: 5, Ready: 4, Available: 3, Leased: 1})
+	m.observe(key, Status{Replicas: 5, Desired: 5, Ready: 4, Available: 3, Leased: 1, PendingLeases: 2})
 
 	problems, err := lint(reg)
 	require.NoError(t, err)
 	assert.Empty(t, problems)
 	n, err := testutil.GatherAndCount(reg)
 	require.NoError(t, err)
-	assert.Equal(t, 5, n, "five gauges for the one set")
+	assert.Equal(t, 6, n, "six gauges for the one set")
 	assert.Equal(t, 3.0, testutil.ToFloat64(m.available.WithLabelValues("lab", "boards")), "the warm buffer")
+	assert.Equal(t, 2.0, testutil.ToFloat64(m.pending.WithLabelValues("lab", "boards")), "pending leases")
 	m.forget(key)
 	n, err = testutil.GatherAndCount(reg)
 	require.NoError(t, err)

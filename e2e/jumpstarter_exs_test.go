@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr/testr"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
@@ -21,6 +22,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	jsv1 "github.com/qemu-kubelet/qemu-kubelet/api/jumpstarter/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/e2e/jsfake"
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/jstest"
@@ -32,14 +34,15 @@ import (
 // lease controllers on the Exporter and Lease objects (jsfake).
 type jsEnv struct {
 	ctl    *jstest.Controller
-	mirror *jsfake.Mirror
+	mirror *jsfake.Fake
 	dyn    dynamic.Interface
 	client *jstest.Client // the "ci" Client, as jmp would use it
 }
 
 var jsOnce sync.Mutex
 
-// jumpstarter starts the Jumpstarter side once per env.
+// jumpstarter starts the Jumpstarter side for tb (shared by the calls
+// until tb ends).
 func (e *exsEnv) jumpstarter(tb testing.TB) *jsEnv {
 	tb.Helper()
 	jsOnce.Lock()
@@ -59,15 +62,25 @@ func (e *exsEnv) jumpstarter(tb testing.TB) *jsEnv {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	m := jsfake.New(ctl, dyn, e.c.Client(), e.ns)
+	if err := jsv1.AddToScheme(e.cl.Scheme()); err != nil {
+		tb.Fatal(err)
+	}
+	m := &jsfake.Fake{Client: e.cl, Ctl: ctl, Namespace: e.ns, Log: testr.NewWithInterface(tb, testr.Options{})}
 	mctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
-	go func() { defer close(done); m.Run(mctx, tb.Logf) }()
+	go func() { defer close(done); m.Run(mctx) }()
 	ctl.AddClient(e.ns, "ci", "")
 	e.js = &jsEnv{ctl: ctl, mirror: m, dyn: dyn, client: ctl.NewClient(e.ns, "ci")}
 	// Stops after the sets are deleted (cleanups run LIFO; the env's
 	// deleteAll was registered before).
-	tb.Cleanup(func() { cancel(); <-done; ctl.Close() })
+	tb.Cleanup(func() {
+		cancel()
+		<-done
+		ctl.Close()
+		jsOnce.Lock()
+		e.js = nil
+		jsOnce.Unlock()
+	})
 	return e.js
 }
 

@@ -1,196 +1,265 @@
-package jsfake_test
+package jsfake
 
 import (
 	"context"
 	"errors"
-	"io"
-	"net"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/client-go/dynamic"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"github.com/qemu-kubelet/qemu-kubelet/e2e/cluster"
-	"github.com/qemu-kubelet/qemu-kubelet/e2e/jsfake"
-	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter"
+	jsv1 "github.com/qemu-kubelet/qemu-kubelet/api/jumpstarter/v1alpha1"
+	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
+	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/jstest"
+	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/pb"
 )
 
-// target is the smallest Target: power only.
-type target struct{ on chan bool }
-
-func (t *target) PowerOn(context.Context) error  { t.on <- true; return nil }
-func (t *target) PowerOff(context.Context) error { t.on <- false; return nil }
-func (t *target) Powered() bool                  { return true }
-func (t *target) Console(context.Context) (io.ReadWriteCloser, error) {
-	return nil, errors.New("no console")
-}
-func (t *target) DialGuest(context.Context, int) (net.Conn, error) {
-	return nil, errors.New("no guest")
-}
-func (t *target) Flash(context.Context, string, func(string)) error {
-	return errors.New("no flash")
+// env is the real apiserver (with Jumpstarter's CRDs) of this package's
+// tests; nil under -short.
+var env struct {
+	cfg    *rest.Config
+	client client.Client
+	scheme *runtime.Scheme
 }
 
-// TestMirror checks the double against upstream's lease rules on a real API
-// server with Jumpstarter's CRDs, with a real exporter of package jumpstarter
-// on the gRPC side.
-func TestMirror(t *testing.T) {
+func TestMain(m *testing.M) {
+	flag.Parse()
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	if testing.Short() {
+		return m.Run()
+	}
+	root, err := testutil.RepoRoot()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	bin := os.Getenv("KUBEBUILDER_ASSETS")
+	if bin == "" {
+		out, err := exec.Command(filepath.Join(root, "hack", "build-control-plane.sh")).Output()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "hack/build-control-plane.sh:", err)
+			return 1
+		}
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		bin = lines[len(lines)-1]
+	}
+	crds := os.Getenv("QK_JUMPSTARTER_CRDS")
+	if crds == "" {
+		crds = filepath.Join(root, "..", "shared", "jumpstarter", "crds")
+	}
+	te := &envtest.Environment{BinaryAssetsDirectory: bin, ErrorIfCRDPathMissing: true,
+		CRDDirectoryPaths: []string{crds, filepath.Join(root, "config", "crd")}}
+	cfg, err := te.Start()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "start envtest:", err)
+		return 1
+	}
+	stop := func() { _ = te.Stop() }
+	defer stop()
+	defer testutil.GuardCleanup("jsfake tests", stop)()
+	env.cfg = cfg
+	env.scheme = runtime.NewScheme()
+	if err := errors.Join(clientgoscheme.AddToScheme(env.scheme), jsv1.AddToScheme(env.scheme), v1alpha1.AddToScheme(env.scheme)); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if env.client, err = client.New(cfg, client.Options{Scheme: env.scheme}); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return m.Run()
+}
+
+// namespace makes a namespace for one test.
+func namespace(t *testing.T) string {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "jsfake-"}}
+	require.NoError(t, env.client.Create(context.Background(), ns))
+	return ns.Name
+}
+
+func eventually(t *testing.T, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	last := ""
+	for time.Now().Before(deadline) {
+		ok, s := cond()
+		if ok {
+			return
+		}
+		last = s
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("timed out waiting for %s; last: %s", what, last)
+}
+
+// goOnline plays an exporter at the protocol level: Register, an open
+// Status stream (Online) and ReportStatus AVAILABLE. stop closes it.
+func goOnline(ctx context.Context, endpoint, token, ns, name string) (stop func(), err error) {
+	conn, err := grpc.NewClient(endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	ectx := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token, "jumpstarter-kind", "Exporter",
+		"jumpstarter-namespace", ns, "jumpstarter-name", name)
+	cs := pb.NewControllerServiceClient(conn)
+	sctx, scancel := context.WithCancel(ectx)
+	stop = func() { scancel(); conn.Close() }
+	if _, err := cs.Register(ectx, &pb.RegisterRequest{Labels: map[string]string{"jumpstarter.dev/name": name}}); err != nil {
+		stop()
+		return nil, fmt.Errorf("register %s: %w", name, err)
+	}
+	stream, err := cs.Status(sctx, &pb.StatusRequest{})
+	if err == nil {
+		_, err = stream.Recv()
+	}
+	if err == nil {
+		_, err = cs.ReportStatus(ectx, &pb.ReportStatusRequest{Status: pb.ExporterStatus_EXPORTER_STATUS_AVAILABLE})
+	}
+	if err != nil {
+		stop()
+		return nil, fmt.Errorf("status of %s: %w", name, err)
+	}
+	go func() { // drain lease updates until stopped
+		for {
+			if _, err := stream.Recv(); err != nil {
+				return
+			}
+		}
+	}()
+	return stop, nil
+}
+
+// TestFakeFollowsUpstreamLeaseRules runs the mirror against a real API
+// server with Jumpstarter's CRDs and a raw-protocol exporter on jstest.
+func TestFakeFollowsUpstreamLeaseRules(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs the control plane")
 	}
-	c := cluster.StartT(t, cluster.Options{})
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	require.NoError(t, jsfake.InstallCRDs(ctx, c))
-	dyn, err := dynamic.NewForConfig(c.RESTConfig())
-	require.NoError(t, err)
+	c := env.client
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	ns := namespace(t)
 
-	ctl, err := jstest.Start(jstest.Options{})
+	ctl, err := jstest.Start(jstest.Options{Insecure: true})
 	require.NoError(t, err)
-	defer ctl.Close()
-	m := jsfake.New(ctl, dyn, c.Client(), "default")
-	mctx, mcancel := context.WithCancel(ctx)
-	defer mcancel()
-	go m.Run(mctx, t.Logf)
+	t.Cleanup(ctl.Close)
+	f := &Fake{Client: c, Ctl: ctl, Namespace: ns, Interval: 50 * time.Millisecond, Log: logr.Discard()}
+	go f.Run(ctx)
 
-	exps := dyn.Resource(jsfake.ExporterGVR).Namespace("default")
-	leases := dyn.Resource(jsfake.LeaseGVR).Namespace("default")
-	lease := func(name string, sel map[string]any) {
-		t.Helper()
-		_, err := leases.Create(ctx, &unstructured.Unstructured{Object: map[string]any{
-			"apiVersion": "jumpstarter.dev/v1alpha1", "kind": "Lease",
-			"metadata": map[string]any{"name": name},
-			"spec":     map[string]any{"clientRef": map[string]any{"name": "ci"}, "selector": map[string]any{"matchLabels": sel}, "duration": "1h"},
-		}}, metav1.CreateOptions{})
-		require.NoError(t, err)
+	getLease := func(name string) *jsv1.Lease {
+		var l jsv1.Lease
+		require.NoError(t, c.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &l))
+		return &l
 	}
-	waitLease := func(name string, what string, ok func(*unstructured.Unstructured) bool) *unstructured.Unstructured {
-		t.Helper()
-		var last *unstructured.Unstructured
-		require.Eventually(t, func() bool {
-			l, err := leases.Get(ctx, name, metav1.GetOptions{})
-			if err != nil {
-				return false
-			}
-			last = l
-			return ok(l)
-		}, 30*time.Second, 50*time.Millisecond, "lease %s: %s; last status %v", name, what, func() any {
-			if last == nil {
-				return nil
-			}
-			return last.Object["status"]
-		})
-		return last
+	getExp := func(name string) *jsv1.Exporter {
+		var e jsv1.Exporter
+		require.NoError(t, c.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &e))
+		return &e
 	}
-	cond := func(u *unstructured.Unstructured, typ string) (status, reason string) {
-		cs, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
-		for _, c := range cs {
-			cm := c.(map[string]any)
-			if cm["type"] == typ {
-				return cm["status"].(string), cm["reason"].(string)
-			}
+	newLease := func(name string, sel map[string]string) {
+		require.NoError(t, c.Create(ctx, &jsv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec: jsv1.LeaseSpec{ClientRef: corev1.LocalObjectReference{Name: "ci"}, Selector: metav1.LabelSelector{MatchLabels: sel},
+				Duration: &metav1.Duration{Duration: time.Hour}}}))
+	}
+
+	// Credential.
+	require.NoError(t, c.Create(ctx, &jsv1.Exporter{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "e1", Labels: map[string]string{"board": "x"}}}))
+	var token string
+	eventually(t, "credential of e1", func() (bool, string) {
+		e := getExp("e1")
+		if e.Status.Credential == nil || e.Status.Endpoint != ctl.Endpoint() {
+			return false, fmt.Sprint(e.Status)
 		}
-		return "", ""
-	}
-	ended := func(u *unstructured.Unstructured) bool {
-		e, _, _ := unstructured.NestedBool(u.Object, "status", "ended")
-		return e
-	}
-
-	// No Exporter matches: upstream ends the lease as Unsatisfiable (#1048).
-	lease("no-match", map[string]any{"board": "none"})
-	l := waitLease("no-match", "ended", ended)
-	st, reason := cond(l, "Unsatisfiable")
-	assert.Equal(t, "True", st)
-	assert.Equal(t, "NoAccess", reason)
-
-	// An enabled, offline Exporter keeps a matching lease Pending/Offline.
-	_, err = exps.Create(ctx, &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "jumpstarter.dev/v1alpha1", "kind": "Exporter",
-		"metadata": map[string]any{"name": "vm-0", "labels": map[string]any{"board": "qemu"}},
-	}}, metav1.CreateOptions{})
-	require.NoError(t, err)
-	var tok string
-	require.Eventually(t, func() bool {
-		sec, err := c.Client().CoreV1().Secrets("default").Get(ctx, "vm-0-exporter", metav1.GetOptions{})
-		if err != nil {
-			return false
+		var s corev1.Secret
+		if err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: e.Status.Credential.Name}, &s); err != nil {
+			return false, err.Error()
 		}
-		tok = string(sec.Data["token"])
-		return tok != ""
-	}, 20*time.Second, 50*time.Millisecond, "credential secret")
-	e, err := exps.Get(ctx, "vm-0", metav1.GetOptions{})
-	require.NoError(t, err)
-	cred, _, _ := unstructured.NestedString(e.Object, "status", "credential", "name")
-	assert.Equal(t, "vm-0-exporter", cred)
-	lease("waits", map[string]any{"board": "qemu"})
-	l = waitLease("waits", "Pending Offline", func(u *unstructured.Unstructured) bool { _, r := cond(u, "Pending"); return r == "Offline" })
-	assert.False(t, ended(l))
+		token = string(s.Data["token"])
+		return token != "" && e.Status.Credential.Name == "e1-exporter", ""
+	})
 
-	// The exporter comes online with the issued token: the lease lands.
-	tg := &target{on: make(chan bool, 4)}
-	ex, err := jumpstarter.New(jumpstarter.Config{Endpoint: ctl.Endpoint(), Token: tok, Namespace: "default", Name: "vm-0",
-		CABundle: ctl.CABundle(), Target: tg, Log: logr.Discard()})
-	require.NoError(t, err)
-	ectx, ecancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- ex.Run(ectx) }()
-	l = waitLease("waits", "assigned", func(u *unstructured.Unstructured) bool { s, _ := cond(u, "Ready"); return s == "True" })
-	ref, _, _ := unstructured.NestedString(l.Object, "status", "exporterRef", "name")
-	assert.Equal(t, "vm-0", ref)
-	require.Eventually(t, func() bool {
-		e, err := exps.Get(ctx, "vm-0", metav1.GetOptions{})
-		lr, _, _ := unstructured.NestedString(e.Object, "status", "leaseRef", "name")
-		return err == nil && lr == "waits"
-	}, 10*time.Second, 50*time.Millisecond, "exporter leaseRef")
+	// No match: Unsatisfiable, ended. Offline match: Pending Offline, waits.
+	newLease("nomatch", map[string]string{"board": "y"})
+	newLease("wait", map[string]string{"board": "x"})
+	eventually(t, "nomatch ended Unsatisfiable", func() (bool, string) {
+		l := getLease("nomatch")
+		return l.Status.Ended && meta.IsStatusConditionTrue(l.Status.Conditions, jsv1.LeaseConditionUnsatisfiable), fmt.Sprint(l.Status)
+	})
+	eventually(t, "wait Pending Offline", func() (bool, string) {
+		l := getLease("wait")
+		c := meta.FindStatusCondition(l.Status.Conditions, jsv1.LeaseConditionPending)
+		return c != nil && c.Reason == "Offline" && !l.Status.Ended, fmt.Sprint(l.Status)
+	})
 
-	// The client drives it through the router.
-	ctl.AddClient("default", "ci", "")
-	sess, err := ctl.NewClient("default", "ci").Dial(ctx, "waits")
-	require.NoError(t, err)
-	rep, err := sess.GetReport(ctx)
-	require.NoError(t, err)
-	pw, ok := jstest.FindDriver(rep, "power")
-	require.True(t, ok, "power driver in the report")
-	_, err = sess.Call(ctx, pw.Uuid, "on")
-	require.NoError(t, err)
-	assert.True(t, <-tg.on)
-	require.NoError(t, sess.Close())
+	// All matches disabled: Unsatisfiable AllDisabled.
+	require.NoError(t, c.Create(ctx, &jsv1.Exporter{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "e2", Labels: map[string]string{"board": "z"}},
+		Spec: jsv1.ExporterSpec{Enabled: new(false)}}))
+	newLease("disabled", map[string]string{"board": "z"})
+	eventually(t, "disabled ended AllDisabled", func() (bool, string) {
+		l := getLease("disabled")
+		c := meta.FindStatusCondition(l.Status.Conditions, jsv1.LeaseConditionUnsatisfiable)
+		return l.Status.Ended && c != nil && c.Reason == "AllDisabled", fmt.Sprint(l.Status)
+	})
 
-	// A second lease while vm-0 is held: Pending NotAvailable.
-	lease("second", map[string]any{"board": "qemu"})
-	waitLease("second", "Pending NotAvailable", func(u *unstructured.Unstructured) bool { _, r := cond(u, "Pending"); return r == "NotAvailable" })
+	// The exporter comes online: the waiting lease lands on it.
+	stop, err := goOnline(ctx, ctl.Endpoint(), token, ns, "e1")
+	require.NoError(t, err)
+	defer stop()
+	eventually(t, "wait assigned to e1", func() (bool, string) {
+		l := getLease("wait")
+		return l.Status.ExporterRef != nil && l.Status.ExporterRef.Name == "e1" && meta.IsStatusConditionTrue(l.Status.Conditions, jsv1.LeaseConditionReady), fmt.Sprint(l.Status)
+	})
+	eventually(t, "e1 leaseRef and Online", func() (bool, string) {
+		e := getExp("e1")
+		return e.Status.LeaseRef != nil && e.Status.LeaseRef.Name == "wait" && meta.IsStatusConditionTrue(e.Status.Conditions, jsv1.ExporterConditionOnline) &&
+			e.Status.ExporterStatusValue == "Available", fmt.Sprint(e.Status)
+	})
+	st, _ := ctl.ExporterState(ns, "e1")
+	assert.Equal(t, "wait", st.Lease, "jstest holds the lease")
 
-	// Release: the first ends, the second lands on the same exporter.
-	l, err = leases.Get(ctx, "waits", metav1.GetOptions{})
-	require.NoError(t, err)
-	require.NoError(t, unstructured.SetNestedField(l.Object, true, "spec", "release"))
-	_, err = leases.Update(ctx, l, metav1.UpdateOptions{})
-	require.NoError(t, err)
-	waitLease("waits", "ended", ended)
-	waitLease("second", "assigned", func(u *unstructured.Unstructured) bool { s, _ := cond(u, "Ready"); return s == "True" })
+	// A second lease waits: the only exporter is leased.
+	newLease("second", map[string]string{"board": "x"})
+	eventually(t, "second Pending NotAvailable", func() (bool, string) {
+		c := meta.FindStatusCondition(getLease("second").Status.Conditions, jsv1.LeaseConditionPending)
+		return c != nil && c.Reason == "NotAvailable", fmt.Sprint(c)
+	})
 
-	// Disabled exporters are never chosen: AllDisabled ends a lease.
-	e, err = exps.Get(ctx, "vm-0", metav1.GetOptions{})
-	require.NoError(t, err)
-	require.NoError(t, unstructured.SetNestedField(e.Object, false, "spec", "enabled"))
-	_, err = exps.Update(ctx, e, metav1.UpdateOptions{})
-	require.NoError(t, err)
-	lease("disabled", map[string]any{"board": "qemu"})
-	l = waitLease("disabled", "ended", ended)
-	_, reason = cond(l, "Unsatisfiable")
-	assert.Equal(t, "AllDisabled", reason)
-
-	ecancel()
-	select {
-	case <-done:
-	case <-time.After(20 * time.Second):
-		t.Fatal("exporter did not stop")
-	}
+	// Release: the lease ends, the exporter is free, the second one lands.
+	l := getLease("wait")
+	l.Spec.Release = true
+	require.NoError(t, c.Update(ctx, l))
+	eventually(t, "wait ended", func() (bool, string) {
+		return getLease("wait").Status.Ended, ""
+	})
+	eventually(t, "second assigned after release", func() (bool, string) {
+		l := getLease("second")
+		return l.Status.ExporterRef != nil && l.Status.ExporterRef.Name == "e1", fmt.Sprint(l.Status)
+	})
+	st, _ = ctl.ExporterState(ns, "e1")
+	assert.Equal(t, "second", st.Lease)
 }
