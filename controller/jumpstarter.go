@@ -106,6 +106,16 @@ func readJumpstarter(ctx context.Context, rd client.Reader, set *v1alpha1.Export
 		}
 	}
 	want := labels.Set(set.Spec.Jumpstarter.ExporterLabels)
+	// Leases one of the set's Exporters names in status.leaseRef are leased,
+	// never demand, even while the Lease informer has not yet delivered
+	// their assignment (the Exporter and Lease watches are not ordered with
+	// each other): counting one lease twice would create a pod too many.
+	onExporter := map[string]bool{}
+	for i := range exps.Items {
+		if ref := exps.Items[i].Status.LeaseRef; ref != nil {
+			onExporter[ref.Name] = true
+		}
+	}
 	holder, used := map[string]string{}, map[string]bool{}
 	for i := range ls.Items {
 		l := &ls.Items[i]
@@ -116,7 +126,7 @@ func readJumpstarter(ctx context.Context, rd client.Reader, set *v1alpha1.Export
 			}
 			continue
 		}
-		if pendingFor(l, want, now) {
+		if !onExporter[l.Name] && pendingFor(l, want, now) {
 			st.demand = append(st.demand, l.Name)
 		}
 	}
@@ -148,7 +158,7 @@ func readJumpstarter(ctx context.Context, rd client.Reader, set *v1alpha1.Export
 // want: Jumpstarter would assign it to one of the set's exporters once one
 // is Online.
 func pendingFor(l *jsv1.Lease, want labels.Set, now time.Time) bool {
-	if l.Status.Ended || l.DeletionTimestamp != nil || l.Spec.Release || l.Spec.ExporterRef != nil {
+	if l.Status.Ended || l.Status.ExporterRef != nil || l.DeletionTimestamp != nil || l.Spec.Release || l.Spec.ExporterRef != nil {
 		return false
 	}
 	if b := l.Spec.BeginTime; b != nil && b.After(now) {

@@ -42,7 +42,7 @@ type fakeNode struct {
 	booted    map[string]time.Time
 }
 
-func (n *fakeNode) run(ctx context.Context, t *testing.T) {
+func (n *fakeNode) run(ctx context.Context, t testing.TB) {
 	for ctx.Err() == nil {
 		var l corev1.PodList
 		if err := n.c.List(ctx, &l, client.InNamespace(n.ns), client.MatchingLabels{"app": n.app}); err == nil {
@@ -81,7 +81,7 @@ func (n *fakeNode) run(ctx context.Context, t *testing.T) {
 	n.mu.Unlock()
 }
 
-func (n *fakeNode) boot(ctx context.Context, t *testing.T, p *corev1.Pod) {
+func (n *fakeNode) boot(ctx context.Context, t testing.TB, p *corev1.Pod) {
 	var sec corev1.Secret
 	if err := n.c.Get(ctx, types.NamespacedName{Namespace: p.Namespace, Name: p.Annotations[v1alpha1.JumpstarterSecretAnnotation]}, &sec); err != nil {
 		t.Errorf("pod %s released from its gate without its exporter Secret: %v", p.Name, err)
@@ -105,7 +105,7 @@ func (n *fakeNode) boot(ctx context.Context, t *testing.T, p *corev1.Pod) {
 	n.mu.Unlock()
 }
 
-func startController(t *testing.T, ns string) {
+func startController(t testing.TB, ns string) {
 	t.Helper()
 	mgr, err := ctrl.NewManager(env.cfg, ctrl.Options{
 		Scheme:                 env.scheme,

@@ -25,6 +25,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -49,6 +51,10 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
+	// Quiet: client-go logs through klog (e.g. events still queued when a
+	// test's manager stops); the controller through controller-runtime.
+	klog.SetLogger(logr.Discard())
+	ctrl.SetLogger(logr.Discard())
 	if testing.Short() {
 		return m.Run()
 	}
@@ -95,14 +101,14 @@ func run(m *testing.M) int {
 }
 
 // namespace makes a namespace for one test.
-func namespace(t *testing.T) string {
+func namespace(t testing.TB) string {
 	t.Helper()
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "jsfake-"}}
 	require.NoError(t, env.client.Create(context.Background(), ns))
 	return ns.Name
 }
 
-func eventually(t *testing.T, what string, cond func() (bool, string)) {
+func eventually(t testing.TB, what string, cond func() (bool, string)) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	last := ""
