@@ -56,7 +56,7 @@ func newVMs(ctx context.Context, cfg *config.Node, facts provider.Facts, client 
 	if err != nil {
 		return nil, err
 	}
-	klog.FromContext(ctx).Info("Recovered VMs from the state dir", "running", res.Running, "exited", res.Exited, "pending", res.Pending, "orphansRemoved", res.Orphans)
+	klog.FromContext(ctx).Info("Recovered VMs from the state dir", "running", res.Running, "exited", res.Exited, "pending", res.Pending, "poweredOff", res.PoweredOff, "orphansRemoved", res.Orphans)
 	return vms, nil
 }
 
