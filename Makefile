@@ -34,9 +34,10 @@ vet:
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
-# verify: formatting, vet, and generated files (CRDs, deepcopy, chart CRD copies) up to date.
+# verify: formatting, vet, and generated files (CRDs, deepcopy, chart CRD copies, Jumpstarter protocol Go code) up to date.
 verify: fmt-check vet
 	hack/verify-crds.sh
+	hack/gen-proto.sh --check
 	hack/sync-chart-crds.sh --check
 
 test: deps verify

@@ -8,7 +8,8 @@ import (
 
 // TestDependencyDirection keeps the layering of DESIGN.md §2: qemu and oci
 // know nothing of Kubernetes (nor of each other), and the controller knows
-// nothing of QEMU or OCI images.
+// nothing of QEMU or OCI images; the jumpstarter protocol packages know
+// nothing of Kubernetes, QEMU, OCI, the provider or the controller.
 func TestDependencyDirection(t *testing.T) {
 	const mod = "github.com/qemu-kubelet/qemu-kubelet/"
 	rules := []struct {
@@ -19,6 +20,7 @@ func TestDependencyDirection(t *testing.T) {
 		{"oci", []string{"k8s.io/", "sigs.k8s.io/", "github.com/virtual-kubelet/", mod + "qemu", mod + "provider"}},
 		{"controller", []string{mod + "qemu", mod + "oci", mod + "provider", "github.com/virtual-kubelet/"}},
 		{"api/v1alpha1", []string{mod + "qemu", mod + "oci", mod + "provider", mod + "controller"}},
+		{"jumpstarter/...", []string{"k8s.io/", "sigs.k8s.io/", "github.com/virtual-kubelet/", mod + "qemu", mod + "oci", mod + "provider", mod + "controller"}},
 	}
 	for _, r := range rules {
 		out, err := exec.Command("go", "list", "-deps", "../"+r.pkg).CombinedOutput()

@@ -1,0 +1,134 @@
+package jumpstarter
+
+import (
+	"crypto/sha1"
+	"errors"
+	"fmt"
+	"regexp"
+
+	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/pb"
+)
+
+// Client classes the report names (the jumpstarter.dev/client label): the
+// Python clients Jumpstarter users load for upstream's QEMU driver
+// (python/packages/jumpstarter-driver-{qemu,power,network} at b1f2bb41), so
+// their scripts run unchanged on our VMs.
+const (
+	ClassQemu    = "jumpstarter_driver_qemu.client.QemuClient"
+	ClassPower   = "jumpstarter_driver_power.client.PowerClient"
+	ClassFlasher = "jumpstarter_driver_qemu.client.QemuFlasherClient"
+	ClassNetwork = "jumpstarter_driver_network.client.NetworkClient"
+
+	// LabelClient and LabelName are the report labels the Python client
+	// builds its driver tree from.
+	LabelClient = "jumpstarter.dev/client"
+	LabelName   = "jumpstarter.dev/name"
+)
+
+// Child driver names every target has (Config.Ports add one each).
+const (
+	DriverPower   = "power"
+	DriverFlasher = "flasher"
+	DriverConsole = "console"
+)
+
+// Errors a Target may wrap so that a call fails with the matching gRPC code
+// (InvalidArgument, Unimplemented); other errors fail with Unknown, as
+// upstream's drivers do for an unexpected exception.
+var (
+	ErrInvalidArgument = errors.New("invalid argument")
+	ErrUnsupported     = errors.New("not supported")
+)
+
+type driverKind int
+
+const (
+	kindRoot driverKind = iota
+	kindPower
+	kindFlasher
+	kindConsole
+	kindPort
+)
+
+// driver is one entry of the report; the tree is fixed at New.
+type driver struct {
+	uuid, parent string // lowercase canonical UUIDs; parent "" for the root
+	name         string // jumpstarter.dev/name ("" for the root)
+	class        string
+	description  string
+	kind         driverKind
+	port         int // kindPort
+}
+
+var portNameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$`)
+
+// buildTree returns the drivers, parents before children, exactly one root.
+// UUIDs are derived from the exporter's namespace/name so they stay the
+// same across reconnects and agent restarts.
+func buildTree(ns, name string, ports []Port) ([]*driver, error) {
+	id := func(child string) string { return nameUUID(ns + "/" + name + "/" + child) }
+	root := &driver{uuid: id(""), class: ClassQemu, kind: kindRoot, description: "QEMU virtual machine"}
+	ds := []*driver{root,
+		{uuid: id(DriverPower), parent: root.uuid, name: DriverPower, class: ClassPower, kind: kindPower, description: "VM power (ACPI power button, then stop)"},
+		{uuid: id(DriverFlasher), parent: root.uuid, name: DriverFlasher, class: ClassFlasher, kind: kindFlasher, description: "replace the VM's disk with an OCI image"},
+		{uuid: id(DriverConsole), parent: root.uuid, name: DriverConsole, class: ClassNetwork, kind: kindConsole, description: "VM serial console"},
+	}
+	seen := map[string]bool{DriverPower: true, DriverFlasher: true, DriverConsole: true}
+	for _, p := range ports {
+		if !portNameRE.MatchString(p.Name) {
+			return nil, fmt.Errorf("port %q: a driver name must be lowercase letters, digits, '-' or '_' (at most 63)", p.Name)
+		}
+		if seen[p.Name] {
+			return nil, fmt.Errorf("port %q: the name is taken (power, flasher and console are built in, port names must be unique)", p.Name)
+		}
+		if p.Port < 1 || p.Port > 65535 {
+			return nil, fmt.Errorf("port %q: port %d is not in 1..65535", p.Name, p.Port)
+		}
+		seen[p.Name] = true
+		ds = append(ds, &driver{uuid: id("port/" + p.Name), parent: root.uuid, name: p.Name, class: ClassNetwork, kind: kindPort, port: p.Port,
+			description: fmt.Sprintf("TCP to guest port %d", p.Port)})
+	}
+	return ds, nil
+}
+
+// report is the DriverInstanceReport of d.
+func (d *driver) report() *pb.DriverInstanceReport {
+	r := &pb.DriverInstanceReport{Uuid: d.uuid, Labels: map[string]string{LabelClient: d.class}}
+	if d.parent != "" {
+		p := d.parent
+		r.ParentUuid = &p
+		r.Labels[LabelName] = d.name
+	}
+	if d.description != "" {
+		desc := d.description
+		r.Description = &desc
+	}
+	return r
+}
+
+// nameUUID is a name-based (version 5 style, SHA-1) UUID in canonical
+// lowercase form.
+func nameUUID(s string) string {
+	h := sha1.Sum([]byte("qemu-kubelet.io/jumpstarter/" + s))
+	b := h[:16]
+	b[6] = (b[6] & 0x0f) | 0x50
+	b[8] = (b[8] & 0x3f) | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}
+
+// canonicalUUID parses s (any case, with dashes) into the lowercase
+// canonical form, or fails.
+var uuidRE = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
+
+func canonicalUUID(s string) (string, bool) {
+	if !uuidRE.MatchString(s) {
+		return "", false
+	}
+	b := []byte(s)
+	for i, c := range b {
+		if c >= 'A' && c <= 'F' {
+			b[i] = c + 'a' - 'A'
+		}
+	}
+	return string(b), true
+}

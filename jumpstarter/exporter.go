@@ -1,0 +1,575 @@
+package jumpstarter
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/internal/streamconn"
+	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/pb"
+)
+
+// Timeouts of the exporter's unary calls to the controller.
+const (
+	callTimeout       = 10 * time.Second
+	unregisterTimeout = 5 * time.Second
+	// listenRetries bounds consecutive failed Listen attempts within one
+	// lease before the whole controller session is restarted.
+	listenRetries    = 5
+	listenRetryDelay = 500 * time.Millisecond
+)
+
+// Exporter is one target's exporter. New validates the configuration; Run
+// drives it. The Run goroutine owns the connection state (State, the lease,
+// what was reported to the controller); client connections are served by
+// a local gRPC server on their own goroutines.
+type Exporter struct {
+	cfg    Config
+	log    logr.Logger
+	uuid   string
+	tree   []*driver
+	byUUID map[string]*driver
+	creds  credentials.TransportCredentials
+
+	status     sessionStatus
+	endSession chan struct{} // EndSession -> Run: report AVAILABLE
+
+	srv *grpc.Server
+	lis *streamconn.Listener
+
+	running atomic.Bool
+	state   State // owned by the Run goroutine
+}
+
+// New checks cfg and builds the exporter's driver tree.
+func New(cfg Config) (*Exporter, error) {
+	var missing []string
+	for _, f := range []struct{ name, v string }{{"Endpoint", cfg.Endpoint}, {"Token", cfg.Token}, {"Namespace", cfg.Namespace}, {"Name", cfg.Name}} {
+		if f.v == "" {
+			missing = append(missing, f.name)
+		}
+	}
+	if cfg.Target == nil {
+		missing = append(missing, "Target")
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("jumpstarter exporter config: missing %v", missing)
+	}
+	if cfg.BackoffInitial <= 0 {
+		cfg.BackoffInitial = time.Second
+	}
+	if cfg.BackoffMax <= 0 {
+		cfg.BackoffMax = 30 * time.Second
+	}
+	if cfg.BackoffMax < cfg.BackoffInitial {
+		cfg.BackoffMax = cfg.BackoffInitial
+	}
+	if cfg.Log.GetSink() == nil {
+		cfg.Log = logr.Discard()
+	}
+	tree, err := buildTree(cfg.Namespace, cfg.Name, cfg.Ports)
+	if err != nil {
+		return nil, fmt.Errorf("jumpstarter exporter %s/%s: %w", cfg.Namespace, cfg.Name, err)
+	}
+	creds, err := transportCredentials(cfg.CABundle, cfg.Insecure)
+	if err != nil {
+		return nil, fmt.Errorf("jumpstarter exporter %s/%s: %w", cfg.Namespace, cfg.Name, err)
+	}
+	e := &Exporter{
+		cfg:        cfg,
+		log:        cfg.Log.WithValues("exporter", cfg.Namespace+"/"+cfg.Name),
+		uuid:       nameUUID(cfg.Namespace + "/" + cfg.Name),
+		tree:       tree,
+		byUUID:     map[string]*driver{},
+		creds:      creds,
+		endSession: make(chan struct{}, 1),
+		lis:        streamconn.NewListener(),
+	}
+	for _, d := range tree {
+		e.byUUID[d.uuid] = d
+	}
+	e.status.set(pb.ExporterStatus_EXPORTER_STATUS_AVAILABLE, "")
+	e.srv = grpc.NewServer()
+	srv := &server{e: e}
+	pb.RegisterExporterServiceServer(e.srv, srv)
+	pb.RegisterRouterServiceServer(e.srv, srv)
+	return e, nil
+}
+
+// transportCredentials: TLS verified against caPEM (system roots when
+// empty), or plaintext when insecure.
+func transportCredentials(caPEM []byte, insec bool) (credentials.TransportCredentials, error) {
+	if insec {
+		return insecure.NewCredentials(), nil
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if len(caPEM) > 0 {
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(caPEM) {
+			return nil, errors.New("CA bundle holds no PEM certificate")
+		}
+		tc.RootCAs = pool
+	}
+	return credentials.NewTLS(tc), nil
+}
+
+// reports is the driver tree as the controller and clients see it.
+func (e *Exporter) reports() []*pb.DriverInstanceReport {
+	out := make([]*pb.DriverInstanceReport, len(e.tree))
+	for i, d := range e.tree {
+		out[i] = d.report()
+	}
+	return out
+}
+
+// setState reports s to the owner (Run goroutine only).
+func (e *Exporter) setState(s State, err error) {
+	if s == e.state && err == nil {
+		return
+	}
+	e.state = s
+	if err != nil {
+		e.log.Info("exporter state", "state", s, "error", err.Error())
+	} else {
+		e.log.V(1).Info("exporter state", "state", s)
+	}
+	if e.cfg.OnState != nil {
+		e.cfg.OnState(s, err)
+	}
+}
+
+// Run registers with the controller and serves until ctx ends, reconnecting
+// with backoff (BackoffInitial doubling to BackoffMax; back to the initial
+// delay after a session that got Online). On ctx end it unregisters
+// (best effort, short timeout), reports StateStopped and returns nil. An
+// Exporter runs once.
+func (e *Exporter) Run(ctx context.Context) error {
+	if !e.running.CompareAndSwap(false, true) {
+		return errors.New("jumpstarter exporter: Run called twice")
+	}
+	go func() { _ = e.srv.Serve(e.lis) }()
+	defer func() {
+		_ = e.lis.Close()
+		e.srv.Stop()
+	}()
+
+	backoff := e.cfg.BackoffInitial
+	registered := false
+	for {
+		e.setState(StateConnecting, nil)
+		online, reg, err := e.session(ctx)
+		registered = registered || reg
+		if ctx.Err() != nil {
+			break
+		}
+		if online {
+			backoff = e.cfg.BackoffInitial
+		}
+		e.setState(StateFailed, err)
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+		case <-t.C:
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		backoff = min(2*backoff, e.cfg.BackoffMax)
+	}
+	if registered {
+		e.unregister()
+	}
+	e.setState(StateStopped, nil)
+	return nil
+}
+
+// dialController opens a client connection carrying the exporter's
+// credentials on every call.
+func (e *Exporter) dialController() (*grpc.ClientConn, error) {
+	md := metadata.Pairs(
+		"authorization", "Bearer "+e.cfg.Token,
+		"jumpstarter-kind", "Exporter",
+		"jumpstarter-namespace", e.cfg.Namespace,
+		"jumpstarter-name", e.cfg.Name,
+	)
+	withMD := func(ctx context.Context) context.Context {
+		return metadata.NewOutgoingContext(ctx, metadata.Join(md, mdFrom(ctx)))
+	}
+	return grpc.NewClient(e.cfg.Endpoint,
+		grpc.WithTransportCredentials(e.creds),
+		grpc.WithUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			return invoker(withMD(ctx), method, req, reply, cc, opts...)
+		}),
+		grpc.WithStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+			return streamer(withMD(ctx), desc, cc, method, opts...)
+		}),
+	)
+}
+
+func mdFrom(ctx context.Context) metadata.MD {
+	md, _ := metadata.FromOutgoingContext(ctx)
+	return md
+}
+
+// callError says which call to the controller failed and why, naming a
+// rejected token plainly (the token itself is never logged).
+func (e *Exporter) callError(call string, err error) error {
+	switch status.Code(err) {
+	case codes.Unauthenticated:
+		return fmt.Errorf("%s at %s: the controller rejected the exporter token (Unauthenticated): %w", call, e.cfg.Endpoint, err)
+	case codes.PermissionDenied:
+		return fmt.Errorf("%s at %s: the controller denied exporter %s/%s (PermissionDenied): %w", call, e.cfg.Endpoint, e.cfg.Namespace, e.cfg.Name, err)
+	}
+	return fmt.Errorf("%s at %s: %w", call, e.cfg.Endpoint, err)
+}
+
+// leaseEvent is what a lease goroutine tells the Run goroutine.
+type leaseEvent struct {
+	lease *leaseRun
+	open  bool  // Listen is open (first time in this lease)
+	err   error // Listen failed for good
+}
+
+// session is one controller connection: Register, Status, leases. It
+// returns when ctx ends or the connection fails (online: the Status stream
+// answered; registered: Register succeeded).
+func (e *Exporter) session(ctx context.Context) (online, registered bool, err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	conn, err := e.dialController()
+	if err != nil {
+		return false, false, fmt.Errorf("controller %s: %w", e.cfg.Endpoint, err)
+	}
+	defer conn.Close()
+	ctl := pb.NewControllerServiceClient(conn)
+
+	rctx, rcancel := context.WithTimeout(ctx, callTimeout)
+	_, err = ctl.Register(rctx, &pb.RegisterRequest{Labels: e.cfg.Labels, Reports: e.reports()})
+	rcancel()
+	if o := e.cfg.Observer; o != nil {
+		o.Registration(err)
+	}
+	if err != nil {
+		return false, false, e.callError("register with the controller", err)
+	}
+	e.setState(StateRegistered, nil)
+
+	st, err := ctl.Status(ctx, &pb.StatusRequest{})
+	if err != nil {
+		return false, true, e.callError("open the status stream", err)
+	}
+	statusCh := make(chan *pb.StatusResponse)
+	statusErr := make(chan error, 1)
+	go func() {
+		for {
+			m, err := st.Recv()
+			if err != nil {
+				statusErr <- err
+				return
+			}
+			select {
+			case statusCh <- m:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+
+	events := make(chan leaseEvent, 4)
+	var lease *leaseRun
+	defer func() {
+		if lease != nil {
+			lease.stop()
+		}
+	}()
+	reported := pb.ExporterStatus_EXPORTER_STATUS_UNSPECIFIED
+	report := func(s pb.ExporterStatus, msg string) error {
+		e.status.set(s, msg)
+		if reported == s {
+			return nil
+		}
+		rctx, rcancel := context.WithTimeout(ctx, callTimeout)
+		defer rcancel()
+		if _, err := ctl.ReportStatus(rctx, &pb.ReportStatusRequest{Status: s, Message: &msg}); err != nil {
+			return e.callError("report status "+s.String(), err)
+		}
+		reported = s
+		return nil
+	}
+	available := func(msg string) error {
+		if err := report(pb.ExporterStatus_EXPORTER_STATUS_AVAILABLE, msg); err != nil {
+			return err
+		}
+		e.setState(StateOnline, nil)
+		return nil
+	}
+
+	for {
+		select {
+		case <-ctx.Done():
+			return online, true, ctx.Err()
+		case err := <-statusErr:
+			if ctx.Err() != nil {
+				return online, true, ctx.Err()
+			}
+			if err == nil {
+				err = errors.New("ended by the controller")
+			}
+			return online, true, e.callError("status stream", err)
+		case m := <-statusCh:
+			if !online {
+				online = true
+				e.setState(StateOnline, nil)
+			}
+			cur := ""
+			if lease != nil {
+				cur = lease.name
+			}
+			step := onStatus(cur, m.GetLeased(), m.GetLeaseName(), reported == pb.ExporterStatus_EXPORTER_STATUS_AVAILABLE)
+			if step.stop {
+				e.log.Info("lease ended", "lease", lease.name)
+				lease.stop()
+				lease = nil
+			}
+			if step.start != "" {
+				e.log.Info("lease assigned", "lease", step.start, "client", m.GetClientName())
+				select { // an EndSession of an earlier lease is no news for this one
+				case <-e.endSession:
+				default:
+				}
+				lease = e.startLease(ctx, ctl, step.start, events)
+			}
+			if step.available != "" {
+				if err := available(step.available); err != nil {
+					return online, true, err
+				}
+			}
+		case ev := <-events:
+			if ev.lease != lease {
+				continue // a lease already stopped
+			}
+			if ev.err != nil {
+				return online, true, ev.err
+			}
+			if ev.open {
+				if err := report(pb.ExporterStatus_EXPORTER_STATUS_LEASE_READY, "Ready for commands"); err != nil {
+					return online, true, err
+				}
+				e.setState(StateLeased, nil)
+			}
+		case <-e.endSession:
+			if lease != nil {
+				if err := report(pb.ExporterStatus_EXPORTER_STATUS_AVAILABLE, "Session ended by the client"); err != nil {
+					return online, true, err
+				}
+			}
+		}
+	}
+}
+
+// leaseStep is what the Run goroutine does on a StatusResponse.
+type leaseStep struct {
+	stop      bool   // stop the current lease
+	start     string // start serving this lease
+	available string // report AVAILABLE (and StateOnline) with this message
+}
+
+// onStatus decides leaseStep from the current lease ("" none), the
+// controller's StatusResponse and whether AVAILABLE is what the controller
+// last heard from this session.
+func onStatus(current string, leased bool, leaseName string, reportedAvailable bool) leaseStep {
+	if leased && leaseName != "" {
+		if current == leaseName {
+			return leaseStep{}
+		}
+		return leaseStep{stop: current != "", start: leaseName}
+	}
+	if current != "" {
+		return leaseStep{stop: true, available: "Lease ended"}
+	}
+	if !reportedAvailable {
+		return leaseStep{available: "Exporter registered and available"}
+	}
+	return leaseStep{}
+}
+
+// unregister tells the controller the exporter goes away (best effort).
+func (e *Exporter) unregister() {
+	conn, err := e.dialController()
+	if err != nil {
+		return
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), unregisterTimeout)
+	defer cancel()
+	ctl := pb.NewControllerServiceClient(conn)
+	msg := "Exporter shutting down"
+	if _, err := ctl.ReportStatus(ctx, &pb.ReportStatusRequest{Status: pb.ExporterStatus_EXPORTER_STATUS_OFFLINE, Message: &msg}); err != nil {
+		e.log.Info("report offline on stop failed", "error", err.Error())
+	}
+	if _, err := ctl.Unregister(ctx, &pb.UnregisterRequest{Reason: "Exporter shutdown"}); err != nil {
+		e.log.Info("unregister failed", "error", err.Error())
+	}
+}
+
+// leaseRun is one lease's Listen loop and the client connections it took.
+type leaseRun struct {
+	name   string
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu      sync.Mutex
+	conns   map[*streamconn.Conn]struct{}
+	routers map[string]*grpc.ClientConn // by router endpoint
+}
+
+func (e *Exporter) startLease(ctx context.Context, ctl pb.ControllerServiceClient, name string, events chan<- leaseEvent) *leaseRun {
+	lctx, cancel := context.WithCancel(ctx)
+	lr := &leaseRun{name: name, ctx: lctx, cancel: cancel, done: make(chan struct{}),
+		conns: map[*streamconn.Conn]struct{}{}, routers: map[string]*grpc.ClientConn{}}
+	go func() {
+		defer close(lr.done)
+		e.listen(lr, ctl, events)
+	}()
+	return lr
+}
+
+// stop ends the lease: Listen, every connection (used or not), the router
+// channels. It waits for the Listen goroutine.
+func (lr *leaseRun) stop() {
+	lr.cancel()
+	lr.mu.Lock()
+	for c := range lr.conns {
+		_ = c.Close()
+	}
+	for _, cc := range lr.routers {
+		_ = cc.Close()
+	}
+	lr.conns, lr.routers = nil, nil
+	lr.mu.Unlock()
+	<-lr.done
+}
+
+// listen keeps Listen open for the lease and hands each router token to a
+// connection goroutine. The first open Listen is announced (LEASE_READY);
+// after listenRetries failures in a row the session is restarted.
+func (e *Exporter) listen(lr *leaseRun, ctl pb.ControllerServiceClient, events chan<- leaseEvent) {
+	send := func(ev leaseEvent) {
+		select {
+		case events <- ev:
+		case <-lr.ctx.Done():
+		}
+	}
+	announced := false
+	failures := 0
+	for lr.ctx.Err() == nil {
+		ls, err := ctl.Listen(lr.ctx, &pb.ListenRequest{LeaseName: lr.name})
+		if err == nil {
+			if !announced {
+				announced = true
+				send(leaseEvent{lease: lr, open: true})
+			}
+			for {
+				m, rerr := ls.Recv()
+				if rerr != nil {
+					err = rerr
+					break
+				}
+				failures = 0
+				go e.serveConn(lr, m.GetRouterEndpoint(), m.GetRouterToken())
+			}
+		}
+		if lr.ctx.Err() != nil {
+			return
+		}
+		failures++
+		e.log.Info("listen stream ended", "lease", lr.name, "error", fmt.Sprint(err), "failures", failures)
+		if failures >= listenRetries {
+			send(leaseEvent{lease: lr, err: e.callError("listen on lease "+lr.name, err)})
+			return
+		}
+		select {
+		case <-time.After(listenRetryDelay):
+		case <-lr.ctx.Done():
+		}
+	}
+}
+
+// serveConn dials the router with one token and hands the stream, as a
+// net.Conn, to the local gRPC server. A connection nobody uses waits on
+// its own goroutine until the lease ends.
+func (e *Exporter) serveConn(lr *leaseRun, endpoint, token string) {
+	cc, err := lr.router(endpoint, e.creds)
+	if err != nil {
+		e.log.Info("router dial failed", "lease", lr.name, "router", endpoint, "error", err.Error())
+		return
+	}
+	sctx, cancel := context.WithCancel(lr.ctx)
+	sctx = metadata.AppendToOutgoingContext(sctx, "authorization", "Bearer "+token)
+	st, err := pb.NewRouterServiceClient(cc).Stream(sctx)
+	if err != nil {
+		cancel()
+		e.log.Info("router stream failed", "lease", lr.name, "router", endpoint, "error", err.Error())
+		return
+	}
+	c := streamconn.New(streamconn.ClientFrames(st), cancel, "router:"+endpoint)
+	if !lr.track(c) {
+		_ = c.Close()
+		return
+	}
+	go func() {
+		<-c.Done()
+		lr.untrack(c)
+	}()
+	e.lis.Put(lr.ctx, c)
+}
+
+func (lr *leaseRun) router(endpoint string, creds credentials.TransportCredentials) (*grpc.ClientConn, error) {
+	lr.mu.Lock()
+	defer lr.mu.Unlock()
+	if lr.routers == nil {
+		return nil, errors.New("lease ended")
+	}
+	if cc, ok := lr.routers[endpoint]; ok {
+		return cc, nil
+	}
+	cc, err := grpc.NewClient(endpoint, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		return nil, err
+	}
+	lr.routers[endpoint] = cc
+	return cc, nil
+}
+
+func (lr *leaseRun) track(c *streamconn.Conn) bool {
+	lr.mu.Lock()
+	defer lr.mu.Unlock()
+	if lr.conns == nil {
+		return false
+	}
+	lr.conns[c] = struct{}{}
+	return true
+}
+
+func (lr *leaseRun) untrack(c *streamconn.Conn) {
+	lr.mu.Lock()
+	defer lr.mu.Unlock()
+	if lr.conns != nil {
+		delete(lr.conns, c)
+	}
+}

@@ -1,0 +1,616 @@
+package jumpstarter_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/funcr"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter"
+	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/jstest"
+	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/pb"
+)
+
+// fakeTarget stands in for the VM: the protocol is what is under test here
+// (the real VM behind Target is tested by the provider's e2e tests).
+type fakeTarget struct {
+	mu       sync.Mutex
+	powered  bool
+	ons      int
+	offs     int
+	flashed  []string
+	guest    map[int]string // guest port -> local TCP address
+	consoles chan net.Conn  // the guest side of each Console
+	flashErr map[string]error
+}
+
+func newFakeTarget() *fakeTarget {
+	return &fakeTarget{guest: map[int]string{}, consoles: make(chan net.Conn, 8), flashErr: map[string]error{}}
+}
+
+func (f *fakeTarget) PowerOn(context.Context) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.powered = true
+	f.ons++
+	return nil
+}
+
+func (f *fakeTarget) PowerOff(context.Context) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.powered = false
+	f.offs++
+	return nil
+}
+
+func (f *fakeTarget) Powered() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.powered
+}
+
+func (f *fakeTarget) counts() (ons, offs int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.ons, f.offs
+}
+
+func (f *fakeTarget) Console(context.Context) (io.ReadWriteCloser, error) {
+	client, guest := net.Pipe()
+	f.consoles <- guest
+	return client, nil
+}
+
+func (f *fakeTarget) DialGuest(ctx context.Context, port int) (net.Conn, error) {
+	f.mu.Lock()
+	addr, ok := f.guest[port]
+	f.mu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("guest port %d: connection refused", port)
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, "tcp", addr)
+}
+
+func (f *fakeTarget) Flash(ctx context.Context, ref string, progress func(string)) error {
+	f.mu.Lock()
+	err := f.flashErr[ref]
+	f.mu.Unlock()
+	progress("pulling " + ref)
+	if err != nil {
+		return err
+	}
+	progress("verifying " + ref)
+	progress("powering off, replacing the disk, powering on")
+	f.mu.Lock()
+	f.flashed = append(f.flashed, ref)
+	f.mu.Unlock()
+	return nil
+}
+
+// echoServer is a guest TCP service: it echoes lines prefixed "echo: ".
+func echoServer(t testing.TB) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				sc := bufio.NewScanner(c)
+				for sc.Scan() {
+					if _, err := fmt.Fprintf(c, "echo: %s\n", sc.Text()); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return l.Addr().String()
+}
+
+type stateEvent struct {
+	state jumpstarter.State
+	err   error
+}
+
+// recorder keeps every OnState call and Observer call.
+type recorder struct {
+	mu            sync.Mutex
+	states        []stateEvent
+	registrations []error
+	calls         []string
+	opened        map[string]int
+	closed        map[string]int
+	wake          chan struct{}
+}
+
+func newRecorder() *recorder {
+	return &recorder{opened: map[string]int{}, closed: map[string]int{}, wake: make(chan struct{}, 1)}
+}
+
+func (r *recorder) poke() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (r *recorder) onState(s jumpstarter.State, err error) {
+	r.mu.Lock()
+	r.states = append(r.states, stateEvent{s, err})
+	r.mu.Unlock()
+	r.poke()
+}
+func (r *recorder) Registration(err error) {
+	r.mu.Lock()
+	r.registrations = append(r.registrations, err)
+	r.mu.Unlock()
+}
+func (r *recorder) DriverCall(driver, method, code string) {
+	r.mu.Lock()
+	r.calls = append(r.calls, driver+"."+method+"="+code)
+	r.mu.Unlock()
+}
+func (r *recorder) StreamOpened(kind string) { r.mu.Lock(); r.opened[kind]++; r.mu.Unlock() }
+func (r *recorder) StreamClosed(kind string) { r.mu.Lock(); r.closed[kind]++; r.mu.Unlock() }
+
+func (r *recorder) snapshot() []stateEvent {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]stateEvent(nil), r.states...)
+}
+
+func (r *recorder) last() stateEvent {
+	s := r.snapshot()
+	if len(s) == 0 {
+		return stateEvent{}
+	}
+	return s[len(s)-1]
+}
+
+// waitState waits until the latest state is s.
+func (r *recorder) waitState(t testing.TB, s jumpstarter.State, within time.Duration) stateEvent {
+	t.Helper()
+	deadline := time.After(within)
+	for {
+		if l := r.last(); l.state == s {
+			return l
+		}
+		select {
+		case <-r.wake:
+		case <-time.After(20 * time.Millisecond):
+		case <-deadline:
+			t.Fatalf("state %s not reached within %s; states: %v", s, within, r.snapshot())
+		}
+	}
+}
+
+// logBuf collects every log line of the exporter (to check no token leaks).
+type logBuf struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+type env struct {
+	logs   *logBuf
+	ctrl   *jstest.Controller
+	target *fakeTarget
+	rec    *recorder
+	cfg    jumpstarter.Config
+	cancel context.CancelFunc
+	done   chan error
+}
+
+const ns, name = "lab", "vm-0"
+
+func startEnv(t testing.TB, insecure bool, mutate func(*jumpstarter.Config)) *env {
+	t.Helper()
+	ctrl, err := jstest.Start(jstest.Options{Insecure: insecure, DialWait: 10 * time.Second})
+	require.NoError(t, err)
+	t.Cleanup(ctrl.Close)
+	token := ctrl.AddExporter(ns, name, "")
+	tgt := newFakeTarget()
+	tgt.guest[8080] = echoServer(t)
+	rec := newRecorder()
+	logs := &logBuf{}
+	cfg := jumpstarter.Config{
+		Log: funcr.New(func(prefix, args string) {
+			logs.mu.Lock()
+			fmt.Fprintln(&logs.b, prefix, args)
+			logs.mu.Unlock()
+		}, funcr.Options{Verbosity: 10}),
+		Endpoint: ctrl.Endpoint(), Token: token, Namespace: ns, Name: name,
+		CABundle: ctrl.CABundle(), Insecure: insecure,
+		Labels:   map[string]string{"jumpstarter.dev/board": "qemu-x86", "team": "ci"},
+		Target:   tgt,
+		Ports:    []jumpstarter.Port{{Name: "http", Port: 8080}, {Name: "ssh", Port: 22}},
+		Hostname: "vm-0.lab", Username: "root", Password: "secret",
+		OnState: rec.onState, Observer: rec,
+		BackoffInitial: 100 * time.Millisecond, BackoffMax: 400 * time.Millisecond,
+	}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	e, err := jumpstarter.New(cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	ev := &env{logs: logs, ctrl: ctrl, target: tgt, rec: rec, cfg: cfg, cancel: cancel, done: done}
+	t.Cleanup(func() { ev.stop(t) })
+	return ev
+}
+
+func (e *env) stop(t testing.TB) {
+	e.cancel()
+	select {
+	case err := <-e.done:
+		assert.NoError(t, err)
+		e.done <- nil // stop is idempotent
+	case <-time.After(10 * time.Second):
+		t.Errorf("Run did not return within 10s of cancel")
+	}
+}
+
+func ctxT(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func online(s jstest.ExporterState) bool {
+	return s.Registered && s.Online && s.Status == pb.ExporterStatus_EXPORTER_STATUS_AVAILABLE
+}
+
+func leaseReady(s jstest.ExporterState) bool {
+	return s.Online && s.Status == pb.ExporterStatus_EXPORTER_STATUS_LEASE_READY
+}
+
+// TestExporterLeaseSession walks one lease through the router over TLS:
+// every driver, the errors, a parked connection and the lease's end.
+func TestExporterLeaseSession(t *testing.T) {
+	e := startEnv(t, false, nil)
+	ctx := ctxT(t, 60*time.Second)
+
+	st, err := e.ctrl.WaitExporter(ctx, ns, name, online)
+	require.NoError(t, err)
+	e.rec.waitState(t, jumpstarter.StateOnline, 5*time.Second)
+	assert.Equal(t, map[string]string{"jumpstarter.dev/board": "qemu-x86"}, st.Labels, "the controller keeps only jumpstarter.dev/ labels")
+	require.Len(t, st.Reports, 6, "root, power, flasher, console, http, ssh registered")
+	var seq []jumpstarter.State
+	for _, s := range e.rec.snapshot() {
+		seq = append(seq, s.state)
+	}
+	assert.Equal(t, []jumpstarter.State{jumpstarter.StateConnecting, jumpstarter.StateRegistered, jumpstarter.StateOnline}, seq)
+
+	require.NoError(t, e.ctrl.AssignLease(ns, "lease-1", name, "alice"))
+	_, err = e.ctrl.WaitExporter(ctx, ns, name, leaseReady)
+	require.NoError(t, err)
+	e.rec.waitState(t, jumpstarter.StateLeased, 5*time.Second)
+
+	cl := e.ctrl.NewClient(ns, "alice")
+
+	// jmp makes one connection it never uses: it must not block the next.
+	parked, err := cl.DialToken(ctx, "lease-1")
+	require.NoError(t, err)
+	require.NotEmpty(t, parked.GetRouterToken())
+
+	s, err := cl.Dial(ctx, "lease-1")
+	require.NoError(t, err)
+	defer s.Close()
+
+	rep, err := s.GetReport(ctx)
+	require.NoError(t, err)
+	checkReport(t, rep)
+	uuidOf := func(n string) string {
+		d, ok := jstest.FindDriver(rep, n)
+		require.True(t, ok, "driver %q", n)
+		return d.GetUuid()
+	}
+
+	gs, err := s.GetStatus(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, pb.ExporterStatus_EXPORTER_STATUS_LEASE_READY, gs.GetStatus())
+
+	// Root calls (QemuClient.hostname/username/password).
+	for m, want := range map[string]string{"get_hostname": "vm-0.lab", "get_username": "root", "get_password": "secret"} {
+		v, err := s.Call(ctx, uuidOf(""), m)
+		require.NoError(t, err, m)
+		assert.Equal(t, want, v, m)
+	}
+
+	// Power: on and off reach the target; rescue and read are refused clearly.
+	_, err = s.Call(ctx, uuidOf("power"), "on")
+	require.NoError(t, err)
+	assert.True(t, e.target.Powered())
+	_, err = s.Call(ctx, uuidOf("power"), "off")
+	require.NoError(t, err)
+	assert.False(t, e.target.Powered())
+	ons, offs := e.target.counts()
+	assert.Equal(t, 1, ons)
+	assert.Equal(t, 1, offs)
+	_, err = s.Call(ctx, uuidOf("power"), "rescue")
+	assert.Equal(t, codes.Unimplemented, status.Code(err), "rescue: %v", err)
+	err = s.StreamingCall(ctx, uuidOf("power"), "read", nil, func(any) error { return nil })
+	assert.Equal(t, codes.Unimplemented, status.Code(err), "read: %v", err)
+
+	// Console: bytes both ways.
+	con, err := s.Stream(ctx, uuidOf("console"), "connect")
+	require.NoError(t, err)
+	var guest net.Conn
+	select {
+	case guest = <-e.target.consoles:
+	case <-ctx.Done():
+		t.Fatal("the console was not opened on the target")
+	}
+	_, err = con.Write([]byte("root\n"))
+	require.NoError(t, err)
+	buf := make([]byte, 5)
+	_, err = io.ReadFull(guest, buf)
+	require.NoError(t, err)
+	assert.Equal(t, "root\n", string(buf))
+	_, err = guest.Write([]byte("Password: "))
+	require.NoError(t, err)
+	buf = make([]byte, 10)
+	_, err = io.ReadFull(con, buf)
+	require.NoError(t, err)
+	assert.Equal(t, "Password: ", string(buf))
+	// The guest side ends: the client reads EOF (GOAWAY).
+	guest.Close()
+	_, err = con.Read(buf)
+	assert.ErrorIs(t, err, io.EOF)
+	con.Close()
+
+	// TCP to a guest port.
+	tcp, err := s.Stream(ctx, uuidOf("http"), "connect")
+	require.NoError(t, err)
+	_, err = tcp.Write([]byte("GET /\n"))
+	require.NoError(t, err)
+	line, err := bufio.NewReader(tcp).ReadString('\n')
+	require.NoError(t, err)
+	assert.Equal(t, "echo: GET /\n", line)
+	tcp.Close()
+	// A port nothing listens on fails the stream with the target's error.
+	_, err = s.Stream(ctx, uuidOf("ssh"), "connect")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "connection refused")
+
+	// flash_oci streams (stdout, stderr, returncode) tuples, the last one
+	// ("", "", 0); the target gets the reference without oci://.
+	var tuples [][]any
+	err = s.StreamingCall(ctx, uuidOf("flasher"), "flash_oci", []any{"oci://registry.local/os:v2", nil}, func(v any) error {
+		tup, ok := v.([]any)
+		if !ok || len(tup) != 3 {
+			return fmt.Errorf("result %#v is not a 3-tuple", v)
+		}
+		tuples = append(tuples, tup)
+		return nil
+	})
+	require.NoError(t, err)
+	require.Len(t, tuples, 4)
+	assert.Equal(t, []any{"pulling registry.local/os:v2\n", "", nil}, tuples[0])
+	assert.Equal(t, []any{"", "", float64(0)}, tuples[3])
+	assert.Equal(t, []string{"registry.local/os:v2"}, e.target.flashed)
+	// flash(source) with oci:// does the same; without it is refused.
+	_, err = s.Call(ctx, uuidOf("flasher"), "flash", "oci://registry.local/os:v3", nil)
+	require.NoError(t, err)
+	_, err = s.Call(ctx, uuidOf("flasher"), "flash", "/tmp/disk.img", nil)
+	assert.Equal(t, codes.InvalidArgument, status.Code(err), "flash of a path: %v", err)
+	err = s.StreamingCall(ctx, uuidOf("flasher"), "flash_oci", []any{"registry.local/os:v2"}, func(any) error { return nil })
+	assert.Equal(t, codes.InvalidArgument, status.Code(err), "flash_oci without oci://: %v", err)
+	e.target.flashErr["registry.local/bad:1"] = errors.New("manifest unknown")
+	err = s.StreamingCall(ctx, uuidOf("flasher"), "flash_oci", []any{"oci://registry.local/bad:1"}, func(any) error { return nil })
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "manifest unknown")
+
+	// Unknown driver or method: an error, and the exporter keeps serving.
+	_, err = s.Call(ctx, "00000000-0000-4000-8000-000000000000", "on")
+	assert.Equal(t, codes.NotFound, status.Code(err), "unknown uuid: %v", err)
+	_, err = s.Call(ctx, "not-a-uuid", "on")
+	assert.Equal(t, codes.InvalidArgument, status.Code(err), "bad uuid: %v", err)
+	_, err = s.Call(ctx, uuidOf("power"), "explode")
+	assert.Equal(t, codes.NotFound, status.Code(err), "unknown method: %v", err)
+	_, err = s.Stream(ctx, uuidOf("power"), "connect")
+	assert.Equal(t, codes.NotFound, status.Code(err), "stream to power: %v", err)
+	// Upper-case UUIDs are accepted (clients send str(UUID)).
+	v, err := s.Call(ctx, strings.ToUpper(uuidOf("")), "get_hostname")
+	require.NoError(t, err)
+	assert.Equal(t, "vm-0.lab", v)
+
+	// A second connection on the same lease works while the first is open
+	// and the parked one still waits.
+	s2, err := cl.Dial(ctx, "lease-1")
+	require.NoError(t, err)
+	_, err = s2.GetReport(ctx)
+	require.NoError(t, err)
+	s2.Close()
+	assert.GreaterOrEqual(t, e.ctrl.PendingStreams(), 1, "the parked connection's stream waits at the router")
+
+	e.rec.mu.Lock()
+	assert.Contains(t, e.rec.calls, "power.on=OK")
+	assert.Contains(t, e.rec.calls, "power.explode=NotFound")
+	assert.Equal(t, e.rec.opened, e.rec.closed, "every byte stream closed")
+	assert.Equal(t, map[string]int{"console": 1, "tcp": 1}, e.rec.opened, "byte streams opened")
+	e.rec.mu.Unlock()
+
+	// The lease ends: AVAILABLE again, every connection closed (the parked
+	// one too), Online state.
+	require.NoError(t, e.ctrl.EndLease(ns, "lease-1"))
+	_, err = e.ctrl.WaitExporter(ctx, ns, name, online)
+	require.NoError(t, err)
+	e.rec.waitState(t, jumpstarter.StateOnline, 5*time.Second)
+	require.NoError(t, e.ctrl.WaitFor(ctx, func() bool { return e.ctrl.PendingStreams() == 0 }), "the parked stream is closed at lease end")
+	_, err = s.GetReport(ctx)
+	assert.Error(t, err, "the lease's connection is closed")
+
+	// A new lease lands on the same exporter; EndSession reports AVAILABLE.
+	require.NoError(t, e.ctrl.AssignLease(ns, "lease-2", name, "alice"))
+	s3, err := cl.Dial(ctx, "lease-2")
+	require.NoError(t, err)
+	defer s3.Close()
+	es, err := s3.Exporter.EndSession(ctx, &pb.EndSessionRequest{})
+	require.NoError(t, err)
+	assert.True(t, es.GetSuccess())
+	gs, err = s3.GetStatus(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, pb.ExporterStatus_EXPORTER_STATUS_AVAILABLE, gs.GetStatus())
+	assert.Equal(t, pb.ExporterStatus_EXPORTER_STATUS_LEASE_READY, gs.GetPreviousStatus())
+	_, err = e.ctrl.WaitExporter(ctx, ns, name, func(s jstest.ExporterState) bool {
+		return s.Status == pb.ExporterStatus_EXPORTER_STATUS_AVAILABLE && s.Lease == "lease-2"
+	})
+	require.NoError(t, err)
+
+	// Stop: Unregister, Stopped.
+	e.stop(t)
+	st, _ = e.ctrl.ExporterState(ns, name)
+	assert.True(t, st.Unregistered, "Unregister on stop")
+	assert.Equal(t, jumpstarter.StateStopped, e.rec.last().state)
+	assert.Contains(t, e.logs.String(), "lease assigned", "the exporter logs")
+	assert.NotContains(t, e.logs.String(), e.cfg.Token, "the token is never logged")
+	assert.NotContains(t, e.logs.String(), parked.GetRouterToken(), "router tokens are never logged")
+}
+
+// checkReport asserts what the Python client needs to build its tree.
+func checkReport(t *testing.T, rep *pb.GetReportResponse) {
+	t.Helper()
+	want := map[string]string{
+		"":        jumpstarter.ClassQemu,
+		"power":   jumpstarter.ClassPower,
+		"flasher": jumpstarter.ClassFlasher,
+		"console": jumpstarter.ClassNetwork,
+		"http":    jumpstarter.ClassNetwork,
+		"ssh":     jumpstarter.ClassNetwork,
+	}
+	assert.Equal(t, "jumpstarter_driver_qemu.client.QemuClient", jumpstarter.ClassQemu)
+	assert.Equal(t, "jumpstarter_driver_power.client.PowerClient", jumpstarter.ClassPower)
+	assert.Equal(t, "jumpstarter_driver_qemu.client.QemuFlasherClient", jumpstarter.ClassFlasher)
+	assert.Equal(t, "jumpstarter_driver_network.client.NetworkClient", jumpstarter.ClassNetwork)
+	assert.Equal(t, "qemu-x86", rep.GetLabels()["jumpstarter.dev/board"])
+	assert.Equal(t, strings.ToLower(rep.GetUuid()), rep.GetUuid())
+	seen := map[string]bool{}
+	roots := 0
+	got := map[string]string{}
+	for _, r := range rep.GetReports() {
+		assert.Equal(t, strings.ToLower(r.GetUuid()), r.GetUuid(), "lowercase uuid")
+		assert.Len(t, r.GetUuid(), 36)
+		assert.NotEmpty(t, r.GetLabels()[jumpstarter.LabelClient], "client label on %s", r.GetUuid())
+		if r.ParentUuid == nil {
+			roots++
+			got[""] = r.GetLabels()[jumpstarter.LabelClient]
+		} else {
+			assert.True(t, seen[r.GetParentUuid()], "parent of %s listed before it", r.GetUuid())
+			n := r.GetLabels()[jumpstarter.LabelName]
+			assert.NotEmpty(t, n, "name label on child %s", r.GetUuid())
+			got[n] = r.GetLabels()[jumpstarter.LabelClient]
+		}
+		seen[r.GetUuid()] = true
+	}
+	assert.Equal(t, 1, roots, "exactly one root")
+	assert.Equal(t, want, got)
+}
+
+// TestExporterWrongToken: an Unauthenticated token is reported as Failed
+// with a clear error, retried with backoff (no hot loop), never logged.
+func TestExporterWrongToken(t *testing.T) {
+	e := startEnv(t, true, func(c *jumpstarter.Config) { c.Token = "not-the-token" })
+	ev := e.rec.waitState(t, jumpstarter.StateFailed, 5*time.Second)
+	require.Error(t, ev.err)
+	assert.Contains(t, ev.err.Error(), "rejected the exporter token (Unauthenticated)")
+	assert.NotContains(t, ev.err.Error(), "not-the-token")
+	assert.Contains(t, e.logs.String(), "Unauthenticated")
+	assert.NotContains(t, e.logs.String(), "not-the-token", "the token is never logged")
+	time.Sleep(1500 * time.Millisecond)
+	e.rec.mu.Lock()
+	n := len(e.rec.registrations)
+	e.rec.mu.Unlock()
+	// Backoff 100, 200, 400, 400... ms: about 5 attempts in 1.5 s; a hot
+	// loop would make thousands.
+	assert.GreaterOrEqual(t, n, 3, "retries")
+	assert.LessOrEqual(t, n, 8, "retries are backed off")
+	st, _ := e.ctrl.ExporterState(ns, name)
+	assert.False(t, st.Registered)
+	assert.False(t, st.Online)
+}
+
+// TestExporterControllerRestart: the controller (and router) restart
+// mid-session: the exporter re-registers and is Online again, and a lease
+// assigned before the restart is served after it.
+func TestExporterControllerRestart(t *testing.T) {
+	e := startEnv(t, true, nil)
+	ctx := ctxT(t, 60*time.Second)
+	_, err := e.ctrl.WaitExporter(ctx, ns, name, online)
+	require.NoError(t, err)
+	require.NoError(t, e.ctrl.AssignLease(ns, "lease-1", name, "bob"))
+	_, err = e.ctrl.WaitExporter(ctx, ns, name, leaseReady)
+	require.NoError(t, err)
+
+	e.ctrl.Stop()
+	e.rec.waitState(t, jumpstarter.StateFailed, 5*time.Second)
+	require.NoError(t, e.ctrl.Start())
+	st, err := e.ctrl.WaitExporter(ctx, ns, name, func(s jstest.ExporterState) bool {
+		return s.Registrations >= 2 && leaseReady(s)
+	})
+	require.NoError(t, err)
+	assert.Equal(t, 2, st.Registrations)
+
+	cl := e.ctrl.NewClient(ns, "bob")
+	s, err := cl.Dial(ctx, "lease-1")
+	require.NoError(t, err)
+	defer s.Close()
+	rep, err := s.GetReport(ctx)
+	require.NoError(t, err)
+	d, _ := jstest.FindDriver(rep, "power")
+	_, err = s.Call(ctx, d.GetUuid(), "on")
+	require.NoError(t, err)
+	assert.True(t, e.target.Powered())
+
+	require.NoError(t, e.ctrl.EndLease(ns, "lease-1"))
+	_, err = e.ctrl.WaitExporter(ctx, ns, name, online)
+	require.NoError(t, err)
+}
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	tgt := newFakeTarget()
+	base := jumpstarter.Config{Endpoint: "127.0.0.1:1", Token: "t", Namespace: "n", Name: "x", Target: tgt}
+	for name, mut := range map[string]func(*jumpstarter.Config){
+		"no endpoint":     func(c *jumpstarter.Config) { c.Endpoint = "" },
+		"no target":       func(c *jumpstarter.Config) { c.Target = nil },
+		"port name taken": func(c *jumpstarter.Config) { c.Ports = []jumpstarter.Port{{Name: "console", Port: 22}} },
+		"port range":      func(c *jumpstarter.Config) { c.Ports = []jumpstarter.Port{{Name: "ssh", Port: 0}} },
+		"duplicate port": func(c *jumpstarter.Config) {
+			c.Ports = []jumpstarter.Port{{Name: "ssh", Port: 22}, {Name: "ssh", Port: 2222}}
+		},
+		"bad CA": func(c *jumpstarter.Config) { c.CABundle = []byte("not pem") },
+	} {
+		c := base
+		mut(&c)
+		_, err := jumpstarter.New(c)
+		assert.Error(t, err, name)
+	}
+	_, err := jumpstarter.New(base)
+	assert.NoError(t, err)
+}

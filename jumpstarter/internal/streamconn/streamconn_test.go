@@ -1,0 +1,130 @@
+package streamconn
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/pb"
+)
+
+type frame struct {
+	p  []byte
+	ft pb.FrameType
+}
+
+// chanFrames is an in-memory Frames: in feeds Recv, Send appends to sent.
+type chanFrames struct {
+	in   chan frame
+	mu   sync.Mutex
+	sent []frame
+	half bool
+}
+
+func (c *chanFrames) Send(p []byte, ft pb.FrameType) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.sent = append(c.sent, frame{p, ft})
+	return nil
+}
+
+func (c *chanFrames) Recv() ([]byte, pb.FrameType, error) {
+	f, ok := <-c.in
+	if !ok {
+		return nil, 0, io.EOF
+	}
+	return f.p, f.ft, nil
+}
+
+func (c *chanFrames) CloseSend() error {
+	c.mu.Lock()
+	c.half = true
+	c.mu.Unlock()
+	return nil
+}
+
+func TestConnFrames(t *testing.T) {
+	f := &chanFrames{in: make(chan frame, 8)}
+	cancelled := false
+	c := New(f, func() { cancelled = true }, "test")
+
+	// PING and empty DATA are skipped; DATA is read across Read calls.
+	f.in <- frame{nil, pb.FrameType_FRAME_TYPE_PING}
+	f.in <- frame{[]byte{}, pb.FrameType_FRAME_TYPE_DATA}
+	f.in <- frame{[]byte("hello"), pb.FrameType_FRAME_TYPE_DATA}
+	buf := make([]byte, 3)
+	n, err := c.Read(buf)
+	require.NoError(t, err)
+	assert.Equal(t, "hel", string(buf[:n]))
+	n, err = c.Read(buf)
+	require.NoError(t, err)
+	assert.Equal(t, "lo", string(buf[:n]))
+
+	// A read deadline expires; clearing it lets the next frame through.
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(30*time.Millisecond)))
+	_, err = c.Read(buf)
+	assert.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	require.NoError(t, c.SetReadDeadline(time.Time{}))
+
+	// Writes are split into MaxFrame DATA frames.
+	big := bytes.Repeat([]byte("x"), MaxFrame*2+10)
+	n, err = c.Write(big)
+	require.NoError(t, err)
+	assert.Equal(t, len(big), n)
+	f.mu.Lock()
+	require.Len(t, f.sent, 3)
+	assert.Len(t, f.sent[0].p, MaxFrame)
+	assert.Len(t, f.sent[2].p, 10)
+	f.mu.Unlock()
+
+	// GOAWAY ends the read side.
+	f.in <- frame{nil, pb.FrameType_FRAME_TYPE_GOAWAY}
+	_, err = c.Read(buf)
+	assert.ErrorIs(t, err, io.EOF)
+
+	// Close: GOAWAY sent, half-closed, cancelled; writes fail after.
+	require.NoError(t, c.Close())
+	require.NoError(t, c.Close())
+	f.mu.Lock()
+	assert.Equal(t, pb.FrameType_FRAME_TYPE_GOAWAY, f.sent[len(f.sent)-1].ft)
+	assert.True(t, f.half)
+	f.mu.Unlock()
+	assert.True(t, cancelled)
+	_, err = c.Write([]byte("late"))
+	assert.ErrorIs(t, err, net.ErrClosed)
+}
+
+func TestConnRST(t *testing.T) {
+	f := &chanFrames{in: make(chan frame, 1)}
+	c := New(f, nil, "test")
+	f.in <- frame{nil, pb.FrameType_FRAME_TYPE_RST_STREAM}
+	_, err := c.Read(make([]byte, 1))
+	assert.ErrorIs(t, err, io.EOF)
+}
+
+func TestListener(t *testing.T) {
+	l := NewListener()
+	a, b := net.Pipe()
+	defer b.Close()
+	go func() { assert.True(t, l.Put(context.Background(), a)) }()
+	got, err := l.Accept()
+	require.NoError(t, err)
+	assert.Equal(t, a, got)
+	require.NoError(t, l.Close())
+	_, err = l.Accept()
+	assert.True(t, errors.Is(err, net.ErrClosed))
+	c, d := net.Pipe()
+	defer d.Close()
+	assert.False(t, l.Put(context.Background(), c), "Put after Close refuses and closes")
+	_, err = c.Write([]byte("x"))
+	assert.Error(t, err)
+}

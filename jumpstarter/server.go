@@ -1,0 +1,427 @@
+package jumpstarter
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/emptypb"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/internal/streamconn"
+	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/pb"
+)
+
+// sessionStatus is the exporter status GetStatus answers. The Run goroutine
+// sets it on lease changes, EndSession sets AVAILABLE; the mutex makes
+// GetStatus (any connection's goroutine) safe.
+type sessionStatus struct {
+	mu      sync.Mutex
+	cur     pb.ExporterStatus
+	prev    pb.ExporterStatus
+	hasPrev bool
+	msg     string
+	version uint64
+}
+
+func (s *sessionStatus) set(st pb.ExporterStatus, msg string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cur == st && s.msg == msg {
+		return
+	}
+	s.prev, s.hasPrev = s.cur, true
+	s.cur, s.msg = st, msg
+	s.version++
+}
+
+func (s *sessionStatus) get() pb.ExporterStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cur
+}
+
+func (s *sessionStatus) response() *pb.GetStatusResponse {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	msg := s.msg
+	r := &pb.GetStatusResponse{Status: s.cur, Message: &msg, StatusVersion: s.version}
+	if s.hasPrev {
+		p := s.prev
+		r.PreviousStatus = &p
+	}
+	return r
+}
+
+// server serves ExporterService and RouterService.Stream on every client
+// connection the router hands the exporter.
+type server struct {
+	pb.UnimplementedExporterServiceServer
+	pb.UnimplementedRouterServiceServer
+	e *Exporter
+}
+
+func (s *server) GetReport(context.Context, *emptypb.Empty) (*pb.GetReportResponse, error) {
+	return &pb.GetReportResponse{Uuid: s.e.uuid, Labels: s.e.cfg.Labels, Reports: s.e.reports()}, nil
+}
+
+func (s *server) GetStatus(context.Context, *pb.GetStatusRequest) (*pb.GetStatusResponse, error) {
+	return s.e.status.response(), nil
+}
+
+func (s *server) EndSession(context.Context, *pb.EndSessionRequest) (*pb.EndSessionResponse, error) {
+	s.e.status.set(pb.ExporterStatus_EXPORTER_STATUS_AVAILABLE, "Session ended by the client")
+	select {
+	case s.e.endSession <- struct{}{}:
+	default: // one pending notice is enough
+	}
+	msg := "Session ended"
+	return &pb.EndSessionResponse{Success: true, Message: &msg}, nil
+}
+
+func (s *server) Reset(context.Context, *pb.ResetRequest) (*pb.ResetResponse, error) {
+	return &pb.ResetResponse{}, nil
+}
+
+// LogStream streams nothing: driver logs go to the node agent's log. It
+// stays open until the client ends it, as upstream's does.
+func (s *server) LogStream(_ *emptypb.Empty, st pb.ExporterService_LogStreamServer) error {
+	<-st.Context().Done()
+	return nil
+}
+
+// lookup finds the driver a request names.
+func (s *server) lookup(id string) (*driver, error) {
+	u, ok := canonicalUUID(id)
+	if !ok {
+		return nil, status.Errorf(codes.InvalidArgument, "driver uuid %q is not a UUID", id)
+	}
+	d, ok := s.e.byUUID[u]
+	if !ok {
+		return nil, status.Errorf(codes.NotFound, "no driver with uuid %s on this exporter", u)
+	}
+	return d, nil
+}
+
+// checkReady refuses driver calls outside a lease, as upstream's session does.
+func (s *server) checkReady() error {
+	if st := s.e.status.get(); st != pb.ExporterStatus_EXPORTER_STATUS_LEASE_READY {
+		return status.Errorf(codes.FailedPrecondition, "Exporter not ready for driver calls (status: %s)", st)
+	}
+	return nil
+}
+
+func (s *server) observeCall(d *driver, method string, err error) {
+	if o := s.e.cfg.Observer; o != nil {
+		name := ""
+		if d != nil {
+			name = d.name
+		}
+		o.DriverCall(name, method, status.Code(err).String())
+	}
+}
+
+func (s *server) DriverCall(ctx context.Context, req *pb.DriverCallRequest) (resp *pb.DriverCallResponse, err error) {
+	var d *driver
+	defer func() { s.observeCall(d, req.GetMethod(), err) }()
+	if err := s.checkReady(); err != nil {
+		return nil, err
+	}
+	d, err = s.lookup(req.GetUuid())
+	if err != nil {
+		return nil, err
+	}
+	args := decodeArgs(req.GetArgs())
+	s.e.log.V(1).Info("driver call", "driver", d.name, "method", req.GetMethod())
+	res, err := s.call(ctx, d, req.GetMethod(), args)
+	if err != nil {
+		return nil, grpcError(d, req.GetMethod(), err)
+	}
+	v, err := structpb.NewValue(res)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "%s.%s: encode result: %v", d.displayName(), req.GetMethod(), err)
+	}
+	return &pb.DriverCallResponse{Uuid: d.uuid, Result: v}, nil
+}
+
+func (s *server) StreamingDriverCall(req *pb.StreamingDriverCallRequest, st pb.ExporterService_StreamingDriverCallServer) (err error) {
+	var d *driver
+	defer func() { s.observeCall(d, req.GetMethod(), err) }()
+	if err := s.checkReady(); err != nil {
+		return err
+	}
+	d, err = s.lookup(req.GetUuid())
+	if err != nil {
+		return err
+	}
+	args := decodeArgs(req.GetArgs())
+	s.e.log.V(1).Info("streaming driver call", "driver", d.name, "method", req.GetMethod())
+	send := func(x any) error {
+		v, err := structpb.NewValue(x)
+		if err != nil {
+			return status.Errorf(codes.Internal, "%s.%s: encode result: %v", d.displayName(), req.GetMethod(), err)
+		}
+		return st.Send(&pb.StreamingDriverCallResponse{Uuid: d.uuid, Result: v})
+	}
+	if err := s.streamingCall(st.Context(), d, req.GetMethod(), args, send); err != nil {
+		return grpcError(d, req.GetMethod(), err)
+	}
+	return nil
+}
+
+func (d *driver) displayName() string {
+	if d.name == "" {
+		return "root"
+	}
+	return d.name
+}
+
+// methodNotFound is upstream's answer for a method a driver does not export.
+func methodNotFound(d *driver, method string) error {
+	return status.Errorf(codes.NotFound, "method %s not found on driver %s", method, d.displayName())
+}
+
+// call runs a unary driver method.
+func (s *server) call(ctx context.Context, d *driver, method string, args []any) (any, error) {
+	cfg := &s.e.cfg
+	switch d.kind {
+	case kindRoot:
+		switch method {
+		case "get_hostname":
+			return cfg.Hostname, nil
+		case "get_username":
+			return cfg.Username, nil
+		case "get_password":
+			return cfg.Password, nil
+		}
+	case kindPower:
+		switch method {
+		case "on":
+			return nil, cfg.Target.PowerOn(ctx)
+		case "off":
+			return nil, cfg.Target.PowerOff(ctx)
+		case "rescue":
+			return nil, fmt.Errorf("%w: a VM has no rescue mode (power off, flash, power on instead)", ErrUnsupported)
+		}
+	case kindFlasher:
+		if method == "flash" {
+			// flash(source, partition): upstream's QemuFlasher hands oci://
+			// sources to flash_oci; other sources are client-side files
+			// uploaded as resource streams, which this exporter does not take.
+			src, _ := arg(args, 0).(string)
+			if !strings.HasPrefix(src, "oci://") {
+				return nil, fmt.Errorf("%w: flash: only oci:// image references can be flashed onto a VM (got %s)", ErrInvalidArgument, describeArg(arg(args, 0)))
+			}
+			return nil, s.flashOCI(ctx, []any{src, arg(args, 1)}, func(any) error { return nil })
+		}
+	}
+	return nil, methodNotFound(d, method)
+}
+
+// streamingCall runs a streaming driver method, sending each result.
+func (s *server) streamingCall(ctx context.Context, d *driver, method string, args []any, send func(any) error) error {
+	switch {
+	case d.kind == kindPower && method == "read":
+		return fmt.Errorf("%w: power read: a VM has no power meter (upstream's QemuPower does not measure either)", ErrUnsupported)
+	case d.kind == kindFlasher && method == "flash_oci":
+		return s.flashOCI(ctx, args, send)
+	}
+	return methodNotFound(d, method)
+}
+
+// flashOCI is upstream's flash_oci(oci_url, partition, oci_username,
+// oci_password): it yields (stdout, stderr, returncode) tuples, returncode
+// null until the end, then ("", "", 0).
+func (s *server) flashOCI(ctx context.Context, args []any, send func(any) error) error {
+	url, ok := arg(args, 0).(string)
+	if !ok || !strings.HasPrefix(url, "oci://") {
+		return fmt.Errorf("%w: OCI URL must start with oci://, got: %s", ErrInvalidArgument, describeArg(arg(args, 0)))
+	}
+	if p := arg(args, 1); p != nil && p != "" && p != "root" {
+		return fmt.Errorf("%w: partition %s: a VM has one disk, flash it as partition root (or none)", ErrInvalidArgument, describeArg(p))
+	}
+	if u, p := arg(args, 2), arg(args, 3); (u != nil && u != "") || (p != nil && p != "") {
+		return fmt.Errorf("%w: registry credentials in the call are not supported: the node pulls with its own configuration", ErrInvalidArgument)
+	}
+	ref := strings.TrimPrefix(url, "oci://")
+	if ref == "" {
+		return fmt.Errorf("%w: OCI URL %q names no image", ErrInvalidArgument, url)
+	}
+
+	// Target.Flash calls progress from its own goroutine(s); one goroutine
+	// (this one) sends on the stream.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	lines := make(chan string, 16)
+	done := make(chan error, 1)
+	go func() {
+		done <- s.e.cfg.Target.Flash(ctx, ref, func(line string) {
+			select {
+			case lines <- line:
+			case <-ctx.Done():
+			}
+		})
+	}()
+	for {
+		select {
+		case l := <-lines:
+			if err := send([]any{l + "\n", "", nil}); err != nil {
+				cancel()
+				<-done
+				return err
+			}
+		case err := <-done:
+			for drained := false; !drained; {
+				select {
+				case l := <-lines:
+					if serr := send([]any{l + "\n", "", nil}); serr != nil {
+						return serr
+					}
+				default:
+					drained = true
+				}
+			}
+			if err != nil {
+				return err
+			}
+			return send([]any{"", "", 0})
+		}
+	}
+}
+
+func arg(args []any, i int) any {
+	if i < len(args) {
+		return args[i]
+	}
+	return nil
+}
+
+func describeArg(v any) string {
+	if s, ok := v.(string); ok {
+		return fmt.Sprintf("%q", s)
+	}
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+func decodeArgs(vs []*structpb.Value) []any {
+	out := make([]any, len(vs))
+	for i, v := range vs {
+		out[i] = v.AsInterface()
+	}
+	return out
+}
+
+// grpcError maps a driver error to a gRPC status the way upstream's
+// drivers do (ValueError -> InvalidArgument, NotImplementedError ->
+// Unimplemented, timeouts -> DeadlineExceeded, anything else -> Unknown).
+func grpcError(d *driver, method string, err error) error {
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	msg := fmt.Sprintf("%s.%s: %v", d.displayName(), method, err)
+	switch {
+	case errors.Is(err, ErrInvalidArgument):
+		return status.Error(codes.InvalidArgument, msg)
+	case errors.Is(err, ErrUnsupported):
+		return status.Error(codes.Unimplemented, msg)
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Error(codes.DeadlineExceeded, msg)
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, msg)
+	}
+	return status.Error(codes.Unknown, msg)
+}
+
+// streamRequest is the `request` metadata of a byte stream (upstream's
+// DriverStreamRequest / ResourceStreamRequest, pydantic JSON).
+type streamRequest struct {
+	Kind   string `json:"kind"`
+	UUID   string `json:"uuid"`
+	Method string `json:"method"`
+}
+
+// Stream serves a byte stream to a driver: the console or a guest port.
+func (s *server) Stream(st pb.RouterService_StreamServer) error {
+	ctx := st.Context()
+	md, _ := metadata.FromIncomingContext(ctx)
+	vals := md.Get("request")
+	if len(vals) != 1 {
+		return status.Error(codes.InvalidArgument, "byte stream: exactly one `request` metadata entry expected")
+	}
+	var req streamRequest
+	if err := json.Unmarshal([]byte(vals[0]), &req); err != nil {
+		return status.Errorf(codes.InvalidArgument, "byte stream: `request` metadata is not JSON: %v", err)
+	}
+	if req.Kind != "driver" {
+		return status.Errorf(codes.Unimplemented, "byte stream kind %q is not supported (only driver streams; flash by oci:// reference)", req.Kind)
+	}
+	d, err := s.lookup(req.UUID)
+	if err != nil {
+		return err
+	}
+	if req.Method != "connect" || (d.kind != kindConsole && d.kind != kindPort) {
+		return status.Errorf(codes.NotFound, "method %s not found on driver %s", req.Method, d.displayName())
+	}
+	kind := "console"
+	var res io.ReadWriteCloser
+	if d.kind == kindConsole {
+		res, err = s.e.cfg.Target.Console(ctx)
+	} else {
+		kind = "tcp"
+		res, err = s.e.cfg.Target.DialGuest(ctx, d.port)
+	}
+	if err != nil {
+		return grpcError(d, req.Method, err)
+	}
+	defer res.Close()
+	if o := s.e.cfg.Observer; o != nil {
+		o.StreamOpened(kind)
+		defer o.StreamClosed(kind)
+	}
+	// The Python client waits for the response headers before it sends.
+	if err := st.SendHeader(metadata.MD{}); err != nil {
+		return err
+	}
+	conn := streamconn.New(streamconn.ServerFrames(st), nil, "client")
+	defer conn.Close()
+	return pipe(ctx, conn, res)
+}
+
+// pipe copies both ways between the client's stream and the resource until
+// either side ends; the client's end of input half-closes a TCP resource
+// (so a request/response protocol still gets its answer).
+func pipe(ctx context.Context, c *streamconn.Conn, res io.ReadWriteCloser) error {
+	fromRes := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(c, res)
+		fromRes <- err
+	}()
+	fromClient := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(res, c)
+		fromClient <- err
+	}()
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-fromRes:
+		return nil // resource ended: Close sends GOAWAY
+	case <-fromClient:
+		if cw, ok := res.(interface{ CloseWrite() error }); ok {
+			_ = cw.CloseWrite()
+			select {
+			case <-fromRes:
+			case <-ctx.Done():
+			}
+		}
+		return nil
+	}
+}
