@@ -19,6 +19,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
 )
@@ -209,12 +210,16 @@ func redact(msg, token string) string {
 func (p *VMs) exporterConfig(ctx context.Context, pod *corev1.Pod) (jumpstarter.Config, error) {
 	name := ExporterSecretName(pod)
 	s, err := getSecret(ctx, ConfigSources{Secret: p.cfg.Secrets}, pod.Namespace, name)
+	if apierrors.IsForbidden(err) {
+		// The Node authorizer lets a node read only the Secrets a pod's spec
+		// references; an annotation is not such a reference.
+		return jumpstarter.Config{}, &ConfigError{Msg: fmt.Sprintf("the node agent may not read secret %q of namespace %s (the Jumpstarter exporter secret): grant it get on that secret (RBAC); %v", name, pod.Namespace, err)}
+	}
 	if err != nil {
-		var ce *ConfigError
-		if errors.As(err, &ce) {
-			return jumpstarter.Config{}, &ConfigError{Msg: fmt.Sprintf("Jumpstarter exporter (annotation %s): %s", v1alpha1.JumpstarterSecretAnnotation, ce.Msg)}
-		}
-		return jumpstarter.Config{}, fmt.Errorf("read Jumpstarter exporter secret %q: %w", name, err)
+		return jumpstarter.Config{}, fmt.Errorf("jumpstarter exporter: %w", err)
+	}
+	if s == nil {
+		return jumpstarter.Config{}, &ConfigError{Msg: fmt.Sprintf("secret %q not found (the Jumpstarter exporter secret named by annotation %s)", name, v1alpha1.JumpstarterSecretAnnotation)}
 	}
 	return ExporterSettings(pod, s)
 }

@@ -565,7 +565,7 @@ func (p *VMs) run(rec *podVM) {
 					p.finishDelete(rec, nil)
 					return
 				case req := <-rec.ctl:
-					req.refuse(errPodFinished)
+					req.refuse(errPodFinished) // decideRequest(phaseFinished, *)
 				case <-ctx.Done():
 					return
 				}
@@ -583,20 +583,16 @@ func (p *VMs) run(rec *podVM) {
 			case <-ctx.Done():
 				return
 			case req := <-rec.ctl:
-				switch req.op {
-				case opPowerOff:
+				switch decideRequest(phasePoweredOff, req.op) {
+				case actAnswer:
 					req.reply <- nil
-				case opPowerOn:
+				case actStart:
 					log.Info("Powering on on request")
 					p.update(rec, func(st *VMState) { st.PoweredOff = false })
 					crashes = 0
 					waiter = req.reply
-				case opFlash:
-					if err := p.installImage(rec, req); err != nil {
-						req.reply <- err
-					} else {
-						req.reply <- nil
-					}
+				case actInstall:
+					req.reply <- p.installImage(rec, req)
 				}
 			}
 			continue
@@ -643,16 +639,15 @@ func (p *VMs) run(rec *podVM) {
 				p.finishDelete(rec, vm)
 				return
 			case req := <-rec.ctl:
-				switch req.op {
-				case opPowerOn:
-					req.reply <- nil // already on
+				switch decideRequest(phaseRunning, req.op) {
+				case actAnswer:
+					req.reply <- nil
 					continue
-				case opPowerOff:
+				case actPowerOff:
 					req.reply <- p.powerOff(ctx, rec, vm, "on request")
-				case opFlash:
+				case actReimage:
 					if err := p.powerOff(ctx, rec, vm, "to flash "+req.image.Ref); err != nil {
-						req.release()
-						req.reply <- err
+						req.refuse(err)
 						break running
 					}
 					if err := p.installImage(rec, req); err != nil {

@@ -65,6 +65,58 @@ func (r *vmRequest) refuse(err error) {
 	r.reply <- err
 }
 
+// workerPhase is a phase of the pod worker in which it serves requests
+// (lifecycle.go describes them all).
+type workerPhase int
+
+const (
+	phaseRunning workerPhase = iota + 1
+	phasePoweredOff
+	phaseFinished
+)
+
+// reqAction is what the worker does with a request.
+type reqAction int
+
+const (
+	// actAnswer: nothing to do (already in the asked state): answer at once.
+	actAnswer reqAction = iota + 1
+	// actRefuse: the pod cannot run again: answer with errPodFinished.
+	actRefuse
+	// actPowerOff: stop the VM and stay off.
+	actPowerOff
+	// actStart: leave the powered-off state and start; answered by the start.
+	actStart
+	// actInstall: make the flashed image the one to boot; stay off.
+	actInstall
+	// actReimage: stop the VM, install the flashed image, start; answered by
+	// the start.
+	actReimage
+)
+
+// decideRequest is what the worker does with op in phase. Pure.
+func decideRequest(phase workerPhase, op vmOp) reqAction {
+	switch phase {
+	case phaseRunning:
+		switch op {
+		case opPowerOff:
+			return actPowerOff
+		case opFlash:
+			return actReimage
+		}
+		return actAnswer
+	case phasePoweredOff:
+		switch op {
+		case opPowerOn:
+			return actStart
+		case opFlash:
+			return actInstall
+		}
+		return actAnswer
+	}
+	return actRefuse
+}
+
 // Why a request was not served.
 var (
 	errPodDeleted  = errors.New("the pod is being deleted")
