@@ -166,8 +166,8 @@ func TestJumpstarterExporterVM(t *testing.T) {
 	}
 	pod := mkPod("u-js", "js")
 	dir := filepath.Join(stateDir, VMsDirName, "u-js")
-	bad := mkPod("u-js-bad", "js-bad")
-	badDir := filepath.Join(stateDir, VMsDirName, "u-js-bad")
+	bad := mkPod("u-bad", "js-bad")
+	badDir := filepath.Join(stateDir, VMsDirName, "u-bad")
 
 	// The Secret does not exist yet: the VM waits in CreateContainerConfigError.
 	require.NoError(t, h.vms.CreatePod(ctx, pod))
