@@ -45,7 +45,9 @@ type Config struct {
 }
 
 // Observer receives what the exporter does, for Prometheus metrics. The
-// node agent implements it; nil means no metrics.
+// node agent implements it; nil means no metrics. Its methods are called
+// concurrently (from the exporter's goroutine and from every client
+// connection's).
 type Observer interface {
 	// Registration is called after every Register attempt (err nil on success).
 	Registration(err error)
@@ -53,7 +55,8 @@ type Observer interface {
 	// the driver's name (jumpstarter.dev/name, "" for the root), the
 	// method and the gRPC status code name ("OK", "NotFound"...).
 	DriverCall(driver, method, code string)
-	// StreamOpened/StreamClosed bracket every byte stream (console, TCP).
+	// StreamOpened/StreamClosed bracket every byte stream; kind is
+	// "console" or "tcp".
 	StreamOpened(kind string)
 	StreamClosed(kind string)
 }

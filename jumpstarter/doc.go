@@ -8,4 +8,21 @@
 // It knows nothing of Kubernetes or QEMU: the node agent hands it a Target
 // (one VM) and the connection settings a pod named. See target.go for the
 // contract and docs/jumpstarter.md for what users see.
+//
+// Layout:
+//   - proto/jumpstarter/v1: copies of upstream's .proto files
+//     (jumpstarter-dev/jumpstarter b1f2bb41, unchanged); pb: their Go code
+//     (hack/gen-proto.sh, checked by make verify).
+//   - exporter.go: New and Run. The Run goroutine owns the State, the
+//     controller session (Register, Status, ReportStatus, Unregister) and
+//     the current lease; onStatus decides what a StatusResponse means.
+//     Each lease has a Listen goroutine; each router token becomes one
+//     router stream wrapped as a net.Conn (internal/streamconn) and handed
+//     to the exporter's local gRPC server, which serves it like any
+//     connection. A lease's end closes its connections, used or not.
+//   - drivers.go, server.go: the driver tree upstream's QEMU driver reports
+//     (root QemuClient; power, flasher, console, one NetworkClient per
+//     Config.Ports entry) and the calls and byte streams it answers.
+//   - jstest: an in-memory controller and router with upstream's semantics
+//     and a Go client doing what jmp/j do, for tests here and end to end.
 package jumpstarter

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -31,6 +32,14 @@ const (
 	listenRetries    = 5
 	listenRetryDelay = 500 * time.Millisecond
 )
+
+// clientKeepalive pings the controller and the router every 20 s, idle or
+// not, as upstream's Python exporter does (its controller permits pings
+// every 1 s without streams), so a dead peer ends the session instead of
+// leaving the exporter silently offline.
+var clientKeepalive = grpc.WithKeepaliveParams(keepalive.ClientParameters{
+	Time: 20 * time.Second, Timeout: 60 * time.Second, PermitWithoutStream: true,
+})
 
 // Exporter is one target's exporter. New validates the configuration; Run
 // drives it. The Run goroutine owns the connection state (State, the lease,
@@ -102,7 +111,11 @@ func New(cfg Config) (*Exporter, error) {
 		e.byUUID[d.uuid] = d
 	}
 	e.status.set(pb.ExporterStatus_EXPORTER_STATUS_AVAILABLE, "")
-	e.srv = grpc.NewServer()
+	// Client connections may ping while idle, as upstream's session server
+	// permits (min_ping_interval_without_data 10 s, permit_without_calls).
+	e.srv = grpc.NewServer(grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
+		MinTime: 10 * time.Second, PermitWithoutStream: true,
+	}))
 	srv := &server{e: e}
 	pb.RegisterExporterServiceServer(e.srv, srv)
 	pb.RegisterRouterServiceServer(e.srv, srv)
@@ -210,7 +223,7 @@ func (e *Exporter) dialController() (*grpc.ClientConn, error) {
 		return metadata.NewOutgoingContext(ctx, metadata.Join(md, mdFrom(ctx)))
 	}
 	return grpc.NewClient(e.cfg.Endpoint,
-		grpc.WithTransportCredentials(e.creds),
+		grpc.WithTransportCredentials(e.creds), clientKeepalive,
 		grpc.WithUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 			return invoker(withMD(ctx), method, req, reply, cc, opts...)
 		}),
@@ -548,7 +561,7 @@ func (lr *leaseRun) router(endpoint string, creds credentials.TransportCredentia
 	if cc, ok := lr.routers[endpoint]; ok {
 		return cc, nil
 	}
-	cc, err := grpc.NewClient(endpoint, grpc.WithTransportCredentials(creds))
+	cc, err := grpc.NewClient(endpoint, grpc.WithTransportCredentials(creds), clientKeepalive)
 	if err != nil {
 		return nil, err
 	}

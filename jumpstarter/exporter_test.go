@@ -614,3 +614,53 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	_, err := jumpstarter.New(base)
 	assert.NoError(t, err)
 }
+
+// TestExporterConcurrentConnections: many jmp/j commands at once, each its
+// own Dial and connection, plus parked ones: none waits for another.
+func TestExporterConcurrentConnections(t *testing.T) {
+	e := startEnv(t, true, nil)
+	ctx := ctxT(t, 60*time.Second)
+	_, err := e.ctrl.WaitExporter(ctx, ns, name, online)
+	require.NoError(t, err)
+	require.NoError(t, e.ctrl.AssignLease(ns, "l", name, "c"))
+	cl := e.ctrl.NewClient(ns, "c")
+	for i := 0; i < 3; i++ {
+		_, err := cl.DialToken(ctx, "l") // parked
+		require.NoError(t, err)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s, err := cl.Dial(ctx, "l")
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer s.Close()
+			rep, err := s.GetReport(ctx)
+			if err != nil {
+				errs <- err
+				return
+			}
+			root, _ := jstest.FindDriver(rep, "")
+			v, err := s.Call(ctx, root.GetUuid(), "get_hostname")
+			if err == nil && v != "vm-0.lab" {
+				err = fmt.Errorf("get_hostname = %v", v)
+			}
+			if err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	assert.Equal(t, 3, e.ctrl.PendingStreams(), "the parked connections still wait")
+	require.NoError(t, e.ctrl.EndLease(ns, "l"))
+	require.NoError(t, e.ctrl.WaitFor(ctx, func() bool { return e.ctrl.PendingStreams() == 0 }), "closed at lease end")
+}

@@ -38,6 +38,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -159,12 +160,16 @@ func Start(opts Options) (*Controller, error) {
 }
 
 func (c *Controller) serverOpts() []grpc.ServerOption {
-	if c.ca == nil {
-		return nil
+	// upstream's default keepalive policy (internal/config)
+	opts := []grpc.ServerOption{grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
+		MinTime: time.Second, PermitWithoutStream: true,
+	})}
+	if c.ca != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(&tls.Config{
+			Certificates: []tls.Certificate{c.ca.server}, MinVersion: tls.VersionTLS12,
+		})))
 	}
-	return []grpc.ServerOption{grpc.Creds(credentials.NewTLS(&tls.Config{
-		Certificates: []tls.Certificate{c.ca.server}, MinVersion: tls.VersionTLS12,
-	}))}
+	return opts
 }
 
 func (c *Controller) listen(ctrlAddr, routerAddr string) error {
