@@ -132,6 +132,9 @@ type podVM struct {
 	// exporter is the state of the pod's Jumpstarter exporter (nil: none),
 	// shown as a pod condition; written by the exporter supervisor.
 	exporter *exporterStatus
+	// waiter is a power on or flash request answered by the next start's
+	// result (worker goroutine only).
+	waiter chan<- error
 	// stopExp ends the exporter supervisor; expDone is closed when it has
 	// ended (both nil: no exporter).
 	stopExp context.CancelFunc
@@ -534,13 +537,12 @@ func (p *VMs) run(rec *podVM) {
 	log := p.log.WithValues("pod", klog.KObj(pod), "uid", rec.uid)
 	ctx = klog.NewContext(ctx, log)
 	crashes := 0
-	// waiter is a power on or flash request waiting for the result of the
-	// next start (answered once, by answer).
-	var waiter chan<- error
+	// rec.waiter is a power on or flash request waiting for the result of
+	// the next start (answered once, by answer).
 	answer := func(err error) {
-		if waiter != nil {
-			waiter <- err
-			waiter = nil
+		if rec.waiter != nil {
+			rec.waiter <- err
+			rec.waiter = nil
 		}
 	}
 	defer func() { answer(errWorkerGone) }()
@@ -590,7 +592,7 @@ func (p *VMs) run(rec *podVM) {
 					log.Info("Powering on on request")
 					p.update(rec, func(st *VMState) { st.PoweredOff = false })
 					crashes = 0
-					waiter = req.reply
+					rec.waiter = req.reply
 				case actInstall:
 					req.reply <- p.installImage(rec, req)
 				}
@@ -655,7 +657,7 @@ func (p *VMs) run(rec *podVM) {
 						break running
 					}
 					p.update(rec, func(st *VMState) { st.PoweredOff = false })
-					waiter = req.reply // answered by the start of the new image
+					rec.waiter = req.reply // answered by the start of the new image
 				}
 				break running
 			case <-vm.Done():
@@ -737,12 +739,31 @@ func (p *VMs) afterExit(ctx context.Context, rec *podVM, crashes *int) bool {
 		p.event(pod, corev1.EventTypeWarning, "BackOff", "Back-off restarting failed VM")
 		t := time.NewTimer(delay)
 		defer t.Stop()
-		select {
-		case <-t.C:
-		case <-rec.deleteReq:
-			return true
-		case <-ctx.Done():
-			return false
+	backoff:
+		for {
+			select {
+			case <-t.C:
+				break backoff
+			case <-rec.deleteReq:
+				return true
+			case <-ctx.Done():
+				return false
+			case req := <-rec.ctl:
+				switch decideRequest(phaseBackOff, req.op) {
+				case actStart: // power on: start now, not at the end of the back-off
+					rec.waiter = req.reply
+					break backoff
+				case actStayOff:
+					p.update(rec, func(st *VMState) {
+						st.SetWaiting(ReasonPoweredOff, "powered off on request during the crash-loop back-off; power it on to boot again")
+						st.PoweredOff = true
+					})
+					req.reply <- nil
+					return true
+				case actInstall:
+					req.reply <- p.installImage(rec, req)
+				}
+			}
 		}
 	} else {
 		p.update(rec, func(st *VMState) { st.LastTerminated = st.Terminated })

@@ -73,6 +73,8 @@ const (
 	phaseRunning workerPhase = iota + 1
 	phasePoweredOff
 	phaseFinished
+	// phaseBackOff: waiting to restart a VM that ended (CrashLoopBackOff).
+	phaseBackOff
 )
 
 // reqAction is what the worker does with a request.
@@ -92,6 +94,8 @@ const (
 	// actReimage: stop the VM, install the flashed image, start; answered by
 	// the start.
 	actReimage
+	// actStayOff: no VM runs (back-off): do not restart it, stay off.
+	actStayOff
 )
 
 // decideRequest is what the worker does with op in phase. Pure.
@@ -113,6 +117,15 @@ func decideRequest(phase workerPhase, op vmOp) reqAction {
 			return actInstall
 		}
 		return actAnswer
+	case phaseBackOff:
+		switch op {
+		case opPowerOn:
+			return actStart
+		case opPowerOff:
+			return actStayOff
+		case opFlash:
+			return actInstall
+		}
 	}
 	return actRefuse
 }
