@@ -318,6 +318,34 @@ func TestJumpstarterExporterVM(t *testing.T) {
 		waitGoneDir(t, badDir, 30*time.Second)
 	})
 
+	t.Run("CrashLoopBackOffPowerOffAndOn", func(t *testing.T) {
+		// A guest that panics at every boot, with a long back-off: power off
+		// during the back-off keeps it off; power on starts it at once.
+		runner := newFakeRunner()
+		hb := newHarnessWith(t, filepath.Join(root, "state-backoff"), store, imageDir, func(c *VMsConfig) {
+			c.Secrets = secrets.get
+			c.Exporters = runner
+			c.Backoff = Backoff{Initial: time.Minute, Max: time.Minute}
+		})
+		cp := podFor("u-crash", refs[vmtest.VariantPanic], corev1.RestartPolicyAlways, map[string]string{v1alpha1.JumpstarterSecretAnnotation: "js"})
+		cdir := filepath.Join(root, "state-backoff", VMsDirName, "u-crash")
+		require.NoError(t, hb.vms.CreatePod(ctx, cp))
+		r := runner.next(t, 30*time.Second)
+		hb.wait(cp.UID, 120*time.Second, "CrashLoopBackOff", func(p *corev1.Pod) bool { return waitingReason(p) == ReasonCrashLoopBackOff })
+		require.NoError(t, r.cfg.Target.PowerOff(ctx))
+		p := hb.wait(cp.UID, 5*time.Second, "PoweredOff", func(p *corev1.Pod) bool { return waitingReason(p) == ReasonPoweredOff })
+		assert.Equal(t, int32(1), p.Status.ContainerStatuses[0].RestartCount)
+		assert.Equal(t, ReasonGuestPanicked, p.Status.ContainerStatuses[0].LastTerminationState.Terminated.Reason)
+		assert.Empty(t, vmtest.QEMUPids(cdir))
+		t0 := time.Now()
+		require.NoError(t, r.cfg.Target.PowerOn(ctx), "returns once QEMU runs")
+		assert.Less(t, time.Since(t0), 50*time.Second, "not after the minute of back-off")
+		p = hb.wait(cp.UID, 5*time.Second, "Running again", running)
+		assert.Equal(t, int32(1), p.Status.ContainerStatuses[0].RestartCount, "the restart was cancelled by the power off; a power on is no restart")
+		require.NoError(t, hb.vms.DeletePod(ctx, deleting(cp)))
+		waitGoneDir(t, cdir, 30*time.Second)
+	})
+
 	assert.GreaterOrEqual(t, promtest.ToFloat64(metrics.jsRegistrations.WithLabelValues("success")), 1.0)
 	assert.GreaterOrEqual(t, promtest.ToFloat64(metrics.jsDriverCalls.WithLabelValues("power", "on", "OK")), 1.0)
 	assert.Equal(t, 0.0, promtest.ToFloat64(metrics.jsStreams.WithLabelValues("console")), "closed streams are not counted")
