@@ -55,6 +55,7 @@ func TestPods(t *testing.T) {
 	t.Run("GuestPanicFails", e.testPanic)
 	t.Run("KilledQEMURestarts", e.testKillRestart)
 	t.Run("RefusedPods", e.testRefused)
+	t.Run("JumpstarterExporter", e.testJumpstarter)
 	t.Run("NodeRestartKeepsVMs", e.testNodeRestart)
 	t.Run("NoExecuteTaintAndDrainEvict", e.testEvict)
 }

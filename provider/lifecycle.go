@@ -84,6 +84,10 @@ type VMsConfig struct {
 	DefaultGrace time.Duration
 	// Telemetry receives start/exit metrics and spans (optional; tracing.go).
 	Telemetry *Telemetry
+	// Exporters runs the Jumpstarter exporters of pods that name an
+	// exporter Secret (exporter.go); nil: such pods show the exporter
+	// condition Failed (their VMs still run).
+	Exporters ExporterRunner
 }
 
 // VMs is the pod side of the provider: every pod bound to the node becomes
@@ -122,6 +126,19 @@ type podVM struct {
 	// probes is the readiness of the current run (probes.go); nil: no
 	// readiness probe.
 	probes *probeState
+
+	// ctl carries power and flash requests (exporter.go) to the worker.
+	ctl chan vmRequest
+	// exporter is the state of the pod's Jumpstarter exporter (nil: none),
+	// shown as a pod condition; written by the exporter supervisor.
+	exporter *exporterStatus
+	// waiter is a power on or flash request answered by the next start's
+	// result (worker goroutine only).
+	waiter chan<- error
+	// stopExp ends the exporter supervisor; expDone is closed when it has
+	// ended (both nil: no exporter).
+	stopExp context.CancelFunc
+	expDone chan struct{}
 
 	deleteReq chan struct{} // closed by DeletePod
 	confirmed chan struct{} // closed once the pod is known to still exist
@@ -168,8 +185,7 @@ func (p *VMs) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	active := p.activePodsLocked()
 	p.mu.Unlock()
 
-	rec := &podVM{uid: pod.UID, dir: p.podDir(pod.UID), pod: pod.DeepCopy(),
-		deleteReq: make(chan struct{}), confirmed: make(chan struct{}), done: make(chan struct{})}
+	rec := newPodVM(pod.UID, p.podDir(pod.UID), pod.DeepCopy())
 	rec.confirm.Do(func() { close(rec.confirmed) })
 	rec.state.StartTime = p.now().UTC()
 
@@ -402,6 +418,7 @@ func (p *VMs) snapshot(rec *podVM) *corev1.Pod {
 	pod := rec.pod.DeepCopy()
 	pod.Status = PodStatus(rec.pod, rec.state, p.cfg.NodeIP, p.now())
 	applyProbes(&pod.Status, rec.pod, rec.probes) // probes.go: readiness probe result
+	applyExporter(&pod.Status, rec.exporter)      // exporter.go: Jumpstarter exporter condition
 	return pod
 }
 
@@ -486,6 +503,30 @@ func writeJSONAtomic(path string, v any) error {
 
 // ---- the worker ----
 
+// Who owns what (one pod):
+//   - the worker goroutine (run) alone starts, stops and replaces the VM,
+//     its overlay and the image it boots: every power and flash request of
+//     the pod's Jumpstarter exporter (exporter.go) is sent to it on rec.ctl
+//     and answered on the request's reply channel, so power, flash, delete,
+//     restart and recovery never race;
+//   - the console and guest port forwards (kubectl attach/port-forward,
+//     the exporter's console and TCP drivers) use the running *qemu.VM
+//     read from rec.vm under rec.mu; they never change its lifecycle
+//     (qemu.VM methods are safe for concurrent use);
+//   - the exporter supervisor goroutine (exporter.go) owns the exporter
+//     and rec.exporter (the condition it shows).
+//
+// The worker is in one of these phases, chosen at the top of its loop from
+// the pod's state:
+//   - deleting: DeletePod was called: stop the VM, clean up, forget the pod;
+//   - finished: the VM will not run again (restart policy): wait for delete;
+//   - exited: a VM ended while nobody watched (recovery): apply the restart
+//     policy;
+//   - poweredOff: powered off on request (state.PoweredOff): nothing runs,
+//     the restart policy does not apply; wait for power on, flash or delete;
+//   - starting: pull the image and start QEMU;
+//   - running: wait for the VM's exit (restart policy), a request or delete.
+
 // run owns one pod's VM until the pod is deleted or the provider stops.
 func (p *VMs) run(rec *podVM) {
 	defer close(rec.done)
@@ -496,33 +537,70 @@ func (p *VMs) run(rec *podVM) {
 	log := p.log.WithValues("pod", klog.KObj(pod), "uid", rec.uid)
 	ctx = klog.NewContext(ctx, log)
 	crashes := 0
+	// rec.waiter is a power on or flash request waiting for the result of
+	// the next start (answered once, by answer).
+	answer := func(err error) {
+		if rec.waiter != nil {
+			rec.waiter <- err
+			rec.waiter = nil
+		}
+	}
+	defer func() { answer(errWorkerGone) }()
+	p.startExporter(ctx, rec) // exporter.go: lives with the pod
 
 	for {
 		if p.deleteRequested(rec) {
+			answer(errPodDeleted)
 			p.finishDelete(rec, nil)
 			return
 		}
 		rec.mu.Lock()
-		vm, final, pendingExit := rec.vm, rec.state.Final, rec.pendingExit
+		vm, final, pendingExit, off := rec.vm, rec.state.Final, rec.pendingExit, rec.state.PoweredOff
 		rec.pendingExit = false
 		rec.mu.Unlock()
-		if final {
-			select {
-			case <-rec.deleteReq:
-				p.finishDelete(rec, nil)
-			case <-ctx.Done():
+		if final { // phase finished
+			answer(errPodFinished)
+			rec.stopExporter()
+			for {
+				select {
+				case <-rec.deleteReq:
+					p.finishDelete(rec, nil)
+					return
+				case req := <-rec.ctl:
+					req.refuse(errPodFinished) // decideRequest(phaseFinished, *)
+				case <-ctx.Done():
+					return
+				}
 			}
-			return
 		}
-		if vm == nil && pendingExit {
-			// Recovered: the VM ended while nobody watched.
+		if vm == nil && pendingExit { // phase exited
 			if !p.afterExit(ctx, rec, &crashes) {
 				return
 			}
 			continue
 		}
+		if vm == nil && off { // phase poweredOff
+			select {
+			case <-rec.deleteReq:
+			case <-ctx.Done():
+				return
+			case req := <-rec.ctl:
+				switch decideRequest(phasePoweredOff, req.op) {
+				case actAnswer:
+					req.reply <- nil
+				case actStart:
+					log.Info("Powering on on request")
+					p.update(rec, func(st *VMState) { st.PoweredOff = false })
+					crashes = 0
+					rec.waiter = req.reply
+				case actInstall:
+					req.reply <- p.installImage(rec, req)
+				}
+			}
+			continue
+		}
 
-		if vm == nil {
+		if vm == nil { // phase starting
 			// A recovered pod whose VM must be (re)started waits until the
 			// library shows the pod still exists (or deletes it).
 			select {
@@ -541,45 +619,72 @@ func (p *VMs) run(rec *podVM) {
 				if p.deleteRequested(rec) {
 					continue
 				}
+				answer(p.startError(rec))
 				// The start failed; recorded as a terminated run.
 				if !p.afterExit(ctx, rec, &crashes) {
 					return
 				}
 				continue
 			}
+			answer(nil)
 		}
 
+		// phase running
 		p.startProbes(ctx, rec, vm) // probes.go: end with this run
-		select {
-		case <-ctx.Done():
-			vm.Detach()
-			return
-		case <-rec.deleteReq:
-			p.finishDelete(rec, vm)
-			return
-		case <-vm.Done():
-			ex, _ := vm.Exit()
-			rec.mu.Lock()
-			started := time.Now()
-			if rec.state.Running != nil {
-				started = rec.state.Running.StartedAt.Time
-			}
-			rec.vm = nil
-			rec.mu.Unlock()
-			term := TerminatedFromExit(ex, started, ContainerIDPrefix+string(rec.uid))
-			log.Info("VM exited", "exitCode", ex.ExitCode, "class", ex.Class, "reason", ex.Reason)
-			p.cfg.Telemetry.vmExited(rec.uid, ex)
-			typ := corev1.EventTypeNormal
-			if ex.ExitCode != 0 {
-				typ = corev1.EventTypeWarning
-			}
-			p.event(pod, typ, "VMExited", fmt.Sprintf("VM exited with code %d: %s", ex.ExitCode, ex.Reason))
-			if ex.At.Sub(started) >= CrashLoopResetAfter {
-				crashes = 0
-			}
-			p.update(rec, func(st *VMState) { st.SetTerminated(term) })
-			if !p.afterExit(ctx, rec, &crashes) {
+	running:
+		for {
+			select {
+			case <-ctx.Done():
+				vm.Detach()
 				return
+			case <-rec.deleteReq:
+				p.finishDelete(rec, vm)
+				return
+			case req := <-rec.ctl:
+				switch decideRequest(phaseRunning, req.op) {
+				case actAnswer:
+					req.reply <- nil
+					continue
+				case actPowerOff:
+					req.reply <- p.powerOff(ctx, rec, vm, "on request")
+				case actReimage:
+					if err := p.powerOff(ctx, rec, vm, "to flash "+req.image.Ref); err != nil {
+						req.refuse(err)
+						break running
+					}
+					if err := p.installImage(rec, req); err != nil {
+						req.reply <- err
+						break running
+					}
+					p.update(rec, func(st *VMState) { st.PoweredOff = false })
+					rec.waiter = req.reply // answered by the start of the new image
+				}
+				break running
+			case <-vm.Done():
+				ex, _ := vm.Exit()
+				rec.mu.Lock()
+				started := time.Now()
+				if rec.state.Running != nil {
+					started = rec.state.Running.StartedAt.Time
+				}
+				rec.vm = nil
+				rec.mu.Unlock()
+				term := TerminatedFromExit(ex, started, ContainerIDPrefix+string(rec.uid))
+				log.Info("VM exited", "exitCode", ex.ExitCode, "class", ex.Class, "reason", ex.Reason)
+				p.cfg.Telemetry.vmExited(rec.uid, ex)
+				typ := corev1.EventTypeNormal
+				if ex.ExitCode != 0 {
+					typ = corev1.EventTypeWarning
+				}
+				p.event(pod, typ, "VMExited", fmt.Sprintf("VM exited with code %d: %s", ex.ExitCode, ex.Reason))
+				if ex.At.Sub(started) >= CrashLoopResetAfter {
+					crashes = 0
+				}
+				p.update(rec, func(st *VMState) { st.SetTerminated(term) })
+				if !p.afterExit(ctx, rec, &crashes) {
+					return
+				}
+				break running
 			}
 		}
 	}
@@ -611,6 +716,7 @@ func (p *VMs) afterExit(ctx context.Context, rec *podVM, crashes *int) bool {
 	if !RestartDecision(policy, term.ExitCode) || term.Reason == ReasonInvalidVMSpec {
 		p.update(rec, func(st *VMState) { st.Final = true })
 		p.releaseImage(rec)
+		rec.stopExporter() // nothing to power on any more
 		// Keep the state dir (console log) until the pod is deleted.
 		select {
 		case <-rec.deleteReq:
@@ -633,12 +739,31 @@ func (p *VMs) afterExit(ctx context.Context, rec *podVM, crashes *int) bool {
 		p.event(pod, corev1.EventTypeWarning, "BackOff", "Back-off restarting failed VM")
 		t := time.NewTimer(delay)
 		defer t.Stop()
-		select {
-		case <-t.C:
-		case <-rec.deleteReq:
-			return true
-		case <-ctx.Done():
-			return false
+	backoff:
+		for {
+			select {
+			case <-t.C:
+				break backoff
+			case <-rec.deleteReq:
+				return true
+			case <-ctx.Done():
+				return false
+			case req := <-rec.ctl:
+				switch decideRequest(phaseBackOff, req.op) {
+				case actStart: // power on: start now, not at the end of the back-off
+					rec.waiter = req.reply
+					break backoff
+				case actStayOff:
+					p.update(rec, func(st *VMState) {
+						st.SetWaiting(ReasonPoweredOff, "powered off on request during the crash-loop back-off; power it on to boot again")
+						st.PoweredOff = true
+					})
+					req.reply <- nil
+					return true
+				case actInstall:
+					req.reply <- p.installImage(rec, req)
+				}
+			}
 		}
 	} else {
 		p.update(rec, func(st *VMState) { st.LastTerminated = st.Terminated })
@@ -658,6 +783,10 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (*qemu.VM, bool) {
 	rec.mu.Lock()
 	pod := rec.pod.DeepCopy()
 	plan := rec.plan
+	if rec.state.FlashedImage != "" {
+		// Flashed (exporter.go): boot that image, pinned by digest.
+		plan.Image, plan.PullPolicy = rec.state.FlashedImage, oci.PullIfNotPresent
+	}
 	rec.mu.Unlock()
 
 	// Cancel the pull when the pod is deleted.
@@ -836,6 +965,9 @@ func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan Plan
 	if img.Disk != "" {
 		spec.Disks = []qemu.Disk{{Path: overlay, Format: qemu.FormatQCOW2}}
 	}
+	if err := p.checkExporterConfig(ctx, pod); err != nil {
+		return spec, err // exporter.go: the pod waits for its exporter Secret
+	}
 	guest, err := PrepareGuestDisks(ctx, rec.dir, pod, ConfigSources{Secret: p.cfg.Secrets, ConfigMap: p.cfg.ConfigMaps})
 	if err != nil {
 		return spec, err
@@ -920,6 +1052,8 @@ func (p *VMs) finishDelete(rec *podVM, vm *qemu.VM) {
 	rec.mu.Unlock()
 	log := p.log.WithValues("pod", klog.KObj(pod), "uid", rec.uid)
 	ctx := context.WithoutCancel(p.base)
+	// The exporter unregisters first: no lease lands on a VM going away.
+	rec.stopExporter()
 
 	if !rejected {
 		if vm != nil {
@@ -963,6 +1097,7 @@ func (p *VMs) finishDelete(rec *podVM, vm *qemu.VM) {
 		delete(p.pods, rec.uid)
 	}
 	p.mu.Unlock()
+	rec.waitExporter(10 * time.Second)
 	log.Info("Pod deleted from node")
 	if p.cfg.ForceDelete != nil && pod.DeletionTimestamp != nil {
 		if err := p.cfg.ForceDelete(ctx, p.snapshot(rec)); err != nil {

@@ -38,16 +38,25 @@ type harness struct {
 }
 
 func newHarness(t testing.TB, stateDir string, store *oci.Store, imageDir string) *harness {
+	return newHarnessWith(t, stateDir, store, imageDir, nil)
+}
+
+// newHarnessWith lets mutate change the provider's configuration.
+func newHarnessWith(t testing.TB, stateDir string, store *oci.Store, imageDir string, mutate func(*VMsConfig)) *harness {
 	ctx, cancel := context.WithCancel(context.Background())
 	h := &harness{t: t, cancel: cancel, last: map[types.UID]*corev1.Pod{}, seen: map[types.UID][]string{}, events: record.NewFakeRecorder(1000)}
-	h.vms = NewVMs(ctx, VMsConfig{
+	cfg := VMsConfig{
 		Recorder: h.events,
 		NodeName: "n1", NodeIP: "10.1.2.3", StateDir: stateDir, Accelerator: "tcg",
 		Images: store, ImageDir: imageDir,
 		Allocatable:      func() corev1.ResourceList { return rl("cpu", "8", "memory", "8Gi", "pods", "10") },
 		Backoff:          Backoff{Initial: time.Second, Max: 4 * time.Second},
 		ErrImagePullHold: 300 * time.Millisecond,
-	})
+	}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	h.vms = NewVMs(ctx, cfg)
 	h.vms.NotifyPods(ctx, func(p *corev1.Pod) {
 		h.mu.Lock()
 		defer h.mu.Unlock()

@@ -5,9 +5,14 @@ import (
 	"errors"
 	"fmt"
 
+	"strings"
+	"unicode"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // Metric names of the node agent (docs/observability.md lists them all).
@@ -24,6 +29,11 @@ const (
 	MetricVMReadyDuration     = "qemu_kubelet_vm_ready_duration_seconds"
 	MetricVMStartPhaseSeconds = "qemu_kubelet_vm_start_phase_duration_seconds"
 	MetricVMsRunning          = "qemu_kubelet_vms_running"
+
+	// Jumpstarter exporters (exporter.go).
+	MetricJumpstarterRegistrations = "qemu_kubelet_jumpstarter_registrations_total"
+	MetricJumpstarterDriverCalls   = "qemu_kubelet_jumpstarter_driver_calls_total"
+	MetricJumpstarterStreamsActive = "qemu_kubelet_jumpstarter_streams_active"
 )
 
 // Start phases (label phase of MetricVMStartPhaseSeconds, child spans of
@@ -91,6 +101,10 @@ type Metrics struct {
 	startDuration   prometheus.Histogram
 	readyDuration   prometheus.Histogram
 	phaseDuration   *prometheus.HistogramVec
+
+	jsRegistrations *prometheus.CounterVec
+	jsDriverCalls   *prometheus.CounterVec
+	jsStreams       *prometheus.GaugeVec
 }
 
 // NewMetrics creates the metrics and registers them with reg.
@@ -117,8 +131,18 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		phaseDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: MetricVMStartPhaseSeconds,
 			Help: "Duration of each phase of a VM start: pull, overlay, qemu_start, boot (QEMU running to pod Ready; pods with a readiness or startup probe only).", Buckets: startBuckets},
 			[]string{"phase"}),
+		jsRegistrations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricJumpstarterRegistrations,
+			Help: "Register calls of the node's Jumpstarter exporters with their controller, by result: success or the gRPC code in snake case (unauthenticated, unavailable, ...); error when there is none."},
+			[]string{"result"}),
+		jsDriverCalls: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricJumpstarterDriverCalls,
+			Help: "Driver calls served by the node's Jumpstarter exporters, by driver name (root for the root driver), method and gRPC status code (OK, NotFound, ...)."},
+			[]string{"driver", "method", "code"}),
+		jsStreams: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricJumpstarterStreamsActive,
+			Help: "Byte streams (console, guest TCP) open through the node's Jumpstarter exporters, by kind."},
+			[]string{"kind"}),
 	}
-	for _, c := range []prometheus.Collector{m.pulls, m.pullDuration, m.vmStarts, m.vmStartFailures, m.vmExits, m.startDuration, m.readyDuration, m.phaseDuration} {
+	for _, c := range []prometheus.Collector{m.pulls, m.pullDuration, m.vmStarts, m.vmStartFailures, m.vmExits, m.startDuration, m.readyDuration, m.phaseDuration,
+		m.jsRegistrations, m.jsDriverCalls, m.jsStreams} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register node agent metrics: %w", err)
 		}
@@ -137,6 +161,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	for _, ph := range []string{PhasePull, PhaseOverlay, PhaseQEMUStart, PhaseBoot} {
 		m.phaseDuration.WithLabelValues(ph)
 	}
+	m.jsRegistrations.WithLabelValues(PullSuccess)
 	return m, nil
 }
 
@@ -182,6 +207,72 @@ func (m *Metrics) exited(class qemu.ExitClass) {
 		return
 	}
 	m.vmExits.WithLabelValues(string(class)).Inc()
+}
+
+// Registration counts a Register attempt (jumpstarter.Observer).
+func (m *Metrics) Registration(err error) {
+	if m == nil {
+		return
+	}
+	m.jsRegistrations.WithLabelValues(RegistrationResult(err)).Inc()
+}
+
+// RegistrationResult is the result label of a Register that returned err:
+// success, the gRPC code in snake case, or error.
+func RegistrationResult(err error) string {
+	if err == nil {
+		return PullSuccess
+	}
+	st, ok := status.FromError(err)
+	if !ok || st.Code() == codes.Unknown {
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			return PullCanceled
+		}
+		return PullOther
+	}
+	return snake(st.Code().String())
+}
+
+// snake turns a CamelCase code name into snake_case.
+func snake(s string) string {
+	var b strings.Builder
+	for i, r := range s {
+		if unicode.IsUpper(r) {
+			if i > 0 {
+				b.WriteByte('_')
+			}
+			r = unicode.ToLower(r)
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// DriverCall counts a driver call (jumpstarter.Observer).
+func (m *Metrics) DriverCall(driver, method, code string) {
+	if m == nil {
+		return
+	}
+	if driver == "" {
+		driver = "root"
+	}
+	m.jsDriverCalls.WithLabelValues(driver, method, code).Inc()
+}
+
+// StreamOpened and StreamClosed track open byte streams (jumpstarter.Observer).
+func (m *Metrics) StreamOpened(kind string) {
+	if m == nil {
+		return
+	}
+	m.jsStreams.WithLabelValues(kind).Inc()
+}
+
+// StreamClosed: see StreamOpened.
+func (m *Metrics) StreamClosed(kind string) {
+	if m == nil {
+		return
+	}
+	m.jsStreams.WithLabelValues(kind).Dec()
 }
 
 // StateCollector reports, at scrape time, the state the node holds: VMs

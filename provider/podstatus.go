@@ -24,6 +24,9 @@ const (
 	// ReasonInvalidVMSpec: the pod translated, but the VM spec it gives with
 	// this image is invalid (e.g. memory below QEMU's minimum).
 	ReasonInvalidVMSpec = "InvalidVMSpec"
+	// ReasonPoweredOff: the VM was powered off on request (Jumpstarter
+	// power off) and waits to be powered on.
+	ReasonPoweredOff = "PoweredOff"
 )
 
 // ContainerIDPrefix is the scheme of container IDs ("qemu://<pod uid>").
@@ -52,6 +55,15 @@ type VMState struct {
 	Final bool `json:"final,omitempty"`
 	// Started is true once a VM was started for this pod at least once.
 	Started bool `json:"started,omitempty"`
+	// PoweredOff: the VM was powered off on request (the pod's Jumpstarter
+	// exporter) and stays off, whatever the restart policy, until powered
+	// on. The container shows Waiting/PoweredOff with the run's end as its
+	// last termination state; restartCount is unchanged.
+	PoweredOff bool `json:"poweredOff,omitempty"`
+	// FlashedImage is the image the VM boots instead of the pod's (a
+	// Jumpstarter flash), as repo@digest; it survives VM and agent restarts
+	// and lasts as long as the pod.
+	FlashedImage string `json:"flashedImage,omitempty"`
 }
 
 // Waiting sets a waiting state.

@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
@@ -120,35 +121,80 @@ func awaitGuest(ctx context.Context, query usernetQuery, conn net.Conn, hostPort
 // port is added for this connection and removed when it ends. A guest port
 // nothing listens on gives ErrGuestPortClosed.
 func ForwardGuestPort(ctx context.Context, vm *qemu.VM, guestPort int32, stream io.ReadWriteCloser) error {
-	log := klog.FromContext(ctx)
 	defer stream.Close()
-	hostPort, err := vm.ForwardPort(ctx, int(guestPort), 0)
+	gc, first, err := dialGuest(ctx, vm, int(guestPort))
 	if err != nil {
 		return err
 	}
-	defer func() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		if err := vm.RemoveForward(rctx, hostPort); err != nil {
-			log.Error(err, "Remove port-forward", "hostPort", hostPort)
-		}
-	}()
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(hostPort)))
-	if err != nil {
-		return fmt.Errorf("connect to guest port %d: %w", guestPort, err)
-	}
-	defer conn.Close()
-	first, err := awaitGuest(ctx, vmUsernet(vm), conn, hostPort, GuestAcceptTimeout)
-	if err != nil {
-		return fmt.Errorf("guest port %d: %w", guestPort, err)
-	}
+	defer gc.Close()
 	if len(first) > 0 {
 		if _, err := stream.Write(first); err != nil {
 			return nil // client gone
 		}
 	}
-	return pipeBoth(ctx, conn.(*net.TCPConn), stream)
+	return pipeBoth(ctx, gc.TCPConn, stream)
+}
+
+// guestConn is one connection to a guest port through its own runtime
+// forward; Close also removes the forward.
+type guestConn struct {
+	*net.TCPConn
+	remove func()
+	once   sync.Once
+}
+
+func (c *guestConn) Close() error {
+	err := c.TCPConn.Close()
+	c.once.Do(c.remove)
+	return err
+}
+
+// dialGuest connects to guestPort of the VM through a runtime forward
+// (the one kubectl port-forward uses) and waits until the guest accepted:
+// a port nothing listens on gives ErrGuestPortClosed. first holds bytes
+// the guest already sent.
+func dialGuest(ctx context.Context, vm *qemu.VM, guestPort int) (*guestConn, []byte, error) {
+	log := klog.FromContext(ctx)
+	hostPort, err := vm.ForwardPort(ctx, guestPort, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	remove := func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := vm.RemoveForward(rctx, hostPort); err != nil {
+			log.Error(err, "Remove port-forward", "hostPort", hostPort)
+		}
+	}
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(hostPort)))
+	if err != nil {
+		remove()
+		return nil, nil, fmt.Errorf("connect to guest port %d: %w", guestPort, err)
+	}
+	first, err := awaitGuest(ctx, vmUsernet(vm), conn, hostPort, GuestAcceptTimeout)
+	if err != nil {
+		conn.Close()
+		remove()
+		return nil, nil, fmt.Errorf("guest port %d: %w", guestPort, err)
+	}
+	return &guestConn{TCPConn: conn.(*net.TCPConn), remove: remove}, first, nil
+}
+
+// prefixedConn is a guest connection whose first reads return the bytes
+// the guest sent before the caller got it.
+type prefixedConn struct {
+	*guestConn
+	pending []byte
+}
+
+func (c *prefixedConn) Read(b []byte) (int, error) {
+	if len(c.pending) > 0 {
+		n := copy(b, c.pending)
+		c.pending = c.pending[n:]
+		return n, nil
+	}
+	return c.guestConn.Read(b)
 }
 
 // pipeBoth copies both ways until the guest side ends (or ctx ends): the

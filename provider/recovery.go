@@ -26,6 +26,9 @@ type RecoveryResult struct {
 	Exited int
 	// Pending pods whose VM was not started yet (crash mid-create).
 	Pending int
+	// PoweredOff pods whose VM was powered off on request (Jumpstarter
+	// power off): they stay off until powered on.
+	PoweredOff int
 	// Orphans: state dirs without an intent record; their QEMU (if any)
 	// was killed and the dir removed.
 	Orphans int
@@ -67,6 +70,8 @@ func (p *VMs) Recover(ctx context.Context) (RecoveryResult, error) {
 			res.Running++
 		case "exited":
 			res.Exited++
+		case "poweredOff":
+			res.PoweredOff++
 		default:
 			res.Pending++
 		}
@@ -105,8 +110,7 @@ func (p *VMs) recoverOne(ctx context.Context, dir string) (*podVM, string, error
 		return nil, "orphan", nil
 	}
 
-	rec := &podVM{uid: pod.UID, dir: dir, pod: &pod,
-		deleteReq: make(chan struct{}), confirmed: make(chan struct{}), done: make(chan struct{})}
+	rec := newPodVM(pod.UID, dir, &pod)
 	if b, err := os.ReadFile(filepath.Join(dir, StatusFileName)); err == nil {
 		if err := json.Unmarshal(b, &rec.state); err != nil {
 			log.Error(err, "Unreadable status record; starting from scratch")
@@ -150,6 +154,10 @@ func (p *VMs) recoverOne(ctx context.Context, dir string) (*podVM, string, error
 		if rec.state.Final {
 			return rec, "exited", nil
 		}
+		if rec.state.PoweredOff {
+			// Powered off on request (exporter.go): it stays off.
+			return rec, "poweredOff", nil
+		}
 		started := time.Now()
 		if rec.state.Running != nil {
 			started = rec.state.Running.StartedAt.Time
@@ -161,6 +169,7 @@ func (p *VMs) recoverOne(ctx context.Context, dir string) (*podVM, string, error
 		return rec, "exited", nil
 	}
 	rec.vm = vm
+	rec.state.PoweredOff = false
 	if rec.state.Running == nil {
 		rec.state.SetRunning(p.now())
 	}

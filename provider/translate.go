@@ -5,10 +5,12 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // AnnotationPrefix is the prefix of the pod annotations qemu-kubelet reads.
@@ -34,6 +36,7 @@ const (
 // knownAnnotations is the closed set of annotation keys under the prefix.
 var knownAnnotations = map[string]bool{
 	AnnotationMachine: true, AnnotationFirmware: true, AnnotationKernelCmdline: true, AnnotationRequireAccelerator: true,
+	v1alpha1.JumpstarterSecretAnnotation: true, // exporter.go
 }
 
 // DefaultMemory is the guest RAM of a pod that sets neither a memory limit
@@ -277,6 +280,10 @@ func translateAnnotations(ann map[string]string, bad func(field, format string, 
 				bad(f, "must be one line of at most %d bytes", MaxKernelCmdlineAnnotation)
 			} else {
 				plan.ExtraCmdline = strings.TrimSpace(v)
+			}
+		case v1alpha1.JumpstarterSecretAnnotation:
+			if errs := validation.IsDNS1123Subdomain(v); len(errs) > 0 {
+				bad(f, "secret name %q: %s", v, strings.Join(errs, "; "))
 			}
 		case AnnotationRequireAccelerator:
 			switch v {

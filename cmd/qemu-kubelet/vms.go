@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 
+	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/provider"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
@@ -51,13 +52,24 @@ func newVMs(ctx context.Context, cfg *config.Node, facts provider.Facts, client 
 			return client.CoreV1().ConfigMaps(ns).Get(ctx, name, metav1.GetOptions{})
 		},
 		ForceDelete: func(ctx context.Context, pod *corev1.Pod) error { return finalDelete(ctx, client, pod) },
+		Exporters:   provider.ExporterRunnerFunc(runExporter),
 	})
 	res, err := vms.Recover(ctx)
 	if err != nil {
 		return nil, err
 	}
-	klog.FromContext(ctx).Info("Recovered VMs from the state dir", "running", res.Running, "exited", res.Exited, "pending", res.Pending, "orphansRemoved", res.Orphans)
+	klog.FromContext(ctx).Info("Recovered VMs from the state dir", "running", res.Running, "exited", res.Exited, "pending", res.Pending, "poweredOff", res.PoweredOff, "orphansRemoved", res.Orphans)
 	return vms, nil
+}
+
+// runExporter runs one pod's Jumpstarter exporter (package jumpstarter)
+// until ctx ends; it unregisters then.
+func runExporter(ctx context.Context, cfg jumpstarter.Config) error {
+	e, err := jumpstarter.New(cfg)
+	if err != nil {
+		return err
+	}
+	return e.Run(ctx)
 }
 
 // finalDelete is what a kubelet does once a deleted pod's containers are

@@ -1,0 +1,197 @@
+package e2e
+
+import (
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
+	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/jstest"
+	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/pb"
+	"github.com/qemu-kubelet/qemu-kubelet/provider"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
+	"github.com/qemu-kubelet/qemu-kubelet/qemu"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+func jsCondition(p *corev1.Pod) *corev1.PodCondition {
+	for i := range p.Status.Conditions {
+		if p.Status.Conditions[i].Type == provider.ConditionJumpstarterExporter {
+			return &p.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+func jsOnline(p *corev1.Pod) bool {
+	c := jsCondition(p)
+	return c != nil && c.Status == corev1.ConditionTrue
+}
+
+// readFor reads r until want shows (or d passes).
+func readFor(t *testing.T, r io.Reader, want string, d time.Duration) {
+	t.Helper()
+	got := make(chan string, 1)
+	go func() {
+		var b strings.Builder
+		buf := make([]byte, 4096)
+		for {
+			n, err := r.Read(buf)
+			b.Write(buf[:n])
+			if strings.Contains(b.String(), want) || err != nil {
+				got <- b.String()
+				return
+			}
+		}
+	}()
+	select {
+	case s := <-got:
+		require.Contains(t, s, want)
+	case <-time.After(d):
+		t.Fatalf("no %q within %s", want, d)
+	}
+}
+
+// testJumpstarter: a VM pod made a Jumpstarter exporter by a Secret created
+// with kubectl, served by the node agent process to jstest's controller and
+// router (TLS, in the test process), driven through the router as jmp
+// does; the controller restarts mid-session and the agent is killed -9:
+// the exporter comes back Online each time; delete unregisters it.
+func (e *podEnv) testJumpstarter(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	ctrl, err := jstest.Start(jstest.Options{DialWait: 30 * time.Second})
+	require.NoError(t, err)
+	t.Cleanup(ctrl.Close)
+	const ns, exporter = "lab", "e2e-board"
+	token := ctrl.AddExporter(ns, exporter, "")
+	caFile := filepath.Join(t.TempDir(), "ca.crt")
+	require.NoError(t, os.WriteFile(caFile, ctrl.CABundle(), 0o600))
+
+	// An annotation is no reference the Node authorizer follows: the node
+	// gets get on the Secret by RBAC (docs/jumpstarter.md, Permissions).
+	for _, args := range [][]string{
+		{"create", "role", "js-e2e-reader", "-n", "default", "--verb=get", "--resource=secrets", "--resource-name=js-e2e"},
+		{"create", "rolebinding", "js-e2e-reader", "-n", "default", "--role=js-e2e-reader", "--user=system:node:" + e.a.name},
+		{"create", "secret", "generic", "js-e2e", "-n", "default", "--from-literal=endpoint=" + ctrl.Endpoint(),
+			"--from-literal=token=" + token, "--from-literal=namespace=" + ns, "--from-literal=name=" + exporter, "--from-file=ca.crt=" + caFile},
+	} {
+		_, err := e.c.Kubectl(ctx, args...)
+		require.NoError(t, err)
+	}
+	t.Cleanup(func() {
+		for _, o := range []string{"secret/js-e2e", "rolebinding/js-e2e-reader", "role/js-e2e-reader"} {
+			_, _ = e.c.Kubectl(context.Background(), "delete", "-n", "default", o, "--ignore-not-found")
+		}
+	})
+
+	pod := vmPodSpec("js-board", e.a.name, e.refs[vmtest.VariantACPI], corev1.RestartPolicyAlways,
+		map[string]string{v1alpha1.JumpstarterSecretAnnotation: "js-e2e"})
+	grace := int64(6)
+	pod.Spec.TerminationGracePeriodSeconds = &grace
+	pod.Labels = map[string]string{"jumpstarter.dev/board": "qemu-e2e"}
+	pod.Spec.Containers[0].Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}}
+	p := e.create(t, pod)
+	p = waitPod(t, e.c, "default", p.Name, 180*time.Second, "Running with the exporter Online", func(p *corev1.Pod) bool {
+		return podRunning(p) && jsOnline(p)
+	})
+	dir := e.a.vmDir(string(p.UID))
+	waitFileContains(t, filepath.Join(dir, qemu.ConsoleLogName), vmtest.BootMarker, 120*time.Second)
+	st, err := ctrl.WaitExporter(ctx, ns, exporter, func(s jstest.ExporterState) bool { return s.Online })
+	require.NoError(t, err)
+	assert.Equal(t, map[string]string{"jumpstarter.dev/board": "qemu-e2e"}, st.Labels)
+	out, err := e.c.Kubectl(ctx, "get", "pod", p.Name, "-o", `jsonpath={.status.conditions[?(@.type=="qemu-kubelet.io/JumpstarterExporter")].reason}`)
+	require.NoError(t, err)
+	assert.Equal(t, "Online", out)
+
+	require.NoError(t, ctrl.AssignLease(ns, "lease-e2e", exporter, "ci"))
+	cl := ctrl.NewClient(ns, "ci")
+	session := func() (*jstest.Session, func(string) string) {
+		s, err := cl.Dial(ctx, "lease-e2e")
+		require.NoError(t, err)
+		rep, err := s.GetReport(ctx)
+		require.NoError(t, err)
+		return s, func(n string) string {
+			d, ok := jstest.FindDriver(rep, n)
+			require.True(t, ok, "driver %q", n)
+			return d.GetUuid()
+		}
+	}
+	s, uuidOf := session()
+	con, err := s.Stream(ctx, uuidOf("console"), "connect")
+	require.NoError(t, err)
+	_, err = con.Write([]byte("hello-e2e\n"))
+	require.NoError(t, err)
+	readFor(t, con, "QK-ECHO: hello-e2e", 30*time.Second)
+	con.Close()
+
+	_, err = s.Call(ctx, uuidOf("power"), "off")
+	require.NoError(t, err)
+	p = waitPod(t, e.c, "default", p.Name, 30*time.Second, "PoweredOff", func(p *corev1.Pod) bool {
+		w := p.Status.ContainerStatuses[0].State.Waiting
+		return w != nil && w.Reason == provider.ReasonPoweredOff
+	})
+	assert.Equal(t, corev1.PodRunning, p.Status.Phase)
+	assert.Equal(t, int32(0), p.Status.ContainerStatuses[0].RestartCount)
+	out, err = e.c.Kubectl(ctx, "get", "pod", p.Name)
+	require.NoError(t, err)
+	assert.Contains(t, out, "PoweredOff")
+	assert.Empty(t, vmtest.QEMUPids(dir))
+	_, err = s.Call(ctx, uuidOf("power"), "on")
+	require.NoError(t, err)
+	waitPod(t, e.c, "default", p.Name, 30*time.Second, "Running again", podRunning)
+	waitFileContains(t, filepath.Join(dir, qemu.ConsoleLogName), vmtest.BootMarker, 120*time.Second)
+	s.Close()
+
+	// The controller restarts mid-session: the exporter registers again.
+	before, _ := ctrl.ExporterState(ns, exporter)
+	ctrl.Stop()
+	waitPod(t, e.c, "default", p.Name, 60*time.Second, "exporter not Online", func(p *corev1.Pod) bool { return !jsOnline(p) })
+	require.NoError(t, ctrl.Start())
+	_, err = ctrl.WaitExporter(ctx, ns, exporter, func(s jstest.ExporterState) bool {
+		return s.Online && s.Registrations > before.Registrations
+	})
+	require.NoError(t, err, "re-registered after the controller restart")
+	waitPod(t, e.c, "default", p.Name, 60*time.Second, "exporter Online again", jsOnline)
+	s, uuidOf = session()
+	v, err := s.Call(ctx, uuidOf(""), "get_hostname")
+	require.NoError(t, err)
+	assert.Equal(t, p.Name, v)
+	s.Close()
+
+	// The agent is killed -9 and started again: the re-adopted VM's
+	// exporter is Online again; the VM never stopped.
+	pids := vmtest.QEMUPids(dir)
+	require.Len(t, pids, 1)
+	before, _ = ctrl.ExporterState(ns, exporter)
+	_ = e.a.kill(syscall.SIGKILL)
+	e.a.start()
+	_, err = ctrl.WaitExporter(ctx, ns, exporter, func(s jstest.ExporterState) bool {
+		return s.Online && s.Registrations > before.Registrations
+	})
+	require.NoError(t, err, "the re-adopted VM's exporter registers again")
+	waitPod(t, e.c, "default", p.Name, 90*time.Second, "exporter Online after the agent restart", func(p *corev1.Pod) bool {
+		return podRunning(p) && jsOnline(p)
+	})
+	assert.Equal(t, pids, vmtest.QEMUPids(dir), "the VM kept running")
+	s, uuidOf = session()
+	_, err = s.Call(ctx, uuidOf("power"), "on")
+	require.NoError(t, err, "served by the restarted agent")
+	s.Close()
+	st, _ = ctrl.ExporterState(ns, exporter)
+	assert.Equal(t, pb.ExporterStatus_EXPORTER_STATUS_LEASE_READY, st.Status)
+
+	require.NoError(t, e.c.Client().CoreV1().Pods("default").Delete(ctx, p.Name, metav1.DeleteOptions{}))
+	waitPodGone(t, e.c, "default", p.Name, 60*time.Second)
+	waitNoDir(t, dir, 30*time.Second)
+	st, _ = ctrl.ExporterState(ns, exporter)
+	assert.True(t, st.Unregistered, "a deleted pod's exporter unregisters")
+}

@@ -1,0 +1,607 @@
+package provider
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"reflect"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
+	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter"
+	"github.com/qemu-kubelet/qemu-kubelet/oci"
+	"github.com/qemu-kubelet/qemu-kubelet/qemu"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2"
+)
+
+// A pod that names a Secret in the annotation
+// v1alpha1.JumpstarterSecretAnnotation is a Jumpstarter exporter served by
+// this node agent: no sidecar, no agent in the guest. The exporter
+// (package jumpstarter, run through VMsConfig.Exporters) drives the pod's
+// VM through a vmTarget:
+//   - power off: ACPI power button within the pod's grace period, then quit
+//     (as a delete, but the pod and its state dir stay); the pod stays
+//     phase Running, its container shows Waiting/PoweredOff (Ready=False)
+//     with the run's end as lastState, restartCount is unchanged and the
+//     restart policy does not apply;
+//   - power on: boots again from a fresh overlay (of the flashed image, if
+//     any);
+//   - console: the serial console kubectl attach uses (many readers, one
+//     writer: the same flock);
+//   - TCP to a guest port: the runtime forward kubectl port-forward uses;
+//   - flash: pull and verify through the node's image store (same errors as
+//     a pod's pull; nothing is touched on failure), power off, boot the new
+//     image from then on (kept in status.json: VM and agent restarts keep
+//     it), power on again if it was on.
+//
+// The exporter runs from the pod's first worker start (recovery included)
+// to its deletion (it unregisters first), whether or not QEMU runs: a
+// powered-off VM still answers power on. Its state is the pod condition
+// ConditionJumpstarterExporter and events; a wrong token shows there and
+// never touches the VM.
+
+// ConditionJumpstarterExporter is the pod condition showing the exporter's
+// state: True while Online or Leased; the reason is the state (Connecting,
+// Registered, Online, Leased, Failed, Stopped), the message the last error.
+const ConditionJumpstarterExporter corev1.PodConditionType = "qemu-kubelet.io/JumpstarterExporter"
+
+// Pod event reasons of the exporter.
+const (
+	EventExporterRegistered = "ExporterRegistered"
+	EventExporterOnline     = "ExporterOnline"
+	EventExporterLeased     = "ExporterLeased"
+	EventExporterFailed     = "ExporterFailed"
+)
+
+// ExporterRunner runs one Jumpstarter exporter until ctx ends, then
+// unregisters it. It retries lost connections itself; an error return
+// means it cannot run with this configuration. cmd/qemu-kubelet passes the
+// jumpstarter package's; tests pass fakes.
+type ExporterRunner interface {
+	RunExporter(ctx context.Context, cfg jumpstarter.Config) error
+}
+
+// ExporterRunnerFunc adapts a function to ExporterRunner.
+type ExporterRunnerFunc func(ctx context.Context, cfg jumpstarter.Config) error
+
+// RunExporter calls f.
+func (f ExporterRunnerFunc) RunExporter(ctx context.Context, cfg jumpstarter.Config) error {
+	return f(ctx, cfg)
+}
+
+// ErrVMPoweredOff: the request needs a running VM.
+var ErrVMPoweredOff = errors.New("the VM is not running (powered off, or not started yet): power it on first")
+
+// exporterDriverNames are the exporter's own drivers; guest ports may not
+// take these names.
+var exporterDriverNames = map[string]bool{"power": true, "console": true, "flasher": true}
+
+// ExporterSecretName is the Secret the pod names for its exporter ("": the
+// pod is no exporter).
+func ExporterSecretName(pod *corev1.Pod) string {
+	return strings.TrimSpace(pod.Annotations[v1alpha1.JumpstarterSecretAnnotation])
+}
+
+// ExporterSettings builds the exporter configuration of pod from its
+// Secret: endpoint, token, namespace and name are required, ca.crt
+// optional; the labels sent with Register are the pod's jumpstarter.dev/
+// labels; the guest ports are the container's named TCP ports (unnamed:
+// "tcp-<port>"); the hostname is the pod name. A missing or bad key is a
+// ConfigError naming it (never the token's value). Pure.
+func ExporterSettings(pod *corev1.Pod, secret *corev1.Secret) (jumpstarter.Config, error) {
+	name := ExporterSecretName(pod)
+	where := fmt.Sprintf("Jumpstarter exporter secret %q (annotation %s)", name, v1alpha1.JumpstarterSecretAnnotation)
+	get := func(key string) (string, error) {
+		v := strings.TrimSpace(string(secret.Data[key]))
+		if v == "" {
+			v = strings.TrimSpace(secret.StringData[key])
+		}
+		if v == "" {
+			return "", &ConfigError{Msg: fmt.Sprintf("%s: key %q is missing or empty", where, key)}
+		}
+		return v, nil
+	}
+	var cfg jumpstarter.Config
+	var err error
+	if cfg.Endpoint, err = get(v1alpha1.JumpstarterSecretEndpoint); err != nil {
+		return cfg, err
+	}
+	if err := validateEndpoint(cfg.Endpoint); err != nil {
+		return cfg, &ConfigError{Msg: fmt.Sprintf("%s: key %q: %v", where, v1alpha1.JumpstarterSecretEndpoint, err)}
+	}
+	if cfg.Token, err = get(v1alpha1.JumpstarterSecretToken); err != nil {
+		return cfg, err
+	}
+	if strings.ContainsAny(cfg.Token, " \t\r\n") {
+		return cfg, &ConfigError{Msg: fmt.Sprintf("%s: key %q holds white space inside the token", where, v1alpha1.JumpstarterSecretToken)}
+	}
+	if cfg.Namespace, err = get(v1alpha1.JumpstarterSecretNamespace); err != nil {
+		return cfg, err
+	}
+	if cfg.Name, err = get(v1alpha1.JumpstarterSecretName); err != nil {
+		return cfg, err
+	}
+	if ca := secret.Data[v1alpha1.JumpstarterSecretCA]; len(ca) > 0 {
+		if !x509.NewCertPool().AppendCertsFromPEM(ca) {
+			return cfg, &ConfigError{Msg: fmt.Sprintf("%s: key %q holds no PEM certificate", where, v1alpha1.JumpstarterSecretCA)}
+		}
+		cfg.CABundle = append([]byte(nil), ca...)
+	}
+	for k, v := range pod.Labels {
+		if strings.HasPrefix(k, "jumpstarter.dev/") {
+			if cfg.Labels == nil {
+				cfg.Labels = map[string]string{}
+			}
+			cfg.Labels[k] = v
+		}
+	}
+	cfg.Ports = exporterPorts(pod)
+	cfg.Hostname = pod.Name
+	return cfg, nil
+}
+
+// validateEndpoint accepts host:port with a port in 1-65535.
+func validateEndpoint(ep string) error {
+	host, port, err := net.SplitHostPort(ep)
+	if err != nil {
+		return fmt.Errorf("%q is not host:port: %v", ep, err)
+	}
+	if host == "" {
+		return fmt.Errorf("%q has no host", ep)
+	}
+	if strings.ContainsAny(host, "/ ") {
+		return fmt.Errorf("%q: host %q is not a host name or address (no scheme or path)", ep, host)
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("%q: port %q is not a number in 1-65535", ep, port)
+	}
+	return nil
+}
+
+// exporterPorts are the guest TCP ports the exporter offers: the first
+// container's TCP ports by name, sorted by port.
+func exporterPorts(pod *corev1.Pod) []jumpstarter.Port {
+	if len(pod.Spec.Containers) == 0 {
+		return nil
+	}
+	var out []jumpstarter.Port
+	seen := map[string]bool{}
+	for _, cp := range pod.Spec.Containers[0].Ports {
+		if cp.Protocol != "" && cp.Protocol != corev1.ProtocolTCP {
+			continue
+		}
+		name := cp.Name
+		if name == "" || exporterDriverNames[name] {
+			name = fmt.Sprintf("tcp-%d", cp.ContainerPort)
+		}
+		if seen[name] {
+			continue
+		}
+		seen[name] = true
+		out = append(out, jumpstarter.Port{Name: name, Port: int(cp.ContainerPort)})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Port < out[j].Port })
+	return out
+}
+
+// redact removes the token from a message (errors may quote what they
+// were sent).
+func redact(msg, token string) string {
+	if token == "" {
+		return msg
+	}
+	return strings.ReplaceAll(msg, token, "<token>")
+}
+
+// exporterConfig reads the pod's Secret and builds its exporter settings.
+// A missing Secret is a ConfigError (the VM waits in
+// CreateContainerConfigError, as for a volume's Secret).
+func (p *VMs) exporterConfig(ctx context.Context, pod *corev1.Pod) (jumpstarter.Config, error) {
+	name := ExporterSecretName(pod)
+	s, err := getSecret(ctx, ConfigSources{Secret: p.cfg.Secrets}, pod.Namespace, name)
+	if apierrors.IsForbidden(err) {
+		// The Node authorizer lets a node read only the Secrets a pod's spec
+		// references; an annotation is not such a reference.
+		return jumpstarter.Config{}, &ConfigError{Msg: fmt.Sprintf("the node agent may not read secret %q of namespace %s (the Jumpstarter exporter secret): grant it get on that secret (RBAC); %v", name, pod.Namespace, err)}
+	}
+	if err != nil {
+		return jumpstarter.Config{}, fmt.Errorf("jumpstarter exporter: %w", err)
+	}
+	if s == nil {
+		return jumpstarter.Config{}, &ConfigError{Msg: fmt.Sprintf("secret %q not found (the Jumpstarter exporter secret named by annotation %s)", name, v1alpha1.JumpstarterSecretAnnotation)}
+	}
+	return ExporterSettings(pod, s)
+}
+
+// checkExporterConfig holds a pod's VM start until its exporter Secret
+// exists and is valid (vmSpec): a pod that asked to be an exporter never
+// runs as something else.
+func (p *VMs) checkExporterConfig(ctx context.Context, pod *corev1.Pod) error {
+	if ExporterSecretName(pod) == "" {
+		return nil
+	}
+	_, err := p.exporterConfig(ctx, pod)
+	return err
+}
+
+// exporterStatus is what the pod shows of its exporter.
+type exporterStatus struct {
+	state jumpstarter.State
+	msg   string
+	since time.Time
+}
+
+// applyExporter adds the exporter condition to a pod status. Pure.
+func applyExporter(status *corev1.PodStatus, es *exporterStatus) {
+	if es == nil {
+		return
+	}
+	c := corev1.PodCondition{Type: ConditionJumpstarterExporter, Status: corev1.ConditionFalse,
+		Reason: string(es.state), Message: es.msg, LastTransitionTime: metav1.NewTime(es.since.UTC())}
+	if es.state == jumpstarter.StateOnline || es.state == jumpstarter.StateLeased {
+		c.Status = corev1.ConditionTrue
+	}
+	status.Conditions = append(status.Conditions, c)
+}
+
+// exporterEvent is the event a transition to s makes ("" for none).
+func exporterEvent(s jumpstarter.State) (typ, reason string) {
+	switch s {
+	case jumpstarter.StateRegistered:
+		return corev1.EventTypeNormal, EventExporterRegistered
+	case jumpstarter.StateOnline:
+		return corev1.EventTypeNormal, EventExporterOnline
+	case jumpstarter.StateLeased:
+		return corev1.EventTypeNormal, EventExporterLeased
+	case jumpstarter.StateFailed:
+		return corev1.EventTypeWarning, EventExporterFailed
+	}
+	return "", ""
+}
+
+// setExporterState records an exporter state change on the pod (condition,
+// event) and pushes the status. A repeated Failed with the same message
+// makes no new event.
+func (p *VMs) setExporterState(rec *podVM, s jumpstarter.State, msg string) {
+	rec.mu.Lock()
+	prev := rec.exporter
+	if prev != nil && prev.state == s && prev.msg == msg {
+		rec.mu.Unlock()
+		return
+	}
+	since := p.now()
+	if prev != nil && prev.state == s {
+		since = prev.since
+	}
+	rec.exporter = &exporterStatus{state: s, msg: msg, since: since}
+	pod := rec.pod.DeepCopy()
+	rec.mu.Unlock()
+	if typ, reason := exporterEvent(s); reason != "" {
+		text := fmt.Sprintf("Jumpstarter exporter %s", strings.ToLower(string(s)))
+		if msg != "" {
+			text += ": " + msg
+		}
+		p.event(pod, typ, reason, text)
+	}
+	p.push(rec)
+}
+
+// startExporter starts the pod's exporter supervisor if the pod asks for
+// one. Called by the worker when it starts (a created or recovered pod).
+func (p *VMs) startExporter(ctx context.Context, rec *podVM) {
+	rec.mu.Lock()
+	pod := rec.pod.DeepCopy()
+	rejected := rec.state.Rejection != nil || rec.state.Final
+	rec.mu.Unlock()
+	if ExporterSecretName(pod) == "" || rejected {
+		return
+	}
+	if p.cfg.Exporters == nil {
+		p.setExporterState(rec, jumpstarter.StateFailed, "this node agent runs no Jumpstarter exporter")
+		return
+	}
+	ectx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	rec.mu.Lock()
+	rec.stopExp, rec.expDone = cancel, done
+	rec.mu.Unlock()
+	go func() {
+		defer close(done)
+		p.superviseExporter(ectx, rec)
+	}()
+}
+
+// stopExporter ends the exporter supervisor (it unregisters); idempotent.
+func (rec *podVM) stopExporter() {
+	rec.mu.Lock()
+	stop := rec.stopExp
+	rec.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
+}
+
+// waitExporter waits up to d for the exporter supervisor to end.
+func (rec *podVM) waitExporter(d time.Duration) {
+	rec.mu.Lock()
+	done := rec.expDone
+	rec.mu.Unlock()
+	if done == nil {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
+}
+
+// exporterRecheck is how often a running exporter's Secret is read again:
+// a changed Secret (e.g. a fixed token) restarts the exporter with it.
+var exporterRecheck = ConfigRetryMax
+
+// superviseExporter runs the pod's exporter until ctx ends: it reads the
+// Secret (waiting for it, with back-off), runs the exporter, and restarts
+// it when the Secret changes or the exporter gives up.
+func (p *VMs) superviseExporter(ctx context.Context, rec *podVM) {
+	log := klog.FromContext(ctx).WithName("jumpstarter")
+	target := &vmTarget{p: p, rec: rec}
+	for attempt := 1; ; attempt++ {
+		rec.mu.Lock()
+		pod := rec.pod.DeepCopy()
+		rec.mu.Unlock()
+		cfg, err := p.exporterConfig(ctx, pod)
+		if ctx.Err() != nil {
+			p.setExporterState(rec, jumpstarter.StateStopped, "")
+			return
+		}
+		if err != nil {
+			log.Info("Exporter not started", "err", err.Error())
+			p.setExporterState(rec, jumpstarter.StateFailed, err.Error())
+			if !sleepCtx(ctx, min(p.cfg.Backoff.Delay(attempt), ConfigRetryMax)) {
+				p.setExporterState(rec, jumpstarter.StateStopped, "")
+				return
+			}
+			continue
+		}
+		token := cfg.Token
+		cfg.Target = target
+		cfg.Log = log
+		cfg.Observer = p.cfg.Telemetry.exporterObserver()
+		cfg.OnState = func(s jumpstarter.State, err error) {
+			msg := ""
+			if err != nil {
+				msg = redact(err.Error(), token)
+			}
+			if s == jumpstarter.StateStopped {
+				return // the supervisor reports its own stop
+			}
+			p.setExporterState(rec, s, msg)
+		}
+		p.setExporterState(rec, jumpstarter.StateConnecting, "")
+		rctx, cancel := context.WithCancel(ctx)
+		ended := make(chan error, 1)
+		go func() { ended <- p.cfg.Exporters.RunExporter(rctx, cfg) }()
+		log.Info("Exporter started", "endpoint", cfg.Endpoint, "exporter", cfg.Namespace+"/"+cfg.Name)
+		changed := p.watchExporterSecret(rctx, pod, cfg, ended)
+		cancel()
+		err = <-ended
+		switch {
+		case ctx.Err() != nil:
+			p.setExporterState(rec, jumpstarter.StateStopped, "")
+			log.Info("Exporter stopped")
+			return
+		case changed:
+			log.Info("Exporter secret changed; restarting the exporter")
+			attempt = 0
+			continue
+		case err != nil:
+			msg := redact(err.Error(), token)
+			log.Info("Exporter ended", "err", msg)
+			p.setExporterState(rec, jumpstarter.StateFailed, msg)
+		}
+		if !sleepCtx(ctx, min(p.cfg.Backoff.Delay(attempt), ConfigRetryMax)) {
+			p.setExporterState(rec, jumpstarter.StateStopped, "")
+			return
+		}
+	}
+}
+
+// watchExporterSecret waits until the exporter ends (its error is put
+// back on ended), ctx ends, or the Secret changes (true).
+func (p *VMs) watchExporterSecret(ctx context.Context, pod *corev1.Pod, cfg jumpstarter.Config, ended chan error) bool {
+	t := time.NewTicker(exporterRecheck)
+	defer t.Stop()
+	for {
+		select {
+		case err := <-ended:
+			ended <- err
+			return false
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			cur, err := p.exporterConfig(ctx, pod)
+			if err != nil {
+				continue // keep the running exporter; a fixed Secret restarts it
+			}
+			if cur.Endpoint != cfg.Endpoint || cur.Token != cfg.Token || cur.Namespace != cfg.Namespace ||
+				cur.Name != cfg.Name || string(cur.CABundle) != string(cfg.CABundle) || !reflect.DeepEqual(cur.Labels, cfg.Labels) {
+				return true
+			}
+		}
+	}
+}
+
+// exporterObserver is the Prometheus side of the exporters (nil: none).
+func (t *Telemetry) exporterObserver() jumpstarter.Observer {
+	if t == nil || t.metrics == nil {
+		return nil
+	}
+	return t.metrics
+}
+
+// ---- the VM as a jumpstarter.Target ----
+
+// vmTarget is one pod's VM as the exporter sees it. Power and flash are
+// requests to the pod's worker; console and guest connections use the
+// running VM as kubectl attach and port-forward do.
+type vmTarget struct {
+	p   *VMs
+	rec *podVM
+}
+
+var _ jumpstarter.Target = (*vmTarget)(nil)
+
+func (t *vmTarget) PowerOn(ctx context.Context) error {
+	return t.p.request(ctx, t.rec, vmRequest{op: opPowerOn})
+}
+
+func (t *vmTarget) PowerOff(ctx context.Context) error {
+	return t.p.request(ctx, t.rec, vmRequest{op: opPowerOff})
+}
+
+func (t *vmTarget) Powered() bool {
+	return t.vm() != nil
+}
+
+func (t *vmTarget) vm() *qemu.VM {
+	t.rec.mu.Lock()
+	defer t.rec.mu.Unlock()
+	return t.rec.vm
+}
+
+// Console attaches to the serial console. Reading needs nothing; the first
+// Write takes the console writer lock kubectl attach -i takes (a second
+// writer gets ErrConsoleBusy).
+func (t *vmTarget) Console(ctx context.Context) (io.ReadWriteCloser, error) {
+	vm := t.vm()
+	if vm == nil {
+		return nil, fmt.Errorf("console: %w", ErrVMPoweredOff)
+	}
+	c, err := vm.AttachConsole(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("console: %w", err)
+	}
+	return &consoleSession{ReadWriteCloser: c, dir: t.rec.dir}, nil
+}
+
+// DialGuest connects to a guest TCP port (ErrGuestPortClosed when nothing
+// listens there).
+func (t *vmTarget) DialGuest(ctx context.Context, port int) (net.Conn, error) {
+	if port < 1 || port > 65535 {
+		return nil, fmt.Errorf("guest port %d: not in 1-65535", port)
+	}
+	vm := t.vm()
+	if vm == nil {
+		return nil, fmt.Errorf("guest port %d: %w", port, ErrVMPoweredOff)
+	}
+	gc, first, err := dialGuest(ctx, vm, port)
+	if err != nil {
+		return nil, err
+	}
+	return &prefixedConn{guestConn: gc, pending: first}, nil
+}
+
+// Flash pulls and verifies ref through the node's image store (the pod's
+// pull secrets apply) before anything else; then the worker powers the VM
+// off, makes ref the image it boots and powers it on again if it was on.
+func (t *vmTarget) Flash(ctx context.Context, ref string, progress func(string)) error {
+	if progress == nil {
+		progress = func(string) {}
+	}
+	p, rec := t.p, t.rec
+	ref = strings.TrimPrefix(strings.TrimSpace(ref), "oci://")
+	if p.cfg.Images == nil {
+		return errors.New("flash: this node has no image store")
+	}
+	rec.mu.Lock()
+	pod := rec.pod.DeepCopy()
+	plan := rec.plan
+	rec.mu.Unlock()
+	policy := oci.PullAlways
+	if strings.Contains(ref, "@") {
+		policy = oci.PullIfNotPresent
+	}
+	progress(fmt.Sprintf("pulling %s", ref))
+	p.event(pod, corev1.EventTypeNormal, "Pulling", fmt.Sprintf("Pulling image %q to flash", ref))
+	t0 := time.Now()
+	img, err := p.cfg.Images.Pull(ctx, ref, oci.PullOptions{Auth: p.pullSecrets(ctx, pod, plan.PullSecrets), Policy: policy})
+	if err != nil {
+		p.event(pod, corev1.EventTypeWarning, "FlashFailed", fmt.Sprintf("Failed to pull image %q to flash: %v", ref, err))
+		return fmt.Errorf("flash %s: %w", ref, err)
+	}
+	p.event(pod, corev1.EventTypeNormal, "Pulled", fmt.Sprintf("Successfully pulled image %q (%s) in %s", ref, img.Digest, time.Since(t0).Round(time.Millisecond)))
+	progress(fmt.Sprintf("pulled %s (%s)", ref, img.Digest))
+	hold, err := p.cfg.Images.Acquire(img.Digest)
+	if err != nil {
+		return fmt.Errorf("flash %s: hold the image: %w", ref, err)
+	}
+	was := t.Powered()
+	if was {
+		progress("powering off, replacing the disk and powering on")
+	} else {
+		progress("replacing the disk (the VM stays off)")
+	}
+	if err := p.request(ctx, rec, vmRequest{op: opFlash, image: img, hold: hold}); err != nil {
+		p.event(pod, corev1.EventTypeWarning, "FlashFailed", fmt.Sprintf("Flash of image %q: %v", ref, err))
+		return fmt.Errorf("flash %s: %w", ref, err)
+	}
+	progress(fmt.Sprintf("flashed %s", imageID(img)))
+	return nil
+}
+
+// consoleSession is one exporter console stream.
+type consoleSession struct {
+	io.ReadWriteCloser
+	dir string
+
+	mu      sync.Mutex
+	release func() // console writer lock, once the session wrote
+	closed  bool
+}
+
+func (c *consoleSession) Write(b []byte) (int, error) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return 0, io.ErrClosedPipe
+	}
+	if c.release == nil {
+		rel, err := lockConsoleWriter(c.dir)
+		if err != nil {
+			c.mu.Unlock()
+			return 0, fmt.Errorf("console: %w", err)
+		}
+		c.release = rel
+	}
+	c.mu.Unlock()
+	return c.ReadWriteCloser.Write(b)
+}
+
+func (c *consoleSession) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	rel := c.release
+	c.release = nil
+	c.mu.Unlock()
+	if rel != nil {
+		rel()
+	}
+	return c.ReadWriteCloser.Close()
+}

@@ -1,0 +1,332 @@
+package provider
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
+	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter"
+	"github.com/qemu-kubelet/qemu-kubelet/oci"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/tools/record"
+)
+
+func exporterPod(labels map[string]string, ports ...corev1.ContainerPort) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "lab", Name: "board-0", Labels: labels,
+			Annotations: map[string]string{v1alpha1.JumpstarterSecretAnnotation: "js"}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "vm", Image: "r/os:1", Ports: ports}}},
+	}
+}
+
+func exporterSecret(kv ...string) *corev1.Secret {
+	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "lab", Name: "js"}, Data: map[string][]byte{}}
+	for i := 0; i+1 < len(kv); i += 2 {
+		s.Data[kv[i]] = []byte(kv[i+1])
+	}
+	return s
+}
+
+var goodSecretKV = []string{"endpoint", "grpc.js.example:443", "token", "s3cr3t-token", "namespace", "jumpstarter-lab", "name", "board-0"}
+
+func TestExporterSettings(t *testing.T) {
+	pod := exporterPod(map[string]string{"jumpstarter.dev/board": "qemu", "app": "x"},
+		corev1.ContainerPort{Name: "http", ContainerPort: 8080},
+		corev1.ContainerPort{Name: "ssh", ContainerPort: 22},
+		corev1.ContainerPort{ContainerPort: 9000},
+		corev1.ContainerPort{Name: "console", ContainerPort: 23},
+		corev1.ContainerPort{Name: "dns", ContainerPort: 53, Protocol: corev1.ProtocolUDP})
+	cfg, err := ExporterSettings(pod, exporterSecret(goodSecretKV...))
+	require.NoError(t, err)
+	assert.Equal(t, "grpc.js.example:443", cfg.Endpoint)
+	assert.Equal(t, "s3cr3t-token", cfg.Token)
+	assert.Equal(t, "jumpstarter-lab", cfg.Namespace)
+	assert.Equal(t, "board-0", cfg.Name)
+	assert.Empty(t, cfg.CABundle)
+	assert.Equal(t, map[string]string{"jumpstarter.dev/board": "qemu"}, cfg.Labels, "only jumpstarter.dev/ labels")
+	assert.Equal(t, []jumpstarter.Port{{Name: "ssh", Port: 22}, {Name: "tcp-23", Port: 23}, {Name: "http", Port: 8080}, {Name: "tcp-9000", Port: 9000}}, cfg.Ports,
+		"named TCP ports; unnamed and built-in driver names become tcp-<port>; UDP skipped")
+	assert.Equal(t, "board-0", cfg.Hostname)
+
+	for _, tc := range []struct {
+		name string
+		kv   []string
+		want string
+	}{
+		{"no endpoint", []string{"token", "t", "namespace", "n", "name", "x"}, `key "endpoint" is missing`},
+		{"endpoint without port", []string{"endpoint", "grpc.js.example", "token", "t", "namespace", "n", "name", "x"}, "not host:port"},
+		{"endpoint with scheme", []string{"endpoint", "https://grpc.js.example:443", "token", "t", "namespace", "n", "name", "x"}, "not host:port"},
+		{"endpoint bad port", []string{"endpoint", "h:99999", "token", "t", "namespace", "n", "name", "x"}, "port \"99999\""},
+		{"no token", []string{"endpoint", "h:443", "namespace", "n", "name", "x"}, `key "token" is missing`},
+		{"token with space", []string{"endpoint", "h:443", "token", "abc def", "namespace", "n", "name", "x"}, "white space"},
+		{"no namespace", []string{"endpoint", "h:443", "token", "t", "name", "x"}, `key "namespace"`},
+		{"no name", []string{"endpoint", "h:443", "token", "t", "namespace", "n"}, `key "name"`},
+		{"bad CA", append(append([]string(nil), goodSecretKV...), "ca.crt", "not a cert"), "no PEM certificate"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ExporterSettings(pod, exporterSecret(tc.kv...))
+			require.Error(t, err)
+			assert.True(t, IsConfigError(err), "a config error (the pod waits): %v", err)
+			assert.Contains(t, err.Error(), tc.want)
+			assert.Contains(t, err.Error(), `secret "js"`)
+			assert.NotContains(t, err.Error(), "s3cr3t-token")
+			assert.NotContains(t, err.Error(), "abc def")
+		})
+	}
+}
+
+func TestDecideRequest(t *testing.T) {
+	for _, tc := range []struct {
+		phase workerPhase
+		op    vmOp
+		want  reqAction
+	}{
+		{phaseRunning, opPowerOn, actAnswer},
+		{phaseRunning, opPowerOff, actPowerOff},
+		{phaseRunning, opFlash, actReimage},
+		{phasePoweredOff, opPowerOn, actStart},
+		{phasePoweredOff, opPowerOff, actAnswer},
+		{phasePoweredOff, opFlash, actInstall},
+		{phaseBackOff, opPowerOn, actStart},
+		{phaseBackOff, opPowerOff, actStayOff},
+		{phaseBackOff, opFlash, actInstall},
+		{phaseFinished, opPowerOn, actRefuse},
+		{phaseFinished, opPowerOff, actRefuse},
+		{phaseFinished, opFlash, actRefuse},
+	} {
+		assert.Equal(t, tc.want, decideRequest(tc.phase, tc.op), "phase %d, %s", tc.phase, tc.op)
+	}
+}
+
+func TestApplyExporterCondition(t *testing.T) {
+	since := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	var st corev1.PodStatus
+	applyExporter(&st, nil)
+	assert.Empty(t, st.Conditions, "no exporter, no condition")
+	for s, want := range map[jumpstarter.State]corev1.ConditionStatus{
+		jumpstarter.StateConnecting: corev1.ConditionFalse, jumpstarter.StateRegistered: corev1.ConditionFalse,
+		jumpstarter.StateOnline: corev1.ConditionTrue, jumpstarter.StateLeased: corev1.ConditionTrue,
+		jumpstarter.StateFailed: corev1.ConditionFalse, jumpstarter.StateStopped: corev1.ConditionFalse,
+	} {
+		var st corev1.PodStatus
+		applyExporter(&st, &exporterStatus{state: s, msg: "m", since: since})
+		require.Len(t, st.Conditions, 1)
+		c := st.Conditions[0]
+		assert.Equal(t, ConditionJumpstarterExporter, c.Type)
+		assert.Equal(t, want, c.Status, "%s", s)
+		assert.Equal(t, string(s), c.Reason)
+		assert.Equal(t, "m", c.Message)
+		assert.True(t, c.LastTransitionTime.Time.Equal(since))
+	}
+}
+
+func TestRegistrationResult(t *testing.T) {
+	assert.Equal(t, "success", RegistrationResult(nil))
+	assert.Equal(t, "unauthenticated", RegistrationResult(status.Error(codes.Unauthenticated, "bad token")))
+	assert.Equal(t, "permission_denied", RegistrationResult(status.Error(codes.PermissionDenied, "x")))
+	assert.Equal(t, "unavailable", RegistrationResult(fmt.Errorf("register: %w", status.Error(codes.Unavailable, "x"))))
+	assert.Equal(t, "error", RegistrationResult(errors.New("boom")))
+	assert.Equal(t, "canceled", RegistrationResult(context.Canceled))
+}
+
+// fakeRunner is an ExporterRunner that records each run and lets the test
+// drive its state.
+type fakeRunner struct {
+	mu   sync.Mutex
+	runs []*fakeRun
+	ch   chan *fakeRun
+}
+
+type fakeRun struct {
+	cfg   jumpstarter.Config
+	ctx   context.Context
+	ended chan struct{}
+}
+
+func newFakeRunner() *fakeRunner { return &fakeRunner{ch: make(chan *fakeRun, 16)} }
+
+func (f *fakeRunner) RunExporter(ctx context.Context, cfg jumpstarter.Config) error {
+	r := &fakeRun{cfg: cfg, ctx: ctx, ended: make(chan struct{})}
+	f.mu.Lock()
+	f.runs = append(f.runs, r)
+	f.mu.Unlock()
+	f.ch <- r
+	<-ctx.Done()
+	close(r.ended)
+	return nil
+}
+
+func (f *fakeRunner) next(t *testing.T, d time.Duration) *fakeRun {
+	t.Helper()
+	select {
+	case r := <-f.ch:
+		return r
+	case <-time.After(d):
+		t.Fatalf("no exporter run within %s", d)
+		return nil
+	}
+}
+
+// secretStore is the node's view of Secrets, editable by the test.
+type secretStore struct {
+	mu sync.Mutex
+	m  map[string]*corev1.Secret
+}
+
+func (s *secretStore) get(_ context.Context, ns, name string) (*corev1.Secret, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if x, ok := s.m[ns+"/"+name]; ok {
+		return x.DeepCopy(), nil
+	}
+	return nil, apierrors.NewNotFound(schema.GroupResource{Resource: "secrets"}, name)
+}
+
+func (s *secretStore) put(x *corev1.Secret) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.m[x.Namespace+"/"+x.Name] = x
+}
+
+func exporterCond(p *corev1.Pod) *corev1.PodCondition {
+	for i := range p.Status.Conditions {
+		if p.Status.Conditions[i].Type == ConditionJumpstarterExporter {
+			return &p.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+func condReason(reason string) func(*corev1.Pod) bool {
+	return func(p *corev1.Pod) bool {
+		c := exporterCond(p)
+		return c != nil && c.Reason == reason
+	}
+}
+
+func drainEvents(rec *record.FakeRecorder) []string {
+	var out []string
+	for {
+		select {
+		case e := <-rec.Events:
+			out = append(out, e)
+		default:
+			return out
+		}
+	}
+}
+
+// TestExporterLifecycleFake drives the exporter side of a pod with a fake
+// runner, no QEMU (the image registry is unreachable, so the VM never
+// starts): the Secret is waited for, state changes become the condition
+// and events (never the token), a changed Secret restarts the exporter, a
+// delete stops it.
+func TestExporterLifecycleFake(t *testing.T) {
+	old := exporterRecheck
+	exporterRecheck = 100 * time.Millisecond
+	t.Cleanup(func() { exporterRecheck = old })
+	root := t.TempDir()
+	store, err := oci.Open(filepath.Join(root, "images"), oci.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { store.Close() })
+	secrets := &secretStore{m: map[string]*corev1.Secret{}}
+	runner := newFakeRunner()
+	events := record.NewFakeRecorder(100)
+	h := newHarnessWith(t, filepath.Join(root, "state"), store, filepath.Join(root, "images"), func(c *VMsConfig) {
+		c.Secrets = secrets.get
+		c.Exporters = runner
+		c.Recorder = events
+	})
+	ctx := context.Background()
+	pod := podFor("u-js-fake", "127.0.0.1:1/qemu-kubelet/none:1", corev1.RestartPolicyAlways, map[string]string{v1alpha1.JumpstarterSecretAnnotation: "js"})
+	pod.Namespace = "lab"
+	pod.Labels = map[string]string{"jumpstarter.dev/board": "vm"}
+	pod.Spec.Containers[0].Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}}
+	require.NoError(t, h.vms.CreatePod(ctx, pod))
+
+	// No Secret yet: Failed, naming it; no run.
+	p := h.wait(pod.UID, 10*time.Second, "exporter Failed (no secret)", condReason("Failed"))
+	assert.Contains(t, exporterCond(p).Message, `secret "js" not found`)
+	assert.Empty(t, runner.runs)
+
+	secrets.put(exporterSecret(goodSecretKV...))
+	r := runner.next(t, 10*time.Second)
+	assert.Equal(t, "grpc.js.example:443", r.cfg.Endpoint)
+	assert.Equal(t, "board-0", r.cfg.Name)
+	assert.Equal(t, "vm-u-js-fake", r.cfg.Hostname)
+	assert.Equal(t, map[string]string{"jumpstarter.dev/board": "vm"}, r.cfg.Labels)
+	assert.Equal(t, []jumpstarter.Port{{Name: "http", Port: 8080}}, r.cfg.Ports)
+	require.NotNil(t, r.cfg.Target)
+	assert.False(t, r.cfg.Target.Powered(), "no VM runs (the image cannot be pulled)")
+	h.wait(pod.UID, 5*time.Second, "Connecting", condReason("Connecting"))
+
+	r.cfg.OnState(jumpstarter.StateRegistered, nil)
+	r.cfg.OnState(jumpstarter.StateOnline, nil)
+	p = h.wait(pod.UID, 5*time.Second, "Online", condReason("Online"))
+	assert.Equal(t, corev1.ConditionTrue, exporterCond(p).Status)
+	r.cfg.OnState(jumpstarter.StateLeased, nil)
+	h.wait(pod.UID, 5*time.Second, "Leased", condReason("Leased"))
+	r.cfg.OnState(jumpstarter.StateFailed, status.Error(codes.Unauthenticated, "token s3cr3t-token is not valid"))
+	p = h.wait(pod.UID, 5*time.Second, "Failed", condReason("Failed"))
+	assert.Equal(t, corev1.ConditionFalse, exporterCond(p).Status)
+	assert.Contains(t, exporterCond(p).Message, "Unauthenticated")
+	assert.NotContains(t, exporterCond(p).Message, "s3cr3t-token", "the token never shows")
+	r.cfg.OnState(jumpstarter.StateFailed, status.Error(codes.Unauthenticated, "token s3cr3t-token is not valid"))
+
+	evs := strings.Join(drainEvents(events), "\n")
+	for _, want := range []string{"Normal ExporterRegistered", "Normal ExporterOnline", "Normal ExporterLeased", "Warning ExporterFailed"} {
+		assert.Contains(t, evs, want)
+	}
+	assert.Equal(t, 1, strings.Count(evs, "ExporterFailed Jumpstarter exporter failed: rpc error"), "a repeated failure makes one event:\n%s", evs)
+	assert.NotContains(t, evs, "s3cr3t-token")
+
+	// A fixed token in the Secret restarts the exporter with it.
+	fixed := exporterSecret(goodSecretKV...)
+	fixed.Namespace = "lab"
+	fixed.Data["token"] = []byte("new-token")
+	secrets.put(fixed)
+	r2 := runner.next(t, 5*time.Second)
+	assert.Equal(t, "new-token", r2.cfg.Token)
+	select {
+	case <-r.ended:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the old exporter was not stopped")
+	}
+
+	// Delete: the exporter stops (unregisters) and the pod goes.
+	require.NoError(t, h.vms.DeletePod(ctx, deleting(pod)))
+	select {
+	case <-r2.ended:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the exporter was not stopped on delete")
+	}
+	h.wait(pod.UID, 10*time.Second, "terminated", func(p *corev1.Pod) bool { return terminated(p) != nil })
+	select {
+	case r := <-runner.ch:
+		t.Fatalf("an exporter started after delete: %+v", r.cfg.Name)
+	case <-time.After(300 * time.Millisecond):
+	}
+}
+
+func TestTranslateExporterAnnotation(t *testing.T) {
+	pod := podFor("u", "r/os:1", corev1.RestartPolicyAlways, map[string]string{v1alpha1.JumpstarterSecretAnnotation: "board-0-js"})
+	_, rej := Translate(pod)
+	assert.Nil(t, rej, "a known annotation")
+	pod.Annotations[v1alpha1.JumpstarterSecretAnnotation] = "Not_A_Name"
+	_, rej = Translate(pod)
+	require.NotNil(t, rej)
+	assert.Contains(t, rej.Message, "metadata.annotations["+v1alpha1.JumpstarterSecretAnnotation+"]: secret name \"Not_A_Name\"")
+}

@@ -1,0 +1,418 @@
+package provider
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
+	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter"
+	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/jstest"
+	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/pb"
+	"github.com/qemu-kubelet/qemu-kubelet/oci"
+	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
+	"github.com/qemu-kubelet/qemu-kubelet/qemu"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+)
+
+// eventLog is a record.EventRecorder keeping every event (never blocks).
+type eventLog struct {
+	mu  sync.Mutex
+	evs []string
+}
+
+func (l *eventLog) Event(_ runtime.Object, typ, reason, msg string) {
+	l.mu.Lock()
+	l.evs = append(l.evs, typ+" "+reason+" "+msg)
+	l.mu.Unlock()
+}
+
+func (l *eventLog) Eventf(o runtime.Object, typ, reason, f string, args ...any) {
+	l.Event(o, typ, reason, fmt.Sprintf(f, args...))
+}
+
+func (l *eventLog) AnnotatedEventf(o runtime.Object, _ map[string]string, typ, reason, f string, args ...any) {
+	l.Eventf(o, typ, reason, f, args...)
+}
+
+func (l *eventLog) all() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Join(l.evs, "\n")
+}
+
+// realExporters runs the jumpstarter package's exporter (as cmd/qemu-kubelet
+// does) with short reconnect delays.
+var realExporters = ExporterRunnerFunc(func(ctx context.Context, cfg jumpstarter.Config) error {
+	cfg.BackoffInitial, cfg.BackoffMax = 200*time.Millisecond, time.Second
+	e, err := jumpstarter.New(cfg)
+	if err != nil {
+		return err
+	}
+	return e.Run(ctx)
+})
+
+func readUntil(t *testing.T, r io.Reader, want string, d time.Duration) string {
+	t.Helper()
+	got := make(chan string, 1)
+	go func() {
+		var b strings.Builder
+		buf := make([]byte, 4096)
+		for {
+			n, err := r.Read(buf)
+			b.Write(buf[:n])
+			if strings.Contains(b.String(), want) || err != nil {
+				got <- b.String()
+				return
+			}
+		}
+	}()
+	select {
+	case s := <-got:
+		require.Contains(t, s, want)
+		return s
+	case <-time.After(d):
+		t.Fatalf("no %q within %s", want, d)
+		return ""
+	}
+}
+
+func vmStateFile(t *testing.T, dir string) VMState {
+	t.Helper()
+	var st VMState
+	b, err := os.ReadFile(filepath.Join(dir, StatusFileName))
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(b, &st))
+	return st
+}
+
+func waitingReason(p *corev1.Pod) string {
+	if len(p.Status.ContainerStatuses) == 0 || p.Status.ContainerStatuses[0].State.Waiting == nil {
+		return ""
+	}
+	return p.Status.ContainerStatuses[0].State.Waiting.Reason
+}
+
+// TestJumpstarterExporterVM: a VM pod served as a Jumpstarter exporter by
+// the provider, on real QEMU (TCG), the test registry, and jstest's
+// controller and router (TLS) driven by jstest's Go client through the
+// router as jmp does: report, console both ways, TCP to the guest's HTTP
+// port, power off (the guest sees the ACPI button) and on, flash another
+// image and see it boot, bad flash and unknown method errors, a wrong
+// token on a second pod (condition and event, the VM keeps running), an
+// agent restart (the re-adopted VM's exporter comes back Online and the
+// flashed image stays), delete (unregisters).
+func TestJumpstarterExporterVM(t *testing.T) {
+	if testing.Short() {
+		t.Skip("boots VMs under QEMU")
+	}
+	root := t.TempDir()
+	vmtest.ReapQEMU(t, root)
+	reg := ocitest.StartRegistry(t, ocitest.RegistryOptions{})
+	refs := vmtest.PushTestImages(t, reg.Addr)
+	flashRef := vmtest.PushVariant(t, reg.Addr, "flash-me", vmtest.VariantNoACPI, "qk.flashed=1")
+	imageDir := filepath.Join(root, "images")
+	store, err := oci.Open(imageDir, oci.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { store.Close() })
+	stateDir := filepath.Join(root, "state")
+
+	ctrl, err := jstest.Start(jstest.Options{DialWait: 30 * time.Second})
+	require.NoError(t, err)
+	t.Cleanup(ctrl.Close)
+	const ns = "lab"
+	token := ctrl.AddExporter(ns, "board-0", "")
+	ctrl.AddExporter(ns, "board-bad", "")
+	secrets := &secretStore{m: map[string]*corev1.Secret{}}
+	secretFor := func(name, exporter, tok string) *corev1.Secret {
+		s := exporterSecret("endpoint", ctrl.Endpoint(), "token", tok, "namespace", ns, "name", exporter, "ca.crt", string(ctrl.CABundle()))
+		s.Namespace, s.Name = "default", name
+		return s
+	}
+	events := &eventLog{}
+	metrics, err := NewMetrics(prometheus.NewRegistry())
+	require.NoError(t, err)
+	cfg := func(c *VMsConfig) {
+		c.Secrets = secrets.get
+		c.Exporters = realExporters
+		c.Recorder = events
+		c.Telemetry = NewTelemetry(metrics, nil)
+	}
+	h := newHarnessWith(t, stateDir, store, imageDir, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+
+	grace := int64(6)
+	mkPod := func(uid, secret string) *corev1.Pod {
+		p := podFor(uid, refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, map[string]string{v1alpha1.JumpstarterSecretAnnotation: secret})
+		p.Labels = map[string]string{"jumpstarter.dev/board": "qemu-test", "app": "x"}
+		p.Spec.TerminationGracePeriodSeconds = &grace
+		p.Spec.Containers[0].Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}, {Name: "ssh", ContainerPort: 22}}
+		return p
+	}
+	pod := mkPod("u-js", "js")
+	dir := filepath.Join(stateDir, VMsDirName, "u-js")
+	bad := mkPod("u-bad", "js-bad")
+	badDir := filepath.Join(stateDir, VMsDirName, "u-bad")
+
+	// The Secret does not exist yet: the VM waits in CreateContainerConfigError.
+	require.NoError(t, h.vms.CreatePod(ctx, pod))
+	p := h.wait(pod.UID, 60*time.Second, "CreateContainerConfigError", func(p *corev1.Pod) bool {
+		return waitingReason(p) == ReasonCreateContainerConfigError
+	})
+	assert.Contains(t, p.Status.ContainerStatuses[0].State.Waiting.Message, `secret "js" not found`)
+	assert.Empty(t, vmtest.QEMUPids(dir), "no VM without its exporter secret")
+	secrets.put(secretFor("js", "board-0", token))
+	secrets.put(secretFor("js-bad", "board-bad", "not-the-token"))
+	require.NoError(t, h.vms.CreatePod(ctx, bad))
+
+	h.wait(pod.UID, 90*time.Second, "Running", running)
+	waitConsole(t, dir, vmtest.BootMarker, 90*time.Second)
+	st, err := ctrl.WaitExporter(ctx, ns, "board-0", func(s jstest.ExporterState) bool {
+		return s.Registered && s.Online && s.Status == pb.ExporterStatus_EXPORTER_STATUS_AVAILABLE
+	})
+	require.NoError(t, err)
+	assert.Equal(t, map[string]string{"jumpstarter.dev/board": "qemu-test"}, st.Labels)
+	h.wait(pod.UID, 10*time.Second, "exporter Online", condReason("Online"))
+
+	require.NoError(t, ctrl.AssignLease(ns, "lease-1", "board-0", "alice"))
+	h.wait(pod.UID, 20*time.Second, "exporter Leased", condReason("Leased"))
+	cl := ctrl.NewClient(ns, "alice")
+	s, err := cl.Dial(ctx, "lease-1")
+	require.NoError(t, err)
+	rep, err := s.GetReport(ctx)
+	require.NoError(t, err)
+	uuidOf := func(n string) string {
+		d, ok := jstest.FindDriver(rep, n)
+		require.True(t, ok, "driver %q in the report", n)
+		return d.GetUuid()
+	}
+	pd, _ := jstest.FindDriver(rep, "power")
+	assert.Equal(t, "jumpstarter_driver_power.client.PowerClient", pd.GetLabels()["jumpstarter.dev/client"])
+	v, err := s.Call(ctx, uuidOf(""), "get_hostname")
+	require.NoError(t, err)
+	assert.Equal(t, "vm-u-js", v)
+
+	t.Run("Console", func(t *testing.T) {
+		con, err := s.Stream(ctx, uuidOf("console"), "connect")
+		require.NoError(t, err)
+		defer con.Close()
+		_, err = con.Write([]byte("hello-jumpstarter\n"))
+		require.NoError(t, err)
+		readUntil(t, con, "QK-ECHO: hello-jumpstarter", 30*time.Second)
+	})
+
+	t.Run("GuestTCP", func(t *testing.T) {
+		c, err := s.Stream(ctx, uuidOf("http"), "connect")
+		require.NoError(t, err)
+		_, err = c.Write([]byte("GET / HTTP/1.0\r\n\r\n"))
+		require.NoError(t, err)
+		readUntil(t, bufio.NewReader(c), "QK-HTTP-OK", 30*time.Second)
+		c.Close()
+		_, err = s.Stream(ctx, uuidOf("ssh"), "connect")
+		require.Error(t, err, "nothing listens on 22 in the test image")
+		assert.Contains(t, err.Error(), "connection refused by the guest")
+	})
+
+	t.Run("UnknownMethodKeepsServing", func(t *testing.T) {
+		_, err := s.Call(ctx, uuidOf("power"), "explode")
+		require.Error(t, err)
+		_, err = s.Call(ctx, "00000000-0000-4000-8000-000000000000", "on")
+		require.Error(t, err)
+		v, err := s.Call(ctx, uuidOf(""), "get_hostname")
+		require.NoError(t, err, "the exporter keeps serving")
+		assert.Equal(t, "vm-u-js", v)
+	})
+
+	pidsBefore := vmtest.QEMUPids(dir)
+	require.Len(t, pidsBefore, 1)
+	t.Run("PowerOffAndOn", func(t *testing.T) {
+		_, err := s.Call(ctx, uuidOf("power"), "off")
+		require.NoError(t, err)
+		p := h.wait(pod.UID, 5*time.Second, "PoweredOff", func(p *corev1.Pod) bool { return waitingReason(p) == ReasonPoweredOff })
+		assert.Equal(t, corev1.PodRunning, p.Status.Phase, "a powered-off pod stays Running")
+		cs := p.Status.ContainerStatuses[0]
+		assert.False(t, cs.Ready)
+		assert.Equal(t, int32(0), cs.RestartCount)
+		require.NotNil(t, cs.LastTerminationState.Terminated)
+		assert.Equal(t, int32(0), cs.LastTerminationState.Terminated.ExitCode, "the guest powered off on the ACPI button")
+		waitConsole(t, dir, "QK-ACPI-POWERDOWN", 5*time.Second)
+		assert.Empty(t, vmtest.QEMUPids(dir))
+		assert.True(t, vmStateFile(t, dir).PoweredOff)
+		// The restart policy (Always) does not bring it back.
+		time.Sleep(3 * time.Second)
+		assert.Empty(t, vmtest.QEMUPids(dir))
+		assert.NotContains(t, h.seenTags(pod.UID), "Running/CrashLoopBackOff")
+		_, err = s.Call(ctx, uuidOf("power"), "off")
+		require.NoError(t, err, "off when off: nothing to do")
+		_, err = s.Stream(ctx, uuidOf("console"), "connect")
+		require.Error(t, err, "no console while off")
+
+		_, err = s.Call(ctx, uuidOf("power"), "on")
+		require.NoError(t, err)
+		p = h.wait(pod.UID, 10*time.Second, "Running again", running)
+		assert.Equal(t, int32(0), p.Status.ContainerStatuses[0].RestartCount, "a power cycle is no restart")
+		waitConsole(t, dir, vmtest.BootMarker, 90*time.Second)
+		prev, err := os.ReadFile(filepath.Join(dir, qemu.ConsolePreviousLogName))
+		require.NoError(t, err)
+		assert.Contains(t, string(prev), "QK-ACPI-POWERDOWN", "the previous run's console ends with the power button")
+		assert.False(t, vmStateFile(t, dir).PoweredOff)
+	})
+
+	t.Run("FlashBadRefTouchesNothing", func(t *testing.T) {
+		pids := vmtest.QEMUPids(dir)
+		err := s.StreamingCall(ctx, uuidOf("flasher"), "flash_oci", []any{"oci://" + reg.Addr + "/qemu-kubelet/nope:1", nil}, func(any) error { return nil })
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "not found")
+		assert.Equal(t, pids, vmtest.QEMUPids(dir), "the VM was not touched")
+		assert.Empty(t, vmStateFile(t, dir).FlashedImage)
+	})
+
+	t.Run("Flash", func(t *testing.T) {
+		var lines []string
+		err := s.StreamingCall(ctx, uuidOf("flasher"), "flash_oci", []any{"oci://" + flashRef, nil}, func(v any) error {
+			lines = append(lines, fmt.Sprint(v))
+			return nil
+		})
+		require.NoError(t, err, "progress: %v", lines)
+		t.Logf("flash_oci progress: %v", lines)
+		h.wait(pod.UID, 10*time.Second, "Running flashed", running)
+		waitConsole(t, dir, vmtest.BootMarker+" variant=noacpi", 90*time.Second)
+		st := vmStateFile(t, dir)
+		assert.Contains(t, st.FlashedImage, vmtest.Repo+"@sha256:")
+		p := h.wait(pod.UID, time.Second, "Running", running)
+		assert.Contains(t, p.Status.ContainerStatuses[0].ImageID, st.FlashedImage)
+		assert.Contains(t, events.all(), "Normal Flashed")
+	})
+
+	t.Run("WrongTokenNoCrashLoop", func(t *testing.T) {
+		p := h.wait(bad.UID, 60*time.Second, "exporter Failed", condReason("Failed"))
+		c := exporterCond(p)
+		assert.Contains(t, c.Message, "Unauthenticated")
+		assert.NotContains(t, c.Message, "not-the-token")
+		h.wait(bad.UID, 60*time.Second, "Running", running)
+		pids := vmtest.QEMUPids(badDir)
+		require.Len(t, pids, 1)
+		time.Sleep(3 * time.Second)
+		p = h.wait(bad.UID, time.Second, "still Running", running)
+		assert.Equal(t, int32(0), p.Status.ContainerStatuses[0].RestartCount)
+		assert.Equal(t, pids, vmtest.QEMUPids(badDir), "the VM is never restarted for the exporter")
+		assert.Contains(t, events.all(), "Warning ExporterFailed")
+		assert.NotContains(t, events.all(), "not-the-token")
+		assert.GreaterOrEqual(t, promtest.ToFloat64(metrics.jsRegistrations.WithLabelValues("unauthenticated")), 1.0)
+		require.NoError(t, h.vms.DeletePod(ctx, deleting(bad)))
+		waitGoneDir(t, badDir, 30*time.Second)
+	})
+
+	t.Run("CrashLoopBackOffPowerOffAndOn", func(t *testing.T) {
+		// A guest that panics at every boot, with a long back-off: power off
+		// during the back-off keeps it off; power on starts it at once.
+		runner := newFakeRunner()
+		hb := newHarnessWith(t, filepath.Join(root, "state-backoff"), store, imageDir, func(c *VMsConfig) {
+			c.Secrets = secrets.get
+			c.Exporters = runner
+			c.Backoff = Backoff{Initial: time.Minute, Max: time.Minute}
+		})
+		cp := podFor("u-crash", refs[vmtest.VariantPanic], corev1.RestartPolicyAlways, map[string]string{v1alpha1.JumpstarterSecretAnnotation: "js"})
+		cdir := filepath.Join(root, "state-backoff", VMsDirName, "u-crash")
+		require.NoError(t, hb.vms.CreatePod(ctx, cp))
+		r := runner.next(t, 30*time.Second)
+		hb.wait(cp.UID, 120*time.Second, "CrashLoopBackOff", func(p *corev1.Pod) bool { return waitingReason(p) == ReasonCrashLoopBackOff })
+		require.NoError(t, r.cfg.Target.PowerOff(ctx))
+		p := hb.wait(cp.UID, 5*time.Second, "PoweredOff", func(p *corev1.Pod) bool { return waitingReason(p) == ReasonPoweredOff })
+		assert.Equal(t, int32(1), p.Status.ContainerStatuses[0].RestartCount)
+		assert.Equal(t, ReasonGuestPanicked, p.Status.ContainerStatuses[0].LastTerminationState.Terminated.Reason)
+		assert.Empty(t, vmtest.QEMUPids(cdir))
+		t0 := time.Now()
+		require.NoError(t, r.cfg.Target.PowerOn(ctx), "returns once QEMU runs")
+		assert.Less(t, time.Since(t0), 50*time.Second, "not after the minute of back-off")
+		p = hb.wait(cp.UID, 5*time.Second, "Running again", running)
+		assert.Equal(t, int32(1), p.Status.ContainerStatuses[0].RestartCount, "the restart was cancelled by the power off; a power on is no restart")
+		require.NoError(t, hb.vms.DeletePod(ctx, deleting(cp)))
+		waitGoneDir(t, cdir, 30*time.Second)
+	})
+
+	assert.GreaterOrEqual(t, promtest.ToFloat64(metrics.jsRegistrations.WithLabelValues("success")), 1.0)
+	assert.GreaterOrEqual(t, promtest.ToFloat64(metrics.jsDriverCalls.WithLabelValues("power", "on", "OK")), 1.0)
+	assert.Equal(t, 0.0, promtest.ToFloat64(metrics.jsStreams.WithLabelValues("console")), "closed streams are not counted")
+	s.Close()
+
+	t.Run("AgentRestart", func(t *testing.T) {
+		before, _ := ctrl.ExporterState(ns, "board-0")
+		h.cancel() // the agent stops: workers detach, VMs keep running
+		time.Sleep(500 * time.Millisecond)
+		require.Len(t, vmtest.QEMUPids(dir), 1)
+		h2 := newHarnessWith(t, stateDir, store, imageDir, cfg)
+		res, err := h2.vms.Recover(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, 1, res.Running)
+		_, err = h2.vms.GetPod(ctx, pod.Namespace, pod.Name)
+		require.NoError(t, err)
+		_, err = ctrl.WaitExporter(ctx, ns, "board-0", func(s jstest.ExporterState) bool {
+			return s.Online && s.Registrations > before.Registrations
+		})
+		require.NoError(t, err, "the re-adopted VM's exporter registers again")
+		h2.wait(pod.UID, 20*time.Second, "exporter Online/Leased again", func(p *corev1.Pod) bool {
+			c := exporterCond(p)
+			return c != nil && c.Status == corev1.ConditionTrue
+		})
+		s2, err := cl.Dial(ctx, "lease-1")
+		require.NoError(t, err)
+		defer s2.Close()
+		rep, err := s2.GetReport(ctx)
+		require.NoError(t, err)
+		pw, ok := jstest.FindDriver(rep, "power")
+		require.True(t, ok)
+		// Off and on again: the flashed image is still the one that boots.
+		_, err = s2.Call(ctx, pw.GetUuid(), "off")
+		require.NoError(t, err)
+		h2.wait(pod.UID, 5*time.Second, "PoweredOff", func(p *corev1.Pod) bool { return waitingReason(p) == ReasonPoweredOff })
+		s2.Close()
+
+		// The agent restarts again while the VM is off: it stays off (the
+		// restart policy does not apply), its exporter comes back.
+		before, _ = ctrl.ExporterState(ns, "board-0")
+		h2.cancel()
+		time.Sleep(500 * time.Millisecond)
+		h3 := newHarnessWith(t, stateDir, store, imageDir, cfg)
+		res, err = h3.vms.Recover(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, 1, res.PoweredOff, "%+v", res)
+		_, err = h3.vms.GetPod(ctx, pod.Namespace, pod.Name)
+		require.NoError(t, err)
+		_, err = ctrl.WaitExporter(ctx, ns, "board-0", func(s jstest.ExporterState) bool {
+			return s.Online && s.Registrations > before.Registrations
+		})
+		require.NoError(t, err)
+		p := h3.wait(pod.UID, 10*time.Second, "PoweredOff after the restart", func(p *corev1.Pod) bool { return waitingReason(p) == ReasonPoweredOff })
+		assert.Equal(t, int32(0), p.Status.ContainerStatuses[0].RestartCount)
+		time.Sleep(2 * time.Second)
+		assert.Empty(t, vmtest.QEMUPids(dir), "a powered-off VM stays off across an agent restart")
+		s3, err := cl.Dial(ctx, "lease-1")
+		require.NoError(t, err)
+		defer s3.Close()
+		_, err = s3.Call(ctx, pw.GetUuid(), "on")
+		require.NoError(t, err)
+		h3.wait(pod.UID, 10*time.Second, "Running", running)
+		waitConsole(t, dir, vmtest.BootMarker+" variant=noacpi", 90*time.Second)
+
+		require.NoError(t, h3.vms.DeletePod(ctx, deleting(pod)))
+		waitGoneDir(t, dir, 30*time.Second)
+		st, _ := ctrl.ExporterState(ns, "board-0")
+		assert.True(t, st.Unregistered, "a deleted pod's exporter unregisters")
+	})
+}

@@ -1,0 +1,250 @@
+package provider
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/qemu-kubelet/qemu-kubelet/oci"
+	"github.com/qemu-kubelet/qemu-kubelet/qemu"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+)
+
+// Power and flash requests: the pod's exporter (exporter.go, the
+// jumpstarter.Target of the VM) sends them to the pod's worker (run in
+// lifecycle.go), which alone stops, starts and re-images the VM.
+
+// vmOp is what a request asks of the worker.
+type vmOp int
+
+const (
+	opPowerOn vmOp = iota + 1
+	opPowerOff
+	opFlash
+)
+
+func (o vmOp) String() string {
+	switch o {
+	case opPowerOn:
+		return "power on"
+	case opPowerOff:
+		return "power off"
+	case opFlash:
+		return "flash"
+	}
+	return "unknown"
+}
+
+// vmRequest is one power or flash request. reply is buffered (1): the
+// worker never blocks answering, even when the caller gave up.
+type vmRequest struct {
+	op vmOp
+	// image (opFlash) is pulled and verified; hold is the store's hold on
+	// it, released by whoever ends up not using it (the worker once it
+	// took the request).
+	image *oci.Image
+	hold  func()
+	reply chan error
+}
+
+// release gives up the request's image hold (idempotent per request).
+func (r *vmRequest) release() {
+	if r.hold != nil {
+		r.hold()
+		r.hold = nil
+	}
+}
+
+// refuse answers a request the worker cannot serve.
+func (r *vmRequest) refuse(err error) {
+	r.release()
+	r.reply <- err
+}
+
+// workerPhase is a phase of the pod worker in which it serves requests
+// (lifecycle.go describes them all).
+type workerPhase int
+
+const (
+	phaseRunning workerPhase = iota + 1
+	phasePoweredOff
+	phaseFinished
+	// phaseBackOff: waiting to restart a VM that ended (CrashLoopBackOff).
+	phaseBackOff
+)
+
+// reqAction is what the worker does with a request.
+type reqAction int
+
+const (
+	// actAnswer: nothing to do (already in the asked state): answer at once.
+	actAnswer reqAction = iota + 1
+	// actRefuse: the pod cannot run again: answer with errPodFinished.
+	actRefuse
+	// actPowerOff: stop the VM and stay off.
+	actPowerOff
+	// actStart: leave the powered-off state and start; answered by the start.
+	actStart
+	// actInstall: make the flashed image the one to boot; stay off.
+	actInstall
+	// actReimage: stop the VM, install the flashed image, start; answered by
+	// the start.
+	actReimage
+	// actStayOff: no VM runs (back-off): do not restart it, stay off.
+	actStayOff
+)
+
+// decideRequest is what the worker does with op in phase. Pure.
+func decideRequest(phase workerPhase, op vmOp) reqAction {
+	switch phase {
+	case phaseRunning:
+		switch op {
+		case opPowerOff:
+			return actPowerOff
+		case opFlash:
+			return actReimage
+		}
+		return actAnswer
+	case phasePoweredOff:
+		switch op {
+		case opPowerOn:
+			return actStart
+		case opFlash:
+			return actInstall
+		}
+		return actAnswer
+	case phaseBackOff:
+		switch op {
+		case opPowerOn:
+			return actStart
+		case opPowerOff:
+			return actStayOff
+		case opFlash:
+			return actInstall
+		}
+	}
+	return actRefuse
+}
+
+// Why a request was not served.
+var (
+	errPodDeleted  = errors.New("the pod is being deleted")
+	errPodFinished = errors.New("the pod has finished (its restart policy does not run the VM again); recreate the pod")
+	errWorkerGone  = errors.New("the node agent is shutting down")
+)
+
+func newPodVM(uid types.UID, dir string, pod *corev1.Pod) *podVM {
+	return &podVM{uid: uid, dir: dir, pod: pod, ctl: make(chan vmRequest),
+		deleteReq: make(chan struct{}), confirmed: make(chan struct{}), done: make(chan struct{})}
+}
+
+// request sends a request to the pod's worker and waits for its answer
+// (or ctx). The worker keeps serving a request the caller gave up on.
+func (p *VMs) request(ctx context.Context, rec *podVM, req vmRequest) error {
+	req.reply = make(chan error, 1)
+	select {
+	case rec.ctl <- req:
+	case <-rec.done:
+		req.release()
+		return fmt.Errorf("%s: %w", req.op, errPodDeleted)
+	case <-ctx.Done():
+		req.release()
+		return fmt.Errorf("%s: %w", req.op, ctx.Err())
+	}
+	select {
+	case err := <-req.reply:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("%s: still in progress on the node: %w", req.op, ctx.Err())
+	}
+}
+
+// powerGrace is the grace period of a requested power off: the pod's
+// terminationGracePeriodSeconds, as for a delete.
+func (p *VMs) powerGrace(pod *corev1.Pod) time.Duration {
+	if g := pod.Spec.TerminationGracePeriodSeconds; g != nil {
+		return time.Duration(*g) * time.Second
+	}
+	return p.cfg.DefaultGrace
+}
+
+// powerOff stops the running VM as a delete does (ACPI power button within
+// the pod's grace, then quit, then kill) but keeps the state dir and the
+// pod: the container shows Waiting/PoweredOff with this run's end as its
+// last state, and the restart policy does not apply. Worker only.
+func (p *VMs) powerOff(ctx context.Context, rec *podVM, vm *qemu.VM, why string) error {
+	rec.mu.Lock()
+	pod := rec.pod.DeepCopy()
+	started := time.Now()
+	if rec.state.Running != nil {
+		started = rec.state.Running.StartedAt.Time
+	}
+	rec.mu.Unlock()
+	log := klog.FromContext(ctx)
+	acpi := ACPIBudget(p.powerGrace(pod))
+	p.event(pod, corev1.EventTypeNormal, "PoweringOff", fmt.Sprintf("Powering off the VM %s (ACPI power button, %s before quit)", why, acpi.Round(time.Second)))
+	// Not bounded by ctx: a stop once begun finishes (the agent's shutdown
+	// included), so the VM is never left half-stopped.
+	ex, err := vm.Stop(context.WithoutCancel(ctx), qemu.StopOptions{Grace: acpi, QuitGrace: 2 * time.Second, Keep: []string{"*"}})
+	if _, exited := vm.Exit(); !exited {
+		return fmt.Errorf("power off: %w", err)
+	}
+	if err != nil {
+		log.Error(err, "Power off: clean state dir")
+	}
+	p.cfg.Telemetry.vmExited(rec.uid, ex)
+	term := TerminatedFromExit(ex, started, ContainerIDPrefix+string(rec.uid))
+	log.Info("VM powered off on request", "why", why, "exitCode", ex.ExitCode, "reason", ex.Reason)
+	rec.mu.Lock()
+	rec.vm = nil
+	rec.mu.Unlock()
+	p.update(rec, func(st *VMState) {
+		st.LastTerminated = &term
+		st.SetWaiting(ReasonPoweredOff, fmt.Sprintf("powered off %s (%s); power it on to boot again", why, ex.Reason))
+		st.PoweredOff = true
+	})
+	p.event(pod, corev1.EventTypeNormal, ReasonPoweredOff, fmt.Sprintf("VM powered off %s: %s", why, ex.Reason))
+	return nil
+}
+
+// installImage makes the flashed image the one the VM boots from now on:
+// the next start makes a fresh overlay over it. The choice is written to
+// the state dir (status.json) before it is answered, so a VM restart and
+// an agent restart keep it. The request's image hold becomes the pod's.
+// Worker only, with no VM running.
+func (p *VMs) installImage(rec *podVM, req vmRequest) error {
+	img := req.image
+	ref := imageID(img)
+	rec.mu.Lock()
+	old := rec.release
+	rec.release, req.hold = req.hold, nil
+	rec.state.FlashedImage = ref
+	rec.state.ImageDigest = img.Digest
+	rec.state.ImageID = ref
+	st := rec.state
+	pod := rec.pod.DeepCopy()
+	rec.mu.Unlock()
+	if old != nil {
+		old()
+	}
+	if err := writeJSONAtomic(filepath.Join(rec.dir, StatusFileName), st); err != nil {
+		return fmt.Errorf("flash: record the new image in the pod's state dir: %w", err)
+	}
+	p.push(rec)
+	p.event(pod, corev1.EventTypeNormal, "Flashed", fmt.Sprintf("VM disk replaced by image %s (%s); it boots from it from now on", img.Ref, img.Digest))
+	return nil
+}
+
+// startError is why the last start failed (the terminated run it left).
+func (p *VMs) startError(rec *podVM) error {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if t := rec.state.Terminated; t != nil {
+		return fmt.Errorf("start VM: %s: %s", t.Reason, t.Message)
+	}
+	return errors.New("start VM: failed")
+}
