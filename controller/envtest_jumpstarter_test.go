@@ -268,6 +268,17 @@ func TestEnvtestJumpstarterFromZero(t *testing.T) {
 	p := ps[0]
 	assert.True(t, hasGate(&p), "pod created without the scheduling gate")
 	assert.Equal(t, exporterSecretName(p.Name), p.Annotations[v1alpha1.JumpstarterSecretAnnotation])
+	// The Secret is referenced by a volume, so the Node authorizer lets the
+	// pod's node read it.
+	var vol *corev1.Volume
+	for i := range p.Spec.Volumes {
+		if p.Spec.Volumes[i].Name == v1alpha1.JumpstarterSecretVolume {
+			vol = &p.Spec.Volumes[i]
+		}
+	}
+	if assert.NotNil(t, vol, "volume %s", v1alpha1.JumpstarterSecretVolume) && assert.NotNil(t, vol.Secret) {
+		assert.Equal(t, exporterSecretName(p.Name), vol.Secret.SecretName)
+	}
 	var e *jsv1.Exporter
 	eventually(t, "the pod's Exporter", func() (bool, string) {
 		var err error

@@ -514,6 +514,10 @@ func newJumpstarterPod(set *v1alpha1.ExporterSet, hash string) *corev1.Pod {
 	}
 	ann[v1alpha1.JumpstarterSecretAnnotation] = exporterSecretName(p.Name)
 	p.Annotations = ann
+	// The Secret as a volume: the Node authorizer then lets the pod's node
+	// (and no other) read it. The node keeps it on the host.
+	p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: v1alpha1.JumpstarterSecretVolume,
+		VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: exporterSecretName(p.Name)}}})
 	p.Spec.SchedulingGates = append(p.Spec.SchedulingGates, corev1.PodSchedulingGate{Name: v1alpha1.JumpstarterGate})
 	return p
 }

@@ -34,6 +34,7 @@ func TestExporterSet(t *testing.T) {
 	t.Run("WarmBufferLeaseScaleRecycle", e.testWarmBuffer)
 	t.Run("MissingImageReplicaFailureNoChurn", e.testMissingImage)
 	t.Run("FailingGuestsBackOff", e.testFailingGuests)
+	t.Run("JumpstarterFromZero", e.testJumpstarterFromZero)
 }
 
 // testWarmBuffer: replicas 1 + minAvailable 2 -> 2 Ready VMs; a claim by

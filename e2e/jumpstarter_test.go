@@ -76,21 +76,14 @@ func (e *podEnv) testJumpstarter(t *testing.T) {
 	caFile := filepath.Join(t.TempDir(), "ca.crt")
 	require.NoError(t, os.WriteFile(caFile, ctrl.CABundle(), 0o600))
 
-	// An annotation is no reference the Node authorizer follows: the node
-	// gets get on the Secret by RBAC (docs/jumpstarter.md, Permissions).
-	for _, args := range [][]string{
-		{"create", "role", "js-e2e-reader", "-n", "default", "--verb=get", "--resource=secrets", "--resource-name=js-e2e"},
-		{"create", "rolebinding", "js-e2e-reader", "-n", "default", "--role=js-e2e-reader", "--user=system:node:" + e.a.name},
-		{"create", "secret", "generic", "js-e2e", "-n", "default", "--from-literal=endpoint=" + ctrl.Endpoint(),
-			"--from-literal=token=" + token, "--from-literal=namespace=" + ns, "--from-literal=name=" + exporter, "--from-file=ca.crt=" + caFile},
-	} {
-		_, err := e.c.Kubectl(ctx, args...)
-		require.NoError(t, err)
-	}
+	// The pod references the Secret from a volume: the Node authorizer then
+	// lets this node read it (an annotation alone is no reference); the
+	// node keeps that volume on the host.
+	_, err = e.c.Kubectl(ctx, "create", "secret", "generic", "js-e2e", "-n", "default", "--from-literal=endpoint="+ctrl.Endpoint(),
+		"--from-literal=token="+token, "--from-literal=namespace="+ns, "--from-literal=name="+exporter, "--from-file=ca.crt="+caFile)
+	require.NoError(t, err)
 	t.Cleanup(func() {
-		for _, o := range []string{"secret/js-e2e", "rolebinding/js-e2e-reader", "role/js-e2e-reader"} {
-			_, _ = e.c.Kubectl(context.Background(), "delete", "-n", "default", o, "--ignore-not-found")
-		}
+		_, _ = e.c.Kubectl(context.Background(), "delete", "-n", "default", "secret/js-e2e", "--ignore-not-found")
 	})
 
 	pod := vmPodSpec("js-board", e.a.name, e.refs[vmtest.VariantACPI], corev1.RestartPolicyAlways,
@@ -99,12 +92,26 @@ func (e *podEnv) testJumpstarter(t *testing.T) {
 	pod.Spec.TerminationGracePeriodSeconds = &grace
 	pod.Labels = map[string]string{"jumpstarter.dev/board": "qemu-e2e"}
 	pod.Spec.Containers[0].Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}}
+	pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: "jumpstarter-credentials",
+		VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "js-e2e"}}})
 	p := e.create(t, pod)
 	p = waitPod(t, e.c, "default", p.Name, 180*time.Second, "Running with the exporter Online", func(p *corev1.Pod) bool {
 		return podRunning(p) && jsOnline(p)
 	})
 	dir := e.a.vmDir(string(p.UID))
 	waitFileContains(t, filepath.Join(dir, qemu.ConsoleLogName), vmtest.BootMarker, 120*time.Second)
+	// The Secret's volume stays on the host: no file of the VM (guest
+	// disks, overlay, records) holds the token.
+	require.NoError(t, filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || d.Type()&os.ModeType != 0 {
+			return nil // sockets, vanished files
+		}
+		b, rerr := os.ReadFile(path)
+		if rerr == nil && strings.Contains(string(b), token) {
+			t.Errorf("%s holds the exporter token", path)
+		}
+		return nil
+	}))
 	st, err := ctrl.WaitExporter(ctx, ns, exporter, func(s jstest.ExporterState) bool { return s.Online })
 	require.NoError(t, err)
 	assert.Equal(t, map[string]string{"jumpstarter.dev/board": "qemu-e2e"}, st.Labels)

@@ -213,7 +213,7 @@ func (p *VMs) exporterConfig(ctx context.Context, pod *corev1.Pod) (jumpstarter.
 	if apierrors.IsForbidden(err) {
 		// The Node authorizer lets a node read only the Secrets a pod's spec
 		// references; an annotation is not such a reference.
-		return jumpstarter.Config{}, &ConfigError{Msg: fmt.Sprintf("the node agent may not read secret %q of namespace %s (the Jumpstarter exporter secret): grant it get on that secret (RBAC); %v", name, pod.Namespace, err)}
+		return jumpstarter.Config{}, &ConfigError{Msg: fmt.Sprintf("the node agent may not read secret %q of namespace %s (the Jumpstarter exporter secret): reference it from a secret volume of the pod (it stays on the host, the guest never sees it), or grant the node get on it by RBAC; %v", name, pod.Namespace, err)}
 	}
 	if err != nil {
 		return jumpstarter.Config{}, fmt.Errorf("jumpstarter exporter: %w", err)

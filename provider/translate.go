@@ -130,7 +130,7 @@ func Translate(pod *corev1.Pod) (Plan, *Rejection) {
 			bad(f, "volume %q: this volume type is not supported by VM pods", v.Name)
 		}
 	}
-	problems = append(problems, ValidateGuestVolumes(spec)...)
+	problems = append(problems, ValidateGuestVolumes(spec, pod.Annotations[v1alpha1.JumpstarterSecretAnnotation])...)
 	if len(spec.Containers) > 0 {
 		c := spec.Containers[0]
 		translateContainer(c, bad, &plan)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -88,13 +89,24 @@ type guestDisk struct {
 
 var fatLabelRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,10})$`)
 
+// hostOnlyVolume reports whether v is the secret volume of the pod's
+// Jumpstarter exporter Secret (exporterSecret, the annotation's value): it
+// is there so the Node authorizer lets this node read the Secret, and it
+// never becomes a guest disk (the token stays on the host).
+func hostOnlyVolume(v corev1.Volume, exporterSecret string) bool {
+	return exporterSecret != "" && v.Secret != nil && v.Secret.SecretName == exporterSecret
+}
+
 // ValidateGuestVolumes checks what the pod asks of guest disks without
 // reading anything: problems as "field: why" strings (for translation).
-func ValidateGuestVolumes(spec *corev1.PodSpec) []string {
+// exporterSecret is the pod's Jumpstarter exporter Secret ("" if none):
+// a volume of it is the host's, not the guest's.
+func ValidateGuestVolumes(spec *corev1.PodSpec, exporterSecret string) []string {
 	var out []string
 	for i, v := range spec.Volumes {
 		f := fmt.Sprintf("spec.volumes[%d]", i)
 		switch {
+		case hostOnlyVolume(v, exporterSecret):
 		case v.Secret != nil || v.ConfigMap != nil:
 			if v.Name == CloudInitVolumeName {
 				continue
@@ -142,8 +154,10 @@ func ValidateGuestEnv(c *corev1.Container, field string) []string {
 // give a ConfigError naming them.
 func planGuestDisks(ctx context.Context, pod *corev1.Pod, src ConfigSources) ([]guestDisk, error) {
 	var out []guestDisk
+	exporterSecret := pod.Annotations[v1alpha1.JumpstarterSecretAnnotation]
 	for _, v := range pod.Spec.Volumes {
 		switch {
+		case hostOnlyVolume(v, exporterSecret):
 		case v.Secret != nil || v.ConfigMap != nil:
 			data, optional, err := volumeData(ctx, pod.Namespace, v, src)
 			if err != nil {

@@ -2,6 +2,7 @@ package provider
 
 import (
 	"context"
+	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -59,7 +60,7 @@ func TestValidateGuestVolumes(t *testing.T) {
 		{Name: "nosize", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
 		{Name: "mem", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory}}},
 	}}
-	got := ValidateGuestVolumes(spec)
+	got := ValidateGuestVolumes(spec, "")
 	require.Len(t, got, 4, "%q", got)
 	assert.Contains(t, got[0], `spec.volumes[2].name: volume "much-too-long-name"`)
 	assert.Contains(t, got[1], `spec.volumes[3].name: volume name "env" is reserved`)
@@ -204,4 +205,36 @@ func TestPrepareGuestDisks(t *testing.T) {
 	b, err := os.ReadFile(disks[2].Path)
 	require.NoError(t, err)
 	assert.True(t, strings.HasSuffix(string(b), string(marker)), "scratch disk kept across runs")
+}
+
+// TestExporterSecretVolumeStaysOnHost: the volume that references the pod's
+// Jumpstarter exporter Secret (so the Node authorizer lets the node read
+// it) is never a guest disk, whatever its name; any other secret volume of
+// the same pod still is.
+func TestExporterSecretVolumeStaysOnHost(t *testing.T) {
+	vols := []corev1.Volume{
+		{Name: "jumpstarter-credentials", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "board-0-js"}}},
+		{Name: "creds", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "creds"}}},
+	}
+	spec := &corev1.PodSpec{Volumes: vols}
+	assert.Empty(t, ValidateGuestVolumes(spec, "board-0-js"), "the exporter secret's volume is not a guest disk: its name is free")
+	got := ValidateGuestVolumes(spec, "")
+	require.Len(t, got, 1, "without the annotation it is an ordinary guest disk: %q", got)
+	assert.Contains(t, got[0], `volume "jumpstarter-credentials" becomes a disk`)
+
+	src := fakeSources([]*corev1.Secret{
+		{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "board-0-js"}, Data: map[string][]byte{"token": []byte("secret-token")}},
+		{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "creds"}, Data: map[string][]byte{"user": []byte("bob")}},
+	}, nil)
+	pod := volPod(vols, nil, nil)
+	pod.Annotations = map[string]string{v1alpha1.JumpstarterSecretAnnotation: "board-0-js"}
+	disks, err := planGuestDisks(context.Background(), pod, src)
+	require.NoError(t, err)
+	require.Len(t, disks, 1)
+	assert.Equal(t, "creds", disks[0].Name, "only the other secret reaches the guest")
+	for _, d := range disks {
+		for _, b := range d.Files {
+			assert.NotContains(t, string(b), "secret-token")
+		}
+	}
 }

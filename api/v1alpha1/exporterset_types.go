@@ -282,4 +282,9 @@ const (
 	// JumpstarterSecretCA is an optional PEM CA bundle for the controller
 	// and router certificates.
 	JumpstarterSecretCA = "ca.crt"
+	// JumpstarterSecretVolume is the name of the secret volume by which
+	// the ExporterSet controller references a pod's exporter Secret: the
+	// Node authorizer lets a node read only the Secrets its pods reference,
+	// and the node keeps that volume on the host (never a guest disk).
+	JumpstarterSecretVolume = "jumpstarter"
 )
