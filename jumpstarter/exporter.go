@@ -167,8 +167,10 @@ func (e *Exporter) setState(s State, err error) {
 }
 
 // Run registers with the controller and serves until ctx ends, reconnecting
-// with backoff (BackoffInitial doubling to BackoffMax; back to the initial
-// delay after a session that got Online). On ctx end it unregisters
+// with backoff (retryDelay: BackoffInitial doubling to BackoffMax, at most
+// 2 s for temporary failures; back to the initial delay after a session
+// that got Online). A lease and its client connections survive a lost
+// controller session. On ctx end it unregisters
 // (best effort, short timeout), reports StateStopped and returns nil. An
 // Exporter runs once.
 func (e *Exporter) Run(ctx context.Context) error {

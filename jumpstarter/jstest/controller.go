@@ -7,7 +7,17 @@
 //
 // What it mirrors from upstream's controller (controller/internal/service):
 // bearer-token authentication with jumpstarter-kind/-namespace/-name
-// metadata; Register keeps only jumpstarter.dev/ labels; an exporter is
+// metadata and the real controller's codes and messages (a token it does
+// not know: Unknown "failed to authenticate token"; before its OIDC is up,
+// Options.AuthDelay: Unknown "oidc: authenticator not initialized"; the
+// named object missing: Unknown "exporter ns/x: exporters.jumpstarter.dev
+// "x" not found"; another's token: PermissionDenied "permission denied for
+// exporter ns/x"; wrong kind: InvalidArgument "object kind mismatch");
+// Dial on an unknown lease: Unknown `leases.jumpstarter.dev "x" not
+// found`, on an ended one: Unknown "lease not active", on another client's:
+// Unknown "permission denied"; StopController restarts the controller
+// alone (the router is another process upstream and keeps its streams);
+// Register keeps only jumpstarter.dev/ labels; an exporter is
 // Online while its Status stream is open; Status sends the lease state on
 // open and on every change (never the same twice in a row); Listen needs the
 // lease to be held by the exporter and a newer Listen supersedes an older;
