@@ -40,7 +40,10 @@ type Config struct {
 	Observer Observer
 	// Log is the exporter's logger (tokens are never logged).
 	Log logr.Logger
-	// Backoff bounds reconnect delays (defaults 1s doubling to 30s).
+	// Backoff bounds reconnect delays (defaults 1s doubling to 30s) after
+	// the controller refused the token or the Exporter; temporary failures
+	// (controller unreachable, restarting, still starting) are retried at
+	// most 2 s apart.
 	BackoffInitial, BackoffMax time.Duration
 }
 

@@ -19,7 +19,11 @@
 //     Each lease has a Listen goroutine; each router token becomes one
 //     router stream wrapped as a net.Conn (internal/streamconn) and handed
 //     to the exporter's local gRPC server, which serves it like any
-//     connection. A lease's end closes its connections, used or not.
+//     connection. A lease's end closes its connections, used or not. The
+//     lease outlives controller sessions (a controller restart only
+//     restarts Listen on the new connection, as upstream's exporter does),
+//     so open client streams survive it; classify and retryDelay decide
+//     how soon to reconnect from the controller's error.
 //   - drivers.go, server.go: the driver tree upstream's QEMU driver reports
 //     (root QemuClient; power, flasher, console, one NetworkClient per
 //     Config.Ports entry) and the calls and byte streams it answers.

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -60,7 +61,8 @@ type Exporter struct {
 	lis *streamconn.Listener
 
 	running atomic.Bool
-	state   State // owned by the Run goroutine
+	state   State           // owned by the Run goroutine
+	runCtx  context.Context // Run's context, parent of every lease's
 }
 
 // New checks cfg and builds the exporter's driver tree.
@@ -165,8 +167,10 @@ func (e *Exporter) setState(s State, err error) {
 }
 
 // Run registers with the controller and serves until ctx ends, reconnecting
-// with backoff (BackoffInitial doubling to BackoffMax; back to the initial
-// delay after a session that got Online). On ctx end it unregisters
+// with backoff (retryDelay: BackoffInitial doubling to BackoffMax, at most
+// 2 s for temporary failures; back to the initial delay after a session
+// that got Online). A lease and its client connections survive a lost
+// controller session. On ctx end it unregisters
 // (best effort, short timeout), reports StateStopped and returns nil. An
 // Exporter runs once.
 func (e *Exporter) Run(ctx context.Context) error {
@@ -179,20 +183,32 @@ func (e *Exporter) Run(ctx context.Context) error {
 		e.srv.Stop()
 	}()
 
+	e.runCtx = ctx
 	backoff := e.cfg.BackoffInitial
 	registered := false
+	// The lease outlives controller sessions (upstream's exporter keeps
+	// handle_lease running while its Status and Listen streams retry): a
+	// controller restart must not cut the client connections of a lease.
+	// Only a StatusResponse that ends or replaces it, or Run's end, stops it.
+	var lease *leaseRun
+	defer func() {
+		if lease != nil {
+			lease.stop()
+		}
+	}()
 	for {
 		e.setState(StateConnecting, nil)
-		online, reg, err := e.session(ctx)
+		var online, reg bool
+		var err error
+		online, reg, lease, err = e.session(ctx, lease)
 		registered = registered || reg
 		if ctx.Err() != nil {
 			break
 		}
-		if online {
-			backoff = e.cfg.BackoffInitial
-		}
 		e.setState(StateFailed, err)
-		t := time.NewTimer(backoff)
+		var wait time.Duration
+		wait, backoff = retryDelay(classify(err), online, backoff, e.cfg.BackoffInitial, e.cfg.BackoffMax)
+		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -201,13 +217,96 @@ func (e *Exporter) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			break
 		}
-		backoff = min(2*backoff, e.cfg.BackoffMax)
+	}
+	if lease != nil {
+		lease.stop()
+		lease = nil
 	}
 	if registered {
 		e.unregister()
 	}
 	e.setState(StateStopped, nil)
 	return nil
+}
+
+// temporaryRetryMax caps the delay before retrying after a temporary
+// failure (controller restarting, its authenticator not ready yet, a
+// transport error): upstream's exporter retries its streams every 0.5-1 s,
+// and the real controller's OIDC is ready ~10 s after it starts, so a
+// doubling backoff would leave the exporter offline long after it is back.
+const temporaryRetryMax = 2 * time.Second
+
+// errClass is what a session's failure means for the retry.
+type errClass int
+
+const (
+	// errTemporary: the controller is unreachable, restarting or still
+	// starting; retry soon.
+	errTemporary errClass = iota
+	// errTokenRejected: the controller did not accept the token at all.
+	errTokenRejected
+	// errPermission: the token is valid but not this Exporter's (another
+	// exporter's, a client's) or of the wrong kind.
+	errPermission
+	// errNoExporter: no Exporter object of that namespace/name.
+	errNoExporter
+)
+
+// classify reads the gRPC error of a controller call the way the real
+// controller (b1f2bb41) reports them: most auth failures come as code
+// Unknown with a plain message.
+func classify(err error) errClass {
+	if err == nil {
+		return errTemporary
+	}
+	st, ok := status.FromError(err) // also when wrapped
+	if !ok {
+		return errTemporary // transport, timeouts, stream ended
+	}
+	msg := st.Message()
+	switch st.Code() {
+	case codes.Unauthenticated:
+		return errTokenRejected
+	case codes.PermissionDenied:
+		return errPermission
+	case codes.InvalidArgument:
+		if strings.Contains(msg, "kind mismatch") || strings.Contains(msg, "metadata") || strings.Contains(msg, "resource name") {
+			return errPermission
+		}
+		if strings.Contains(msg, "authorization header") {
+			return errTokenRejected
+		}
+	case codes.NotFound:
+		return errNoExporter
+	case codes.Unknown:
+		switch {
+		case strings.Contains(msg, "authenticator not initialized"):
+			return errTemporary
+		case strings.Contains(msg, "failed to authenticate token"):
+			return errTokenRejected
+		case strings.Contains(msg, "exporters.jumpstarter.dev") && strings.Contains(msg, "not found"):
+			return errNoExporter
+		case strings.Contains(msg, "permission denied"):
+			return errPermission
+		}
+	}
+	return errTemporary
+}
+
+// retryDelay decides how long to wait before the next session and the
+// backoff after it, from the class of the last failure, whether that
+// session got Online (which resets the backoff) and the current backoff.
+// Temporary failures wait at most temporaryRetryMax; token, permission and
+// missing-Exporter failures double up to max.
+func retryDelay(c errClass, online bool, cur, initial, max time.Duration) (wait, next time.Duration) {
+	if online {
+		cur = initial
+	}
+	next = min(2*cur, max)
+	if c == errTemporary {
+		return min(cur, temporaryRetryMax), next
+	}
+	return cur, next
 }
 
 // dialController opens a client connection carrying the exporter's
@@ -238,14 +337,25 @@ func mdFrom(ctx context.Context) metadata.MD {
 	return md
 }
 
-// callError says which call to the controller failed and why, naming a
-// rejected token plainly (the token itself is never logged).
+// callError says which call to the controller failed and why, in terms a
+// pod's owner can act on (the token itself is never in it: the controller
+// does not echo it).
 func (e *Exporter) callError(call string, err error) error {
-	switch status.Code(err) {
-	case codes.Unauthenticated:
-		return fmt.Errorf("%s at %s: the controller rejected the exporter token (Unauthenticated): %w", call, e.cfg.Endpoint, err)
-	case codes.PermissionDenied:
-		return fmt.Errorf("%s at %s: the controller denied exporter %s/%s (PermissionDenied): %w", call, e.cfg.Endpoint, e.cfg.Namespace, e.cfg.Name, err)
+	what := ""
+	switch classify(err) {
+	case errTokenRejected:
+		what = "the controller rejected the exporter token (not a token it issued, or revoked; use the Exporter's current status.credential)"
+	case errPermission:
+		what = fmt.Sprintf("the token is not exporter %s/%s's (another exporter's or a client's token?)", e.cfg.Namespace, e.cfg.Name)
+	case errNoExporter:
+		what = fmt.Sprintf("the controller has no Exporter object %s/%s", e.cfg.Namespace, e.cfg.Name)
+	default:
+		if strings.Contains(err.Error(), "authenticator not initialized") {
+			what = "the controller is still starting (its token authenticator is not ready yet; temporary)"
+		}
+	}
+	if what != "" {
+		return fmt.Errorf("%s at %s: %s: %w", call, e.cfg.Endpoint, what, err)
 	}
 	return fmt.Errorf("%s at %s: %w", call, e.cfg.Endpoint, err)
 }
@@ -257,15 +367,22 @@ type leaseEvent struct {
 	err   error // Listen failed for good
 }
 
-// session is one controller connection: Register, Status, leases. It
-// returns when ctx ends or the connection fails (online: the Status stream
-// answered; registered: Register succeeded).
-func (e *Exporter) session(ctx context.Context) (online, registered bool, err error) {
+// session is one controller connection: Register, Status, leases. lease is
+// the lease that survived the previous session (nil: none); the session
+// hands back the one it ends with (its Listen stopped; the Run goroutine
+// owns it). It returns when ctx ends or the connection fails (online: the
+// Status stream answered; registered: Register succeeded).
+func (e *Exporter) session(ctx context.Context, lease *leaseRun) (online, registered bool, _ *leaseRun, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	defer func() {
+		if lease != nil {
+			lease.stopListen() // Listen needs this session's connection
+		}
+	}()
 	conn, err := e.dialController()
 	if err != nil {
-		return false, false, fmt.Errorf("controller %s: %w", e.cfg.Endpoint, err)
+		return false, false, lease, fmt.Errorf("controller %s: %w", e.cfg.Endpoint, err)
 	}
 	defer conn.Close()
 	ctl := pb.NewControllerServiceClient(conn)
@@ -277,13 +394,13 @@ func (e *Exporter) session(ctx context.Context) (online, registered bool, err er
 		o.Registration(err)
 	}
 	if err != nil {
-		return false, false, e.callError("register with the controller", err)
+		return false, false, lease, e.callError("register with the controller", err)
 	}
 	e.setState(StateRegistered, nil)
 
 	st, err := ctl.Status(ctx, &pb.StatusRequest{})
 	if err != nil {
-		return false, true, e.callError("open the status stream", err)
+		return false, true, lease, e.callError("open the status stream", err)
 	}
 	statusCh := make(chan *pb.StatusResponse)
 	statusErr := make(chan error, 1)
@@ -303,12 +420,6 @@ func (e *Exporter) session(ctx context.Context) (online, registered bool, err er
 	}()
 
 	events := make(chan leaseEvent, 4)
-	var lease *leaseRun
-	defer func() {
-		if lease != nil {
-			lease.stop()
-		}
-	}()
 	reported := pb.ExporterStatus_EXPORTER_STATUS_UNSPECIFIED
 	report := func(s pb.ExporterStatus, msg string) error {
 		e.status.set(s, msg)
@@ -334,15 +445,15 @@ func (e *Exporter) session(ctx context.Context) (online, registered bool, err er
 	for {
 		select {
 		case <-ctx.Done():
-			return online, true, ctx.Err()
+			return online, true, lease, ctx.Err()
 		case err := <-statusErr:
 			if ctx.Err() != nil {
-				return online, true, ctx.Err()
+				return online, true, lease, ctx.Err()
 			}
 			if err == nil {
 				err = errors.New("ended by the controller")
 			}
-			return online, true, e.callError("status stream", err)
+			return online, true, lease, e.callError("status stream", err)
 		case m := <-statusCh:
 			if !online {
 				online = true
@@ -364,11 +475,15 @@ func (e *Exporter) session(ctx context.Context) (online, registered bool, err er
 				case <-e.endSession:
 				default:
 				}
-				lease = e.startLease(ctx, ctl, step.start, events)
+				lease = e.newLease(step.start)
+			}
+			if lease != nil && !lease.listening() {
+				// a new lease, or one that outlived the last session
+				e.listenOn(ctx, lease, ctl, events)
 			}
 			if step.available != "" {
 				if err := available(step.available); err != nil {
-					return online, true, err
+					return online, true, lease, err
 				}
 			}
 		case ev := <-events:
@@ -376,18 +491,18 @@ func (e *Exporter) session(ctx context.Context) (online, registered bool, err er
 				continue // a lease already stopped
 			}
 			if ev.err != nil {
-				return online, true, ev.err
+				return online, true, lease, ev.err
 			}
 			if ev.open {
 				if err := report(pb.ExporterStatus_EXPORTER_STATUS_LEASE_READY, "Ready for commands"); err != nil {
-					return online, true, err
+					return online, true, lease, err
 				}
 				e.setState(StateLeased, nil)
 			}
 		case <-e.endSession:
 			if lease != nil {
 				if err := report(pb.ExporterStatus_EXPORTER_STATUS_AVAILABLE, "Session ended by the client"); err != nil {
-					return online, true, err
+					return online, true, lease, err
 				}
 			}
 		}
@@ -439,27 +554,55 @@ func (e *Exporter) unregister() {
 	}
 }
 
-// leaseRun is one lease's Listen loop and the client connections it took.
+// leaseRun is one lease: its context (from Run's, kept across controller
+// sessions), the client connections it took and the router channels, and
+// the Listen goroutine of the current session.
 type leaseRun struct {
 	name   string
 	ctx    context.Context
 	cancel context.CancelFunc
-	done   chan struct{}
+
+	// Listen of the current session (Run goroutine only).
+	listenCancel context.CancelFunc
+	listenDone   chan struct{}
 
 	mu      sync.Mutex
 	conns   map[*streamconn.Conn]struct{}
 	routers map[string]*grpc.ClientConn // by router endpoint
 }
 
-func (e *Exporter) startLease(ctx context.Context, ctl pb.ControllerServiceClient, name string, events chan<- leaseEvent) *leaseRun {
-	lctx, cancel := context.WithCancel(ctx)
-	lr := &leaseRun{name: name, ctx: lctx, cancel: cancel, done: make(chan struct{}),
+// newLease starts a lease's lifetime; its context ends with Run's (the
+// Run goroutine's context is the parent of every session's).
+func (e *Exporter) newLease(name string) *leaseRun {
+	lctx, cancel := context.WithCancel(e.runCtx)
+	return &leaseRun{name: name, ctx: lctx, cancel: cancel,
 		conns: map[*streamconn.Conn]struct{}{}, routers: map[string]*grpc.ClientConn{}}
+}
+
+// listening reports whether a Listen goroutine runs for this session.
+func (lr *leaseRun) listening() bool { return lr.listenCancel != nil }
+
+// listenOn runs Listen for the lease on this session's controller client
+// until the session (sctx) or the lease ends.
+func (e *Exporter) listenOn(sctx context.Context, lr *leaseRun, ctl pb.ControllerServiceClient, events chan<- leaseEvent) {
+	lctx, cancel := context.WithCancel(sctx)
+	stopAfter := context.AfterFunc(lr.ctx, cancel)
+	done := make(chan struct{})
+	lr.listenCancel, lr.listenDone = func() { stopAfter(); cancel() }, done
 	go func() {
-		defer close(lr.done)
-		e.listen(lr, ctl, events)
+		defer close(done)
+		e.listen(lctx, lr, ctl, events)
 	}()
-	return lr
+}
+
+// stopListen ends the current session's Listen and waits for it.
+func (lr *leaseRun) stopListen() {
+	if lr.listenCancel == nil {
+		return
+	}
+	lr.listenCancel()
+	<-lr.listenDone
+	lr.listenCancel, lr.listenDone = nil, nil
 }
 
 // stop ends the lease: Listen, every connection (used or not), the router
@@ -475,23 +618,24 @@ func (lr *leaseRun) stop() {
 	}
 	lr.conns, lr.routers = nil, nil
 	lr.mu.Unlock()
-	<-lr.done
+	lr.stopListen()
 }
 
-// listen keeps Listen open for the lease and hands each router token to a
-// connection goroutine. The first open Listen is announced (LEASE_READY);
-// after listenRetries failures in a row the session is restarted.
-func (e *Exporter) listen(lr *leaseRun, ctl pb.ControllerServiceClient, events chan<- leaseEvent) {
+// listen keeps Listen open for the lease (until ctx, the session's and the
+// lease's, ends) and hands each router token to a connection goroutine. The
+// first open Listen of a session is announced (LEASE_READY); after
+// listenRetries failures in a row the session is restarted.
+func (e *Exporter) listen(ctx context.Context, lr *leaseRun, ctl pb.ControllerServiceClient, events chan<- leaseEvent) {
 	send := func(ev leaseEvent) {
 		select {
 		case events <- ev:
-		case <-lr.ctx.Done():
+		case <-ctx.Done():
 		}
 	}
 	announced := false
 	failures := 0
-	for lr.ctx.Err() == nil {
-		ls, err := ctl.Listen(lr.ctx, &pb.ListenRequest{LeaseName: lr.name})
+	for ctx.Err() == nil {
+		ls, err := ctl.Listen(ctx, &pb.ListenRequest{LeaseName: lr.name})
 		if err == nil {
 			if !announced {
 				announced = true
@@ -507,7 +651,7 @@ func (e *Exporter) listen(lr *leaseRun, ctl pb.ControllerServiceClient, events c
 				go e.serveConn(lr, m.GetRouterEndpoint(), m.GetRouterToken())
 			}
 		}
-		if lr.ctx.Err() != nil {
+		if ctx.Err() != nil {
 			return
 		}
 		failures++
@@ -518,7 +662,7 @@ func (e *Exporter) listen(lr *leaseRun, ctl pb.ControllerServiceClient, events c
 		}
 		select {
 		case <-time.After(listenRetryDelay):
-		case <-lr.ctx.Done():
+		case <-ctx.Done():
 		}
 	}
 }

@@ -539,9 +539,10 @@ func TestExporterWrongToken(t *testing.T) {
 	e := startEnv(t, true, func(c *jumpstarter.Config) { c.Token = "not-the-token" })
 	ev := e.rec.waitState(t, jumpstarter.StateFailed, 5*time.Second)
 	require.Error(t, ev.err)
-	assert.Contains(t, ev.err.Error(), "rejected the exporter token (Unauthenticated)")
+	assert.Contains(t, ev.err.Error(), "the controller rejected the exporter token")
+	assert.Contains(t, ev.err.Error(), "failed to authenticate token", "the controller's own words")
 	assert.NotContains(t, ev.err.Error(), "not-the-token")
-	assert.Contains(t, e.logs.String(), "Unauthenticated")
+	assert.Contains(t, e.logs.String(), "rejected the exporter token")
 	assert.NotContains(t, e.logs.String(), "not-the-token", "the token is never logged")
 	time.Sleep(1500 * time.Millisecond)
 	e.rec.mu.Lock()
@@ -591,6 +592,136 @@ func TestExporterControllerRestart(t *testing.T) {
 	require.NoError(t, e.ctrl.EndLease(ns, "lease-1"))
 	_, err = e.ctrl.WaitExporter(ctx, ns, name, online)
 	require.NoError(t, err)
+}
+
+// TestExporterAuthErrors: what the pod's owner reads (OnState's error) for
+// each way the real controller refuses an exporter.
+func TestExporterAuthErrors(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		mutate func(*jumpstarter.Config, *jstest.Controller)
+		want   string
+	}{
+		{"no such Exporter", func(cfg *jumpstarter.Config, _ *jstest.Controller) { cfg.Name = "vm-9" },
+			"the controller has no Exporter object lab/vm-9"},
+		{"another exporter's token", func(cfg *jumpstarter.Config, ctrl *jstest.Controller) {
+			cfg.Token = ctrl.AddExporter(ns, "vm-1", "")
+		}, "the token is not exporter lab/vm-0's"},
+		{"a client's token", func(cfg *jumpstarter.Config, ctrl *jstest.Controller) {
+			cfg.Token = ctrl.AddClient(ns, "alice", "")
+		}, "the token is not exporter lab/vm-0's"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctrl, err := jstest.Start(jstest.Options{Insecure: true})
+			require.NoError(t, err)
+			defer ctrl.Close()
+			cfgTok := ctrl.AddExporter(ns, name, "")
+			e := startEnv(t, true, func(cfg *jumpstarter.Config) {
+				cfg.Endpoint, cfg.Token = ctrl.Endpoint(), cfgTok
+				c.mutate(cfg, ctrl)
+			})
+			ev := e.rec.waitState(t, jumpstarter.StateFailed, 5*time.Second)
+			require.Error(t, ev.err)
+			assert.Contains(t, ev.err.Error(), c.want)
+		})
+	}
+	// The controller's authenticator not ready yet: temporary, retried soon.
+	ctrl, err := jstest.Start(jstest.Options{Insecure: true, AuthDelay: 1500 * time.Millisecond})
+	require.NoError(t, err)
+	defer ctrl.Close()
+	tok := ctrl.AddExporter(ns, name, "")
+	e := startEnv(t, true, func(cfg *jumpstarter.Config) {
+		cfg.Endpoint, cfg.Token = ctrl.Endpoint(), tok
+		cfg.BackoffInitial, cfg.BackoffMax = 2*time.Second, time.Minute
+	})
+	ev := e.rec.waitState(t, jumpstarter.StateFailed, 5*time.Second)
+	assert.Contains(t, ev.err.Error(), "the controller is still starting")
+	t0 := time.Now()
+	_, err = ctrl.WaitExporter(ctxT(t, 10*time.Second), ns, name, online)
+	require.NoError(t, err)
+	assert.Less(t, time.Since(t0), 4*time.Second, "temporary failures are retried at most 2 s apart")
+}
+
+// TestExporterLeaseSurvivesControllerRestart: only the controller restarts
+// (upstream's router is another process and stays up): a byte stream the
+// client opened before keeps working, and the exporter comes back Online
+// with the same lease, ready for new connections.
+func TestExporterLeaseSurvivesControllerRestart(t *testing.T) {
+	e := startEnv(t, true, nil)
+	ctx := ctxT(t, 60*time.Second)
+	_, err := e.ctrl.WaitExporter(ctx, ns, name, online)
+	require.NoError(t, err)
+	require.NoError(t, e.ctrl.AssignLease(ns, "lease-1", name, "bob"))
+	_, err = e.ctrl.WaitExporter(ctx, ns, name, leaseReady)
+	require.NoError(t, err)
+
+	cl := e.ctrl.NewClient(ns, "bob")
+	s, err := cl.Dial(ctx, "lease-1")
+	require.NoError(t, err)
+	defer s.Close()
+	rep, err := s.GetReport(ctx)
+	require.NoError(t, err)
+	con, _ := jstest.FindDriver(rep, "console")
+	stream, err := s.Stream(ctx, con.GetUuid(), "connect")
+	require.NoError(t, err)
+	defer stream.Close()
+	var guest net.Conn
+	select {
+	case guest = <-e.target.consoles:
+	case <-ctx.Done():
+		t.Fatal("the console was not opened on the target")
+	}
+	roundTrip := func(what string) {
+		t.Helper()
+		go func() { _, _ = stream.Write([]byte(what)) }()
+		buf := make([]byte, len(what))
+		_, err := io.ReadFull(guest, buf)
+		require.NoError(t, err, what)
+		assert.Equal(t, what, string(buf))
+		go func() { _, _ = guest.Write([]byte("<" + what)) }()
+		back := make([]byte, len(what)+1)
+		_, err = io.ReadFull(stream, back)
+		require.NoError(t, err, what)
+		assert.Equal(t, "<"+what, string(back))
+	}
+	roundTrip("before")
+
+	regs := 0
+	if st, ok := e.ctrl.ExporterState(ns, name); ok {
+		regs = st.Registrations
+	}
+	e.ctrl.StopController()
+	e.rec.waitState(t, jumpstarter.StateFailed, 5*time.Second)
+	roundTrip("during") // the router alone carries it
+	require.NoError(t, e.ctrl.StartController())
+	st, err := e.ctrl.WaitExporter(ctx, ns, name, func(s jstest.ExporterState) bool {
+		return s.Registrations > regs && leaseReady(s)
+	})
+	require.NoError(t, err)
+	assert.Equal(t, "lease-1", st.Lease)
+	e.rec.waitState(t, jumpstarter.StateLeased, 5*time.Second)
+	roundTrip("after")
+
+	// A new connection on the same lease, through the new controller.
+	s2, err := cl.Dial(ctx, "lease-1")
+	require.NoError(t, err)
+	defer s2.Close()
+	gs, err := s2.GetStatus(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, pb.ExporterStatus_EXPORTER_STATUS_LEASE_READY, gs.GetStatus())
+	roundTrip("still")
+
+	// The lease's end still closes the old stream.
+	require.NoError(t, e.ctrl.EndLease(ns, "lease-1"))
+	_, err = e.ctrl.WaitExporter(ctx, ns, name, online)
+	require.NoError(t, err)
+	ended := make(chan struct{})
+	go func() { _, _ = io.ReadAll(stream); close(ended) }()
+	select {
+	case <-ended:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the console stream outlived its lease")
+	}
 }
 
 func TestNewRejectsBadConfig(t *testing.T) {

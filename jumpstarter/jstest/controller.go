@@ -7,7 +7,17 @@
 //
 // What it mirrors from upstream's controller (controller/internal/service):
 // bearer-token authentication with jumpstarter-kind/-namespace/-name
-// metadata; Register keeps only jumpstarter.dev/ labels; an exporter is
+// metadata and the real controller's codes and messages (a token it does
+// not know: Unknown "failed to authenticate token"; before its OIDC is up,
+// Options.AuthDelay: Unknown "oidc: authenticator not initialized"; the
+// named object missing: Unknown "exporter ns/x: exporters.jumpstarter.dev
+// "x" not found"; another's token: PermissionDenied "permission denied for
+// exporter ns/x"; wrong kind: InvalidArgument "object kind mismatch");
+// Dial on an unknown lease: Unknown `leases.jumpstarter.dev "x" not
+// found`, on an ended one: Unknown "lease not active", on another client's:
+// Unknown "permission denied"; StopController restarts the controller
+// alone (the router is another process upstream and keeps its streams);
+// Register keeps only jumpstarter.dev/ labels; an exporter is
 // Online while its Status stream is open; Status sends the lease state on
 // open and on every change (never the same twice in a row); Listen needs the
 // lease to be held by the exporter and a newer Listen supersedes an older;
@@ -55,6 +65,10 @@ type Options struct {
 	DialWait time.Duration
 	// Log receives the controller's and router's events (tokens never).
 	Log logr.Logger
+	// AuthDelay: for this long after every (re)start of the controller,
+	// every token is refused with upstream's Unknown "oidc: authenticator
+	// not initialized" (the real controller's OIDC issuer needs ~10 s).
+	AuthDelay time.Duration
 }
 
 // ExporterState is what the controller knows of one exporter.
@@ -99,6 +113,9 @@ type clientRec struct{ ns, name string }
 
 type leaseRec struct {
 	name, exporter, client string
+	// ended: released or expired; the object stays (upstream keeps ended
+	// Lease objects), Dial answers "lease not active".
+	ended bool
 }
 
 type listenQueue struct {
@@ -125,9 +142,10 @@ type Controller struct {
 	streamTokens map[string]string // router token -> stream id
 	changed      chan struct{}
 
-	ctrlAddr, routerAddr string
-	ctrlSrv, routerSrv   *grpc.Server
-	running              bool
+	ctrlAddr, routerAddr       string
+	ctrlSrv, routerSrv         *grpc.Server
+	ctrlRunning, routerRunning bool
+	authReadyAt                time.Time
 
 	pending sync.Map // stream id -> *routerPeer
 }
@@ -173,25 +191,42 @@ func (c *Controller) serverOpts() []grpc.ServerOption {
 }
 
 func (c *Controller) listen(ctrlAddr, routerAddr string) error {
-	cl, err := net.Listen("tcp", ctrlAddr)
-	if err != nil {
-		return fmt.Errorf("jstest: controller listen on %s: %w", ctrlAddr, err)
+	if err := c.serveController(ctrlAddr); err != nil {
+		return err
 	}
-	rl, err := net.Listen("tcp", routerAddr)
-	if err != nil {
-		cl.Close()
-		return fmt.Errorf("jstest: router listen on %s: %w", routerAddr, err)
+	if err := c.serveRouter(routerAddr); err != nil {
+		c.StopController()
+		return err
 	}
-	cs := grpc.NewServer(c.serverOpts()...)
-	pb.RegisterControllerServiceServer(cs, &controllerService{c: c})
-	rs := grpc.NewServer(c.serverOpts()...)
-	pb.RegisterRouterServiceServer(rs, &routerService{c: c})
+	return nil
+}
+
+func (c *Controller) serveController(addr string) error {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("jstest: controller listen on %s: %w", addr, err)
+	}
+	srv := grpc.NewServer(c.serverOpts()...)
+	pb.RegisterControllerServiceServer(srv, &controllerService{c: c})
 	c.mu.Lock()
-	c.ctrlAddr, c.routerAddr = cl.Addr().String(), rl.Addr().String()
-	c.ctrlSrv, c.routerSrv, c.running = cs, rs, true
+	c.ctrlAddr, c.ctrlSrv, c.ctrlRunning = l.Addr().String(), srv, true
+	c.authReadyAt = time.Now().Add(c.opts.AuthDelay)
 	c.mu.Unlock()
-	go func() { _ = cs.Serve(cl) }()
-	go func() { _ = rs.Serve(rl) }()
+	go func() { _ = srv.Serve(l) }()
+	return nil
+}
+
+func (c *Controller) serveRouter(addr string) error {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("jstest: router listen on %s: %w", addr, err)
+	}
+	srv := grpc.NewServer(c.serverOpts()...)
+	pb.RegisterRouterServiceServer(srv, &routerService{c: c})
+	c.mu.Lock()
+	c.routerAddr, c.routerSrv, c.routerRunning = l.Addr().String(), srv, true
+	c.mu.Unlock()
+	go func() { _ = srv.Serve(l) }()
 	return nil
 }
 
@@ -225,15 +260,29 @@ func (c *Controller) Insecure() bool { return c.ca == nil }
 // fails, like a restarted process); the state (exporters, clients, leases)
 // stays, as it does in Kubernetes. Start serves again on the same addresses.
 func (c *Controller) Stop() {
+	c.StopController()
 	c.mu.Lock()
-	cs, rs, running := c.ctrlSrv, c.routerSrv, c.running
-	c.running = false
+	rs, running := c.routerSrv, c.routerRunning
+	c.routerRunning = false
+	c.mu.Unlock()
+	if running {
+		rs.Stop()
+	}
+}
+
+// StopController stops only the controller, as when upstream's controller
+// process restarts: its streams (Status, Listen) and calls fail, the
+// router (a separate process upstream) keeps forwarding the streams it
+// paired. StartController serves again on the same address.
+func (c *Controller) StopController() {
+	c.mu.Lock()
+	cs, running := c.ctrlSrv, c.ctrlRunning
+	c.ctrlRunning = false
 	c.mu.Unlock()
 	if !running {
 		return
 	}
 	cs.Stop()
-	rs.Stop()
 	c.mu.Lock()
 	for k, q := range c.listeners {
 		q.close()
@@ -243,17 +292,37 @@ func (c *Controller) Stop() {
 	c.mu.Unlock()
 }
 
-// Start serves again on the addresses of the first Start after Stop.
+// Start serves again (controller and router) on the addresses of the first
+// Start after Stop.
 func (c *Controller) Start() error {
+	if err := c.StartController(); err != nil {
+		return err
+	}
 	c.mu.Lock()
-	running, ca, ra := c.running, c.ctrlAddr, c.routerAddr
+	running, ra := c.routerRunning, c.routerAddr
 	c.mu.Unlock()
 	if running {
 		return nil
 	}
+	return retryListen(func() error { return c.serveRouter(ra) })
+}
+
+// StartController serves the controller again on its address after
+// StopController (or Stop); the router is left as it is.
+func (c *Controller) StartController() error {
+	c.mu.Lock()
+	running, ca := c.ctrlRunning, c.ctrlAddr
+	c.mu.Unlock()
+	if running {
+		return nil
+	}
+	return retryListen(func() error { return c.serveController(ca) })
+}
+
+func retryListen(f func() error) error {
 	var err error
 	for i := 0; i < 50; i++ { // the old sockets may linger a moment
-		if err = c.listen(ca, ra); err == nil {
+		if err = f(); err == nil {
 			return nil
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -407,7 +476,7 @@ func (c *Controller) AssignLease(ns, lease, exporter, client string) error {
 	if r.lease != "" {
 		return fmt.Errorf("jstest: assign lease %s/%s: exporter %s already holds lease %s", ns, lease, exporter, r.lease)
 	}
-	if _, ok := c.leases[key{ns, lease}]; ok {
+	if l, ok := c.leases[key{ns, lease}]; ok && !l.ended {
 		return fmt.Errorf("jstest: assign lease %s/%s: the lease exists", ns, lease)
 	}
 	c.leases[key{ns, lease}] = &leaseRec{name: lease, exporter: exporter, client: client}
@@ -421,10 +490,10 @@ func (c *Controller) EndLease(ns, lease string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	l, ok := c.leases[key{ns, lease}]
-	if !ok {
+	if !ok || l.ended {
 		return fmt.Errorf("jstest: end lease %s/%s: no such lease", ns, lease)
 	}
-	delete(c.leases, key{ns, lease})
+	l.ended = true
 	if r, ok := c.exporters[key{ns, l.exporter}]; ok && r.lease == lease {
 		r.lease = ""
 	}
@@ -440,7 +509,14 @@ func randomUUID() string {
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }
 
-// bearer extracts the bearer token of a call, as upstream's authenticator.
+// notFound is the Kubernetes API's NotFound text, which upstream returns
+// as a plain error (gRPC code Unknown).
+func notFound(resource, name string) error {
+	return fmt.Errorf("%s.jumpstarter.dev %q not found", resource, name)
+}
+
+// bearer extracts the bearer token of a call, as upstream's
+// BearerTokenFromContext.
 func bearer(ctx context.Context) (string, metadata.MD, error) {
 	md, ok := metadata.FromIncomingContext(ctx)
 	if !ok {
@@ -453,11 +529,10 @@ func bearer(ctx context.Context) (string, metadata.MD, error) {
 	if len(auth) > 1 {
 		return "", nil, status.Error(codes.InvalidArgument, "multiple authorization headers")
 	}
-	tok, ok := strings.CutPrefix(auth[0], "Bearer ")
-	if !ok || tok == "" {
+	if len(auth[0]) < 7 || !strings.EqualFold(auth[0][:7], "Bearer ") {
 		return "", nil, status.Error(codes.InvalidArgument, "malformed authorization header")
 	}
-	return tok, md, nil
+	return auth[0][7:], md, nil
 }
 
 func one(md metadata.MD, k string) string {
@@ -467,39 +542,87 @@ func one(md metadata.MD, k string) string {
 	return ""
 }
 
-// authExporter returns the exporter a call comes from (c.mu not held).
-func (c *Controller) authExporter(ctx context.Context) (key, error) {
+// identity is who a token authenticates (upstream: the OIDC user).
+type identity struct {
+	kind string // "Exporter" or "Client"
+	key  key
+}
+
+// authenticate is upstream's VerifyExporterObjectToken/VerifyClientObjectToken
+// for kind, with its codes and messages (b1f2bb41, seen live): token
+// checks fail with code Unknown, the metadata names the object, the
+// object must exist (else Unknown "<kind> ns/name: ... not found") and
+// belong to the token (else PermissionDenied).
+func (c *Controller) authenticate(ctx context.Context, kind string) (key, error) {
 	tok, md, err := bearer(ctx)
 	if err != nil {
 		return key{}, err
 	}
-	if one(md, "jumpstarter-kind") != "Exporter" {
-		return key{}, status.Error(codes.Unauthenticated, "jumpstarter-kind metadata is not Exporter")
+	c.mu.Lock()
+	ready := !time.Now().Before(c.authReadyAt)
+	var who identity
+	known := false
+	if k, ok := c.exporterTok[tok]; ok {
+		who, known = identity{"Exporter", k}, true
+	} else if cl, ok := c.clientTok[tok]; ok {
+		who, known = identity{"Client", key{cl.ns, cl.name}}, true
+	}
+	c.mu.Unlock()
+	if !ready {
+		return key{}, errors.New("oidc: authenticator not initialized")
+	}
+	if !known {
+		return key{}, errors.New("failed to authenticate token")
+	}
+	for _, mk := range []string{"jumpstarter-namespace", "jumpstarter-kind"} {
+		switch n := len(md.Get(mk)); {
+		case n == 0:
+			return key{}, status.Errorf(codes.InvalidArgument, "missing metadata: %s", mk)
+		case n > 1:
+			return key{}, status.Errorf(codes.InvalidArgument, "multiple metadata: %s", mk)
+		}
+	}
+	want := key{one(md, "jumpstarter-namespace"), one(md, "jumpstarter-name")}
+	if want.name == "" {
+		return key{}, status.Error(codes.InvalidArgument, "resource name required for pre-existing authentication")
+	}
+	if one(md, "jumpstarter-kind") != kind {
+		return key{}, status.Error(codes.InvalidArgument, "object kind mismatch")
 	}
 	c.mu.Lock()
-	k, ok := c.exporterTok[tok]
+	exists := false
+	if kind == "Exporter" {
+		_, exists = c.exporters[want]
+	} else {
+		for _, cl := range c.clientTok {
+			if cl.ns == want.ns && cl.name == want.name {
+				exists = true
+				break
+			}
+		}
+	}
 	c.mu.Unlock()
-	if !ok {
-		return key{}, status.Error(codes.Unauthenticated, "invalid exporter token")
+	lower := strings.ToLower(kind)
+	if !exists {
+		return key{}, fmt.Errorf("%s %s/%s: %w", lower, want.ns, want.name, notFound(lower+"s", want.name))
 	}
-	if one(md, "jumpstarter-namespace") != k.ns || one(md, "jumpstarter-name") != k.name {
-		return key{}, status.Error(codes.PermissionDenied, "namespace mismatch")
+	if who != (identity{kind, want}) {
+		return key{}, status.Errorf(codes.PermissionDenied, "permission denied for %s %s/%s", lower, want.ns, want.name)
 	}
-	return k, nil
+	return want, nil
+}
+
+// authExporter returns the exporter a call comes from (c.mu not held).
+func (c *Controller) authExporter(ctx context.Context) (key, error) {
+	return c.authenticate(ctx, "Exporter")
 }
 
 func (c *Controller) authClient(ctx context.Context) (clientRec, error) {
-	tok, _, err := bearer(ctx)
+	k, err := c.authenticate(ctx, "Client")
 	if err != nil {
 		return clientRec{}, err
 	}
-	c.mu.Lock()
-	cl, ok := c.clientTok[tok]
-	c.mu.Unlock()
-	if !ok {
-		return clientRec{}, status.Error(codes.Unauthenticated, "invalid client token")
-	}
-	return cl, nil
+	return clientRec{k.ns, k.name}, nil
 }
 
 // withExporter runs f on the exporter's record under c.mu; NotFound when
@@ -575,7 +698,9 @@ func (s *controllerService) ReportStatus(ctx context.Context, req *pb.ReportStat
 		r.status, r.statusMessage = req.GetStatus(), req.GetMessage()
 		r.history = append(r.history, r.status)
 		if req.GetReleaseLease() && r.lease != "" {
-			delete(s.c.leases, key{k.ns, r.lease})
+			if l, ok := s.c.leases[key{k.ns, r.lease}]; ok {
+				l.ended = true
+			}
 			r.lease = ""
 		}
 	})
@@ -651,7 +776,11 @@ func (s *controllerService) Listen(req *pb.ListenRequest, st pb.ControllerServic
 	q := &listenQueue{ch: make(chan *pb.ListenResponse, 8), done: make(chan struct{})}
 	s.c.mu.Lock()
 	l, ok := s.c.leases[lk]
-	if !ok || l.exporter != k.name {
+	if !ok {
+		s.c.mu.Unlock()
+		return notFound("leases", lk.name) // upstream: the API error as is (code Unknown)
+	}
+	if l.ended || l.exporter != k.name {
 		s.c.mu.Unlock()
 		return errors.New("permission denied") // upstream: a plain error (code Unknown)
 	}
@@ -725,11 +854,15 @@ func (s *controllerService) Dial(ctx context.Context, req *pb.DialRequest) (*pb.
 		l, ok := s.c.leases[lk]
 		if !ok {
 			s.c.mu.Unlock()
-			return nil, status.Errorf(codes.NotFound, "lease %s not found", req.GetLeaseName())
+			return nil, notFound("leases", lk.name) // upstream: code Unknown
 		}
 		if l.client != cl.name {
 			s.c.mu.Unlock()
 			return nil, errors.New("permission denied")
+		}
+		if l.ended {
+			s.c.mu.Unlock()
+			return nil, errors.New("lease not active")
 		}
 		r, ok := s.c.exporters[key{cl.ns, l.exporter}]
 		if !ok {
@@ -792,7 +925,7 @@ type routerPeer struct {
 func (s *routerService) Stream(st pb.RouterService_StreamServer) error {
 	tok, _, err := bearer(st.Context())
 	if err != nil {
-		return err
+		return status.Errorf(codes.Unauthenticated, "missing or invalid authorization: %v", err)
 	}
 	s.c.mu.Lock()
 	id, ok := s.c.streamTokens[tok]

@@ -42,13 +42,28 @@ func TestControllerSemantics(t *testing.T) {
 	ctl := pb.NewControllerServiceClient(rawConn(t, c.Endpoint()))
 	ectx := exporterCtx(ctx, tok, "ns", "e1")
 
-	// Authentication, as upstream's bearer authenticator and exporter auth.
-	_, err = ctl.Register(ctx, &pb.RegisterRequest{})
-	assert.Equal(t, codes.Unauthenticated, status.Code(err), "no token: %v", err)
-	_, err = ctl.Register(exporterCtx(ctx, "wrong", "ns", "e1"), &pb.RegisterRequest{})
-	assert.Equal(t, codes.Unauthenticated, status.Code(err), "wrong token: %v", err)
-	_, err = ctl.Register(exporterCtx(ctx, tok, "other", "e1"), &pb.RegisterRequest{})
-	assert.Equal(t, codes.PermissionDenied, status.Code(err), "namespace mismatch: %v", err)
+	// Authentication, with the codes and messages of the real controller
+	// (b1f2bb41, seen live).
+	c.AddExporter("ns", "e2", "")
+	clTok := c.AddClient("ns", "cl", "")
+	for _, a := range []struct {
+		name string
+		ctx  context.Context
+		code codes.Code
+		msg  string
+	}{
+		{"no token", ctx, codes.Unauthenticated, "missing authorization header"},
+		{"garbage token", exporterCtx(ctx, "wrong", "ns", "e1"), codes.Unknown, "failed to authenticate token"},
+		{"no such exporter", exporterCtx(ctx, tok, "other", "e1"), codes.Unknown, `exporter other/e1: exporters.jumpstarter.dev "e1" not found`},
+		{"another exporter's token", exporterCtx(ctx, tok, "ns", "e2"), codes.PermissionDenied, "permission denied for exporter ns/e2"},
+		{"a client's token", exporterCtx(ctx, clTok, "ns", "e1"), codes.PermissionDenied, "permission denied for exporter ns/e1"},
+		{"kind mismatch", metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tok, "jumpstarter-kind", "Client",
+			"jumpstarter-namespace", "ns", "jumpstarter-name", "e1"), codes.InvalidArgument, "object kind mismatch"},
+	} {
+		_, err = ctl.Register(a.ctx, &pb.RegisterRequest{})
+		assert.Equal(t, a.code, status.Code(err), "%s: %v", a.name, err)
+		assert.Equal(t, a.msg, status.Convert(err).Message(), a.name)
+	}
 
 	// Register keeps only jumpstarter.dev/ labels; not Online until Status.
 	_, err = ctl.Register(ectx, &pb.RegisterRequest{Labels: map[string]string{"jumpstarter.dev/a": "1", "b": "2"}})
@@ -81,17 +96,21 @@ func TestControllerSemantics(t *testing.T) {
 	cl := c.NewClient("ns", "cl")
 	cl.DialTimeout = time.Second
 	t0 := time.Now()
-	_, err = ctl.Dial(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+cl.token), &pb.DialRequest{LeaseName: "l1"})
+	_, err = ctl.Dial(cl.withAuth(ctx, cl.token), &pb.DialRequest{LeaseName: "l1"})
 	assert.Equal(t, codes.FailedPrecondition, status.Code(err), "Dial while Available: %v", err)
 	assert.GreaterOrEqual(t, time.Since(t0), 250*time.Millisecond, "Available is waited for (DialWait)")
 	other := c.NewClient("ns", "mallory")
 	_, err = other.DialToken(ctx, "l1")
-	assert.Error(t, err, "a client that does not hold the lease")
+	assert.Equal(t, codes.Unknown, status.Code(err), "a client that does not hold the lease: %v", err)
+	assert.Contains(t, err.Error(), "desc = permission denied")
 
 	_, err = ctl.ReportStatus(ectx, &pb.ReportStatusRequest{Status: pb.ExporterStatus_EXPORTER_STATUS_LEASE_READY})
 	require.NoError(t, err)
-	_, err = ctl.Dial(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+cl.token), &pb.DialRequest{LeaseName: "l1"})
+	_, err = ctl.Dial(cl.withAuth(ctx, cl.token), &pb.DialRequest{LeaseName: "l1"})
 	assert.Equal(t, codes.Unavailable, status.Code(err), "Dial with no listener: %v", err)
+	_, err = ctl.Dial(cl.withAuth(ctx, cl.token), &pb.DialRequest{LeaseName: "nope"})
+	assert.Equal(t, codes.Unknown, status.Code(err), "Dial on an unknown lease: %v", err)
+	assert.Equal(t, `leases.jumpstarter.dev "nope" not found`, status.Convert(err).Message())
 
 	// Listen: only for a lease the exporter holds.
 	bad, err := ctl.Listen(ectx, &pb.ListenRequest{LeaseName: "nope"})
@@ -153,6 +172,9 @@ func TestControllerSemantics(t *testing.T) {
 	m, err = stream.Recv()
 	require.NoError(t, err)
 	assert.False(t, m.GetLeased())
+	_, err = ctl.Dial(cl.withAuth(ctx, cl.token), &pb.DialRequest{LeaseName: "l1"})
+	assert.Equal(t, codes.Unknown, status.Code(err), "Dial on an ended lease: %v", err)
+	assert.Equal(t, "lease not active", status.Convert(err).Message())
 	scancel()
 	_, err = c.WaitExporter(ctx, "ns", "e1", func(s ExporterState) bool { return !s.Online })
 	require.NoError(t, err)
