@@ -29,6 +29,7 @@ import (
 
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/e2e/cluster"
+	"github.com/qemu-kubelet/qemu-kubelet/e2e/jsfake"
 	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
@@ -96,6 +97,12 @@ func startExsEnv(tb testing.TB) *exsEnv {
 		return cl.List(ctx, &v1alpha1.ExporterSetList{}, client.InNamespace(e.ns)) == nil, nil
 	}); err != nil {
 		tb.Fatalf("ExporterSet CRD never served: %v", err)
+	}
+
+	// Jumpstarter's CRDs before the controller starts: it enables its
+	// Jumpstarter mode when the API server serves Exporters and Leases.
+	if err := jsfake.InstallCRDs(ctx, c); err != nil {
+		tb.Fatal(err)
 	}
 
 	e.stateDir = startVMNode(tb, c, kubeletBin, e.node, tmp)

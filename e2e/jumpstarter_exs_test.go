@@ -51,9 +51,6 @@ func (e *exsEnv) jumpstarter(tb testing.TB) *jsEnv {
 		return e.js
 	}
 	ctx := context.Background()
-	if err := jsfake.InstallCRDs(ctx, e.c); err != nil {
-		tb.Fatal(err)
-	}
 	ctl, err := jstest.Start(jstest.Options{})
 	if err != nil {
 		tb.Fatalf("start the test Jumpstarter controller: %v", err)

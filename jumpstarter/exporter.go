@@ -293,6 +293,25 @@ func classify(err error) errClass {
 	return errTemporary
 }
 
+// FailureReason names what a failed controller call means, in the words
+// metrics use: "token_rejected" (the controller does not accept the token),
+// "permission_denied" (a valid token, but not this Exporter's),
+// "no_exporter" (no Exporter object of that namespace/name) or "temporary"
+// (unreachable, restarting, still starting). The real controller reports
+// most of these as code Unknown, so the gRPC code alone says little.
+func FailureReason(err error) string {
+	switch classify(err) {
+	case errTokenRejected:
+		return "token_rejected"
+	case errPermission:
+		return "permission_denied"
+	case errNoExporter:
+		return "no_exporter"
+	default:
+		return "temporary"
+	}
+}
+
 // retryDelay decides how long to wait before the next session and the
 // backoff after it, from the class of the last failure, whether that
 // session got Online (which resets the backoff) and the current backoff.

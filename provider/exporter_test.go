@@ -135,10 +135,13 @@ func TestApplyExporterCondition(t *testing.T) {
 
 func TestRegistrationResult(t *testing.T) {
 	assert.Equal(t, "success", RegistrationResult(nil))
-	assert.Equal(t, "unauthenticated", RegistrationResult(status.Error(codes.Unauthenticated, "bad token")))
+	assert.Equal(t, "token_rejected", RegistrationResult(status.Error(codes.Unauthenticated, "bad token")))
+	// The real controller reports a bad token as code Unknown.
+	assert.Equal(t, "token_rejected", RegistrationResult(fmt.Errorf("register: %w", status.Error(codes.Unknown, "failed to authenticate token"))))
 	assert.Equal(t, "permission_denied", RegistrationResult(status.Error(codes.PermissionDenied, "x")))
-	assert.Equal(t, "unavailable", RegistrationResult(fmt.Errorf("register: %w", status.Error(codes.Unavailable, "x"))))
-	assert.Equal(t, "error", RegistrationResult(errors.New("boom")))
+	assert.Equal(t, "no_exporter", RegistrationResult(status.Error(codes.Unknown, `exporter lab/x: exporters.jumpstarter.dev "x" not found`)))
+	assert.Equal(t, "temporary", RegistrationResult(fmt.Errorf("register: %w", status.Error(codes.Unavailable, "x"))))
+	assert.Equal(t, "temporary", RegistrationResult(errors.New("boom")))
 	assert.Equal(t, "canceled", RegistrationResult(context.Canceled))
 }
 

@@ -302,7 +302,7 @@ func TestJumpstarterExporterVM(t *testing.T) {
 	t.Run("WrongTokenNoCrashLoop", func(t *testing.T) {
 		p := h.wait(bad.UID, 60*time.Second, "exporter Failed", condReason("Failed"))
 		c := exporterCond(p)
-		assert.Contains(t, c.Message, "Unauthenticated")
+		assert.Contains(t, c.Message, "rejected the exporter token")
 		assert.NotContains(t, c.Message, "not-the-token")
 		h.wait(bad.UID, 60*time.Second, "Running", running)
 		pids := vmtest.QEMUPids(badDir)
@@ -313,7 +313,7 @@ func TestJumpstarterExporterVM(t *testing.T) {
 		assert.Equal(t, pids, vmtest.QEMUPids(badDir), "the VM is never restarted for the exporter")
 		assert.Contains(t, events.all(), "Warning ExporterFailed")
 		assert.NotContains(t, events.all(), "not-the-token")
-		assert.GreaterOrEqual(t, promtest.ToFloat64(metrics.jsRegistrations.WithLabelValues("unauthenticated")), 1.0)
+		assert.GreaterOrEqual(t, promtest.ToFloat64(metrics.jsRegistrations.WithLabelValues("token_rejected")), 1.0)
 		require.NoError(t, h.vms.DeletePod(ctx, deleting(bad)))
 		waitGoneDir(t, badDir, 30*time.Second)
 	})

@@ -4,15 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter"
 
-	"strings"
-	"unicode"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 // Metric names of the node agent (docs/observability.md lists them all).
@@ -132,7 +129,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Duration of each phase of a VM start: pull, overlay, qemu_start, boot (QEMU running to pod Ready; pods with a readiness or startup probe only).", Buckets: startBuckets},
 			[]string{"phase"}),
 		jsRegistrations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricJumpstarterRegistrations,
-			Help: "Register calls of the node's Jumpstarter exporters with their controller, by result: success or the gRPC code in snake case (unauthenticated, unavailable, ...); error when there is none."},
+			Help: "Register calls of the node's Jumpstarter exporters with their controller, by result: success, token_rejected, permission_denied, no_exporter, temporary or canceled."},
 			[]string{"result"}),
 		jsDriverCalls: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricJumpstarterDriverCalls,
 			Help: "Driver calls served by the node's Jumpstarter exporters, by driver name (root for the root driver), method and gRPC status code (OK, NotFound, ...)."},
@@ -218,34 +215,15 @@ func (m *Metrics) Registration(err error) {
 }
 
 // RegistrationResult is the result label of a Register that returned err:
-// success, the gRPC code in snake case, or error.
+// success, canceled, or jumpstarter.FailureReason's name of the failure.
 func RegistrationResult(err error) string {
 	if err == nil {
 		return PullSuccess
 	}
-	st, ok := status.FromError(err)
-	if !ok || st.Code() == codes.Unknown {
-		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-			return PullCanceled
-		}
-		return PullOther
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return PullCanceled
 	}
-	return snake(st.Code().String())
-}
-
-// snake turns a CamelCase code name into snake_case.
-func snake(s string) string {
-	var b strings.Builder
-	for i, r := range s {
-		if unicode.IsUpper(r) {
-			if i > 0 {
-				b.WriteByte('_')
-			}
-			r = unicode.ToLower(r)
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
+	return jumpstarter.FailureReason(err)
 }
 
 // DriverCall counts a driver call (jumpstarter.Observer).
