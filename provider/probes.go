@@ -29,8 +29,9 @@ import (
 // server that accepts and closes at once without sending a byte counts as a
 // failure). httpGet succeeds on a status in [200, 400) (HTTPS without
 // certificate checks, as a kubelet). The probe's host field is ignored: a
-// probe always targets the guest. exec and grpc probes need a guest agent
-// and always fail with a message saying so.
+// probe always targets the guest. exec and grpc probes are refused by
+// Translate (exec needs a guest agent); check still fails them with a
+// message should one reach it.
 //
 // Timing follows the kubelet: initialDelaySeconds, periodSeconds,
 // timeoutSeconds, successThreshold, failureThreshold. Readiness starts

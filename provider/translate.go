@@ -195,6 +195,24 @@ func translateContainer(c corev1.Container, bad func(field, format string, a ...
 	if len(c.VolumeDevices) > 0 {
 		bad(f+".volumeDevices", "not supported by VM pods")
 	}
+	for _, pr := range []struct {
+		field string
+		probe *corev1.Probe
+	}{{"livenessProbe", c.LivenessProbe}, {"readinessProbe", c.ReadinessProbe}, {"startupProbe", c.StartupProbe}} {
+		if pr.probe == nil {
+			continue
+		}
+		// probes.go runs tcpSocket and httpGet probes through the VM's
+		// user network; exec needs a guest agent and grpc is not
+		// implemented, so such a probe could only ever fail (a liveness
+		// probe would restart the VM forever).
+		if pr.probe.Exec != nil {
+			bad(f+"."+pr.field+".exec", "exec probes are not supported by VM pods (no guest agent); use tcpSocket or httpGet")
+		}
+		if pr.probe.GRPC != nil {
+			bad(f+"."+pr.field+".grpc", "grpc probes are not supported by VM pods; use tcpSocket or httpGet")
+		}
+	}
 	for _, rl := range []struct {
 		what string
 		list corev1.ResourceList
