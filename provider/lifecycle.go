@@ -805,6 +805,9 @@ func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan Plan
 		AllowedDirs: []string{p.cfg.ImageDir},
 		StateDir:    rec.dir,
 	}
+	if img.Kernel != "" {
+		spec.Cmdline = KernelCmdline(img.Cmdline, plan.ExtraCmdline) // cmdline.go: console=ttyS0 unless one is named
+	}
 	if plan.Firmware == qemu.FirmwareUEFI {
 		spec.UEFICode, spec.UEFIVarsTemplate = p.cfg.UEFICode, p.cfg.UEFIVars
 		spec.AllowedDirs = append(spec.AllowedDirs, filepath.Dir(p.cfg.UEFICode), filepath.Dir(p.cfg.UEFIVars))
