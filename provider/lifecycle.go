@@ -160,50 +160,62 @@ func (p *VMs) podDir(uid types.UID) string { return filepath.Join(p.vmsDir(), st
 // work is asynchronous.
 func (p *VMs) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	log := klog.FromContext(ctx).WithValues("pod", klog.KObj(pod), "uid", pod.UID)
+	rec := &podVM{uid: pod.UID, dir: p.podDir(pod.UID), pod: pod.DeepCopy(),
+		deleteReq: make(chan struct{}), confirmed: make(chan struct{}), done: make(chan struct{})}
+	rec.confirm.Do(func() { close(rec.confirmed) })
+	rec.state.StartTime = p.now().UTC()
+	plan, rej := Translate(pod)
+	node := NodeCapacity{Allocatable: p.allocatable(), Accelerator: p.cfg.Accelerator, UEFI: p.cfg.UEFICode != ""}
+
+	// Admit and insert under one lock: the library calls CreatePod from
+	// several workers, and two pods admitted against the same active set
+	// could overcommit the node.
 	p.mu.Lock()
 	if _, known := p.pods[pod.UID]; known {
 		p.mu.Unlock()
 		return nil // already known (e.g. recovered): nothing to create
 	}
-	active := p.activePodsLocked()
-	p.mu.Unlock()
-
-	rec := &podVM{uid: pod.UID, dir: p.podDir(pod.UID), pod: pod.DeepCopy(),
-		deleteReq: make(chan struct{}), confirmed: make(chan struct{}), done: make(chan struct{})}
-	rec.confirm.Do(func() { close(rec.confirmed) })
-	rec.state.StartTime = p.now().UTC()
-
-	plan, rej := Translate(pod)
 	if rej == nil {
-		rej = Admit(pod, plan, NodeCapacity{Allocatable: p.allocatable(), Accelerator: p.cfg.Accelerator, UEFI: p.cfg.UEFICode != ""}, active)
+		rej = Admit(pod, plan, node, p.activePodsLocked())
 	}
 	if rej != nil {
-		log.Info("Pod not admitted", "reason", rej.Reason, "message", rej.Message)
 		rec.state.Rejection = rej
 		rec.state.Final = true
 		close(rec.done)
-		p.mu.Lock()
-		p.pods[pod.UID] = rec
-		p.mu.Unlock()
+	} else {
+		rec.plan = plan
+		rec.state.SetWaiting(ReasonContainerCreating, "")
+	}
+	p.pods[pod.UID] = rec
+	p.mu.Unlock()
+
+	if rej != nil {
+		log.Info("Pod not admitted", "reason", rej.Reason, "message", rej.Message)
 		p.event(pod, corev1.EventTypeWarning, rej.Reason, rej.Message)
 		p.push(rec)
 		return nil
 	}
-	rec.plan = plan
-	rec.state.SetWaiting(ReasonContainerCreating, "")
 
 	// Intent record first: a crash from here on is reconciled at start.
+	// Until it is written the pod counts as admitted; if it cannot be, the
+	// pod is forgotten and the library retries the create.
+	forget := func() {
+		p.mu.Lock()
+		if p.pods[pod.UID] == rec {
+			delete(p.pods, pod.UID)
+		}
+		p.mu.Unlock()
+	}
 	if err := os.MkdirAll(rec.dir, 0o700); err != nil {
+		forget()
 		return fmt.Errorf("create state dir for pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
 	if err := writeJSONAtomic(filepath.Join(rec.dir, PodFileName), pod); err != nil {
 		os.RemoveAll(rec.dir)
+		forget()
 		return fmt.Errorf("record pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
 	rec.persist()
-	p.mu.Lock()
-	p.pods[pod.UID] = rec
-	p.mu.Unlock()
 	log.Info("Pod admitted; creating VM", "image", plan.Image, "cpus", plan.CPUs, "memoryMiB", plan.MemoryMiB, "machine", plan.Machine)
 	p.push(rec)
 	go p.run(rec)
