@@ -123,6 +123,11 @@ type podVM struct {
 	// readiness probe.
 	probes *probeState
 
+	// persistMu orders the writes of status.json (persist.go);
+	// persistFailing: the last write failed (an event was sent).
+	persistMu      sync.Mutex
+	persistFailing bool
+
 	deleteReq chan struct{} // closed by DeletePod
 	confirmed chan struct{} // closed once the pod is known to still exist
 	confirm   sync.Once
@@ -215,7 +220,7 @@ func (p *VMs) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 		forget()
 		return fmt.Errorf("record pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
-	rec.persist()
+	p.persist(rec)
 	log.Info("Pod admitted; creating VM", "image", plan.Image, "cpus", plan.CPUs, "memoryMiB", plan.MemoryMiB, "machine", plan.Machine)
 	p.push(rec)
 	go p.run(rec)
@@ -450,23 +455,8 @@ func (p *VMs) update(rec *podVM, f func(st *VMState)) {
 	rec.mu.Lock()
 	f(&rec.state)
 	rec.mu.Unlock()
-	rec.persist()
+	p.persist(rec) // persist.go
 	p.push(rec)
-}
-
-// persist writes status.json while the state dir exists (best effort).
-func (rec *podVM) persist() {
-	rec.mu.Lock()
-	st := rec.state
-	removed := rec.removed
-	rec.mu.Unlock()
-	if removed {
-		return
-	}
-	if _, err := os.Stat(rec.dir); err != nil {
-		return
-	}
-	_ = writeJSONAtomic(filepath.Join(rec.dir, StatusFileName), st)
 }
 
 func writeJSONAtomic(path string, v any) error {
@@ -474,26 +464,7 @@ func writeJSONAtomic(path string, v any) error {
 	if err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(append(b, '\n')); err != nil {
-		f.Close()
-		os.Remove(tmp)
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		os.Remove(tmp)
-		return err
-	}
-	if err := f.Close(); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return os.Rename(tmp, path)
+	return writeFileAtomic(path, append(b, '\n')) // persist.go
 }
 
 // ---- the worker ----
