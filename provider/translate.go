@@ -40,6 +40,13 @@ var knownAnnotations = map[string]bool{
 // nor a memory request.
 var DefaultMemory = resource.MustParse("512Mi")
 
+// maxCPU and maxMemory bound a VM's vCPUs and RAM (QEMU's q35 limit is
+// 1024 vCPUs); larger requests are refused, not truncated.
+var (
+	maxCPU    = resource.MustParse("1024")
+	maxMemory = resource.MustParse("16Ti")
+)
+
 // MaxKernelCmdlineAnnotation bounds the appended command line.
 const MaxKernelCmdlineAnnotation = 2048
 
@@ -225,6 +232,16 @@ func translateContainer(c corev1.Container, bad func(field, format string, a ...
 		for _, name := range names {
 			switch corev1.ResourceName(name) {
 			case corev1.ResourceCPU, corev1.ResourceMemory, corev1.ResourceEphemeralStorage:
+				q := rl.list[corev1.ResourceName(name)]
+				field := fmt.Sprintf("%s.resources.%s[%s]", f, rl.what, name)
+				switch {
+				case q.Sign() < 0:
+					bad(field, "%s must not be negative", q.String())
+				case corev1.ResourceName(name) == corev1.ResourceCPU && q.Cmp(maxCPU) > 0:
+					bad(field, "%s is more than a VM can have (%s vCPUs)", q.String(), maxCPU.String())
+				case corev1.ResourceName(name) == corev1.ResourceMemory && q.Cmp(maxMemory) > 0:
+					bad(field, "%s is more than a VM can have (%s)", q.String(), maxMemory.String())
+				}
 			default:
 				bad(fmt.Sprintf("%s.resources.%s[%s]", f, rl.what, name), "resource not supported by VM pods (cpu, memory, ephemeral-storage)")
 			}
