@@ -38,6 +38,13 @@ func (vm *VM) run(ctx context.Context, cmd any) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	select { // detached or exited first: a free slot must not win the race
+	case <-vm.detached:
+		return nil, errVMDetached
+	case <-vm.done:
+		return nil, errVMExited
+	default:
+	}
 	select {
 	case vm.qmpSlot <- struct{}{}:
 	case <-ctx.Done():
