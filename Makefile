@@ -15,7 +15,7 @@ TEST_TIMEOUT ?= 45m
 export GOFLAGS ?= -mod=mod
 export GOTOOLCHAIN ?= local
 
-.PHONY: all build test unit vet fmt-check verify run bench deps control-plane clean
+.PHONY: all build test unit unit-race fuzz-short vet fmt-check verify run bench deps control-plane clean
 
 all: build
 
@@ -43,9 +43,27 @@ verify: fmt-check vet
 test: deps verify
 	QK_CONTROL_PLANE_BIN=$$(hack/build-control-plane.sh) \
 	  $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
+	$(MAKE) unit-race
+	$(MAKE) fuzz-short
 
+# unit: the fast inner loop. Tests that need QEMU (or qemu-img), a registry
+# or a control plane skip under -short (internal/testutil.SkipIfShort).
 unit:
 	$(GO) test -count=1 -short ./...
+
+unit-race:
+	$(GO) test -race -count=1 -short ./...
+
+# fuzz-short: each fuzz target for FUZZTIME (seed corpora in testdata/fuzz).
+FUZZTIME ?= 10s
+FUZZ_TARGETS := oci:FuzzPlanManifest oci:FuzzExtractContainerDisk oci:FuzzSafeTarPath \
+	provider/config:FuzzDecode provider:FuzzTranslate
+fuzz-short:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+	  pkg=$${t%%:*}; fn=$${t#*:}; \
+	  echo "fuzz $$pkg $$fn ($(FUZZTIME))"; \
+	  $(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) ./$$pkg; \
+	done
 
 run: deps build
 	$(GO) build -o $(BIN)/local-up ./hack/local-up

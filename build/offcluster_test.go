@@ -27,6 +27,7 @@ import (
 // buildAgent builds cmd/qemu-kubelet into a temp dir.
 func buildAgent(t *testing.T, root string) string {
 	t.Helper()
+	testutil.SkipIfShort(t, "a go build of cmd/qemu-kubelet")
 	out := filepath.Join(t.TempDir(), "qemu-kubelet")
 	cmd := exec.Command("go", "build", "-o", out, "./cmd/qemu-kubelet")
 	cmd.Dir = root

@@ -29,6 +29,7 @@ import (
 // exporterset-controller run as the chart's ServiceAccounts, so the RBAC
 // the chart grants is proved sufficient by the real binaries.
 func TestAgainstAPIServer(t *testing.T) {
+	testutil.SkipIfShort(t, "a control plane")
 	c := cluster.StartT(t, cluster.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()

@@ -70,6 +70,16 @@ func controlPlaneBin(root string) (string, error) {
 
 func TestMain(m *testing.M) {
 	flag.Parse()
+	if testing.Short() {
+		// The TestEnvtest* tests need a control plane (envtest): not under
+		// -short (make unit); the unit tests still run.
+		fmt.Fprintln(os.Stderr, "controller tests: -short: envtest not started, TestEnvtest* skipped")
+		if err := flag.Set("test.skip", "^TestEnvtest"); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(m.Run())
+	}
 	os.Exit(runTests(m))
 }
 

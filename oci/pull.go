@@ -195,7 +195,16 @@ func (s *Store) fetchAndUnpack(ctx context.Context, resolver remotes.Resolver, n
 		return err
 	}
 
-	manifestDesc, m, err := s.fetchManifest(ctx, fetch, desc, pr, 0)
+	// Manifests (index and platform manifest) stay busy until the entry
+	// that lists them is committed; layers while they are unpacked.
+	var manifests []ocispec.Descriptor
+	defer func() { s.markBusy(manifests, -1) }()
+	fetchManifestBlob := func(descs ...ocispec.Descriptor) error {
+		s.markBusy(descs, +1)
+		manifests = append(manifests, descs...)
+		return fetch(descs...)
+	}
+	manifestDesc, m, err := s.fetchManifest(ctx, fetchManifestBlob, desc, pr, 0)
 	if err != nil {
 		return nil, err
 	}

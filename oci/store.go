@@ -15,6 +15,7 @@ import (
 
 	"github.com/containerd/containerd/v2/core/content"
 	"github.com/containerd/containerd/v2/plugins/content/local"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/platforms"
 	"github.com/go-logr/logr"
 	"github.com/opencontainers/go-digest"
@@ -386,18 +387,11 @@ func (s *Store) GC(ctx context.Context, p GCPolicy) (GCResult, error) {
 			}
 		}
 	}
-	keep := map[digest.Digest]bool{}
-	for _, e := range s.entries {
-		for _, b := range e.meta.Blobs {
-			keep[b] = true
-		}
-	}
-	for d := range s.busyBlobs {
-		keep[d] = true
-	}
-	inflight := len(s.inflight) > 0
 	names := s.namesSnapshot()
 	s.mu.Unlock()
+	if gcAfterSnapshot != nil {
+		gcAfterSnapshot()
+	}
 
 	var errs []error
 	if err := s.saveNames(names); err != nil {
@@ -405,10 +399,17 @@ func (s *Store) GC(ctx context.Context, p GCPolicy) (GCResult, error) {
 	}
 	for _, e := range victims {
 		dir := s.entryDir(e.meta.Digest)
-		// Rename first so a crash mid-delete leaves nothing that looks valid.
-		trash := filepath.Join(s.root, "tmp", "gc-"+entryDirName(e.meta.Digest))
-		if err := os.Rename(dir, trash); err != nil {
+		// Rename first so a crash mid-delete leaves nothing that looks
+		// valid (Open clears tmp/). The trash dir is unique: another GC may
+		// still be deleting an earlier entry of the same digest.
+		trash, err := os.MkdirTemp(filepath.Join(s.root, "tmp"), "gc-"+entryDirName(e.meta.Digest)+"-")
+		if err != nil {
 			errs = append(errs, fmt.Errorf("gc %s: %w", dir, err))
+			continue
+		}
+		if err := os.Rename(dir, filepath.Join(trash, "entry")); err != nil {
+			errs = append(errs, fmt.Errorf("gc %s: %w", dir, err))
+			_ = os.Remove(trash)
 			continue
 		}
 		if err := removeAll(trash); err != nil {
@@ -419,27 +420,63 @@ func (s *Store) GC(ctx context.Context, p GCPolicy) (GCResult, error) {
 		s.log.Info("removed cached image", "digest", e.meta.Digest, "size", e.meta.Size)
 	}
 	res.TotalBytes = total
-	if !inflight { // blobs and ingests of running pulls are not ours to touch
-		if err := s.content.Walk(ctx, func(info content.Info) error {
-			if !keep[info.Digest] {
-				if err := s.content.Delete(ctx, info.Digest); err != nil && !errors.Is(err, os.ErrNotExist) {
-					errs = append(errs, err)
-				}
-			}
-			return nil
-		}); err != nil {
-			errs = append(errs, err)
+	if err := s.sweepContent(ctx, p.MaxAge, now); err != nil {
+		errs = append(errs, err)
+	}
+	return res, errors.Join(errs...)
+}
+
+// gcAfterSnapshot, when set (tests only), runs in GC after it chose its
+// victims and released s.mu: the window in which a pull may start.
+var gcAfterSnapshot func()
+
+// sweepContent deletes the blobs no entry lists and no pull uses, and
+// (maxAge > 0) the partial downloads not updated for maxAge. The decision
+// is taken under s.mu against the live state, not a snapshot: a pull is in
+// s.inflight (registered under s.mu before it fetches anything) until its
+// entry, which lists its manifests, is committed, and it marks its blobs
+// busy while it needs them. So nothing is swept while any pull runs, and
+// a pull that starts after the sweep fetches what it needs again.
+func (s *Store) sweepContent(ctx context.Context, maxAge time.Duration, now time.Time) error {
+	var blobs []digest.Digest
+	if err := s.content.Walk(ctx, func(info content.Info) error {
+		blobs = append(blobs, info.Digest)
+		return nil
+	}); err != nil {
+		return fmt.Errorf("gc: list blobs: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.inflight) > 0 {
+		return nil // blobs and ingests of running pulls are not ours to touch
+	}
+	keep := map[digest.Digest]bool{}
+	for _, e := range s.entries {
+		for _, b := range e.meta.Blobs {
+			keep[b] = true
 		}
-		if p.MaxAge > 0 {
-			sts, _ := s.content.ListStatuses(ctx)
-			for _, st := range sts {
-				if now.Sub(st.UpdatedAt) > p.MaxAge {
-					_ = s.content.Abort(ctx, st.Ref)
-				}
+	}
+	for d := range s.busyBlobs {
+		keep[d] = true
+	}
+	var errs []error
+	for _, d := range blobs {
+		if keep[d] {
+			continue
+		}
+		if err := s.content.Delete(ctx, d); err != nil && !errors.Is(err, os.ErrNotExist) && !errdefs.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("gc: delete blob %s: %w", d, err))
+		}
+	}
+	if maxAge > 0 {
+		sts, _ := s.content.ListStatuses(ctx)
+		for _, st := range sts {
+			if now.Sub(st.UpdatedAt) > maxAge {
+				_ = s.content.Abort(ctx, st.Ref)
 			}
 		}
 	}
-	return res, errors.Join(errs...)
+	return errors.Join(errs...)
 }
 
 func (s *Store) namesSnapshot() map[string]digest.Digest {

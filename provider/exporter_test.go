@@ -220,6 +220,7 @@ func condReason(reason string) func(*corev1.Pod) bool {
 	}
 }
 
+// drainEvents returns the events buffered in rec (without waiting).
 func drainEvents(rec *record.FakeRecorder) []string {
 	var out []string
 	for {

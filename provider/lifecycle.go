@@ -139,6 +139,10 @@ type podVM struct {
 	// ended (both nil: no exporter).
 	stopExp context.CancelFunc
 	expDone chan struct{}
+	// persistMu orders the writes of status.json (persist.go);
+	// persistFailing: the last write failed (an event was sent).
+	persistMu      sync.Mutex
+	persistFailing bool
 
 	deleteReq chan struct{} // closed by DeletePod
 	confirmed chan struct{} // closed once the pod is known to still exist
@@ -177,49 +181,61 @@ func (p *VMs) podDir(uid types.UID) string { return filepath.Join(p.vmsDir(), st
 // work is asynchronous.
 func (p *VMs) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	log := klog.FromContext(ctx).WithValues("pod", klog.KObj(pod), "uid", pod.UID)
+	rec := newPodVM(pod.UID, p.podDir(pod.UID), pod.DeepCopy())
+	rec.confirm.Do(func() { close(rec.confirmed) })
+	rec.state.StartTime = p.now().UTC()
+	plan, rej := Translate(pod)
+	node := NodeCapacity{Allocatable: p.allocatable(), Accelerator: p.cfg.Accelerator, UEFI: p.cfg.UEFICode != ""}
+
+	// Admit and insert under one lock: the library calls CreatePod from
+	// several workers, and two pods admitted against the same active set
+	// could overcommit the node.
 	p.mu.Lock()
 	if _, known := p.pods[pod.UID]; known {
 		p.mu.Unlock()
 		return nil // already known (e.g. recovered): nothing to create
 	}
-	active := p.activePodsLocked()
-	p.mu.Unlock()
-
-	rec := newPodVM(pod.UID, p.podDir(pod.UID), pod.DeepCopy())
-	rec.confirm.Do(func() { close(rec.confirmed) })
-	rec.state.StartTime = p.now().UTC()
-
-	plan, rej := Translate(pod)
 	if rej == nil {
-		rej = Admit(pod, plan, NodeCapacity{Allocatable: p.allocatable(), Accelerator: p.cfg.Accelerator, UEFI: p.cfg.UEFICode != ""}, active)
+		rej = Admit(pod, plan, node, p.activePodsLocked())
 	}
 	if rej != nil {
-		log.Info("Pod not admitted", "reason", rej.Reason, "message", rej.Message)
 		rec.state.Rejection = rej
 		rec.state.Final = true
 		close(rec.done)
-		p.mu.Lock()
-		p.pods[pod.UID] = rec
-		p.mu.Unlock()
+	} else {
+		rec.plan = plan
+		rec.state.SetWaiting(ReasonContainerCreating, "")
+	}
+	p.pods[pod.UID] = rec
+	p.mu.Unlock()
+
+	if rej != nil {
+		log.Info("Pod not admitted", "reason", rej.Reason, "message", rej.Message)
 		p.event(pod, corev1.EventTypeWarning, rej.Reason, rej.Message)
 		p.push(rec)
 		return nil
 	}
-	rec.plan = plan
-	rec.state.SetWaiting(ReasonContainerCreating, "")
 
 	// Intent record first: a crash from here on is reconciled at start.
+	// Until it is written the pod counts as admitted; if it cannot be, the
+	// pod is forgotten and the library retries the create.
+	forget := func() {
+		p.mu.Lock()
+		if p.pods[pod.UID] == rec {
+			delete(p.pods, pod.UID)
+		}
+		p.mu.Unlock()
+	}
 	if err := os.MkdirAll(rec.dir, 0o700); err != nil {
+		forget()
 		return fmt.Errorf("create state dir for pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
 	if err := writeJSONAtomic(filepath.Join(rec.dir, PodFileName), pod); err != nil {
 		os.RemoveAll(rec.dir)
+		forget()
 		return fmt.Errorf("record pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
-	rec.persist()
-	p.mu.Lock()
-	p.pods[pod.UID] = rec
-	p.mu.Unlock()
+	p.persist(rec)
 	log.Info("Pod admitted; creating VM", "image", plan.Image, "cpus", plan.CPUs, "memoryMiB", plan.MemoryMiB, "machine", plan.Machine)
 	p.push(rec)
 	go p.run(rec)
@@ -455,23 +471,8 @@ func (p *VMs) update(rec *podVM, f func(st *VMState)) {
 	rec.mu.Lock()
 	f(&rec.state)
 	rec.mu.Unlock()
-	rec.persist()
+	p.persist(rec) // persist.go
 	p.push(rec)
-}
-
-// persist writes status.json while the state dir exists (best effort).
-func (rec *podVM) persist() {
-	rec.mu.Lock()
-	st := rec.state
-	removed := rec.removed
-	rec.mu.Unlock()
-	if removed {
-		return
-	}
-	if _, err := os.Stat(rec.dir); err != nil {
-		return
-	}
-	_ = writeJSONAtomic(filepath.Join(rec.dir, StatusFileName), st)
 }
 
 func writeJSONAtomic(path string, v any) error {
@@ -479,26 +480,7 @@ func writeJSONAtomic(path string, v any) error {
 	if err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(append(b, '\n')); err != nil {
-		f.Close()
-		os.Remove(tmp)
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		os.Remove(tmp)
-		return err
-	}
-	if err := f.Close(); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return os.Rename(tmp, path)
+	return writeFileAtomic(path, append(b, '\n')) // persist.go
 }
 
 // ---- the worker ----
@@ -953,6 +935,9 @@ func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan Plan
 		Network:     true,
 		AllowedDirs: []string{p.cfg.ImageDir},
 		StateDir:    rec.dir,
+	}
+	if img.Kernel != "" {
+		spec.Cmdline = KernelCmdline(img.Cmdline, plan.ExtraCmdline) // cmdline.go: console=ttyS0 unless one is named
 	}
 	if plan.Firmware == qemu.FirmwareUEFI {
 		spec.UEFICode, spec.UEFIVarsTemplate = p.cfg.UEFICode, p.cfg.UEFIVars

@@ -101,17 +101,7 @@ func (h *harness) wait(uid types.UID, timeout time.Duration, what string, ok fun
 }
 
 // drainEvents returns the events recorded since the last call.
-func (h *harness) drainEvents() []string {
-	var out []string
-	for {
-		select {
-		case e := <-h.events.Events:
-			out = append(out, e)
-		default:
-			return out
-		}
-	}
-}
+func (h *harness) drainEvents() []string { return drainEvents(h.events) }
 
 func (h *harness) seenTags(uid types.UID) []string {
 	h.mu.Lock()

@@ -29,8 +29,9 @@ import (
 // server that accepts and closes at once without sending a byte counts as a
 // failure). httpGet succeeds on a status in [200, 400) (HTTPS without
 // certificate checks, as a kubelet). The probe's host field is ignored: a
-// probe always targets the guest. exec and grpc probes need a guest agent
-// and always fail with a message saying so.
+// probe always targets the guest. exec and grpc probes are refused by
+// Translate (exec needs a guest agent); check still fails them with a
+// message should one reach it.
 //
 // Timing follows the kubelet: initialDelaySeconds, periodSeconds,
 // timeoutSeconds, successThreshold, failureThreshold. Readiness starts
@@ -189,17 +190,17 @@ func (g *guestProber) check(ctx context.Context, timeout time.Duration) (bool, s
 		if err != nil {
 			return false, err.Error()
 		}
-		hp, err := g.forward(ctx, port)
+		hp, err := g.forward(ctx, port, timeout)
 		if err != nil {
 			return false, err.Error()
 		}
-		return tcpCheck(ctx, vmUsernet(g.vm), hp, port, timeout)
+		return tcpCheck(ctx, boundedQuery(vmUsernet(g.vm), timeout), hp, port, timeout)
 	case h.HTTPGet != nil:
 		port, err := probePort(h.HTTPGet.Port, g.c)
 		if err != nil {
 			return false, err.Error()
 		}
-		hp, err := g.forward(ctx, port)
+		hp, err := g.forward(ctx, port, timeout)
 		if err != nil {
 			return false, err.Error()
 		}
@@ -212,10 +213,16 @@ func (g *guestProber) check(ctx context.Context, timeout time.Duration) (bool, s
 	return false, "probe has no handler"
 }
 
-func (g *guestProber) forward(ctx context.Context, guestPort int) (int, error) {
+// forward returns the host port forwarded to guestPort, adding the forward
+// (a QMP command, bounded by max(timeout, probeQMPMin): a hung QEMU fails
+// the probe) on
+// first use.
+func (g *guestProber) forward(ctx context.Context, guestPort int, timeout time.Duration) (int, error) {
 	if hp, ok := g.hostPorts[guestPort]; ok {
 		return hp, nil
 	}
+	ctx, cancel := context.WithTimeout(ctx, max(timeout, probeQMPMin))
+	defer cancel()
 	hp, err := g.vm.ForwardPort(ctx, guestPort, 0)
 	if err != nil {
 		return 0, err
@@ -283,6 +290,21 @@ func removeStaleProbeForwards(ctx context.Context, vm *qemu.VM) {
 		_ = vm.RemoveForward(ctx, hp) // already gone: fine
 	}
 	os.Remove(path)
+}
+
+// probeQMPMin is the least time a probe's QMP command (adding its forward,
+// asking for the connection state) gets: on a loaded host QEMU may answer
+// later than a 1 s probe timeout, but a hung QEMU must fail the probe.
+const probeQMPMin = 5 * time.Second
+
+// boundedQuery bounds each QMP query of q by max(timeout, probeQMPMin): a
+// probe against a hung QEMU fails instead of waiting forever.
+func boundedQuery(q usernetQuery, timeout time.Duration) usernetQuery {
+	return func(ctx context.Context) (string, error) {
+		ctx, cancel := context.WithTimeout(ctx, max(timeout, probeQMPMin))
+		defer cancel()
+		return q(ctx)
+	}
 }
 
 // tcpCheck connects through the forward and waits up to timeout for the

@@ -43,6 +43,13 @@ var knownAnnotations = map[string]bool{
 // nor a memory request.
 var DefaultMemory = resource.MustParse("512Mi")
 
+// maxCPU and maxMemory bound a VM's vCPUs and RAM (QEMU's q35 limit is
+// 1024 vCPUs); larger requests are refused, not truncated.
+var (
+	maxCPU    = resource.MustParse("1024")
+	maxMemory = resource.MustParse("16Ti")
+)
+
 // MaxKernelCmdlineAnnotation bounds the appended command line.
 const MaxKernelCmdlineAnnotation = 2048
 
@@ -198,6 +205,24 @@ func translateContainer(c corev1.Container, bad func(field, format string, a ...
 	if len(c.VolumeDevices) > 0 {
 		bad(f+".volumeDevices", "not supported by VM pods")
 	}
+	for _, pr := range []struct {
+		field string
+		probe *corev1.Probe
+	}{{"livenessProbe", c.LivenessProbe}, {"readinessProbe", c.ReadinessProbe}, {"startupProbe", c.StartupProbe}} {
+		if pr.probe == nil {
+			continue
+		}
+		// probes.go runs tcpSocket and httpGet probes through the VM's
+		// user network; exec needs a guest agent and grpc is not
+		// implemented, so such a probe could only ever fail (a liveness
+		// probe would restart the VM forever).
+		if pr.probe.Exec != nil {
+			bad(f+"."+pr.field+".exec", "exec probes are not supported by VM pods (no guest agent); use tcpSocket or httpGet")
+		}
+		if pr.probe.GRPC != nil {
+			bad(f+"."+pr.field+".grpc", "grpc probes are not supported by VM pods; use tcpSocket or httpGet")
+		}
+	}
 	for _, rl := range []struct {
 		what string
 		list corev1.ResourceList
@@ -210,6 +235,16 @@ func translateContainer(c corev1.Container, bad func(field, format string, a ...
 		for _, name := range names {
 			switch corev1.ResourceName(name) {
 			case corev1.ResourceCPU, corev1.ResourceMemory, corev1.ResourceEphemeralStorage:
+				q := rl.list[corev1.ResourceName(name)]
+				field := fmt.Sprintf("%s.resources.%s[%s]", f, rl.what, name)
+				switch {
+				case q.Sign() < 0:
+					bad(field, "%s must not be negative", q.String())
+				case corev1.ResourceName(name) == corev1.ResourceCPU && q.Cmp(maxCPU) > 0:
+					bad(field, "%s is more than a VM can have (%s vCPUs)", q.String(), maxCPU.String())
+				case corev1.ResourceName(name) == corev1.ResourceMemory && q.Cmp(maxMemory) > 0:
+					bad(field, "%s is more than a VM can have (%s)", q.String(), maxMemory.String())
+				}
 			default:
 				bad(fmt.Sprintf("%s.resources.%s[%s]", f, rl.what, name), "resource not supported by VM pods (cpu, memory, ephemeral-storage)")
 			}

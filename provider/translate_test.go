@@ -120,6 +120,20 @@ func TestTranslateRejects(t *testing.T) {
 			p.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: 22, HostPort: 2222}}
 		}, []string{"resources.limits[nvidia.com/gpu]", "ports[0].hostPort"}},
 		{"no image", func(p *corev1.Pod) { p.Spec.Containers[0].Image = "" }, []string{"spec.containers[0].image"}},
+		{"negative and huge resources (found by FuzzTranslate)", func(p *corev1.Pod) {
+			p.Spec.Containers[0].Resources = corev1.ResourceRequirements{Requests: rl("cpu", "-2", "memory", "-1Gi"), Limits: rl("cpu", "5000", "memory", "1Ei")}
+		}, []string{"resources.requests[cpu]: -2 must not be negative", "resources.requests[memory]: -1Gi must not be negative",
+			"resources.limits[cpu]: 5k is more than a VM can have", "resources.limits[memory]: 1Ei is more than a VM can have"}},
+		{"exec liveness probe", func(p *corev1.Pod) {
+			p.Spec.Containers[0].LivenessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"true"}}}}
+		}, []string{"spec.containers[0].livenessProbe.exec: exec probes are not supported"}},
+		{"exec readiness and grpc startup probes", func(p *corev1.Pod) {
+			p.Spec.Containers[0].ReadinessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"true"}}}}
+			p.Spec.Containers[0].StartupProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{GRPC: &corev1.GRPCAction{Port: 9000}}}
+		}, []string{"spec.containers[0].readinessProbe.exec", "spec.containers[0].startupProbe.grpc: grpc probes are not supported"}},
+		{"grpc liveness probe", func(p *corev1.Pod) {
+			p.Spec.Containers[0].LivenessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{GRPC: &corev1.GRPCAction{Port: 9000}}}
+		}, []string{"spec.containers[0].livenessProbe.grpc"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

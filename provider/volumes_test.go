@@ -17,6 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 )
 
 // fakeSources serves fixed objects; anything else is NotFound.
@@ -152,6 +154,7 @@ func TestPlanGuestDisks(t *testing.T) {
 // TestPrepareGuestDisks makes real FAT and qcow2 images and reads them back
 // with mtools and qemu-img.
 func TestPrepareGuestDisks(t *testing.T) {
+	testutil.SkipIfShort(t, "qemu-img")
 	for _, tool := range []string{"mkfs.vfat", "mcopy", "mtype", "mlabel", "qemu-img"} {
 		_, err := exec.LookPath(tool)
 		require.NoError(t, err, "hack/install-deps.sh installs %s", tool)

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 )
 
 // kvmWorks reports whether this machine's KVM runs guest code; the probe
@@ -13,6 +15,7 @@ import (
 // machines /dev/kvm exists but fails (nested), so the fallback path is the one
 // exercised there.
 func TestProbeAccelerator(t *testing.T) {
+	testutil.SkipIfShort(t, "QEMU")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
@@ -54,6 +57,7 @@ func TestProbeAccelerator(t *testing.T) {
 // TestProbeAcceleratorThisMachine pins the behaviour of the project's machines:
 // /dev/kvm present but unable to run guest code.
 func TestProbeAcceleratorThisMachine(t *testing.T) {
+	testutil.SkipIfShort(t, "QEMU")
 	if _, err := os.Stat("/dev/kvm"); err != nil {
 		t.Logf("no /dev/kvm: %v", err)
 	}
@@ -73,6 +77,7 @@ func TestProbeAcceleratorThisMachine(t *testing.T) {
 }
 
 func TestVersion(t *testing.T) {
+	testutil.SkipIfShort(t, "QEMU")
 	v, err := Version(context.Background(), "")
 	if err != nil {
 		t.Fatal(err)

@@ -8,9 +8,12 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 )
 
 func TestCreateOverlayAndScratch(t *testing.T) {
+	testutil.SkipIfShort(t, "qemu-img")
 	ctx := context.Background()
 	dir := t.TempDir()
 	base := filepath.Join(dir, "base.raw")

@@ -75,6 +75,7 @@ var (
 // hack/build-test-image.sh.
 func testImage(t testing.TB) string {
 	t.Helper()
+	testutil.SkipIfShort(t, "QEMU and the test images")
 	imageOnce.Do(func() {
 		root, err := testutil.RepoRoot()
 		if err != nil {

@@ -49,6 +49,11 @@ type VM struct {
 	done     chan struct{}
 	closed   bool
 	lastStat string
+
+	// qmpSlot holds our one QMP command in flight (qmp.go); detached is
+	// closed by Detach.
+	qmpSlot  chan struct{}
+	detached chan struct{}
 }
 
 // Start launches QEMU for spec with its state in stateDir (created 0700;
@@ -218,7 +223,8 @@ func Adopt(ctx context.Context, stateDir string) (*VM, error) {
 
 func newVM(spec Spec, dir string, pid int, log logr.Logger) *VM {
 	return &VM{spec: spec, stateDir: dir, pid: pid, log: log, state: StateStarting,
-		subs: map[chan Event]struct{}{}, done: make(chan struct{})}
+		subs: map[chan Event]struct{}{}, done: make(chan struct{}),
+		qmpSlot: make(chan struct{}, 1), detached: make(chan struct{})}
 }
 
 func readExit(dir string) (Exit, error) {
@@ -363,12 +369,6 @@ func (vm *VM) handle(ev Event) {
 	}
 }
 
-func (vm *VM) quit() {
-	if _, err := vm.mon.Run([]byte(`{"execute":"quit"}`)); err != nil {
-		vm.log.V(2).Info("quit", "err", err)
-	}
-}
-
 func (vm *VM) applyRunState(st string) {
 	vm.mu.Lock()
 	quit := false
@@ -474,13 +474,19 @@ func (vm *VM) broadcastLocked(ev Event) {
 }
 
 // Events returns a new subscription to the VM's typed events. The channel
-// is closed after the Exited event, or when ctx ends. Subscribing to an
-// exited VM yields its Exited event only.
+// is closed after the Exited event, when ctx ends, or when the VM is
+// detached (no more events come). Subscribing to an exited VM yields its
+// Exited event only; to a detached one, a closed channel.
 func (vm *VM) Events(ctx context.Context) <-chan Event {
 	ch := make(chan Event, 64)
 	vm.mu.Lock()
 	if vm.exit != nil {
 		ch <- Exited{Stamp: Stamp{At: vm.exit.At}, Exit: *vm.exit}
+		close(ch)
+		vm.mu.Unlock()
+		return ch
+	}
+	if vm.closed {
 		close(ch)
 		vm.mu.Unlock()
 		return ch
@@ -497,6 +503,7 @@ func (vm *VM) Events(ctx context.Context) <-chan Event {
 			}
 			vm.mu.Unlock()
 		case <-vm.done:
+		case <-vm.detached: // Detach closed ch
 		}
 	}()
 	return ch
@@ -551,7 +558,8 @@ func (vm *VM) StateDir() string { return vm.stateDir }
 func (vm *VM) Spec() Spec { return vm.spec }
 
 // Detach stops supervising without touching QEMU (e.g. the caller is
-// shutting down); Adopt picks the VM up again.
+// shutting down); Adopt picks the VM up again. Event subscriptions are
+// closed, and QMP commands (one possibly still waiting for a reply) end.
 func (vm *VM) Detach() {
 	vm.mu.Lock()
 	if vm.closed || vm.exit != nil {
@@ -559,39 +567,14 @@ func (vm *VM) Detach() {
 		return
 	}
 	vm.closed = true
+	close(vm.detached)
+	for ch := range vm.subs {
+		close(ch)
+		delete(vm.subs, ch)
+	}
 	vm.mu.Unlock()
 	if vm.mon != nil {
 		vm.mon.Disconnect()
-	}
-}
-
-// run executes a QMP command with a context: go-qemu's Run has no timeout,
-// so a hung QEMU is handled by giving up on the reply (the connection then
-// is no longer usable and supervision ends when QEMU is killed).
-func (vm *VM) run(ctx context.Context, cmd any) ([]byte, error) {
-	if vm.mon == nil {
-		return nil, errors.New("VM is not connected")
-	}
-	raw, err := json.Marshal(cmd)
-	if err != nil {
-		return nil, err
-	}
-	type res struct {
-		b   []byte
-		err error
-	}
-	ch := make(chan res, 1)
-	go func() {
-		b, err := vm.mon.Run(raw)
-		ch <- res{b, err}
-	}()
-	select {
-	case r := <-ch:
-		return r.b, r.err
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-vm.done:
-		return nil, errors.New("VM exited")
 	}
 }
 
@@ -662,10 +645,13 @@ func (vm *VM) Stop(ctx context.Context, opts StopOptions) (Exit, error) {
 		opts.QuitGrace = 5 * time.Second
 	}
 	if _, exited := vm.Exit(); !exited {
-		if err := vm.QMP(ctx, "system_powerdown", nil, nil); err != nil {
+		graceEnd := time.Now().Add(opts.Grace)
+		pctx, cancel := context.WithDeadline(ctx, graceEnd) // a hung QMP must not hold the stop
+		if err := vm.QMP(pctx, "system_powerdown", nil, nil); err != nil {
 			vm.log.V(1).Info("system_powerdown failed", "err", err)
 		}
-		if !vm.waitDone(ctx, opts.Grace) {
+		cancel()
+		if !vm.waitDone(ctx, time.Until(graceEnd)) {
 			vm.setForcing(fmt.Sprintf("guest did not power off within %s of the ACPI power button; quit", opts.Grace))
 			qctx, cancel := context.WithTimeout(ctx, opts.QuitGrace)
 			_ = vm.QMP(qctx, "quit", nil, nil)

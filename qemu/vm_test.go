@@ -559,6 +559,9 @@ func TestDetachAdopt(t *testing.T) {
 // TestLeakDetector: the TestMain check finds a QEMU started with a test
 // state dir (so a leak would fail the suite).
 func TestLeakDetector(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs QEMU: skipped under -short")
+	}
 	dir := newStateDir(t)
 	cmd := exec.Command(DefaultQEMUBinary, "-machine", "none", "-nodefaults", "-display", "none",
 		"-qmp", "unix:"+filepath.Join(filepath.Dir(dir), "leak.sock")+",server=on,wait=off")

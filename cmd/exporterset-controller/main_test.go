@@ -67,6 +67,7 @@ func httpGet(url string) (int, string, error) {
 // TestRunAgainstRealAPIServer runs the controller's wiring (manager, leader
 // election, metrics and health endpoints) against a real kube-apiserver.
 func TestRunAgainstRealAPIServer(t *testing.T) {
+	testutil.SkipIfShort(t, "a control plane (envtest)")
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
 	root := testutil.MustRepoRoot(t)
 	testEnv := &envtest.Environment{

@@ -40,6 +40,8 @@ func newVMs(ctx context.Context, cfg *config.Node, facts provider.Facts, client 
 		NodeIP:      cfg.NodeIP,
 		StateDir:    cfg.StateDir,
 		QEMUBinary:  cfg.QEMUBinary,
+		UEFICode:    cfg.UEFICode,
+		UEFIVars:    cfg.UEFIVars,
 		Accelerator: facts.Accelerator.Name,
 		Images:      images,
 		ImageDir:    imageDir,

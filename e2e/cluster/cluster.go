@@ -99,6 +99,9 @@ type proc struct {
 // failure the tail of each component log is written to the test log.
 func StartT(t testing.TB, opts Options) *Cluster {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("needs a control plane: skipped under -short")
+	}
 	if opts.Logf == nil {
 		opts.Logf = t.Logf
 	}

@@ -24,6 +24,9 @@ import (
 // TestClusterLifecycle starts a real control plane, uses it as admin and as
 // an unprivileged user, and checks that Stop leaves no component running.
 func TestClusterLifecycle(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs a control plane: skipped under -short")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	c, err := Start(ctx, Options{Logf: t.Logf})

@@ -16,6 +16,7 @@ import (
 // QEMU runs in its own process group and is killed before returning.
 func BareBoot(tb testing.TB, qemuBinary, marker string, args ...string) time.Duration {
 	tb.Helper()
+	SkipIfShort(tb, "QEMU")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	start := time.Now()

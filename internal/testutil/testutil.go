@@ -106,3 +106,13 @@ func GuardCleanup(name string, stop func()) (disarm func()) {
 	}()
 	return func() { signal.Stop(sig); close(done) }
 }
+
+// SkipIfShort skips tb under `go test -short` (make unit): the test needs
+// a real QEMU, registry or control plane, named by what. Such tests run in
+// `make test`.
+func SkipIfShort(tb testing.TB, what string) {
+	tb.Helper()
+	if testing.Short() {
+		tb.Skipf("needs %s: skipped under -short", what)
+	}
+}

@@ -28,6 +28,7 @@ func RepoRoot(tb testing.TB) string { return testutil.MustRepoRoot(tb) }
 // Oras returns the path of the oras CLI, building it (cached) if needed.
 func Oras(tb testing.TB) string {
 	tb.Helper()
+	testutil.SkipIfShort(tb, "the oras CLI")
 	out, err := exec.Command(filepath.Join(RepoRoot(tb), "hack", "build-oras.sh")).Output()
 	if err != nil {
 		var stderr string
@@ -58,6 +59,7 @@ type RegistryOptions struct {
 // the test ends.
 func StartRegistry(tb testing.TB, o RegistryOptions) *Registry {
 	tb.Helper()
+	testutil.SkipIfShort(tb, "a docker-registry")
 	dir := tb.TempDir()
 	r := &Registry{Root: filepath.Join(dir, "storage"), User: o.User, Pass: o.Pass, Log: filepath.Join(dir, "registry.log")}
 	r.Addr = freeAddr(tb)

@@ -5,6 +5,7 @@ import (
 	"maps"
 	"math"
 	"net"
+	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -64,29 +65,48 @@ type Environment struct {
 	Hostname string
 	// HostIP is the default InternalIP.
 	HostIP string
+	// FileExists tells whether a firmware file exists (nil: os.Stat).
+	FileExists func(path string) bool
+}
+
+// DefaultOVMF are the OVMF code/vars pairs looked for, in order, when the
+// configuration names none: where Debian's ovmf package installs them.
+var DefaultOVMF = [][2]string{
+	{"/usr/share/OVMF/OVMF_CODE_4M.fd", "/usr/share/OVMF/OVMF_VARS_4M.fd"},
+	{"/usr/share/OVMF/OVMF_CODE.fd", "/usr/share/OVMF/OVMF_VARS.fd"},
+}
+
+func (e Environment) exists(p string) bool {
+	if e.FileExists != nil {
+		return e.FileExists(p)
+	}
+	_, err := os.Stat(p)
+	return err == nil
 }
 
 // Node is the resolved, validated configuration: plain data with parsed
 // quantities and durations.
 type Node struct {
-	NodeName          string
-	NodeIP            string
-	Hostname          string
-	StateDir          string
-	QEMUBinary        string
-	MaxVMs            int32
-	Reserved          corev1.ResourceList
-	CPUOvercommit     float64
-	MemoryOvercommit  float64
-	AcceleratorPolicy string
-	ProbeTimeout      time.Duration
-	Taints            []corev1.Taint
-	Labels            map[string]string
-	ListenAddress     string
-	Port              int32
-	TLSCertFile       string
-	TLSKeyFile        string
-	ClientCAFile      string
+	NodeName   string
+	NodeIP     string
+	Hostname   string
+	StateDir   string
+	QEMUBinary string
+	// UEFICode and UEFIVars are the OVMF files ("": UEFI pods refused).
+	UEFICode, UEFIVars string
+	MaxVMs             int32
+	Reserved           corev1.ResourceList
+	CPUOvercommit      float64
+	MemoryOvercommit   float64
+	AcceleratorPolicy  string
+	ProbeTimeout       time.Duration
+	Taints             []corev1.Taint
+	Labels             map[string]string
+	ListenAddress      string
+	Port               int32
+	TLSCertFile        string
+	TLSKeyFile         string
+	ClientCAFile       string
 	// StatusUpdateFrequency is the period of host readings / status pushes.
 	StatusUpdateFrequency time.Duration
 	// LeaseDuration of the node lease; renewed every LeaseDuration/4.
@@ -120,6 +140,14 @@ func Default(c *NodeConfiguration, env Environment) {
 	}
 	if c.QEMUBinary == "" {
 		c.QEMUBinary = DefaultQEMUBinary()
+	}
+	if c.Firmware.UEFICode == "" && c.Firmware.UEFIVars == "" {
+		for _, pair := range DefaultOVMF {
+			if env.exists(pair[0]) && env.exists(pair[1]) {
+				c.Firmware.UEFICode, c.Firmware.UEFIVars = pair[0], pair[1]
+				break
+			}
+		}
 	}
 	if c.MaxVMs == nil {
 		v := int32(DefaultMaxVMs)
@@ -204,6 +232,8 @@ func validate(c *NodeConfiguration) (*Node, field.ErrorList) {
 		NodeIP:            c.NodeIP,
 		StateDir:          c.StateDir,
 		QEMUBinary:        c.QEMUBinary,
+		UEFICode:          c.Firmware.UEFICode,
+		UEFIVars:          c.Firmware.UEFIVars,
 		MaxVMs:            *c.MaxVMs,
 		Reserved:          corev1.ResourceList{},
 		CPUOvercommit:     *c.Overcommit.CPU,
@@ -223,6 +253,17 @@ func validate(c *NodeConfiguration) (*Node, field.ErrorList) {
 	} else {
 		for _, m := range validation.IsDNS1123Subdomain(c.NodeName) {
 			errs = append(errs, field.Invalid(field.NewPath("nodeName"), c.NodeName, m))
+		}
+	}
+	fw := field.NewPath("firmware")
+	switch {
+	case (c.Firmware.UEFICode == "") != (c.Firmware.UEFIVars == ""):
+		errs = append(errs, field.Invalid(fw, c.Firmware, "uefiCode and uefiVars: set both or neither"))
+	case c.Firmware.UEFICode != "":
+		for _, f := range []struct{ name, v string }{{"uefiCode", c.Firmware.UEFICode}, {"uefiVars", c.Firmware.UEFIVars}} {
+			if !filepath.IsAbs(f.v) || strings.ContainsAny(f.v, ",\n") {
+				errs = append(errs, field.Invalid(fw.Child(f.name), f.v, "must be an absolute path without commas"))
+			}
 		}
 	}
 	if net.ParseIP(c.NodeIP) == nil {

@@ -60,6 +60,9 @@ type NodeConfiguration struct {
 	Overcommit Overcommit `json:"overcommit,omitempty"`
 	// Accelerator selects KVM or TCG.
 	Accelerator Accelerator `json:"accelerator,omitempty"`
+	// Firmware locates the UEFI firmware (OVMF) for pods annotated
+	// qemu-kubelet.io/firmware=uefi.
+	Firmware Firmware `json:"firmware,omitempty"`
 	// Taints are put on the Node when it is registered (created). Absent:
 	// virtual-kubelet.io/provider=qemu:NoSchedule. An empty list: no taint.
 	// Taints set later by admins are kept across restarts.
@@ -100,6 +103,16 @@ type Overcommit struct {
 }
 
 // Accelerator configures the KVM probe.
+type Firmware struct {
+	// UEFICode is the OVMF code image (read-only, shared by every VM) and
+	// UEFIVars the variable-store template each VM gets a copy of. Both or
+	// neither; absolute paths. Absent: the first pair of DefaultOVMF that
+	// exists on the host (Debian's ovmf package); none: UEFI pods are
+	// refused (FirmwareUnavailable).
+	UEFICode string `json:"uefiCode,omitempty"`
+	UEFIVars string `json:"uefiVars,omitempty"`
+}
+
 type Accelerator struct {
 	// Policy is require-kvm, prefer-kvm (default) or tcg.
 	Policy string `json:"policy,omitempty"`

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
 )
 
@@ -41,6 +42,7 @@ const Repo = "qemu-kubelet/test-os"
 // directory holding vmlinuz, initramfs-*.cpio.gz and cmdline.
 func BuildTestImages(tb testing.TB) string {
 	tb.Helper()
+	testutil.SkipIfShort(tb, "QEMU test images (hack/build-test-image.sh)")
 	root := ocitest.RepoRoot(tb)
 	cmd := exec.Command(filepath.Join(root, "hack", "build-test-image.sh"))
 	var stderr strings.Builder

@@ -1,0 +1,64 @@
+package provider
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+
+	"github.com/qemu-kubelet/qemu-kubelet/oci"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestKernelCmdlineConsole(t *testing.T) {
+	cases := []struct {
+		name, image, extra, want string
+	}{
+		{"nothing", "", "", "console=ttyS0"},
+		{"image without console", "root=/dev/vda quiet", "", "console=ttyS0 root=/dev/vda quiet"},
+		{"image names console", "console=ttyS0,115200 quiet", "", "console=ttyS0,115200 quiet"},
+		{"image names another console", "console=hvc0", "loglevel=3", "console=hvc0 loglevel=3"},
+		{"pod names console", "quiet", "console=ttyS1", "quiet console=ttyS1"},
+		{"netconsole is not a console", "netconsole=@/,@10.0.0.1/", "", "console=ttyS0 netconsole=@/,@10.0.0.1/"},
+		{"console= after -- goes to init", "quiet -- console=foo", "", "console=ttyS0 quiet -- console=foo"},
+		{"spaces trimmed", "  quiet ", "  ", "console=ttyS0 quiet"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, KernelCmdline(tc.image, tc.extra))
+		})
+	}
+}
+
+// TestVMSpecKernelConsole: the spec of a directly booted kernel whose image
+// and pod name no console gets console=ttyS0 (kubectl logs is the serial
+// console); one that names a console keeps it; a disk boot gets no command
+// line. No QEMU is started (vmSpec of an image without a disk only plans).
+func TestVMSpecKernelConsole(t *testing.T) {
+	dir := t.TempDir()
+	imageDir := filepath.Join(dir, "images")
+	p := NewVMs(context.Background(), VMsConfig{StateDir: dir, ImageDir: imageDir, Accelerator: "tcg"})
+	rec := &podVM{uid: "uid-p", dir: p.podDir("uid-p")}
+	kernel := &oci.Image{Ref: "r/os:1", Digest: "sha256:x", Kernel: filepath.Join(imageDir, "k", "vmlinuz"), Initrd: filepath.Join(imageDir, "k", "initrd"), Cmdline: "quiet"}
+	cases := []struct {
+		name  string
+		img   oci.Image
+		extra string
+		want  string
+	}{
+		{"kernel, no console anywhere", *kernel, "loglevel=3", "console=ttyS0 quiet loglevel=3"},
+		{"kernel, pod names the console", *kernel, "console=ttyS1", "quiet console=ttyS1"},
+		{"kernel, image names the console", func() oci.Image { i := *kernel; i.Cmdline = "console=hvc0"; return i }(), "", "console=hvc0"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			pod := vmPod()
+			plan, rej := Translate(pod)
+			require.Nil(t, rej)
+			plan.ExtraCmdline = tc.extra
+			spec, err := p.vmSpec(context.Background(), rec, pod, plan, &tc.img)
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, spec.Cmdline)
+		})
+	}
+}

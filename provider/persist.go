@@ -1,0 +1,109 @@
+package provider
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+)
+
+// ReasonFailedToRecordState is the Warning event of a pod whose state
+// record (status.json) could not be written, e.g. on a full disk;
+// ReasonRecordedState the Normal event once a write succeeds again.
+const (
+	ReasonFailedToRecordState = "FailedToRecordState"
+	ReasonRecordedState       = "RecordedState"
+)
+
+// persist writes the pod's status.json and surfaces a failure: logged with
+// the pod, a Warning event on the first failure of a streak and a Normal
+// one when writing works again. A stale record is removed when the write
+// fails, so the disk never claims a state the pod has left: a restart then
+// recovers from what QEMU itself recorded (its spec, pidfile and exit
+// record) instead of from an outdated status.
+func (p *VMs) persist(rec *podVM) {
+	err := rec.persist()
+	rec.mu.Lock()
+	was := rec.persistFailing
+	rec.persistFailing = err != nil
+	pod := rec.pod.DeepCopy()
+	rec.mu.Unlock()
+	log := p.log.WithValues("pod", klog.KObj(pod), "uid", rec.uid)
+	switch {
+	case err != nil:
+		log.Error(err, "Pod state not recorded on disk; a restart of qemu-kubelet recovers it from the VM alone")
+		if !was {
+			p.event(pod, corev1.EventTypeWarning, ReasonFailedToRecordState,
+				fmt.Sprintf("Could not record the pod's state on the node (a restart of qemu-kubelet would lose it): %v", err))
+		}
+	case was:
+		log.Info("Pod state recorded on disk again")
+		p.event(pod, corev1.EventTypeNormal, ReasonRecordedState, "The pod's state is recorded on the node again")
+	}
+}
+
+// persist writes status.json while the state dir exists. Writes are
+// serialized and each writes the state as it is when its turn comes, so
+// the newest state is the last written. On failure the stale record is
+// removed (see VMs.persist) and the error says what failed.
+func (rec *podVM) persist() error {
+	rec.persistMu.Lock()
+	defer rec.persistMu.Unlock()
+	rec.mu.Lock()
+	removed := rec.removed
+	b, err := json.MarshalIndent(rec.state, "", "  ")
+	rec.mu.Unlock()
+	if removed {
+		return nil
+	}
+	if _, serr := os.Stat(rec.dir); errors.Is(serr, os.ErrNotExist) {
+		return nil // deleted (finishDelete removed the dir)
+	}
+	path := filepath.Join(rec.dir, StatusFileName)
+	if err != nil {
+		err = fmt.Errorf("encode VM state: %w", err)
+	} else if err = writeFileAtomic(path, append(b, '\n')); err != nil {
+		err = fmt.Errorf("write %s: %w", path, err)
+	}
+	if err == nil {
+		return nil
+	}
+	if rerr := os.Remove(path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+		err = errors.Join(err, fmt.Errorf("remove the stale %s: %w", path, rerr))
+	}
+	return err
+}
+
+// writeFileAtomic writes path through path.tmp (synced, then renamed), so
+// a reader sees the old or the new content, never a part; the tmp file is
+// removed when any step fails.
+func writeFileAtomic(path string, b []byte) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		os.Remove(tmp)
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		os.Remove(tmp)
+		return err
+	}
+	if err := f.Close(); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return nil
+}
