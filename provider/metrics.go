@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter"
 
-
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"

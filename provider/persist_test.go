@@ -15,7 +15,6 @@ import (
 	"k8s.io/client-go/tools/record"
 )
 
-
 // TestPersistFailureSurfaced: when status.json cannot be written (here a
 // directory stands where its temporary file goes; the tests run as root, so
 // a read-only dir would not stop the write) the stale record that claims
