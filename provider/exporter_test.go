@@ -235,7 +235,7 @@ func drainEvents(rec *record.FakeRecorder) []string {
 
 // TestExporterLifecycleFake drives the exporter side of a pod with a fake
 // runner, no QEMU (the image registry is unreachable, so the VM never
-// starts): the Secret is waited for, state changes become the condition
+// starts and the test starts the supervisor itself): the Secret is waited for, state changes become the condition
 // and events (never the token), a changed Secret restarts the exporter, a
 // delete stops it.
 func TestExporterLifecycleFake(t *testing.T) {
@@ -260,6 +260,13 @@ func TestExporterLifecycleFake(t *testing.T) {
 	pod.Labels = map[string]string{"jumpstarter.dev/board": "vm"}
 	pod.Spec.Containers[0].Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}}
 	require.NoError(t, h.vms.CreatePod(ctx, pod))
+	// The worker starts the exporter once the VM first runs, which never
+	// happens here: start the supervisor as the worker would.
+	h.vms.mu.Lock()
+	rec := h.vms.pods[pod.UID]
+	h.vms.mu.Unlock()
+	require.NotNil(t, rec)
+	h.vms.startExporter(h.vms.base, rec)
 
 	// No Secret yet: Failed, naming it; no run.
 	p := h.wait(pod.UID, 10*time.Second, "exporter Failed (no secret)", condReason("Failed"))

@@ -528,7 +528,11 @@ func (p *VMs) run(rec *podVM) {
 		}
 	}
 	defer func() { answer(errWorkerGone) }()
-	p.startExporter(ctx, rec) // exporter.go: lives with the pod
+	// The exporter (exporter.go) starts once the VM first runs (or is found
+	// powered off by recovery) and then lives with the pod: a lease never
+	// lands on a target still pulling its image or starting QEMU, and a
+	// powered-off VM still answers power on.
+	exporterStarted := false
 
 	for {
 		if p.deleteRequested(rec) {
@@ -540,6 +544,10 @@ func (p *VMs) run(rec *podVM) {
 		vm, final, pendingExit, off := rec.vm, rec.state.Final, rec.pendingExit, rec.state.PoweredOff
 		rec.pendingExit = false
 		rec.mu.Unlock()
+		if !exporterStarted && !final && (vm != nil || off) {
+			p.startExporter(ctx, rec)
+			exporterStarted = true
+		}
 		if final { // phase finished
 			answer(errPodFinished)
 			rec.stopExporter()
@@ -612,6 +620,10 @@ func (p *VMs) run(rec *podVM) {
 		}
 
 		// phase running
+		if !exporterStarted {
+			p.startExporter(ctx, rec)
+			exporterStarted = true
+		}
 		p.startProbes(ctx, rec, vm) // probes.go: end with this run
 	running:
 		for {
