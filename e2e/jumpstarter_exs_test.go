@@ -344,8 +344,6 @@ func (e *exsEnv) driveVM(t *testing.T, js *jsEnv, lease string) {
 	require.NoError(t, err)
 	defer cs.Close()
 	marker := fmt.Sprintf("qk-js-%d", time.Now().UnixNano())
-	_, err = io.WriteString(cs, marker+"\n")
-	require.NoError(t, err)
 	found := make(chan bool, 1)
 	go func() {
 		sc := bufio.NewScanner(cs)
@@ -357,11 +355,26 @@ func (e *exsEnv) driveVM(t *testing.T, js *jsEnv, lease string) {
 		}
 		found <- false
 	}()
-	select {
-	case ok := <-found:
-		assert.True(t, ok, "console echoes %s", marker)
-	case <-time.After(30 * time.Second):
-		t.Error("console: no echo within 30s")
+	// Type until the echo comes (a line typed while the guest's reader is
+	// not there yet is lost, as on a real serial line).
+	deadline := time.After(60 * time.Second)
+	tick := time.NewTicker(2 * time.Second)
+	defer tick.Stop()
+	_, err = io.WriteString(cs, marker+"\n")
+	require.NoError(t, err)
+echo:
+	for {
+		select {
+		case ok := <-found:
+			assert.True(t, ok, "console echoes %s", marker)
+			break echo
+		case <-tick.C:
+			_, err = io.WriteString(cs, marker+"\n")
+			require.NoError(t, err)
+		case <-deadline:
+			t.Error("console: no echo within 60s")
+			break echo
+		}
 	}
 
 	// TCP to the guest's HTTP port (the template's port named http).

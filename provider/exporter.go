@@ -298,13 +298,17 @@ func (p *VMs) setExporterState(rec *podVM, s jumpstarter.State, msg string) {
 }
 
 // startExporter starts the pod's exporter supervisor if the pod asks for
-// one. Called by the worker when it starts (a created or recovered pod).
+// one and it has not started yet: when the pod is first Ready (push) or
+// found powered off by recovery (the worker). Idempotent.
 func (p *VMs) startExporter(ctx context.Context, rec *podVM) {
 	rec.mu.Lock()
 	pod := rec.pod.DeepCopy()
-	rejected := rec.state.Rejection != nil || rec.state.Final
+	skip := rec.state.Rejection != nil || rec.state.Final || rec.deleting || rec.expStarted
+	if ExporterSecretName(pod) != "" && !skip {
+		rec.expStarted = true
+	}
 	rec.mu.Unlock()
-	if ExporterSecretName(pod) == "" || rejected {
+	if ExporterSecretName(pod) == "" || skip {
 		return
 	}
 	if p.cfg.Exporters == nil {

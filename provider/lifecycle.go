@@ -139,6 +139,9 @@ type podVM struct {
 	// ended (both nil: no exporter).
 	stopExp context.CancelFunc
 	expDone chan struct{}
+	// expStarted: the supervisor was started once (never again: it lives
+	// with the pod).
+	expStarted bool
 	// persistMu orders the writes of status.json (persist.go);
 	// persistFailing: the last write failed (an event was sent).
 	persistMu      sync.Mutex
@@ -443,10 +446,14 @@ func (p *VMs) push(rec *podVM) {
 	p.mu.Lock()
 	cb := p.notify
 	p.mu.Unlock()
+	pod := p.snapshot(rec)
 	if cb != nil {
-		cb(p.snapshot(rec))
+		cb(pod)
 	}
 	p.observeReady(rec) // tracing.go: boot ends when the pod turns Ready
+	if podReady(pod) {
+		p.startExporter(p.base, rec) // exporter.go: first Ready; idempotent
+	}
 }
 
 func (p *VMs) event(pod *corev1.Pod, typ, reason, msg string) {
@@ -528,11 +535,10 @@ func (p *VMs) run(rec *podVM) {
 		}
 	}
 	defer func() { answer(errWorkerGone) }()
-	// The exporter (exporter.go) starts once the VM first runs (or is found
-	// powered off by recovery) and then lives with the pod: a lease never
-	// lands on a target still pulling its image or starting QEMU, and a
-	// powered-off VM still answers power on.
-	exporterStarted := false
+	// The exporter (exporter.go) starts once the pod is first Ready (push)
+	// or is found powered off by recovery, and then lives with the pod: a
+	// lease never lands on a target still pulling its image or booting, and
+	// a powered-off VM still answers power on.
 
 	for {
 		if p.deleteRequested(rec) {
@@ -544,9 +550,8 @@ func (p *VMs) run(rec *podVM) {
 		vm, final, pendingExit, off := rec.vm, rec.state.Final, rec.pendingExit, rec.state.PoweredOff
 		rec.pendingExit = false
 		rec.mu.Unlock()
-		if !exporterStarted && !final && (vm != nil || off) {
-			p.startExporter(ctx, rec)
-			exporterStarted = true
+		if !final && vm == nil && off {
+			p.startExporter(ctx, rec) // idempotent
 		}
 		if final { // phase finished
 			answer(errPodFinished)
@@ -620,10 +625,6 @@ func (p *VMs) run(rec *podVM) {
 		}
 
 		// phase running
-		if !exporterStarted {
-			p.startExporter(ctx, rec)
-			exporterStarted = true
-		}
 		p.startProbes(ctx, rec, vm) // probes.go: end with this run
 	running:
 		for {
