@@ -72,7 +72,62 @@ type PodState struct {
 	// FailedReason/FailedMessage: why a Failed pod ended, if known.
 	FailedReason  string
 	FailedMessage string
+
+	// Jumpstarter mode only.
+	//
+	// Exporter is the state of the pod's Exporter.
+	Exporter ExporterState
+	// GateReason, when set, says why the pod is still held by the
+	// v1alpha1.JumpstarterGate scheduling gate.
+	GateReason string
 }
+
+// ExporterState is what the planner knows about one Jumpstarter Exporter.
+type ExporterState struct {
+	Found           bool
+	Enabled         bool
+	ResourceVersion string
+	// DisabledAt is when this controller disabled the Exporter (its
+	// v1alpha1.ExporterDisabledAtAnnotation); zero if it did not.
+	DisabledAt time.Time
+	// Leased is set for the cold exporter only (a pod's lease state is
+	// PodState.Leased).
+	Leased bool
+}
+
+// draining reports whether the exporter was disabled by this controller to
+// let its pod go.
+func (e ExporterState) draining() bool { return e.Found && !e.Enabled && !e.DisabledAt.IsZero() }
+
+// JumpstarterInput is the planner input of a Jumpstarter-mode set.
+type JumpstarterInput struct {
+	// DrainDelay is how long an Exporter must have been disabled before its
+	// pod and Exporter are deleted: Jumpstarter's lease controller may
+	// still assign a lease from a read made before the disable reached it.
+	DrainDelay time.Duration
+	// Cold is the set's cold exporter (v1alpha1.ExporterPodCold).
+	Cold ExporterState
+}
+
+// ExporterRef names one Exporter version (the pod's name for a pod's
+// Exporter); enable/disable patches carry the resourceVersion as a
+// precondition, so an Exporter that changed since the decision (e.g. got a
+// lease) is left alone.
+type ExporterRef struct {
+	Name            string
+	ResourceVersion string
+}
+
+// ColdAction is what to do with the cold exporter.
+type ColdAction string
+
+// Cold exporter actions.
+const (
+	ColdKeep   ColdAction = ""
+	ColdCreate ColdAction = "Create"
+	ColdEnable ColdAction = "Enable"
+	ColdDelete ColdAction = "Delete"
+)
 
 // Input is everything a reconcile decision depends on.
 type Input struct {
@@ -92,6 +147,11 @@ type Input struct {
 	// Demand counts leases waiting for a pod (from the lease source); they
 	// count like leased pods towards the target.
 	Demand int32
+
+	// Jumpstarter, when set, plans a Jumpstarter-mode set: a pod goes only
+	// after its Exporter was disabled and stayed unleased for the drain
+	// delay, and the set keeps one enabled cold exporter.
+	Jumpstarter *JumpstarterInput
 
 	// State carried in the status from the previous reconcile.
 	ScaleDownPendingSince *time.Time
@@ -131,6 +191,7 @@ type Condition struct {
 // Status is the planned status of the set.
 type Status struct {
 	Replicas, Desired, Ready, Available, Leased, Updated int32
+	PendingLeases                                        int32
 	ScaleDownPendingSince                                *time.Time
 	ConsecutiveFailures                                  int32
 	LastFailureTime                                      *time.Time
@@ -141,8 +202,19 @@ type Status struct {
 type Actions struct {
 	// Create is the number of pods to create from the current template.
 	Create int32
-	// Delete lists pods to delete, each with preconditions.
+	// Delete lists pods to delete, each with preconditions. In Jumpstarter
+	// mode only pods whose Exporter is missing or disabled and drained are
+	// listed; their Exporter is deleted with them.
 	Delete []Deletion
+	// Disable lists Exporters (Jumpstarter mode) to disable because their
+	// pod is to go: no new lease lands on them, and the pod is deleted
+	// once the drain delay passed with no lease.
+	Disable []ExporterRef
+	// Enable lists Exporters this controller disabled whose pod is wanted
+	// again (e.g. demand came back during the drain).
+	Enable []ExporterRef
+	// Cold is what to do with the set's cold exporter.
+	Cold ColdAction
 	// ClearUsed lists released pods (Reuse policy) whose used mark must be
 	// removed so that they can be claimed again.
 	ClearUsed []PodRef
@@ -158,6 +230,10 @@ type Actions struct {
 
 // Target is the effective number of pods the set wants:
 // max(replicas, leased + demand + minAvailable), capped by maxReplicas.
+// Demand (leases waiting for an exporter) counts like leased pods: once a
+// waiting lease lands on a pod, leased grows by what demand shrinks, so the
+// target does not move and nothing is created twice; a lease landing on a
+// warm pod is replaced by a new warm pod before it lands.
 func Target(replicas, minAvailable, leased, demand int32, maxReplicas *int32) int32 {
 	t := max(replicas, leased+demand+minAvailable)
 	if maxReplicas != nil {
@@ -225,7 +301,7 @@ func Plan(in Input) Actions {
 		}
 		if p.Ready {
 			ready++
-			if !p.Leased && !p.Used {
+			if !p.Leased && !p.Used && (in.Jumpstarter == nil || p.Exporter.Enabled) {
 				available++
 			}
 		}
@@ -318,6 +394,18 @@ func Plan(in Input) Actions {
 	}
 	var pendingSince *time.Time
 	scaleDownWaiting := false
+	if excess > 0 && len(candidates) > 0 && in.Jumpstarter != nil {
+		// Exporters already disabled for a scale-down waited the cooldown
+		// before: they go first and at once, or they would be re-enabled
+		// while a new cooldown runs.
+		sortForDeletion(candidates)
+		n := 0
+		for n < len(candidates) && int32(n) < excess && candidates[n].Exporter.draining() {
+			acts.Delete = append(acts.Delete, Deletion{PodRef: candidates[n].ref(), Reason: ReasonScaleDown})
+			n++
+		}
+		candidates, excess = candidates[n:], excess-int32(n)
+	}
 	if excess > 0 && len(candidates) > 0 {
 		since := in.Now
 		if in.ScaleDownPendingSince != nil {
@@ -335,7 +423,18 @@ func Plan(in Input) Actions {
 		}
 	}
 
-	// 8. Status.
+	// 8. Jumpstarter: disable before delete, re-enable what is wanted again,
+	//    keep the cold exporter.
+	var draining int
+	if in.Jumpstarter != nil {
+		var wait time.Duration
+		acts, draining, wait = planExporters(in, acts)
+		if wait > 0 {
+			requeue = append(requeue, wait)
+		}
+	}
+
+	// 9. Status.
 	st := Status{
 		Replicas:              int32(len(live)),
 		Desired:               target,
@@ -346,6 +445,9 @@ func Plan(in Input) Actions {
 		ScaleDownPendingSince: pendingSince,
 		ConsecutiveFailures:   failures,
 		LastFailureTime:       lastFailure,
+	}
+	if in.Jumpstarter != nil {
+		st.PendingLeases = in.Demand
 	}
 	wantAvailable := min(in.MinAvailable, wantUnleased)
 	if ready >= target && available >= wantAvailable {
@@ -362,6 +464,8 @@ func Plan(in Input) Actions {
 		prog.Reason, prog.Message = "FailureBackoff", fmt.Sprintf("%d pods failed in a row; next create in %s", failures, backoffWait.Round(time.Second))
 	case create > 0 || in.PendingCreates > 0:
 		prog.Reason, prog.Message = "ScalingUp", fmt.Sprintf("creating %d pods (%d in flight) towards %d", create, in.PendingCreates, target)
+	case draining > 0:
+		prog.Reason, prog.Message = "DrainingExporters", fmt.Sprintf("%d exporters disabled; their pods go once unleased for %s", draining, in.Jumpstarter.DrainDelay)
 	case retiring > 0:
 		prog.Reason, prog.Message = "Recycling", fmt.Sprintf("deleting %d released pods", retiring)
 	case len(oldUnleased) > 0 || len(oldLeased) > 0:
@@ -376,6 +480,9 @@ func Plan(in Input) Actions {
 	st.Conditions = append(st.Conditions, prog)
 
 	st.Conditions = append(st.Conditions, replicaFailure(live, failures, lastFailed, in.LastFailure))
+	if in.Jumpstarter != nil {
+		st.Conditions = append(st.Conditions, exportersReady(live))
+	}
 	acts.Status = st
 
 	for _, d := range requeue {
@@ -433,15 +540,98 @@ func replicaFailure(live []PodState, failures int32, lastFailed *PodState, prev 
 	return Condition{v1alpha1.ConditionReplicaFailure, metav1.ConditionFalse, "NoFailures", "pods start"}
 }
 
+// planExporters turns the pod deletions of a Jumpstarter-mode plan into
+// the disable-then-delete protocol: a pod whose Exporter is enabled gets
+// its Exporter disabled instead; a pod whose Exporter has been disabled by
+// this controller for the drain delay is deleted (the executor checks,
+// uncached, that no lease landed meanwhile); a leased pod is never
+// disabled nor deleted. Exporters this controller disabled whose pod is
+// no longer to go are enabled again. It returns the new actions, the
+// number of exporters draining and when the next drain ends.
+func planExporters(in Input, acts Actions) (Actions, int, time.Duration) {
+	js := in.Jumpstarter
+	byName := make(map[string]PodState, len(in.Pods))
+	for _, p := range in.Pods {
+		byName[p.Name] = p
+	}
+	var wait time.Duration
+	var draining int
+	going := map[string]bool{}
+	deletes := acts.Delete[:0:0]
+	for _, d := range acts.Delete {
+		p := byName[d.Name]
+		if p.Leased {
+			continue // never (the rules above do not ask for it)
+		}
+		going[d.Name] = true
+		e := p.Exporter
+		switch {
+		case !e.Found:
+			deletes = append(deletes, d) // nothing can be leased through it
+		case e.Enabled || e.DisabledAt.IsZero():
+			acts.Disable = append(acts.Disable, ExporterRef{Name: p.Name, ResourceVersion: e.ResourceVersion})
+			draining++
+		default:
+			if w := e.DisabledAt.Add(js.DrainDelay).Sub(in.Now); w > 0 {
+				draining++
+				if wait == 0 || w < wait {
+					wait = w
+				}
+				continue
+			}
+			deletes = append(deletes, d)
+		}
+	}
+	acts.Delete = deletes
+	for _, p := range in.Pods {
+		if p.Terminating || going[p.Name] || p.Leased || !p.Exporter.draining() {
+			continue
+		}
+		acts.Enable = append(acts.Enable, ExporterRef{Name: p.Name, ResourceVersion: p.Exporter.ResourceVersion})
+	}
+	wantCold := in.MaxReplicas == nil || *in.MaxReplicas > 0
+	switch c := js.Cold; {
+	case wantCold && !c.Found:
+		acts.Cold = ColdCreate
+	case wantCold && !c.Enabled:
+		acts.Cold = ColdEnable
+	case !wantCold && c.Found && !c.Leased:
+		acts.Cold = ColdDelete // no pod can ever serve a lease: let it be Unsatisfiable
+	}
+	return acts, draining, wait
+}
+
+// exportersReady is the ExportersReady condition: which pods still wait at
+// the scheduling gate, and why.
+func exportersReady(live []PodState) Condition {
+	var gated []PodState
+	for _, p := range live {
+		if p.GateReason != "" {
+			gated = append(gated, p)
+		}
+	}
+	if len(gated) == 0 {
+		return Condition{v1alpha1.ConditionExportersReady, metav1.ConditionTrue, "CredentialsIssued",
+			fmt.Sprintf("%d pods have their exporter credential", len(live))}
+	}
+	sort.Slice(gated, func(i, j int) bool { return gated[i].Name < gated[j].Name })
+	return Condition{v1alpha1.ConditionExportersReady, metav1.ConditionFalse, "WaitingForCredential",
+		fmt.Sprintf("%d pods held by scheduling gate %s; pod %s: %s", len(gated), v1alpha1.JumpstarterGate, gated[0].Name, gated[0].GateReason)}
+}
+
 func (p PodState) ref() PodRef {
 	return PodRef{Name: p.Name, UID: p.UID, ResourceVersion: p.ResourceVersion}
 }
 
-// sortForDeletion orders pods best-to-delete first: not Ready before Ready,
+// sortForDeletion orders pods best-to-delete first: draining (Jumpstarter
+// mode: Exporter already disabled) first, then not Ready before Ready,
 // not yet running before running, then newest first (the least invested).
 func sortForDeletion(pods []PodState) {
 	sort.SliceStable(pods, func(i, j int) bool {
 		a, b := pods[i], pods[j]
+		if ad, bd := a.Exporter.draining(), b.Exporter.draining(); ad != bd {
+			return ad // already disabled for this: keep the choice stable
+		}
 		if a.Ready != b.Ready {
 			return !a.Ready
 		}

@@ -404,7 +404,7 @@ func TestPlan(t *testing.T) {
 			check: func(t *testing.T, a Actions) {
 				s := a.Status
 				assert.Equal(t, Status{Replicas: 4, Desired: 3, Ready: 3, Available: 1, Leased: 2, Updated: 3,
-					ScaleDownPendingSince: &t0}, Status{s.Replicas, s.Desired, s.Ready, s.Available, s.Leased, s.Updated,
+					ScaleDownPendingSince: &t0}, Status{s.Replicas, s.Desired, s.Ready, s.Available, s.Leased, s.Updated, 0,
 					s.ScaleDownPendingSince, 0, nil, nil})
 				assert.Equal(t, metav1.ConditionTrue, cond(a, "Available").Status)
 			},

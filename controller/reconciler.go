@@ -32,6 +32,7 @@ import (
 
 	"k8s.io/client-go/util/workqueue"
 
+	jsv1 "github.com/qemu-kubelet/qemu-kubelet/api/jumpstarter/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 )
 
@@ -65,6 +66,15 @@ type Reconciler struct {
 	Metrics *Metrics
 	// Now, when set, replaces time.Now.
 	Now func() time.Time
+	// DrainDelay (Jumpstarter mode) is how long a disabled Exporter stays
+	// unleased before its pod goes; zero means DefaultDrainDelay.
+	DrainDelay time.Duration
+	// Jumpstarter enables Jumpstarter mode (sets with spec.jumpstarter):
+	// SetupWithManager sets it when the API server serves
+	// jumpstarter.dev/v1alpha1 Exporters and Leases and the manager's scheme
+	// has their types. Without it such sets report ReplicaFailure
+	// JumpstarterUnavailable.
+	Jumpstarter bool
 
 	expOnce sync.Once
 	exp     *expectations
@@ -111,12 +121,51 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, workers int) error {
 		r.APIReader = mgr.GetAPIReader()
 	}
 	owner := handler.EnqueueRequestForOwner(mgr.GetScheme(), mgr.GetRESTMapper(), &v1alpha1.ExporterSet{}, handler.OnlyControllerOwner())
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named("exporterset").
 		For(&v1alpha1.ExporterSet{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&corev1.Pod{}, podEvents{exp: r.expectations(), inner: owner}).
-		WithOptions(crcontroller.Options{MaxConcurrentReconciles: max(workers, 1)}).
-		Complete(r)
+		WithOptions(crcontroller.Options{MaxConcurrentReconciles: max(workers, 1)})
+	if jumpstarterServed(mgr) {
+		r.Jumpstarter = true
+		// An Exporter names its set in a label (a pod's Exporter is owned
+		// by the pod); a Lease may concern any Jumpstarter-mode set of its
+		// namespace (its selector, or the exporter it landed on).
+		b = b.Watches(&jsv1.Exporter{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+			if n := o.GetLabels()[v1alpha1.ExporterSetLabel]; n != "" {
+				return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: n}}}
+			}
+			return nil
+		})).Watches(&jsv1.Lease{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			var sets v1alpha1.ExporterSetList
+			if err := mgr.GetClient().List(ctx, &sets, client.InNamespace(o.GetNamespace())); err != nil {
+				return nil
+			}
+			var out []reconcile.Request
+			for _, s := range sets.Items {
+				if s.Spec.Jumpstarter != nil {
+					out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: s.Namespace, Name: s.Name}})
+				}
+			}
+			return out
+		}))
+	}
+	return b.Complete(r)
+}
+
+// jumpstarterServed reports whether the manager's scheme has Jumpstarter's
+// Exporter and Lease types and the API server serves them.
+func jumpstarterServed(mgr ctrl.Manager) bool {
+	for _, kind := range []string{"Exporter", "Lease"} {
+		gvk := jsv1.GroupVersion.WithKind(kind)
+		if !mgr.GetScheme().Recognizes(gvk) {
+			return false
+		}
+		if _, err := mgr.GetRESTMapper().RESTMapping(gvk.GroupKind(), gvk.Version); err != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // podEvents settles expectations from pod events before queueing the owner.
@@ -202,17 +251,36 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 			owned = append(owned, list.Items[i])
 		}
 	}
-	var src LeaseSource = LabelLeases{}
-	if r.Leases != nil {
-		src = r.Leases
-	}
-	leases, demand, err := src.Leases(ctx, &set, owned)
-	if err != nil {
-		return ctrl.Result{}, fmt.Errorf("lease state of exporterset %s: %w", key, err)
+	var (
+		leases map[string]Lease
+		demand int32
+		js     *jsState
+		gated  map[string]string
+	)
+	if set.Spec.Jumpstarter != nil {
+		if !r.Jumpstarter {
+			st := statusOf(set.Status)
+			st.Conditions = []Condition{{v1alpha1.ConditionReplicaFailure, metav1.ConditionTrue, "JumpstarterUnavailable",
+				"spec.jumpstarter is set but the API server does not serve jumpstarter.dev/v1alpha1 Exporters and Leases (install Jumpstarter's CRDs and restart the controller)"}}
+			return ctrl.Result{}, r.writeStatus(ctx, &set, st, "", now)
+		}
+		if js, err = readJumpstarter(ctx, r.reader(), &set, owned, now); err != nil {
+			return ctrl.Result{}, err
+		}
+		gated = r.setupPods(ctx, &set, owned, js)
+		leases, demand = js.leases, int32(len(js.demand))
+	} else {
+		var src LeaseSource = LabelLeases{}
+		if r.Leases != nil {
+			src = r.Leases
+		}
+		if leases, demand, err = src.Leases(ctx, &set, owned); err != nil {
+			return ctrl.Result{}, fmt.Errorf("lease state of exporterset %s: %w", key, err)
+		}
 	}
 	pendingCreates, deleting := r.expectations().Pending(key, owned, now)
 
-	hash := TemplateHash(&set.Spec.Template)
+	hash := setHash(&set)
 	in := Input{
 		Replicas:       derefOr(set.Spec.Replicas, 1),
 		MinAvailable:   derefOr(set.Spec.MinAvailable, 0),
@@ -245,8 +313,21 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	for i := range owned {
 		if !deleting[owned[i].UID] {
-			in.Pods = append(in.Pods, podState(&owned[i], leases[owned[i].Name]))
+			ps := podState(&owned[i], leases[owned[i].Name])
+			if js != nil {
+				ps.Exporter = exporterState(js.exporters[ps.Name])
+				ps.GateReason = gated[ps.Name]
+			}
+			in.Pods = append(in.Pods, ps)
 		}
+	}
+	if js != nil {
+		drain := r.DrainDelay
+		if drain == 0 {
+			drain = DefaultDrainDelay
+		}
+		in.Jumpstarter = &JumpstarterInput{DrainDelay: drain, Cold: exporterState(js.cold)}
+		in.Jumpstarter.Cold.Leased = js.coldLease != ""
 	}
 
 	acts := Plan(in)
@@ -271,7 +352,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 		r.written.CompareAndDelete(key, rv) // the cache has caught up
 	}
-	execErr := r.execute(ctx, &set, key, hash, acts, now)
+	execErr := r.execute(ctx, &set, key, hash, js, acts, now)
 	if execErr != nil {
 		acts.Status.Conditions = append(acts.Status.Conditions,
 			Condition{v1alpha1.ConditionReplicaFailure, metav1.ConditionTrue, EventFailedCreate, execErr.Error()})
@@ -293,8 +374,11 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 // could not be created (the request is then retried with rate-limited
 // backoff); failed deletes and precondition conflicts are retried on the
 // next event or requeue.
-func (r *Reconciler) execute(ctx context.Context, set *v1alpha1.ExporterSet, key types.NamespacedName, hash string, acts Actions, now time.Time) error {
+func (r *Reconciler) execute(ctx context.Context, set *v1alpha1.ExporterSet, key types.NamespacedName, hash string, js *jsState, acts Actions, now time.Time) error {
 	log := logf.FromContext(ctx)
+	if js != nil {
+		acts.Delete = r.executeJumpstarter(ctx, set, js, acts, now)
+	}
 	for _, p := range acts.ClearUsed {
 		patch := fmt.Appendf(nil, `{"metadata":{"resourceVersion":%q,"labels":{%q:null}}}`, p.ResourceVersion, v1alpha1.UsedLabel)
 		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: set.Namespace}}
@@ -317,6 +401,9 @@ func (r *Reconciler) execute(ctx context.Context, set *v1alpha1.ExporterSet, key
 		case err == nil:
 			r.expectations().ExpectDelete(key, d.UID, now)
 			r.Recorder.Eventf(set, nil, corev1.EventTypeNormal, EventSuccessfulDelete, "Delete", "Deleted pod: %s (%s)", d.Name, d.Reason)
+			if js != nil && js.exporters[d.Name] != nil {
+				r.deleteExporter(ctx, set.Namespace, d.Name)
+			}
 		case apierrors.IsNotFound(err):
 		case apierrors.IsConflict(err):
 			// Changed since the decision (e.g. just claimed): keep it; the
@@ -327,6 +414,10 @@ func (r *Reconciler) execute(ctx context.Context, set *v1alpha1.ExporterSet, key
 		}
 	}
 	if acts.Create > 0 {
+		if js != nil && len(js.demand) > 0 {
+			r.Recorder.Eventf(set, nil, corev1.EventTypeNormal, EventLeaseDemand, "ScaleUp", "Creating %d pods for %d pending leases: %s",
+				acts.Create, len(js.demand), leaseList(js.demand))
+		}
 		if err := r.createPods(ctx, set, key, hash, int(acts.Create), now); err != nil {
 			return err
 		}
@@ -345,6 +436,10 @@ func (r *Reconciler) createPods(ctx context.Context, set *v1alpha1.ExporterSet, 
 		var wg sync.WaitGroup
 		for i := range size {
 			wg.Go(func() {
+				if set.Spec.Jumpstarter != nil {
+					names[i], errs[i] = r.createJumpstarterPod(ctx, set, key, hash, now)
+					return
+				}
 				pod := newPod(set, hash)
 				if err := r.Client.Create(ctx, pod); err != nil {
 					errs[i] = err
@@ -367,6 +462,27 @@ func (r *Reconciler) createPods(ctx context.Context, set *v1alpha1.ExporterSet, 
 		done += size
 	}
 	return nil
+}
+
+// createJumpstarterPod creates one gated pod and its Exporter. A failed
+// Exporter create is retried by the next reconcile (setupPods).
+func (r *Reconciler) createJumpstarterPod(ctx context.Context, set *v1alpha1.ExporterSet, key types.NamespacedName, hash string, now time.Time) (string, error) {
+	var pod *corev1.Pod
+	var err error
+	for range 3 { // a name taken by chance: draw another
+		pod = newJumpstarterPod(set, hash)
+		if err = r.Client.Create(ctx, pod); !apierrors.IsAlreadyExists(err) {
+			break
+		}
+	}
+	if err != nil {
+		return "", err
+	}
+	r.expectations().ExpectCreate(key, pod.Name, now)
+	if err := r.Client.Create(ctx, newExporter(set, pod)); err != nil && !apierrors.IsAlreadyExists(err) {
+		logf.FromContext(ctx).Info("create exporter; retried on the next pass", "exporter", pod.Name, "err", err.Error())
+	}
+	return pod.Name, nil
 }
 
 func compact(names []string) []string {
@@ -407,6 +523,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, set *v1alpha1.ExporterSet,
 	ns := set.Status.DeepCopy()
 	ns.Replicas, ns.DesiredReplicas, ns.ReadyReplicas = st.Replicas, st.Desired, st.Ready
 	ns.AvailableReplicas, ns.LeasedReplicas, ns.UpdatedReplicas = st.Available, st.Leased, st.Updated
+	ns.PendingLeases = st.PendingLeases
 	ns.ConsecutiveFailures = st.ConsecutiveFailures
 	ns.ScaleDownPendingSince = metaTime(st.ScaleDownPendingSince)
 	ns.LastFailureTime = metaTime(st.LastFailureTime)
@@ -441,7 +558,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, set *v1alpha1.ExporterSet,
 // statusOf converts a stored status back to a planned one.
 func statusOf(s v1alpha1.ExporterSetStatus) Status {
 	st := Status{Replicas: s.Replicas, Desired: s.DesiredReplicas, Ready: s.ReadyReplicas, Available: s.AvailableReplicas,
-		Leased: s.LeasedReplicas, Updated: s.UpdatedReplicas, ConsecutiveFailures: s.ConsecutiveFailures}
+		Leased: s.LeasedReplicas, Updated: s.UpdatedReplicas, PendingLeases: s.PendingLeases, ConsecutiveFailures: s.ConsecutiveFailures}
 	if s.ScaleDownPendingSince != nil {
 		st.ScaleDownPendingSince = &s.ScaleDownPendingSince.Time
 	}

@@ -359,9 +359,10 @@ func assertColumns(t *testing.T, out, name string, want ...string) {
 	t.Helper()
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	require.Len(t, lines, 2, out)
-	assert.Equal(t, []string{"NAME", "DESIRED", "CURRENT", "READY", "AVAILABLE", "LEASED", "AGE"}, strings.Fields(lines[0]))
+	assert.Equal(t, []string{"NAME", "DESIRED", "CURRENT", "READY", "AVAILABLE", "LEASED", "PENDING", "AGE"}, strings.Fields(lines[0]))
 	row := strings.Fields(lines[1])
-	require.Len(t, row, 7, out)
+	require.Len(t, row, 8, out)
+	assert.Equal(t, "0", row[6], "no Jumpstarter leases pending in label mode: %s", out)
 	assert.Equal(t, append([]string{name}, want...), row[:6], out)
 }
 

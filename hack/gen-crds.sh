@@ -3,9 +3,11 @@
 # manifests in config/crd with controller-gen, which it builds at a pinned
 # version into the cache directory (not a go.mod dependency of the project).
 #
-# Usage: hack/gen-crds.sh [OUT_OBJECT_DIR OUT_CRD_DIR]
-#   With no arguments it writes api/v1alpha1/zz_generated.deepcopy.go and
-#   config/crd/*.yaml in place; hack/verify-crds.sh passes temporary dirs.
+# Usage: hack/gen-crds.sh [OUT_OBJECT_DIR OUT_CRD_DIR [OUT_JS_OBJECT_DIR]]
+#   With no arguments it writes api/v1alpha1/zz_generated.deepcopy.go,
+#   config/crd/*.yaml and api/jumpstarter/v1alpha1/zz_generated.deepcopy.go
+#   (Jumpstarter's Exporter/Lease Go types: deepcopy only, Jumpstarter owns
+#   their CRDs) in place; hack/verify-crds.sh passes temporary dirs.
 #   CONTROLLER_TOOLS_VERSION (default v0.20.1: k8s.io v0.35, like
 #                             controller-runtime v0.23)
 #   QK_CACHE_DIR             (default ${XDG_CACHE_HOME:-$HOME/.cache}/qemu-kubelet)
@@ -21,6 +23,7 @@ BIN="$DEST/controller-gen"
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OBJ_DIR=${1:-$ROOT/api/v1alpha1}
 CRD_DIR=${2:-$ROOT/config/crd}
+JS_OBJ_DIR=${3:-$ROOT/api/jumpstarter/v1alpha1}
 
 build() {
   [ -x "$BIN" ] && return 0
@@ -44,7 +47,8 @@ build() {
 }
 
 build
-mkdir -p "$OBJ_DIR" "$CRD_DIR"
+mkdir -p "$OBJ_DIR" "$CRD_DIR" "$JS_OBJ_DIR"
 cd "$ROOT"
-"$BIN" object paths=./api/... output:object:dir="$OBJ_DIR"
-"$BIN" crd:generateEmbeddedObjectMeta=true paths=./api/... output:crd:dir="$CRD_DIR"
+"$BIN" object paths=./api/v1alpha1/... output:object:dir="$OBJ_DIR"
+"$BIN" object paths=./api/jumpstarter/v1alpha1/... output:object:dir="$JS_OBJ_DIR"
+"$BIN" crd:generateEmbeddedObjectMeta=true paths=./api/v1alpha1/... output:crd:dir="$CRD_DIR"

@@ -6,9 +6,10 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-"$ROOT/hack/gen-crds.sh" "$tmp/obj" "$tmp/crd"
+"$ROOT/hack/gen-crds.sh" "$tmp/obj" "$tmp/crd" "$tmp/jsobj"
 rc=0
 diff -u "$ROOT/api/v1alpha1/zz_generated.deepcopy.go" "$tmp/obj/zz_generated.deepcopy.go" || rc=1
+diff -u "$ROOT/api/jumpstarter/v1alpha1/zz_generated.deepcopy.go" "$tmp/jsobj/zz_generated.deepcopy.go" || rc=1
 diff -ru "$ROOT/config/crd" "$tmp/crd" || rc=1
 if [ $rc -ne 0 ]; then
   echo "verify-crds: generated files are out of date; run hack/gen-crds.sh and commit the result" >&2

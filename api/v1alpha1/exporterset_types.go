@@ -29,6 +29,30 @@ const (
 	// ConditionReplicaFailure is True when pods cannot be created or keep
 	// failing to start; the reason names the failure (e.g. ImagePullBackOff).
 	ConditionReplicaFailure = "ReplicaFailure"
+	// ConditionExportersReady (Jumpstarter mode only) is True when every pod
+	// of the set has its Exporter credential and left the scheduling gate;
+	// False with reason WaitingForCredential names the gated pods.
+	ConditionExportersReady = "ExportersReady"
+
+	// JumpstarterGate is the scheduling gate a pod of a Jumpstarter-mode set
+	// is created with; the controller removes it once the pod's exporter
+	// Secret (JumpstarterSecretAnnotation) is written.
+	JumpstarterGate = "qemu-kubelet.io/jumpstarter-credential"
+	// ExporterSetLabel is on every Exporter a set owns; its value is the
+	// set's name.
+	ExporterSetLabel = "qemu-kubelet.io/exporterset"
+	// ExporterPodLabel is on the Exporter of a pod; its value is the pod's
+	// name (the Exporter has the same name). The set's cold exporter has
+	// the value ExporterPodCold.
+	ExporterPodLabel = "qemu-kubelet.io/exporter-pod"
+	// ExporterPodCold is the ExporterPodLabel value of a set's cold
+	// exporter: an enabled Exporter with no VM, which keeps a matching
+	// Lease Pending (Offline) instead of Unsatisfiable while no pod exists.
+	ExporterPodCold = "none"
+	// ExporterDisabledAtAnnotation records (RFC 3339) when the controller
+	// set spec.enabled=false on an Exporter it is about to delete; the
+	// pod and Exporter go only after the drain delay has passed since.
+	ExporterDisabledAtAnnotation = "qemu-kubelet.io/disabled-at"
 )
 
 // RecyclePolicy says what happens to a pod whose lease ended.
@@ -95,6 +119,41 @@ type ExporterSetSpec struct {
 	// +optional
 	// +kubebuilder:default="30s"
 	ScaleDownCooldown *metav1.Duration `json:"scaleDownCooldown,omitempty"`
+
+	// Jumpstarter, when set, makes the set a pool of Jumpstarter exporters:
+	// each pod gets an Exporter (jumpstarter.dev/v1alpha1) of the same
+	// name, leases come from Jumpstarter (an Exporter's status.leaseRef)
+	// instead of pod labels, and pending Leases that select the exporter
+	// labels make the set grow. See docs/exporterset.md.
+	// +optional
+	Jumpstarter *JumpstarterSpec `json:"jumpstarter,omitempty"`
+}
+
+// JumpstarterSpec connects an ExporterSet to a Jumpstarter controller.
+type JumpstarterSpec struct {
+	// Endpoint is the Jumpstarter controller's gRPC endpoint (host:port)
+	// written into each pod's exporter Secret. Empty means the endpoint
+	// Jumpstarter reports in the Exporter's status.endpoint.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	Endpoint string `json:"endpoint,omitempty"`
+
+	// CABundle is a PEM bundle of the CA certificates that sign the
+	// Jumpstarter controller's and router's TLS certificates; it is
+	// written as ca.crt into each pod's exporter Secret. Empty means the
+	// system roots.
+	// +optional
+	// +kubebuilder:validation:MaxLength=65536
+	CABundle string `json:"caBundle,omitempty"`
+
+	// ExporterLabels are the labels of every Exporter the set owns: the
+	// labels Jumpstarter Leases select on. A pending Lease whose selector
+	// matches them counts as demand for a pod of this set. They must not
+	// use the qemu-kubelet.io/ prefix (the controller's own labels).
+	// +kubebuilder:validation:MinProperties=1
+	// +kubebuilder:validation:MaxProperties=32
+	// +kubebuilder:validation:XValidation:rule="self.all(k, !k.startsWith('qemu-kubelet.io/'))",message="spec.jumpstarter.exporterLabels must not use the qemu-kubelet.io/ prefix"
+	ExporterLabels map[string]string `json:"exporterLabels"`
 }
 
 // ExporterSetStatus is the observed state of an ExporterSet.
@@ -105,7 +164,8 @@ type ExporterSetStatus struct {
 	Replicas int32 `json:"replicas"`
 
 	// DesiredReplicas is the effective target:
-	// max(replicas, leased + minAvailable), capped by maxReplicas.
+	// max(replicas, leased + pending leases + minAvailable), capped by
+	// maxReplicas.
 	// +optional
 	DesiredReplicas int32 `json:"desiredReplicas"`
 
@@ -118,9 +178,17 @@ type ExporterSetStatus struct {
 	// +optional
 	AvailableReplicas int32 `json:"availableReplicas"`
 
-	// LeasedReplicas is the number of pods that carry the lease label.
+	// LeasedReplicas is the number of leased pods: pods that carry the lease
+	// label, or in Jumpstarter mode pods whose Exporter holds a Lease.
 	// +optional
 	LeasedReplicas int32 `json:"leasedReplicas"`
+
+	// PendingLeases (Jumpstarter mode) is the number of Jumpstarter Leases
+	// waiting for an exporter of this set: not ended, no exporter assigned,
+	// begin time reached, selector matching spec.jumpstarter.exporterLabels.
+	// They count like leased pods towards the target.
+	// +optional
+	PendingLeases int32 `json:"pendingLeases"`
 
 	// UpdatedReplicas is the number of pods created from the current template.
 	// +optional
@@ -149,7 +217,8 @@ type ExporterSetStatus struct {
 	// +optional
 	LastFailureTime *metav1.Time `json:"lastFailureTime,omitempty"`
 
-	// Conditions are Available, Progressing and ReplicaFailure.
+	// Conditions are Available, Progressing and ReplicaFailure, and in
+	// Jumpstarter mode ExportersReady.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
@@ -169,6 +238,7 @@ type ExporterSetStatus struct {
 // +kubebuilder:printcolumn:name="Ready",type=integer,JSONPath=`.status.readyReplicas`,description="Ready pods"
 // +kubebuilder:printcolumn:name="Available",type=integer,JSONPath=`.status.availableReplicas`,description="Ready, unleased pods"
 // +kubebuilder:printcolumn:name="Leased",type=integer,JSONPath=`.status.leasedReplicas`,description="Leased pods"
+// +kubebuilder:printcolumn:name="Pending",type=integer,JSONPath=`.status.pendingLeases`,description="Jumpstarter Leases waiting for an exporter of the set"
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type ExporterSet struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	jsv1 "github.com/qemu-kubelet/qemu-kubelet/api/jumpstarter/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/controller"
 )
@@ -75,7 +76,7 @@ func run(ctx context.Context, cfg *rest.Config, o options) error {
 	cfg = rest.CopyConfig(cfg)
 	cfg.QPS, cfg.Burst = float32(o.qps), o.burst
 	scheme := runtime.NewScheme()
-	if err := errors.Join(clientgoscheme.AddToScheme(scheme), v1alpha1.AddToScheme(scheme)); err != nil {
+	if err := errors.Join(clientgoscheme.AddToScheme(scheme), v1alpha1.AddToScheme(scheme), jsv1.AddToScheme(scheme)); err != nil {
 		return fmt.Errorf("build scheme: %w", err)
 	}
 	mopts := ctrl.Options{
@@ -107,7 +108,8 @@ func run(ctx context.Context, cfg *rest.Config, o options) error {
 	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
 		return fmt.Errorf("add readyz check: %w", err)
 	}
-	klog.InfoS("starting exporterset-controller", "metrics", o.metricsAddr, "health", o.healthAddr, "leaderElect", o.leaderElect, "namespace", o.namespace)
+	klog.InfoS("starting exporterset-controller", "metrics", o.metricsAddr, "health", o.healthAddr, "leaderElect", o.leaderElect, "namespace", o.namespace,
+		"jumpstarter", r.Jumpstarter)
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("run manager: %w", err)
 	}

@@ -1,0 +1,519 @@
+package controller
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/rand"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+
+	jsv1 "github.com/qemu-kubelet/qemu-kubelet/api/jumpstarter/v1alpha1"
+	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
+)
+
+// DefaultDrainDelay is how long a disabled Exporter must stay unleased
+// before its pod and Exporter are deleted (Reconciler.DrainDelay).
+// Jumpstarter's lease controller chooses an exporter from its cache and then
+// writes the Lease: a choice made just before our disable reached its cache
+// still lands. The delay covers that window; the uncached check right
+// before the delete catches what lands within it.
+const DefaultDrainDelay = 2 * time.Second
+
+// Event reasons of Jumpstarter mode.
+const (
+	EventLeaseDemand      = "LeaseDemand"
+	EventExporterDisabled = "ExporterDisabled"
+	EventExporterEnabled  = "ExporterEnabled"
+	EventLeaseKeptPod     = "LeaseKeptPod"
+)
+
+// coldExporterName is the name of a set's cold exporter. Pod names are the
+// set's name, a dash and 5 random characters, so they never collide.
+func coldExporterName(set *v1alpha1.ExporterSet) string { return set.Name + "-cold" }
+
+// exporterSecretName is the name of the per-pod exporter Secret (the
+// contract of v1alpha1.JumpstarterSecretAnnotation). Jumpstarter's own
+// credential Secret is "<exporter>-exporter".
+func exporterSecretName(pod string) string { return pod + "-jumpstarter" }
+
+// jsState is what Jumpstarter says about one set.
+type jsState struct {
+	leases    map[string]Lease          // by pod name
+	exporters map[string]*jsv1.Exporter // pod exporters by name (= pod name)
+	cold      *jsv1.Exporter
+	coldLease string   // a lease held by the cold exporter (never expected)
+	demand    []string // pending Leases that select the set, sorted
+}
+
+// JumpstarterLeases is the Jumpstarter lease source: a pod is leased while
+// its Exporter (same name) has status.leaseRef or an unended Lease names it
+// in status.exporterRef (Jumpstarter writes the Lease first, the Exporter's
+// leaseRef after); it is used once any Lease, ended or not, named it (the
+// Lease objects outlive the lease, so a lease that began and ended between
+// two reconciles still retires a Replace pod). Demand is the number of
+// pending Leases: not ended, no exporter assigned, no exporter asked for by
+// name, begin time reached or unset, selector matching the set's exporter
+// labels.
+type JumpstarterLeases struct {
+	Reader client.Reader
+	Now    func() time.Time
+}
+
+// Leases implements LeaseSource.
+func (j JumpstarterLeases) Leases(ctx context.Context, set *v1alpha1.ExporterSet, pods []corev1.Pod) (map[string]Lease, int32, error) {
+	now := time.Now
+	if j.Now != nil {
+		now = j.Now
+	}
+	st, err := readJumpstarter(ctx, j.Reader, set, pods, now())
+	if err != nil {
+		return nil, 0, err
+	}
+	return st.leases, int32(len(st.demand)), nil
+}
+
+func readJumpstarter(ctx context.Context, rd client.Reader, set *v1alpha1.ExporterSet, pods []corev1.Pod, now time.Time) (*jsState, error) {
+	var exps jsv1.ExporterList
+	if err := rd.List(ctx, &exps, client.InNamespace(set.Namespace), client.MatchingLabels{v1alpha1.ExporterSetLabel: set.Name}); err != nil {
+		return nil, fmt.Errorf("list exporters of exporterset %s/%s: %w", set.Namespace, set.Name, err)
+	}
+	var ls jsv1.LeaseList
+	if err := rd.List(ctx, &ls, client.InNamespace(set.Namespace)); err != nil {
+		return nil, fmt.Errorf("list leases in namespace %s: %w", set.Namespace, err)
+	}
+	st := &jsState{leases: map[string]Lease{}, exporters: map[string]*jsv1.Exporter{}}
+	for i := range exps.Items {
+		e := &exps.Items[i]
+		if e.Name == coldExporterName(set) && e.Labels[v1alpha1.ExporterPodLabel] == v1alpha1.ExporterPodCold {
+			st.cold = e
+			continue
+		}
+		if e.Labels[v1alpha1.ExporterPodLabel] == e.Name {
+			st.exporters[e.Name] = e
+		}
+	}
+	want := labels.Set(set.Spec.Jumpstarter.ExporterLabels)
+	holder, used := map[string]string{}, map[string]bool{}
+	for i := range ls.Items {
+		l := &ls.Items[i]
+		if ref := l.Status.ExporterRef; ref != nil && ref.Name != "" {
+			used[ref.Name] = true
+			if !l.Status.Ended {
+				holder[ref.Name] = l.Name
+			}
+			continue
+		}
+		if pendingFor(l, want, now) {
+			st.demand = append(st.demand, l.Name)
+		}
+	}
+	sort.Strings(st.demand)
+	if st.cold != nil {
+		st.coldLease = holder[st.cold.Name]
+		if st.coldLease == "" && st.cold.Status.LeaseRef != nil {
+			st.coldLease = st.cold.Status.LeaseRef.Name
+		}
+	}
+	reuse := set.Spec.RecyclePolicy == v1alpha1.RecyclePolicyReuse
+	for i := range pods {
+		p := &pods[i]
+		l := Lease{Holder: holder[p.Name]}
+		if e := st.exporters[p.Name]; e != nil && e.Status.LeaseRef != nil && l.Holder == "" {
+			l.Holder = e.Status.LeaseRef.Name
+		}
+		l.Leased = l.Holder != ""
+		if !reuse {
+			_, marked := p.Labels[v1alpha1.UsedLabel]
+			l.Used = marked || used[p.Name]
+		}
+		st.leases[p.Name] = l
+	}
+	return st, nil
+}
+
+// pendingFor reports whether a Lease waits for an exporter with the labels
+// want: Jumpstarter would assign it to one of the set's exporters once one
+// is Online.
+func pendingFor(l *jsv1.Lease, want labels.Set, now time.Time) bool {
+	if l.Status.Ended || l.DeletionTimestamp != nil || l.Spec.Release || l.Spec.ExporterRef != nil {
+		return false
+	}
+	if b := l.Spec.BeginTime; b != nil && b.After(now) {
+		return false
+	}
+	if meta.IsStatusConditionTrue(l.Status.Conditions, jsv1.LeaseConditionUnsatisfiable) || meta.IsStatusConditionTrue(l.Status.Conditions, "Invalid") {
+		return false // Jumpstarter ends it
+	}
+	sel, err := metav1.LabelSelectorAsSelector(&l.Spec.Selector)
+	if err != nil || sel.Empty() {
+		return false
+	}
+	return sel.Matches(want)
+}
+
+// exporterState converts an Exporter for the planner.
+func exporterState(e *jsv1.Exporter) ExporterState {
+	if e == nil {
+		return ExporterState{}
+	}
+	s := ExporterState{Found: true, Enabled: e.IsEnabled(), ResourceVersion: e.ResourceVersion}
+	if v := e.Annotations[v1alpha1.ExporterDisabledAtAnnotation]; v != "" {
+		if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+			s.DisabledAt = t
+		}
+	}
+	return s
+}
+
+// setHash is the hash pods of the set carry: the template's, and in
+// Jumpstarter mode the Jumpstarter settings' too (a new endpoint or label
+// set rolls the pods, whose Secrets and Exporters carry the old ones).
+func setHash(set *v1alpha1.ExporterSet) string {
+	if set.Spec.Jumpstarter == nil {
+		return TemplateHash(&set.Spec.Template)
+	}
+	h := fnv.New32a()
+	b, _ := json.Marshal(struct {
+		T *corev1.PodTemplateSpec
+		J *v1alpha1.JumpstarterSpec
+	}{&set.Spec.Template, set.Spec.Jumpstarter})
+	h.Write(b)
+	return rand.SafeEncodeString(strconv.FormatUint(uint64(h.Sum32()), 10))
+}
+
+// exporterLabels are the labels of an Exporter of the set.
+func exporterLabels(set *v1alpha1.ExporterSet, pod string) map[string]string {
+	l := make(map[string]string, len(set.Spec.Jumpstarter.ExporterLabels)+2)
+	for k, v := range set.Spec.Jumpstarter.ExporterLabels {
+		l[k] = v
+	}
+	l[v1alpha1.ExporterSetLabel] = set.Name
+	l[v1alpha1.ExporterPodLabel] = pod
+	return l
+}
+
+// newExporter builds the Exporter of a pod (owned by the pod: the garbage
+// collector deletes it with the pod, and with the set through the pod) or,
+// with pod nil, the set's cold exporter (owned by the set).
+func newExporter(set *v1alpha1.ExporterSet, pod *corev1.Pod) *jsv1.Exporter {
+	e := &jsv1.Exporter{
+		ObjectMeta: metav1.ObjectMeta{Namespace: set.Namespace},
+		Spec:       jsv1.ExporterSpec{Enabled: new(true)},
+	}
+	if pod == nil {
+		e.Name = coldExporterName(set)
+		e.Labels = exporterLabels(set, v1alpha1.ExporterPodCold)
+		e.OwnerReferences = []metav1.OwnerReference{*metav1.NewControllerRef(set, v1alpha1.GroupVersion.WithKind("ExporterSet"))}
+		return e
+	}
+	e.Name = pod.Name
+	e.Labels = exporterLabels(set, pod.Name)
+	e.OwnerReferences = []metav1.OwnerReference{*metav1.NewControllerRef(pod, corev1.SchemeGroupVersion.WithKind("Pod"))}
+	return e
+}
+
+// setupPods brings each live pod of a Jumpstarter-mode set one step
+// towards running: its Exporter is created if missing; once Jumpstarter
+// issued the Exporter's credential (and endpoint), the pod's exporter
+// Secret is written and the scheduling gate removed. It returns, per pod
+// still gated, why.
+func (r *Reconciler) setupPods(ctx context.Context, set *v1alpha1.ExporterSet, pods []corev1.Pod, st *jsState) map[string]string {
+	log := logf.FromContext(ctx)
+	gated := map[string]string{}
+	for i := range pods {
+		p := &pods[i]
+		if p.DeletionTimestamp != nil {
+			continue
+		}
+		e := st.exporters[p.Name]
+		if e == nil {
+			e = newExporter(set, p)
+			if err := r.Client.Create(ctx, e); err != nil && !apierrors.IsAlreadyExists(err) {
+				log.Info("create exporter", "exporter", e.Name, "err", err.Error())
+				if hasGate(p) {
+					gated[p.Name] = fmt.Sprintf("creating Exporter %s failed: %v", e.Name, err)
+				}
+				continue
+			}
+			st.exporters[p.Name] = e
+		}
+		if !hasGate(p) {
+			continue
+		}
+		if reason := r.writeExporterSecret(ctx, set, p, e); reason != "" {
+			gated[p.Name] = reason
+			continue
+		}
+		patch := client.MergeFromWithOptions(p.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		var keep []corev1.PodSchedulingGate
+		for _, g := range p.Spec.SchedulingGates {
+			if g.Name != v1alpha1.JumpstarterGate {
+				keep = append(keep, g)
+			}
+		}
+		p.Spec.SchedulingGates = keep
+		if err := r.Client.Patch(ctx, p, patch); err != nil && !apierrors.IsNotFound(err) {
+			if !apierrors.IsConflict(err) { // conflict: a cached pod older than ours, removed already
+				gated[p.Name] = fmt.Sprintf("removing the scheduling gate failed: %v", err)
+			}
+			continue
+		}
+		log.V(1).Info("exporter secret written; scheduling gate removed", "pod", p.Name)
+	}
+	return gated
+}
+
+func hasGate(p *corev1.Pod) bool {
+	for _, g := range p.Spec.SchedulingGates {
+		if g.Name == v1alpha1.JumpstarterGate {
+			return true
+		}
+	}
+	return false
+}
+
+// writeExporterSecret writes the pod's exporter Secret from the Exporter's
+// credential. It returns why it could not ("" when written).
+func (r *Reconciler) writeExporterSecret(ctx context.Context, set *v1alpha1.ExporterSet, p *corev1.Pod, e *jsv1.Exporter) string {
+	if e.Status.Credential == nil || e.Status.Credential.Name == "" {
+		return fmt.Sprintf("Exporter %s has no status.credential yet", e.Name)
+	}
+	endpoint := set.Spec.Jumpstarter.Endpoint
+	if endpoint == "" {
+		endpoint = e.Status.Endpoint
+	}
+	if endpoint == "" {
+		return fmt.Sprintf("Exporter %s has no status.endpoint yet and spec.jumpstarter.endpoint is empty", e.Name)
+	}
+	// The credential Secret is read uncached: the controller does not watch
+	// (nor cache) every Secret of the cluster.
+	var cred corev1.Secret
+	if err := r.apiReader().Get(ctx, types.NamespacedName{Namespace: set.Namespace, Name: e.Status.Credential.Name}, &cred); err != nil {
+		return fmt.Sprintf("reading credential Secret %s of Exporter %s failed: %v", e.Status.Credential.Name, e.Name, err)
+	}
+	token := cred.Data["token"]
+	if len(token) == 0 {
+		return fmt.Sprintf("credential Secret %s of Exporter %s has no key token", cred.Name, e.Name)
+	}
+	data := map[string][]byte{
+		v1alpha1.JumpstarterSecretEndpoint:  []byte(endpoint),
+		v1alpha1.JumpstarterSecretToken:     token,
+		v1alpha1.JumpstarterSecretNamespace: []byte(e.Namespace),
+		v1alpha1.JumpstarterSecretName:      []byte(e.Name),
+	}
+	if ca := set.Spec.Jumpstarter.CABundle; ca != "" {
+		data[v1alpha1.JumpstarterSecretCA] = []byte(ca)
+	}
+	name := p.Annotations[v1alpha1.JumpstarterSecretAnnotation]
+	if name == "" {
+		return fmt.Sprintf("pod has no %s annotation", v1alpha1.JumpstarterSecretAnnotation)
+	}
+	sec := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: name, Labels: map[string]string{v1alpha1.ExporterSetLabel: set.Name},
+			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(p, corev1.SchemeGroupVersion.WithKind("Pod"))}},
+		Type: corev1.SecretTypeOpaque,
+		Data: data,
+	}
+	err := r.Client.Create(ctx, sec)
+	if apierrors.IsAlreadyExists(err) {
+		// A previous pass wrote it (and failed to remove the gate), or the
+		// token changed: overwrite what it holds.
+		var cur corev1.Secret
+		if err = r.apiReader().Get(ctx, client.ObjectKeyFromObject(sec), &cur); err == nil {
+			if !metav1.IsControlledBy(&cur, p) {
+				return fmt.Sprintf("Secret %s exists and is not owned by the pod", name)
+			}
+			cur.Data = data
+			err = r.Client.Update(ctx, &cur)
+		}
+	}
+	if err != nil {
+		return fmt.Sprintf("writing exporter Secret %s failed: %v", name, err)
+	}
+	return ""
+}
+
+func (r *Reconciler) apiReader() client.Reader {
+	if r.APIReader != nil {
+		return r.APIReader
+	}
+	return r.Client
+}
+
+// patchExporter sets spec.enabled (and the disabled-at mark) on an
+// Exporter with a resourceVersion precondition.
+func (r *Reconciler) patchExporter(ctx context.Context, ns string, ref ExporterRef, enable bool, now time.Time) error {
+	at := "null"
+	if !enable {
+		at = strconv.Quote(now.UTC().Format(time.RFC3339Nano))
+	}
+	patch := fmt.Appendf(nil, `{"metadata":{"resourceVersion":%q,"annotations":{%q:%s}},"spec":{"enabled":%t}}`,
+		ref.ResourceVersion, v1alpha1.ExporterDisabledAtAnnotation, at, enable)
+	e := &jsv1.Exporter{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: ref.Name}}
+	return r.Client.Patch(ctx, e, client.RawPatch(types.MergePatchType, patch))
+}
+
+// stillLeaseFree reads the Exporter and the namespace's Leases from the API
+// server (not the cache) right before a delete: the Exporter must still be
+// disabled and no unended Lease may name it. It returns the lease that
+// holds it, or why it must stay.
+func (r *Reconciler) stillLeaseFree(ctx context.Context, ns, name string, leases *jsv1.LeaseList) (string, error) {
+	var e jsv1.Exporter
+	if err := r.apiReader().Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &e); err != nil {
+		if apierrors.IsNotFound(err) {
+			return "", nil
+		}
+		return "", err
+	}
+	if e.IsEnabled() {
+		return "Exporter enabled again", nil
+	}
+	if e.Status.LeaseRef != nil {
+		return "Lease " + e.Status.LeaseRef.Name, nil
+	}
+	for i := range leases.Items {
+		l := &leases.Items[i]
+		if !l.Status.Ended && l.Status.ExporterRef != nil && l.Status.ExporterRef.Name == name {
+			return "Lease " + l.Name, nil
+		}
+	}
+	return "", nil
+}
+
+// executeJumpstarter applies the exporter actions of a plan and deletes the
+// drained pods (with their Exporters) that are still lease-free when read
+// from the API server. It returns the deletions the plan may count as done.
+func (r *Reconciler) executeJumpstarter(ctx context.Context, set *v1alpha1.ExporterSet, st *jsState, acts Actions, now time.Time) []Deletion {
+	log := logf.FromContext(ctx)
+	for _, ref := range acts.Disable {
+		err := r.patchExporter(ctx, set.Namespace, ref, false, now)
+		switch {
+		case err == nil:
+			r.Recorder.Eventf(set, nil, corev1.EventTypeNormal, EventExporterDisabled, "Disable", "Disabled Exporter %s before its pod goes", ref.Name)
+		case apierrors.IsConflict(err), apierrors.IsNotFound(err):
+			log.V(1).Info("exporter changed since the plan; not disabled", "exporter", ref.Name)
+		default:
+			log.Info("disable exporter", "exporter", ref.Name, "err", err.Error())
+		}
+	}
+	for _, ref := range acts.Enable {
+		err := r.patchExporter(ctx, set.Namespace, ref, true, now)
+		switch {
+		case err == nil:
+			r.Recorder.Eventf(set, nil, corev1.EventTypeNormal, EventExporterEnabled, "Enable", "Enabled Exporter %s again: its pod is wanted", ref.Name)
+		case apierrors.IsConflict(err), apierrors.IsNotFound(err):
+		default:
+			log.Info("enable exporter", "exporter", ref.Name, "err", err.Error())
+		}
+	}
+	switch acts.Cold {
+	case ColdCreate:
+		if err := r.Client.Create(ctx, newExporter(set, nil)); err != nil && !apierrors.IsAlreadyExists(err) {
+			log.Info("create cold exporter", "err", err.Error())
+		}
+	case ColdEnable:
+		if err := r.patchExporter(ctx, set.Namespace, ExporterRef{Name: st.cold.Name, ResourceVersion: st.cold.ResourceVersion}, true, now); err != nil && !apierrors.IsConflict(err) {
+			log.Info("enable cold exporter", "err", err.Error())
+		}
+	case ColdDelete:
+		uid := st.cold.UID
+		if err := r.Client.Delete(ctx, st.cold, client.Preconditions{UID: &uid}); err != nil && !apierrors.IsNotFound(err) {
+			log.Info("delete cold exporter", "err", err.Error())
+		}
+	}
+	if st.cold != nil && acts.Cold != ColdDelete {
+		r.syncColdLabels(ctx, set, st.cold)
+	}
+	if len(acts.Delete) == 0 {
+		return nil
+	}
+	var fresh jsv1.LeaseList
+	if err := r.apiReader().List(ctx, &fresh, client.InNamespace(set.Namespace)); err != nil {
+		log.Info("list leases before delete; deleting nothing", "err", err.Error())
+		return nil
+	}
+	var ok []Deletion
+	for _, d := range acts.Delete {
+		if st.exporters[d.Name] != nil {
+			why, err := r.stillLeaseFree(ctx, set.Namespace, d.Name, &fresh)
+			if err != nil {
+				log.Info("check exporter before delete; kept", "pod", d.Name, "err", err.Error())
+				continue
+			}
+			if why != "" {
+				r.Recorder.Eventf(set, nil, corev1.EventTypeNormal, EventLeaseKeptPod, "Keep", "Kept pod %s (%s): %s", d.Name, d.Reason, why)
+				continue
+			}
+		}
+		ok = append(ok, d)
+	}
+	return ok
+}
+
+// deleteExporter deletes a pod's Exporter after its pod (the garbage
+// collector would too, but later).
+func (r *Reconciler) deleteExporter(ctx context.Context, ns, name string) {
+	e := &jsv1.Exporter{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+	if err := r.Client.Delete(ctx, e); err != nil && !apierrors.IsNotFound(err) {
+		logf.FromContext(ctx).Info("delete exporter", "exporter", name, "err", err.Error())
+	}
+}
+
+// syncColdLabels keeps the cold exporter's labels those of the set.
+func (r *Reconciler) syncColdLabels(ctx context.Context, set *v1alpha1.ExporterSet, cold *jsv1.Exporter) {
+	want := exporterLabels(set, v1alpha1.ExporterPodCold)
+	if labels.Equals(want, cold.Labels) {
+		return
+	}
+	l := map[string]*string{}
+	for k := range cold.Labels {
+		l[k] = nil
+	}
+	for k, v := range want {
+		l[k] = &v
+	}
+	b, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": l, "resourceVersion": cold.ResourceVersion}})
+	if err := r.Client.Patch(ctx, cold, client.RawPatch(types.MergePatchType, b)); err != nil && !apierrors.IsConflict(err) {
+		logf.FromContext(ctx).Info("update cold exporter labels", "err", err.Error())
+	}
+}
+
+// newJumpstarterPod builds a gated pod of a Jumpstarter-mode set. Its name
+// is chosen here (not by the API server's generateName) so that the
+// annotation can name its Secret at once.
+func newJumpstarterPod(set *v1alpha1.ExporterSet, hash string) *corev1.Pod {
+	p := newPod(set, hash)
+	p.GenerateName = ""
+	p.Name = set.Name + "-" + rand.String(5)
+	ann := make(map[string]string, len(p.Annotations)+1)
+	for k, v := range p.Annotations {
+		ann[k] = v
+	}
+	ann[v1alpha1.JumpstarterSecretAnnotation] = exporterSecretName(p.Name)
+	p.Annotations = ann
+	p.Spec.SchedulingGates = append(p.Spec.SchedulingGates, corev1.PodSchedulingGate{Name: v1alpha1.JumpstarterGate})
+	return p
+}
+
+// leaseList renders lease names for an event, at most 10.
+func leaseList(names []string) string {
+	shown := names[:min(len(names), 10)]
+	s := strings.Join(shown, ", ")
+	if len(names) > len(shown) {
+		s += fmt.Sprintf(" and %d more", len(names)-len(shown))
+	}
+	return s
+}
