@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/qemu-kubelet/qemu-kubelet/provider"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	corev1 "k8s.io/api/core/v1"
@@ -46,7 +47,8 @@ var burstSizes = []int{30, 60}
 //     rate limiter waits during the burst (its log, client-go's
 //     "Waited before sending request" at -vmodule=request=3; target 0).
 //
-// Run one size with -bench 'Burst/N=30' -benchtime 1x.
+// Run one size with -bench 'Burst/N=30$' -benchtime 1x;
+// QK_BENCH_BURST_LOG_DIR keeps the agent's log of each burst.
 func BenchmarkBurst(b *testing.B) {
 	env := newPodBenchEnvWith(b, podBenchOptions{
 		MaxVMs: 64,
@@ -78,8 +80,11 @@ func BenchmarkBurst(b *testing.B) {
 				b.ReportMetric(r.grace.Seconds(), "grace-s")
 				b.ReportMetric(float64(r.throttled), "throttle-waits-over-100ms")
 				b.ReportMetric(pbMs(r.maxThrottle), "throttle-max-ms")
-				b.Logf("N=%d bare: qmp %v marker %v; pods: bound %v ready %v marker %v gone %v (VMs %v); throttling waits >100ms: %d (max %v, all %d)",
-					n, qmp, bareMarker, r.bound, r.ready, r.marker, r.gone, r.vmsGone, r.throttled, r.maxThrottle, r.allWaits)
+				for _, ph := range []string{provider.PhasePull, provider.PhaseOverlay, provider.PhaseQEMUStart} {
+					b.ReportMetric(r.phaseAvg[ph]*1000, "phase-"+ph+"-avg-ms")
+				}
+				b.Logf("N=%d bare: qmp %v marker %v; pods: bound %v ready %v marker %v gone %v (VMs %v); throttling waits >100ms: %d (max %v, all %d); start phases avg (s) %v",
+					n, qmp, bareMarker, r.bound, r.ready, r.marker, r.gone, r.vmsGone, r.throttled, r.maxThrottle, r.allWaits, r.phaseAvg)
 			}
 		})
 	}
@@ -188,6 +193,9 @@ type burstResult struct {
 	// the burst (allWaits: over client-go's 50 ms logging threshold).
 	throttled, allWaits int
 	maxThrottle         time.Duration
+	// phaseAvg: mean start phase durations (s) of the burst's pods, from
+	// the node's qemu_kubelet_vm_start_phase_duration_seconds.
+	phaseAvg map[string]float64
 }
 
 // podBurst creates n VM pods at once, times them to bound, Ready and the
@@ -204,6 +212,7 @@ func (e *podBenchEnv) podBurst(b *testing.B, n int, round string) burstResult {
 	}
 	defer w.Stop()
 	logFrom := fileSize(e.logPath)
+	phasesBefore := benchPhaseSums(b, e.metricsURL)
 
 	var r burstResult
 	start := time.Now()
@@ -273,6 +282,10 @@ func (e *podBenchEnv) podBurst(b *testing.B, n int, round string) burstResult {
 	if r.marker == 0 {
 		b.Fatalf("not all %d pods reached the boot marker: %v", n, ctx.Err())
 	}
+	r.phaseAvg = map[string]float64{}
+	for ph, s := range benchPhaseSums(b, e.metricsURL) {
+		r.phaseAvg[ph] = (s - phasesBefore[ph]) / float64(n)
+	}
 
 	delStart := time.Now()
 	if err := pods.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: sel}); err != nil {
@@ -305,7 +318,17 @@ func (e *podBenchEnv) podBurst(b *testing.B, n int, round string) burstResult {
 	if err != nil {
 		b.Fatal(err)
 	}
-	r.allWaits, r.throttled, r.maxThrottle = throttleWaits(string(log[min(logFrom, int64(len(log))):]), 100*time.Millisecond)
+	burstLog := log[min(logFrom, int64(len(log))):]
+	r.allWaits, r.throttled, r.maxThrottle = throttleWaits(string(burstLog), 100*time.Millisecond)
+	if d := os.Getenv("QK_BENCH_BURST_LOG_DIR"); d != "" {
+		// Keep the agent's log of the burst for a closer look.
+		p := filepath.Join(d, "agent-"+round+".log")
+		if err := os.WriteFile(p, burstLog, 0o644); err != nil {
+			b.Logf("keep agent log: %v", err)
+		} else {
+			b.Logf("agent log of the burst (from %s): %s", start.UTC().Format(time.RFC3339Nano), p)
+		}
+	}
 	return r
 }
 
