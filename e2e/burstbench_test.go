@@ -101,7 +101,9 @@ func (e *podBenchEnv) bareBurst(b *testing.B, n int) (qmpUp, marker time.Duratio
 		b.Fatal(err)
 	}
 	defer os.RemoveAll(sockDir)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	// N guests share the host's CPUs under TCG: 30 take about 3 min to the
+	// marker on 2 busy CPUs.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute+time.Duration(n)*12*time.Second)
 	defer cancel()
 	type res struct{ qmp, marker time.Duration }
 	results := make(chan res, n)
@@ -202,7 +204,7 @@ type burstResult struct {
 // boot marker, then deletes them at once and times them to gone.
 func (e *podBenchEnv) podBurst(b *testing.B, n int, round string) burstResult {
 	b.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute+time.Duration(n)*12*time.Second)
 	defer cancel()
 	pods := e.c.Client().CoreV1().Pods("default")
 	sel := "bench-burst=" + round
