@@ -208,12 +208,27 @@ type podBenchEnv struct {
 	dir        string
 	ref        string
 	metricsURL string
+	logPath    string // the agent's log
 	kernel     string
 	initrd     string
 	cmdline    string
 }
 
 func newPodBenchEnv(b *testing.B) *podBenchEnv {
+	b.Helper()
+	return newPodBenchEnvWith(b, podBenchOptions{MaxVMs: 12})
+}
+
+// podBenchOptions vary the benchmarks' node.
+type podBenchOptions struct {
+	MaxVMs int
+	// ExtraConfig is appended to the node configuration (YAML lines).
+	ExtraConfig string
+	// AgentArgs are extra qemu-kubelet flags.
+	AgentArgs []string
+}
+
+func newPodBenchEnvWith(b *testing.B, o podBenchOptions) *podBenchEnv {
 	b.Helper()
 	root, err := cluster.RepoRoot()
 	if err != nil {
@@ -248,13 +263,13 @@ kind: NodeConfiguration
 nodeName: %s
 nodeIP: %s
 stateDir: %s
-maxVMs: 12
+maxVMs: %d
 reserved: {cpu: 100m, memory: 256Mi, ephemeral-storage: 1Gi}
 accelerator: {policy: tcg, probeTimeout: 20s}
 server: {address: %s, port: %d, clientCAFile: %s}
 nodeStatusUpdateFrequency: 2s
 nodeLeaseDurationSeconds: 12
-`, e.node, ip, filepath.Join(e.dir, "state"), ip, port, c.CAFile())
+`, e.node, ip, filepath.Join(e.dir, "state"), o.MaxVMs, ip, port, c.CAFile()) + o.ExtraConfig
 	cfgPath := filepath.Join(e.dir, "node.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		b.Fatal(err)
@@ -264,7 +279,8 @@ nodeLeaseDurationSeconds: 12
 		b.Fatal(err)
 	}
 	e.metricsURL = fmt.Sprintf("http://127.0.0.1:%d/metrics", mport)
-	agent := exec.Command(bin, "--config", cfgPath, "--kubeconfig", kc, "-v", "1", fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", mport))
+	e.logPath = logf.Name()
+	agent := exec.Command(bin, append([]string{"--config", cfgPath, "--kubeconfig", kc, "-v", "1", fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", mport)}, o.AgentArgs...)...)
 	agent.Stdout, agent.Stderr = logf, logf
 	agent.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := agent.Start(); err != nil {

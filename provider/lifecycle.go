@@ -103,6 +103,8 @@ type VMs struct {
 	mu     sync.Mutex
 	pods   map[types.UID]*podVM
 	notify func(*corev1.Pod)
+	// pump delivers statuses to notify, per pod, newest only (statuspump.go).
+	pump statusPump
 }
 
 // podVM is one pod and its VM. Its worker goroutine owns the VM; other
@@ -384,7 +386,7 @@ func (p *VMs) NotifyPods(_ context.Context, cb func(*corev1.Pod)) {
 	}
 	p.mu.Unlock()
 	for _, r := range recs {
-		go p.push(r)
+		p.push(r)
 	}
 }
 
@@ -441,19 +443,22 @@ func (p *VMs) snapshot(rec *podVM) *corev1.Pod {
 	return pod
 }
 
-// push sends the current status to the library.
+// push has the pod's current status sent to the library: asynchronously,
+// coalesced per pod and in order (statuspump.go).
 func (p *VMs) push(rec *podVM) {
-	p.mu.Lock()
-	cb := p.notify
-	p.mu.Unlock()
-	pod := p.snapshot(rec)
-	if cb != nil {
-		cb(pod)
-	}
+	p.pump.push(rec.uid, func() {
+		p.mu.Lock()
+		cb := p.notify
+		p.mu.Unlock()
+		pod := p.snapshot(rec)
+		if cb != nil {
+			cb(pod)
+		}
+		if podReady(pod) {
+			p.startExporter(p.base, rec) // exporter.go: first Ready; idempotent
+		}
+	})
 	p.observeReady(rec) // tracing.go: boot ends when the pod turns Ready
-	if podReady(pod) {
-		p.startExporter(p.base, rec) // exporter.go: first Ready; idempotent
-	}
 }
 
 func (p *VMs) event(pod *corev1.Pod, typ, reason, msg string) {
@@ -1090,6 +1095,7 @@ func (p *VMs) finishDelete(rec *podVM, vm *qemu.VM) {
 	rec.removed = true
 	rec.mu.Unlock()
 	p.push(rec)
+	p.pump.flush(rec.uid) // the terminal status reaches the library before the pod goes
 	p.mu.Lock()
 	if p.pods[rec.uid] == rec {
 		delete(p.pods, rec.uid)

@@ -151,6 +151,26 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 	return rc, nil
 }
 
+// apiClients are the node's API clients. Like the kubelet: the main client
+// has the kubeAPIQPS/Burst budget and events go through a client of their
+// own (eventRecordQPS/eventBurst), so a flood of events never delays a pod
+// status write or a delete.
+func apiClients(rc *rest.Config, cfg *config.Node) (client, eventClient kubernetes.Interface, err error) {
+	mrc := rest.CopyConfig(rc)
+	mrc.QPS, mrc.Burst = cfg.KubeAPIQPS, cfg.KubeAPIBurst
+	client, err = kubernetes.NewForConfig(mrc)
+	if err != nil {
+		return nil, nil, fmt.Errorf("create client: %w", err)
+	}
+	erc := rest.CopyConfig(rc)
+	erc.QPS, erc.Burst = cfg.EventRecordQPS, cfg.EventBurst
+	eventClient, err = kubernetes.NewForConfig(erc)
+	if err != nil {
+		return nil, nil, fmt.Errorf("create event client: %w", err)
+	}
+	return client, eventClient, nil
+}
+
 // probe gathers the facts fixed for the life of the process.
 func probe(ctx context.Context, cfg *config.Node) provider.Facts {
 	logger := klog.FromContext(ctx)
@@ -190,19 +210,9 @@ func runNode(ctx context.Context, o options, cfg *config.Node) error {
 	if err != nil {
 		return err
 	}
-	// Like the kubelet: the main client has the kubeAPIQPS/Burst budget and
-	// events go through a client of their own, so a flood of events never
-	// delays a pod status write or a delete.
-	rc.QPS, rc.Burst = cfg.KubeAPIQPS, cfg.KubeAPIBurst
-	client, err := kubernetes.NewForConfig(rc)
+	client, eventClient, err := apiClients(rc, cfg)
 	if err != nil {
-		return fmt.Errorf("create client: %w", err)
-	}
-	erc := rest.CopyConfig(rc)
-	erc.QPS, erc.Burst = cfg.EventRecordQPS, cfg.EventBurst
-	eventClient, err := kubernetes.NewForConfig(erc)
-	if err != nil {
-		return fmt.Errorf("create event client: %w", err)
+		return err
 	}
 
 	obs, err := startObservability(ctx, o.obs, cfg.NodeName, os.Getenv)

@@ -116,7 +116,7 @@ func (v *vkNode) run(ctx context.Context, ready func()) error {
 
 	go podFactory.Start(ctx.Done())
 	go v.status.Run(ctx)
-	go pc.Run(ctx, 2) //nolint:errcheck // reported through Done/Err
+	go pc.Run(ctx, v.cfg.PodSyncWorkers) //nolint:errcheck // reported through Done/Err
 	defer func() { cancel(); <-pc.Done() }()
 	select {
 	case <-ctx.Done():

@@ -87,6 +87,7 @@ func TestResolveDefaults(t *testing.T) {
 	assert.Equal(t, 100, n.KubeAPIBurst)
 	assert.Equal(t, float32(50), n.EventRecordQPS)
 	assert.Equal(t, 100, n.EventBurst)
+	assert.Equal(t, 10, n.PodSyncWorkers, "virtual-kubelet's default, not the 2 of a bare PodController.Run")
 	assert.Equal(t, Threshold{Amount: 100 << 20}, n.MemoryAvailable)
 	assert.Equal(t, Threshold{Percent: 10, IsPercent: true}, n.DiskAvailable)
 	assert.Equal(t, Threshold{Percent: 5, IsPercent: true}, n.PIDAvailable)
@@ -117,6 +118,7 @@ kubeAPIQPS: 20
 kubeAPIBurst: 40
 eventRecordQPS: 5
 eventBurst: 10
+podSyncWorkers: 4
 pressure: {memoryAvailable: "0", diskAvailable: 5Gi, pidAvailable: 1000}
 `))
 	require.NoError(t, err)
@@ -144,6 +146,7 @@ pressure: {memoryAvailable: "0", diskAvailable: 5Gi, pidAvailable: 1000}
 	assert.Equal(t, 40, n.KubeAPIBurst)
 	assert.Equal(t, float32(5), n.EventRecordQPS)
 	assert.Equal(t, 10, n.EventBurst)
+	assert.Equal(t, 4, n.PodSyncWorkers)
 }
 
 func TestResolveValidation(t *testing.T) {
@@ -175,6 +178,7 @@ func TestResolveValidation(t *testing.T) {
 		{"zero qps", "kubeAPIQPS: 0", []string{"kubeAPIQPS", "at least 1"}},
 		{"burst below qps", "kubeAPIQPS: 200", []string{"kubeAPIBurst", "at least kubeAPIQPS (200)"}},
 		{"event burst below qps", "eventRecordQPS: 10\neventBurst: 2", []string{"eventBurst", "at least eventRecordQPS (10)"}},
+		{"no pod sync workers", "podSyncWorkers: 0", []string{"podSyncWorkers", "between 1 and 1000"}},
 		{"bad percent", "pressure: {diskAvailable: 150%}", []string{"pressure.diskAvailable", "percentage"}},
 		{"bad threshold", "pressure: {memoryAvailable: plenty}", []string{"pressure.memoryAvailable"}},
 		{"several errors listed", "maxVMs: -1\nserver: {port: 0}", []string{"maxVMs", "server.port"}},

@@ -33,6 +33,7 @@ const (
 	DefaultKubeAPIBurst                             = 100
 	DefaultEventRecordQPS                           = 50
 	DefaultEventBurst                               = 100
+	DefaultPodSyncWorkers                           = 10
 	DefaultMemoryAvailable           QuantityString = "100Mi"
 	DefaultDiskAvailable             QuantityString = "10%"
 	DefaultPIDAvailable              QuantityString = "5%"
@@ -113,10 +114,12 @@ type Node struct {
 	LeaseDuration time.Duration
 	// KubeAPIQPS/KubeAPIBurst: the node's API client budget; EventRecordQPS/
 	// EventBurst: the events client's.
-	KubeAPIQPS      float32
-	KubeAPIBurst    int
-	EventRecordQPS  float32
-	EventBurst      int
+	KubeAPIQPS     float32
+	KubeAPIBurst   int
+	EventRecordQPS float32
+	EventBurst     int
+	// PodSyncWorkers: workers of each pod controller queue.
+	PodSyncWorkers  int
 	MemoryAvailable Threshold
 	DiskAvailable   Threshold
 	PIDAvailable    Threshold
@@ -190,6 +193,7 @@ func Default(c *NodeConfiguration, env Environment) {
 	defaultInt32(&c.KubeAPIBurst, DefaultKubeAPIBurst)
 	defaultInt32(&c.EventRecordQPS, DefaultEventRecordQPS)
 	defaultInt32(&c.EventBurst, DefaultEventBurst)
+	defaultInt32(&c.PodSyncWorkers, DefaultPodSyncWorkers)
 	if c.Pressure.MemoryAvailable == "" {
 		c.Pressure.MemoryAvailable = DefaultMemoryAvailable
 	}
@@ -376,6 +380,11 @@ func validate(c *NodeConfiguration) (*Node, field.ErrorList) {
 
 	n.KubeAPIQPS, n.KubeAPIBurst, errs = validateBudget("kubeAPIQPS", "kubeAPIBurst", *c.KubeAPIQPS, *c.KubeAPIBurst, errs)
 	n.EventRecordQPS, n.EventBurst, errs = validateBudget("eventRecordQPS", "eventBurst", *c.EventRecordQPS, *c.EventBurst, errs)
+	if w := *c.PodSyncWorkers; w < 1 || w > 1000 {
+		errs = append(errs, field.Invalid(field.NewPath("podSyncWorkers"), w, "must be between 1 and 1000"))
+	} else {
+		n.PodSyncWorkers = int(w)
+	}
 
 	prPath := field.NewPath("pressure")
 	n.MemoryAvailable, errs = parseThreshold(prPath.Child("memoryAvailable"), c.Pressure.MemoryAvailable, errs)

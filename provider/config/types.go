@@ -90,6 +90,11 @@ type NodeConfiguration struct {
 	// eventRecordQPS/eventBurst; defaults 50 and 100).
 	EventRecordQPS *int32 `json:"eventRecordQPS,omitempty"`
 	EventBurst     *int32 `json:"eventBurst,omitempty"`
+	// PodSyncWorkers is the number of workers of each of the pod
+	// controller's queues (pods to the provider, provider statuses to the
+	// API server, deletes), as virtual-kubelet's --pod-sync-workers
+	// (default 10). Pod starts themselves run on a goroutine per pod.
+	PodSyncWorkers *int32 `json:"podSyncWorkers,omitempty"`
 	// Pressure holds the thresholds of the pressure conditions.
 	Pressure PressureThresholds `json:"pressure,omitempty"`
 	// Images configures the OS image cache and registries.

@@ -1,0 +1,412 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/qemu-kubelet/qemu-kubelet/provider"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
+	"github.com/qemu-kubelet/qemu-kubelet/qemu"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/watch"
+)
+
+// burstSizes are the burst sizes of BenchmarkBurst (issue #20).
+var burstSizes = []int{30, 60}
+
+// BenchmarkBurst: N VM pods (no readiness probe: Ready = VM running) created
+// at once through the API server of a real control plane on one node
+// (maxVMs 64, image cached), then deleted at once; against N bare
+// qemu-system started in parallel with the same VM in the same run.
+// Reported per N:
+//   - bare-qmp-ms / bare-marker-ms: all bare QEMUs answer QMP / all printed
+//     the boot marker;
+//   - bind-ms: first Create call -> all pods bound (seen by a watch);
+//   - all-ready-ms, all-marker-ms: first Create call -> all Ready / all at
+//     the boot marker on their consoles;
+//   - ready-x-of-bare-plus-bind = all-ready / (bare-qmp + bind) (target
+//     1.5), marker-x-of-baseline = all-marker / bare-marker (target 1.05);
+//   - all-gone-ms: DeleteCollection -> all pods gone from the API server
+//     (target: grace-s + 2 s), vms-gone-ms: -> no QEMU left;
+//   - throttle-waits-over-100ms, throttle-max-ms: the agent's client-side
+//     rate limiter waits during the burst (its log, client-go's
+//     "Waited before sending request" at -vmodule=request=3; target 0).
+//
+// Run one size with -bench 'Burst/N=30$' -benchtime 1x;
+// QK_BENCH_BURST_LOG_DIR keeps the agent's log of each burst.
+func BenchmarkBurst(b *testing.B) {
+	env := newPodBenchEnvWith(b, podBenchOptions{
+		MaxVMs: 64,
+		// 60 pods x 100m CPU requested on 2 CPUs.
+		// QK_BENCH_BURST_CONFIG adds node configuration lines (e.g.
+		// "podSyncWorkers: 2" to compare).
+		ExtraConfig: "overcommit: {cpu: 8}\n" + os.Getenv("QK_BENCH_BURST_CONFIG"),
+		// client-go logs every rate limiter wait over 50 ms at V(3).
+		AgentArgs: []string{"-vmodule=request=3"},
+	})
+	// Warm-up: the first pod pulls the image; the bursts find it cached.
+	env.podRun(b, "burst-warmup")
+	for _, n := range burstSizes {
+		b.Run(fmt.Sprintf("N=%d", n), func(b *testing.B) {
+			round := 0
+			for b.Loop() {
+				qmp, bareMarker := env.bareBurst(b, n)
+				r := env.podBurst(b, n, fmt.Sprintf("n%d-r%d", n, round))
+				round++
+				b.ReportMetric(pbMs(qmp), "bare-qmp-ms")
+				b.ReportMetric(pbMs(bareMarker), "bare-marker-ms")
+				b.ReportMetric(pbMs(r.bound), "bind-ms")
+				b.ReportMetric(pbMs(r.ready), "all-ready-ms")
+				b.ReportMetric(pbMs(r.marker), "all-marker-ms")
+				b.ReportMetric(float64(r.ready)/float64(qmp+r.bound), "ready-x-of-bare-plus-bind")
+				b.ReportMetric(float64(r.marker)/float64(bareMarker), "marker-x-of-baseline")
+				b.ReportMetric(pbMs(r.gone), "all-gone-ms")
+				b.ReportMetric(pbMs(r.vmsGone), "vms-gone-ms")
+				b.ReportMetric(r.grace.Seconds(), "grace-s")
+				b.ReportMetric(float64(r.throttled), "throttle-waits-over-100ms")
+				b.ReportMetric(pbMs(r.maxThrottle), "throttle-max-ms")
+				for _, ph := range []string{provider.PhasePull, provider.PhaseOverlay, provider.PhaseQEMUStart} {
+					b.ReportMetric(r.phaseAvg[ph]*1000, "phase-"+ph+"-avg-ms")
+				}
+				b.Logf("N=%d bare: qmp %v marker %v; pods: bound %v ready %v marker %v gone %v (VMs %v); throttling waits >100ms: %d (max %v, all %d); start phases avg (s) %v",
+					n, qmp, bareMarker, r.bound, r.ready, r.marker, r.gone, r.vmsGone, r.throttled, r.maxThrottle, r.allWaits, r.phaseAvg)
+			}
+		})
+	}
+}
+
+// bareBurst starts n bare VMs at once (bareBoot's command line plus a QMP
+// socket each) and returns the time until all answer QMP and until all
+// printed the boot marker; then kills them.
+func (e *podBenchEnv) bareBurst(b *testing.B, n int) (qmpUp, marker time.Duration) {
+	b.Helper()
+	// Short: unix socket paths are limited to 108 bytes.
+	sockDir, err := os.MkdirTemp("", "qkbb")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer os.RemoveAll(sockDir)
+	// N guests share the host's CPUs under TCG: 30 take about 3 min to the
+	// marker on 2 busy CPUs.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute+time.Duration(n)*12*time.Second)
+	defer cancel()
+	type res struct{ qmp, marker time.Duration }
+	results := make(chan res, n)
+	errs := make(chan error, n)
+	var cmds []*exec.Cmd
+	var mu sync.Mutex
+	defer func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range cmds {
+			_ = syscall.Kill(-c.Process.Pid, syscall.SIGKILL)
+			_ = c.Wait()
+		}
+	}()
+	start := time.Now()
+	for i := range n {
+		go func() {
+			sock := filepath.Join(sockDir, fmt.Sprintf("%d.sock", i))
+			cmd := exec.CommandContext(ctx, "qemu-system-x86_64",
+				"-machine", "q35,vmport=off", "-accel", "tcg", "-cpu", "max", "-smp", "1", "-m", "256M",
+				"-nodefaults", "-no-user-config", "-display", "none", "-serial", "stdio", "-device", "pvpanic",
+				"-netdev", "user,id=net0", "-device", "virtio-net-pci,netdev=net0",
+				"-qmp", "unix:"+sock+",server=on,wait=off",
+				"-kernel", e.kernel, "-initrd", e.initrd, "-append", e.cmdline)
+			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+			out, err := cmd.StdoutPipe()
+			if err != nil {
+				errs <- err
+				return
+			}
+			if err := cmd.Start(); err != nil {
+				errs <- fmt.Errorf("start bare qemu %d: %w", i, err)
+				return
+			}
+			mu.Lock()
+			cmds = append(cmds, cmd)
+			mu.Unlock()
+			qmpAt := make(chan time.Duration, 1)
+			go func() {
+				for ctx.Err() == nil {
+					if c, err := net.Dial("unix", sock); err == nil {
+						line, err := bufio.NewReader(c).ReadString('\n')
+						c.Close()
+						if err == nil && strings.Contains(line, `"QMP"`) {
+							qmpAt <- time.Since(start)
+							return
+						}
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+			}()
+			sc := bufio.NewScanner(out)
+			for sc.Scan() {
+				if strings.Contains(sc.Text(), vmtest.BootMarker) {
+					m := time.Since(start)
+					go func() { _, _ = io.Copy(io.Discard, out) }()
+					select {
+					case q := <-qmpAt:
+						results <- res{qmp: q, marker: m}
+					case <-ctx.Done():
+						errs <- fmt.Errorf("bare qemu %d: QMP never answered", i)
+					}
+					return
+				}
+			}
+			errs <- fmt.Errorf("bare qemu %d exited without the boot marker: %v", i, sc.Err())
+		}()
+	}
+	for range n {
+		select {
+		case r := <-results:
+			qmpUp, marker = max(qmpUp, r.qmp), max(marker, r.marker)
+		case err := <-errs:
+			b.Fatal(err)
+		case <-ctx.Done():
+			b.Fatalf("bare burst of %d: %v", n, ctx.Err())
+		}
+	}
+	return qmpUp, marker
+}
+
+// burstResult is one pod burst, times from the first Create call (gone and
+// vmsGone from the DeleteCollection call).
+type burstResult struct {
+	bound, ready, marker time.Duration
+	gone, vmsGone        time.Duration
+	grace                time.Duration
+	// throttled: rate limiter waits over 100 ms in the agent's log during
+	// the burst (allWaits: over client-go's 50 ms logging threshold).
+	throttled, allWaits int
+	maxThrottle         time.Duration
+	// phaseAvg: mean start phase durations (s) of the burst's pods, from
+	// the node's qemu_kubelet_vm_start_phase_duration_seconds.
+	phaseAvg map[string]float64
+}
+
+// podBurst creates n VM pods at once, times them to bound, Ready and the
+// boot marker, then deletes them at once and times them to gone.
+func (e *podBenchEnv) podBurst(b *testing.B, n int, round string) burstResult {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute+time.Duration(n)*12*time.Second)
+	defer cancel()
+	pods := e.c.Client().CoreV1().Pods("default")
+	sel := "bench-burst=" + round
+	w, err := pods.Watch(ctx, metav1.ListOptions{LabelSelector: sel})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer w.Stop()
+	logFrom := fileSize(e.logPath)
+	phasesBefore := benchPhaseSums(b, e.metricsURL)
+
+	var r burstResult
+	start := time.Now()
+	type created struct {
+		uid types.UID
+		err error
+	}
+	cr := make(chan created, n)
+	for j := range n {
+		p := vmPodSpec(fmt.Sprintf("burst-%s-%d", round, j), e.node, e.ref, corev1.RestartPolicyAlways, nil)
+		p.Labels = map[string]string{"bench-burst": round}
+		if j == 0 {
+			r.grace = time.Duration(*p.Spec.TerminationGracePeriodSeconds) * time.Second
+		}
+		go func() {
+			c, err := pods.Create(ctx, p, metav1.CreateOptions{})
+			if err != nil {
+				cr <- created{err: err}
+				return
+			}
+			cr <- created{uid: c.UID}
+		}()
+	}
+	var uids []types.UID
+	for range n {
+		c := <-cr
+		if c.err != nil {
+			b.Fatal(c.err)
+		}
+		uids = append(uids, c.uid)
+	}
+	markerDone := make(chan time.Duration, 1)
+	go func() { markerDone <- waitMarkers(ctx, e.dir, uids, start) }()
+
+	bound, ready := map[string]bool{}, map[string]bool{}
+	for len(ready) < n || len(bound) < n {
+		select {
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				b.Fatalf("watch closed with %d of %d Ready", len(ready), n)
+			}
+			p, isPod := ev.Object.(*corev1.Pod)
+			if !isPod {
+				continue
+			}
+			if p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded {
+				b.Fatalf("pod %s ended %s: %+v", p.Name, p.Status.Phase, p.Status)
+			}
+			if p.Spec.NodeName != "" && !bound[p.Name] {
+				bound[p.Name] = true
+				r.bound = time.Since(start)
+			}
+			for _, c := range p.Status.Conditions {
+				if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue && !ready[p.Name] {
+					ready[p.Name] = true
+					r.ready = time.Since(start)
+				}
+			}
+		case <-ctx.Done():
+			b.Fatalf("%d of %d pods Ready (%d bound): %v", len(ready), n, len(bound), ctx.Err())
+		}
+	}
+	if got := len(vmtest.QEMUPids(e.dir)); got != n {
+		b.Fatalf("%d QEMU processes for %d Ready pods", got, n)
+	}
+	r.marker = <-markerDone
+	if r.marker == 0 {
+		b.Fatalf("not all %d pods reached the boot marker: %v", n, ctx.Err())
+	}
+	r.phaseAvg = map[string]float64{}
+	for ph, s := range benchPhaseSums(b, e.metricsURL) {
+		r.phaseAvg[ph] = (s - phasesBefore[ph]) / float64(n)
+	}
+
+	delStart := time.Now()
+	if err := pods.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: sel}); err != nil {
+		b.Fatal(err)
+	}
+	gone := map[string]bool{}
+	for len(gone) < n {
+		select {
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				b.Fatalf("watch closed with %d of %d pods gone", len(gone), n)
+			}
+			if p, isPod := ev.Object.(*corev1.Pod); isPod && ev.Type == watch.Deleted {
+				gone[p.Name] = true
+				r.gone = time.Since(delStart)
+			}
+		case <-ctx.Done():
+			b.Fatalf("%d of %d pods gone after delete: %v", len(gone), n, ctx.Err())
+		}
+	}
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
+		return len(vmtest.QEMUPids(e.dir)) == 0, nil
+	})
+	if err != nil {
+		b.Fatalf("QEMU processes left after the delete burst: %v", err)
+	}
+	r.vmsGone = time.Since(delStart)
+
+	log, err := os.ReadFile(e.logPath)
+	if err != nil {
+		b.Fatal(err)
+	}
+	burstLog := log[min(logFrom, int64(len(log))):]
+	r.allWaits, r.throttled, r.maxThrottle = throttleWaits(string(burstLog), 100*time.Millisecond)
+	if d := os.Getenv("QK_BENCH_BURST_LOG_DIR"); d != "" {
+		// Keep the agent's log of the burst for a closer look.
+		p := filepath.Join(d, "agent-"+round+".log")
+		if err := os.WriteFile(p, burstLog, 0o644); err != nil {
+			b.Logf("keep agent log: %v", err)
+		} else {
+			b.Logf("agent log of the burst (from %s): %s", start.UTC().Format(time.RFC3339Nano), p)
+		}
+	}
+	return r
+}
+
+// waitMarkers polls the consoles of the pods' VMs (reading only what was
+// appended) and returns the time from start until all printed the boot
+// marker; 0 if ctx ends first.
+func waitMarkers(ctx context.Context, dir string, uids []types.UID, start time.Time) time.Duration {
+	off := map[types.UID]int64{}
+	left := map[types.UID]bool{}
+	for _, u := range uids {
+		left[u] = true
+	}
+	var last time.Duration
+	for len(left) > 0 {
+		if ctx.Err() != nil {
+			return 0
+		}
+		for u := range left {
+			f, err := os.Open(filepath.Join(dir, "state", "vms", string(u), qemu.ConsoleLogName))
+			if err != nil {
+				continue
+			}
+			from := max(off[u]-int64(len(vmtest.BootMarker)), 0)
+			bs, _ := io.ReadAll(io.NewSectionReader(f, from, 1<<30))
+			f.Close()
+			off[u] = from + int64(len(bs))
+			if strings.Contains(string(bs), vmtest.BootMarker) {
+				delete(left, u)
+				last = time.Since(start)
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return last
+}
+
+var waitedRe = regexp.MustCompile(`"Waited before sending request" .*delay="([^"]+)"`)
+
+// throttleWaits counts client-go's rate limiter waits in a klog text log:
+// all logged ones, those over limit, and the longest.
+func throttleWaits(log string, limit time.Duration) (all, over int, longest time.Duration) {
+	for _, line := range strings.Split(log, "\n") {
+		m := waitedRe.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		d, err := time.ParseDuration(m[1])
+		if err != nil {
+			continue
+		}
+		all++
+		if d > limit {
+			over++
+		}
+		longest = max(longest, d)
+	}
+	return all, over, longest
+}
+
+func fileSize(path string) int64 {
+	st, err := os.Stat(path)
+	if err != nil {
+		return 0
+	}
+	return st.Size()
+}
+
+// TestThrottleWaits: the parser of BenchmarkBurst's throttling count reads
+// client-go's log line.
+func TestThrottleWaits(t *testing.T) {
+	log := `I1123 22:27:10.355205   29324 request.go:683] "Waited before sending request" node="n" delay="185.598943ms" reason="client-side throttling, not priority and fairness" verb="PUT" URL="https://x/api/v1/namespaces/d/pods/a/status"
+I1123 22:27:10.455205   29324 request.go:683] "Waited before sending request" delay="60ms" reason="client-side throttling, not priority and fairness" verb="GET" URL="https://x"
+I1123 22:27:11.355205   29324 other.go:1] "Pod deleted from node"
+I1123 22:27:12.355205   29324 request.go:683] "Waited before sending request" delay="soon" reason="unparsable delay: skipped"`
+	all, over, longest := throttleWaits(log, 100*time.Millisecond)
+	if all != 2 || over != 1 || longest != 185598943*time.Nanosecond {
+		t.Fatalf("all=%d over=%d longest=%v; want 2, 1, 185.598943ms", all, over, longest)
+	}
+}
