@@ -2,7 +2,7 @@ package e2e
 
 import (
 	"context"
-	"io"
+	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 	"os"
 	"path/filepath"
 	"strings"
@@ -34,30 +34,6 @@ func jsCondition(p *corev1.Pod) *corev1.PodCondition {
 func jsOnline(p *corev1.Pod) bool {
 	c := jsCondition(p)
 	return c != nil && c.Status == corev1.ConditionTrue
-}
-
-// readFor reads r until want shows (or d passes).
-func readFor(t *testing.T, r io.Reader, want string, d time.Duration) {
-	t.Helper()
-	got := make(chan string, 1)
-	go func() {
-		var b strings.Builder
-		buf := make([]byte, 4096)
-		for {
-			n, err := r.Read(buf)
-			b.Write(buf[:n])
-			if strings.Contains(b.String(), want) || err != nil {
-				got <- b.String()
-				return
-			}
-		}
-	}()
-	select {
-	case s := <-got:
-		require.Contains(t, s, want)
-	case <-time.After(d):
-		t.Fatalf("no %q within %s", want, d)
-	}
 }
 
 // testJumpstarter: a VM pod made a Jumpstarter exporter by a Secret created
@@ -137,7 +113,7 @@ func (e *podEnv) testJumpstarter(t *testing.T) {
 	require.NoError(t, err)
 	_, err = con.Write([]byte("hello-e2e\n"))
 	require.NoError(t, err)
-	readFor(t, con, "QK-ECHO: hello-e2e", 30*time.Second)
+	testutil.ReadUntil(t, con, "QK-ECHO: hello-e2e", 30*time.Second)
 	con.Close()
 
 	_, err = s.Call(ctx, uuidOf("power"), "off")

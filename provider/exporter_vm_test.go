@@ -5,7 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
+	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 	"os"
 	"path/filepath"
 	"strings"
@@ -65,31 +65,6 @@ var realExporters = ExporterRunnerFunc(func(ctx context.Context, cfg jumpstarter
 	}
 	return e.Run(ctx)
 })
-
-func readUntil(t *testing.T, r io.Reader, want string, d time.Duration) string {
-	t.Helper()
-	got := make(chan string, 1)
-	go func() {
-		var b strings.Builder
-		buf := make([]byte, 4096)
-		for {
-			n, err := r.Read(buf)
-			b.Write(buf[:n])
-			if strings.Contains(b.String(), want) || err != nil {
-				got <- b.String()
-				return
-			}
-		}
-	}()
-	select {
-	case s := <-got:
-		require.Contains(t, s, want)
-		return s
-	case <-time.After(d):
-		t.Fatalf("no %q within %s", want, d)
-		return ""
-	}
-}
 
 func vmStateFile(t *testing.T, dir string) VMState {
 	t.Helper()
@@ -213,7 +188,7 @@ func TestJumpstarterExporterVM(t *testing.T) {
 		defer con.Close()
 		_, err = con.Write([]byte("hello-jumpstarter\n"))
 		require.NoError(t, err)
-		readUntil(t, con, "QK-ECHO: hello-jumpstarter", 30*time.Second)
+		testutil.ReadUntil(t, con, "QK-ECHO: hello-jumpstarter", 30*time.Second)
 	})
 
 	t.Run("GuestTCP", func(t *testing.T) {
@@ -221,7 +196,7 @@ func TestJumpstarterExporterVM(t *testing.T) {
 		require.NoError(t, err)
 		_, err = c.Write([]byte("GET / HTTP/1.0\r\n\r\n"))
 		require.NoError(t, err)
-		readUntil(t, bufio.NewReader(c), "QK-HTTP-OK", 30*time.Second)
+		testutil.ReadUntil(t, bufio.NewReader(c), "QK-HTTP-OK", 30*time.Second)
 		c.Close()
 		_, err = s.Stream(ctx, uuidOf("ssh"), "connect")
 		require.Error(t, err, "nothing listens on 22 in the test image")

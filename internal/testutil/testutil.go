@@ -9,11 +9,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"runtime/pprof"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -114,5 +116,34 @@ func SkipIfShort(tb testing.TB, what string) {
 	tb.Helper()
 	if testing.Short() {
 		tb.Skipf("needs %s: skipped under -short", what)
+	}
+}
+
+// ReadUntil reads r until what it read contains want and returns it; it
+// fails tb if want does not show within d (or r ends first).
+func ReadUntil(tb testing.TB, r io.Reader, want string, d time.Duration) string {
+	tb.Helper()
+	got := make(chan string, 1)
+	go func() {
+		var b strings.Builder
+		buf := make([]byte, 4096)
+		for {
+			n, err := r.Read(buf)
+			b.Write(buf[:n])
+			if strings.Contains(b.String(), want) || err != nil {
+				got <- b.String()
+				return
+			}
+		}
+	}()
+	select {
+	case s := <-got:
+		if !strings.Contains(s, want) {
+			tb.Fatalf("stream ended before %q; read %q", want, s)
+		}
+		return s
+	case <-time.After(d):
+		tb.Fatalf("no %q within %s", want, d)
+		return ""
 	}
 }
