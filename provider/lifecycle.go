@@ -631,6 +631,11 @@ func (p *VMs) run(rec *podVM) {
 
 		// phase running
 		p.startProbes(ctx, rec, vm) // probes.go: end with this run
+		if podReady(p.snapshot(rec)) {
+			// Ready without a status change (no readiness probe, or a
+			// re-adopted VM): push has nothing new to deliver.
+			p.startExporter(ctx, rec) // exporter.go: idempotent
+		}
 	running:
 		for {
 			select {
