@@ -82,6 +82,7 @@ func (e *exsEnv) testWarmBuffer(t *testing.T) {
 		"qemu_kubelet_exporterset_available_replicas 2",
 		"qemu_kubelet_exporterset_desired_replicas 3",
 		"qemu_kubelet_exporterset_leased_replicas 1",
+		"qemu_kubelet_exporterset_pending_leases 0",
 		"qemu_kubelet_exporterset_ready_replicas 3",
 		"qemu_kubelet_exporterset_replicas 3",
 	}, e.metricLines(t, name), "controller /metrics for KEDA/Prometheus")

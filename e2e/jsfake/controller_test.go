@@ -205,9 +205,8 @@ func TestExporterSetFromZeroThroughJumpstarter(t *testing.T) {
 	assert.Equal(t, holder, pods.Items[0].Name, "the lease is on the pod's Exporter")
 
 	// Scale to 1 warm pod on top: minAvailable 1.
-	require.NoError(t, env.client.Get(ctx, types.NamespacedName{Namespace: ns, Name: "vm"}, set))
-	set.Spec.MinAvailable = ptr.To(int32(1))
-	require.NoError(t, env.client.Update(ctx, set))
+	// A merge patch: the controller writes the set's status meanwhile.
+	require.NoError(t, env.client.Patch(ctx, set, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"minAvailable":1}}`))))
 	eventually(t, "a warm exporter online", func() (bool, string) {
 		var el jsv1.ExporterList
 		require.NoError(t, env.client.List(ctx, &el, client.InNamespace(ns), client.MatchingLabels{v1alpha1.ExporterSetLabel: "vm"}))
