@@ -108,6 +108,27 @@ func (e *podEnv) testBootAndDelete(t *testing.T) {
 	require.NoError(t, err)
 	assertDescribeNodeLists(t, out, "default", p.Name, "100m", "64Mi")
 
+	// A status overwritten by someone else (Ready=False, as the node
+	// lifecycle controller writes when the node's lease lapses) is written
+	// back by the node though its VM never changed (kubelet status resync).
+	cur, err := e.c.Client().CoreV1().Pods("default").Get(ctx, p.Name, metav1.GetOptions{})
+	require.NoError(t, err)
+	for i := range cur.Status.Conditions {
+		if cur.Status.Conditions[i].Type == corev1.PodReady {
+			cur.Status.Conditions[i].Status, cur.Status.Conditions[i].Reason = corev1.ConditionFalse, "NodeNotReady"
+		}
+	}
+	_, err = e.c.Client().CoreV1().Pods("default").UpdateStatus(ctx, cur, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	waitPod(t, e.c, "default", p.Name, 30*time.Second, "Ready written back", func(p *corev1.Pod) bool {
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodReady {
+				return c.Status == corev1.ConditionTrue
+			}
+		}
+		return false
+	})
+
 	// Delete: the ACPI guest powers off within the grace period; the pod
 	// leaves the API server without waiting for the grace period to end.
 	start := time.Now()

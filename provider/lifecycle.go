@@ -129,6 +129,11 @@ type podVM struct {
 	// readiness probe.
 	probes *probeState
 
+	// apiResourceVersion: the resourceVersion of the API server's copy
+	// whose status disagreed with the node's (statusresync.go); sent with
+	// the next status so the library does not skip it as already sent.
+	apiResourceVersion string
+
 	// ctl carries power and flash requests (exporter.go) to the worker.
 	ctl chan vmRequest
 	// exporter is the state of the pod's Jumpstarter exporter (nil: none),
@@ -437,6 +442,9 @@ func (p *VMs) snapshot(rec *podVM) *corev1.Pod {
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	pod := rec.pod.DeepCopy()
+	if rec.apiResourceVersion != "" {
+		pod.ResourceVersion = rec.apiResourceVersion // statusresync.go
+	}
 	pod.Status = PodStatus(rec.pod, rec.state, p.cfg.NodeIP, p.now())
 	applyProbes(&pod.Status, rec.pod, rec.probes) // probes.go: readiness probe result
 	applyExporter(&pod.Status, rec.exporter)      // exporter.go: Jumpstarter exporter condition

@@ -55,6 +55,12 @@ func (v *vkNode) run(ctx context.Context, ready func()) error {
 
 	podFactory := informers.NewSharedInformerFactoryWithOptions(v.client, time.Minute, nodeutil.PodInformerFilter(v.cfg.NodeName))
 	podInformer := podFactory.Core().V1().Pods()
+	// The kubelet's status resync: a status someone else overwrote is
+	// written back (provider/statusresync.go); the informer's periodic
+	// resync makes it a check every minute as well.
+	if _, err := podInformer.Informer().AddEventHandler(v.pods.StatusResyncHandler()); err != nil {
+		return fmt.Errorf("pod status resync handler: %w", err)
+	}
 	// Never started: empty listers (see the type comment).
 	unstarted := informers.NewSharedInformerFactory(v.client, time.Minute)
 
