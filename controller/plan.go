@@ -64,10 +64,10 @@ type PodState struct {
 	Ready           bool
 	// ReadySince is when the pod's Ready condition last changed (zero if
 	// unknown: then a Ready pod counts as stably Ready).
-	ReadySince   time.Time
-	Terminating  bool // deletionTimestamp is set
-	Leased       bool
-	Used         bool // has been leased since it was last recycled
+	ReadySince  time.Time
+	Terminating bool // deletionTimestamp is set
+	Leased      bool
+	Used        bool // has been leased since it was last recycled
 	// LeaseExpires, when not zero, is when the pod's lease ends: from then
 	// on the pod counts as released.
 	LeaseExpires time.Time

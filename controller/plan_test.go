@@ -39,8 +39,8 @@ func used(p *PodState)    { p.Used = true }
 func expiresAt(t time.Time) func(*PodState) {
 	return func(p *PodState) { p.LeaseExpires = t }
 }
-func old(p *PodState)     { p.TemplateHash = "old" }
-func term(p *PodState)    { p.Terminating = true }
+func old(p *PodState)  { p.TemplateHash = "old" }
+func term(p *PodState) { p.Terminating = true }
 func failed(reason string) func(*PodState) {
 	return func(p *PodState) {
 		p.Phase, p.Ready, p.FailedReason, p.FailedMessage = corev1.PodFailed, false, reason, "qemu exited 1"
