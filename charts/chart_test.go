@@ -153,7 +153,7 @@ func one[T any](t *testing.T, objs []unstructured.Unstructured, kind string) *T 
 // agent's ConfigMap.
 func nodeConfig(t *testing.T, objs []unstructured.Unstructured) (raw string, cfg map[string]any) {
 	t.Helper()
-	cm := one[corev1.ConfigMap](t, objs, "ConfigMap")
+	cm := one[corev1.ConfigMap](t, filter(objs, "ConfigMap", releaseName+"-qemu-kubelet-node-config"), "ConfigMap")
 	raw = cm.Data["config.yaml"]
 	require.NoError(t, yaml.Unmarshal([]byte(raw), &cfg), "config.yaml of %s", cm.Name)
 	return raw, cfg
