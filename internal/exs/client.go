@@ -162,7 +162,6 @@ func standalone(s *v1alpha1.ExporterSet) error {
 		ErrJumpstarterMode, s.Namespace, s.Name, strings.Join(sel, ","))
 }
 
-
 // summarize counts pods by state: "3 pods: 2 leased, 1 booting".
 func summarize(pods []corev1.Pod, now time.Time) string {
 	if len(pods) == 0 {

@@ -66,7 +66,7 @@ func annotated(k, v string) func(*corev1.Pod) {
 		p.Annotations[k] = v
 	}
 }
-func unready(p *corev1.Pod) { p.Status.Conditions[0].Status = corev1.ConditionFalse }
+func unready(p *corev1.Pod)  { p.Status.Conditions[0].Status = corev1.ConditionFalse }
 func usedOnly(p *corev1.Pod) { p.Labels[v1alpha1.UsedLabel] = "true" }
 
 func TestClassify(t *testing.T) {
