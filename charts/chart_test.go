@@ -298,6 +298,9 @@ func TestTemplate(t *testing.T) {
 				assert.Contains(t, portNames(c.Ports), "metrics")
 				sm := one[unstructured.Unstructured](t, objs, "ServiceMonitor")
 				assert.Equal(t, "prometheus", sm.GetLabels()["release"])
+				eps, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
+				require.Len(t, eps, 1)
+				assert.Equal(t, true, eps[0].(map[string]any)["honorLabels"], "the gauges keep their own namespace label")
 				sel, _, _ := unstructured.NestedStringMap(sm.Object, "spec", "selector", "matchLabels")
 				svc := one[corev1.Service](t, objs, "Service")
 				for k, v := range sel {
