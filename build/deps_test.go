@@ -9,7 +9,9 @@ import (
 // TestDependencyDirection keeps the layering of DESIGN.md §2: qemu and oci
 // know nothing of Kubernetes (nor of each other), and the controller knows
 // nothing of QEMU or OCI images; the jumpstarter protocol packages know
-// nothing of Kubernetes, QEMU, OCI, the provider or the controller.
+// nothing of Kubernetes, QEMU, OCI, the provider or the controller; the
+// kubectl plugin (internal/exs) is an API client that speaks the label
+// protocol and knows nothing of the controller's or the node's code.
 func TestDependencyDirection(t *testing.T) {
 	const mod = "github.com/qemu-kubelet/qemu-kubelet/"
 	rules := []struct {
@@ -21,6 +23,8 @@ func TestDependencyDirection(t *testing.T) {
 		{"controller", []string{mod + "qemu", mod + "oci", mod + "provider", "github.com/virtual-kubelet/"}},
 		{"api/v1alpha1", []string{mod + "qemu", mod + "oci", mod + "provider", mod + "controller"}},
 		{"api/jumpstarter/v1alpha1", []string{mod + "qemu", mod + "oci", mod + "provider", mod + "controller", mod + "jumpstarter"}},
+		{"internal/exs", []string{mod + "qemu", mod + "oci", mod + "provider", mod + "controller", mod + "jumpstarter", "github.com/virtual-kubelet/"}},
+		{"cmd/kubectl-exs", []string{mod + "qemu", mod + "oci", mod + "provider", mod + "controller", mod + "jumpstarter", "github.com/virtual-kubelet/"}},
 		{"jumpstarter/...", []string{"k8s.io/", "sigs.k8s.io/", "github.com/virtual-kubelet/", mod + "qemu", mod + "oci", mod + "provider", mod + "controller"}},
 	}
 	for _, r := range rules {

@@ -153,7 +153,7 @@ func one[T any](t *testing.T, objs []unstructured.Unstructured, kind string) *T 
 // agent's ConfigMap.
 func nodeConfig(t *testing.T, objs []unstructured.Unstructured) (raw string, cfg map[string]any) {
 	t.Helper()
-	cm := one[corev1.ConfigMap](t, objs, "ConfigMap")
+	cm := one[corev1.ConfigMap](t, filter(objs, "ConfigMap", releaseName+"-qemu-kubelet-node-config"), "ConfigMap")
 	raw = cm.Data["config.yaml"]
 	require.NoError(t, yaml.Unmarshal([]byte(raw), &cfg), "config.yaml of %s", cm.Name)
 	return raw, cfg
@@ -298,6 +298,9 @@ func TestTemplate(t *testing.T) {
 				assert.Contains(t, portNames(c.Ports), "metrics")
 				sm := one[unstructured.Unstructured](t, objs, "ServiceMonitor")
 				assert.Equal(t, "prometheus", sm.GetLabels()["release"])
+				eps, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
+				require.Len(t, eps, 1)
+				assert.Equal(t, true, eps[0].(map[string]any)["honorLabels"], "the gauges keep their own namespace label")
 				sel, _, _ := unstructured.NestedStringMap(sm.Object, "spec", "selector", "matchLabels")
 				svc := one[corev1.Service](t, objs, "Service")
 				for k, v := range sel {

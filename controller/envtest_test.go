@@ -640,6 +640,60 @@ func TestEnvtestReuseClearsUsedMark(t *testing.T) {
 	mustKubectl(t, "-n", ns, "label", "pod", ps[0].Name, v1alpha1.LeaseLabel+"=ci-2", v1alpha1.UsedLabel+"=true")
 }
 
+// TestEnvtestLeaseExpiry: a lease with qemu-kubelet.io/lease-expires-at
+// ends at that time without any event but the controller's own requeue:
+// with Reuse the controller removes the lease label and annotations, then
+// the used mark, and the same pod is free again; a malformed expiry is
+// reported (Warning event) and the lease holds.
+func TestEnvtestLeaseExpiry(t *testing.T) {
+	ns := namespace(t)
+	startManager(t, ns)
+	createSet(t, sampleSet(ns, "ex", 2, func(s *v1alpha1.ExporterSet) { s.Spec.RecyclePolicy = v1alpha1.RecyclePolicyReuse }))
+	ps := waitPodCount(t, ns, "ex", 2)
+	readyAll(t, ps)
+	waitStatus(t, ns, "ex", "2 available", func(st v1alpha1.ExporterSetStatus) bool { return st.AvailableReplicas == 2 })
+
+	expires := time.Now().Add(4 * time.Second).UTC().Format(time.RFC3339)
+	mustKubectl(t, "-n", ns, "label", "pod", ps[0].Name, v1alpha1.LeaseLabel+"=ci-1", v1alpha1.UsedLabel+"=true")
+	mustKubectl(t, "-n", ns, "annotate", "pod", ps[0].Name, v1alpha1.LeaseExpiresAnnotation+"="+expires)
+	mustKubectl(t, "-n", ns, "label", "pod", ps[1].Name, v1alpha1.LeaseLabel+"=ci-2", v1alpha1.UsedLabel+"=true")
+	mustKubectl(t, "-n", ns, "annotate", "pod", ps[1].Name, v1alpha1.LeaseExpiresAnnotation+"=tomorrow")
+	waitStatus(t, ns, "ex", "2 leased", func(st v1alpha1.ExporterSetStatus) bool { return st.LeasedReplicas == 2 })
+	eventually(t, "lease of the first pod expired and its pod free again", func() (bool, string) {
+		p := getPod(t, &ps[0])
+		_, leased := p.Labels[v1alpha1.LeaseLabel]
+		_, used := p.Labels[v1alpha1.UsedLabel]
+		_, ann := p.Annotations[v1alpha1.LeaseExpiresAnnotation]
+		return !leased && !used && !ann, fmt.Sprintf("labels %v annotations %v", p.Labels, p.Annotations)
+	})
+	assert.False(t, time.Now().Before(mustParse(t, expires)), "not before the expiry")
+	p := getPod(t, &ps[1])
+	assert.Equal(t, "ci-2", p.Labels[v1alpha1.LeaseLabel], "a malformed expiry does not end the lease")
+	waitStatus(t, ns, "ex", "1 leased, 1 available", func(st v1alpha1.ExporterSetStatus) bool {
+		return st.LeasedReplicas == 1 && st.AvailableReplicas == 1 && st.Replicas == 2
+	})
+	for reason, msg := range map[string]string{EventInvalidLeaseExpiry: `"tomorrow" is not an RFC 3339 time`, EventLeaseExpired: "Lease of pod " + ps[0].Name + " expired"} {
+		eventually(t, reason+" event", func() (bool, string) {
+			var evs corev1.EventList
+			require.NoError(t, env.client.List(context.Background(), &evs, client.InNamespace(ns)))
+			for _, e := range evs.Items {
+				if e.Reason == reason && strings.Contains(e.Message, msg) {
+					return true, e.Message
+				}
+			}
+			return false, fmt.Sprintf("%d events", len(evs.Items))
+		})
+	}
+	assert.Len(t, pods(t, ns, "ex"), 2, "Reuse: nothing deleted")
+}
+
+func mustParse(t *testing.T, s string) time.Time {
+	t.Helper()
+	v, err := time.Parse(time.RFC3339, s)
+	require.NoError(t, err)
+	return v
+}
+
 func TestEnvtestImagePullFailureNoChurn(t *testing.T) {
 	ns := namespace(t)
 	startManager(t, ns)

@@ -19,6 +19,9 @@ const (
 	ReasonReleased  = "Released"  // Replace policy: the pod's lease ended
 	ReasonOutdated  = "Outdated"  // the pod's template hash is not the set's
 	ReasonScaleDown = "ScaleDown" // more pods than the target
+	// ReasonLeaseExpired: Replace policy: the pod's lease reached its
+	// expiry (v1alpha1.LeaseExpiresAnnotation).
+	ReasonLeaseExpired = "LeaseExpired"
 )
 
 // Backoff of replacements for failed pods: the first replacement is
@@ -61,10 +64,13 @@ type PodState struct {
 	Ready           bool
 	// ReadySince is when the pod's Ready condition last changed (zero if
 	// unknown: then a Ready pod counts as stably Ready).
-	ReadySince   time.Time
-	Terminating  bool // deletionTimestamp is set
-	Leased       bool
-	Used         bool // has been leased since it was last recycled
+	ReadySince  time.Time
+	Terminating bool // deletionTimestamp is set
+	Leased      bool
+	Used        bool // has been leased since it was last recycled
+	// LeaseExpires, when not zero, is when the pod's lease ends: from then
+	// on the pod counts as released.
+	LeaseExpires time.Time
 	TemplateHash string
 	// WaitingReason/WaitingMessage: the first container waiting reason, if any.
 	WaitingReason  string
@@ -216,15 +222,21 @@ type Actions struct {
 	// Cold is what to do with the set's cold exporter.
 	Cold ColdAction
 	// ClearUsed lists released pods (Reuse policy) whose used mark must be
-	// removed so that they can be claimed again.
+	// removed so that they can be claimed again (with the lease
+	// annotations, so that an old expiry never applies to a new lease).
 	ClearUsed []PodRef
+	// ExpireLease lists pods (Reuse policy) whose lease expired: their
+	// lease label and annotations are removed; the used mark stays until
+	// the next plan clears it, as for any release. (Replace: such pods are
+	// deleted with ReasonLeaseExpired.)
+	ExpireLease []PodRef
 	// MarkUsed lists leased pods without the used mark (Replace policy): the
 	// controller adds it, so that the pod is retired on release even when
 	// the client's claim did not set it.
 	MarkUsed []PodRef
 	Status   Status
 	// RequeueAfter, when non-zero, is when the plan should be made again
-	// even without events (cooldown or backoff expiry).
+	// even without events (cooldown, backoff or lease expiry).
 	RequeueAfter time.Duration
 }
 
@@ -247,6 +259,25 @@ func Target(replicas, minAvailable, leased, demand int32, maxReplicas *int32) in
 func Plan(in Input) Actions {
 	var acts Actions
 	var requeue []time.Duration
+
+	// 0. Leases past their expiry end now: such a pod counts as released
+	//    (and used); the next expiry is when to look again.
+	expired := map[string]bool{}
+	pods := make([]PodState, len(in.Pods))
+	copy(pods, in.Pods)
+	for i := range pods {
+		p := &pods[i]
+		if !p.Leased || p.LeaseExpires.IsZero() || p.Terminating {
+			continue
+		}
+		if in.Now.Before(p.LeaseExpires) {
+			requeue = append(requeue, p.LeaseExpires.Sub(in.Now))
+			continue
+		}
+		p.Leased, p.Used = false, true
+		expired[p.Name] = true
+	}
+	in.Pods = pods
 
 	// 1. Finished pods go (unless leased: the holder sees the failure and
 	//    releases it); live pods are the rest.
@@ -271,7 +302,8 @@ func Plan(in Input) Actions {
 		}
 	}
 
-	// 2. Released pods: Replace deletes them, Reuse clears the used mark.
+	// 2. Released pods: Replace deletes them, Reuse clears the used mark
+	//    (an expired lease first loses its lease label).
 	kept := live[:0:0]
 	var retiring int
 	for _, p := range live {
@@ -279,10 +311,17 @@ func Plan(in Input) Actions {
 			acts.MarkUsed = append(acts.MarkUsed, p.ref())
 		}
 		if p.Used && !p.Leased {
-			if in.Recycle == v1alpha1.RecyclePolicyReuse {
+			switch {
+			case in.Recycle == v1alpha1.RecyclePolicyReuse && expired[p.Name]:
+				acts.ExpireLease = append(acts.ExpireLease, p.ref())
+			case in.Recycle == v1alpha1.RecyclePolicyReuse:
 				acts.ClearUsed = append(acts.ClearUsed, p.ref())
-			} else {
-				acts.Delete = append(acts.Delete, Deletion{PodRef: p.ref(), Reason: ReasonReleased})
+			default:
+				reason := ReasonReleased
+				if expired[p.Name] {
+					reason = ReasonLeaseExpired
+				}
+				acts.Delete = append(acts.Delete, Deletion{PodRef: p.ref(), Reason: reason})
 				retiring++
 				continue
 			}

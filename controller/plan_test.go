@@ -36,8 +36,11 @@ func readySince(t time.Time) func(*PodState) {
 func pending(p *PodState) { p.Ready = false; p.Phase = corev1.PodPending }
 func leased(p *PodState)  { p.Leased = true; p.Used = true }
 func used(p *PodState)    { p.Used = true }
-func old(p *PodState)     { p.TemplateHash = "old" }
-func term(p *PodState)    { p.Terminating = true }
+func expiresAt(t time.Time) func(*PodState) {
+	return func(p *PodState) { p.LeaseExpires = t }
+}
+func old(p *PodState)  { p.TemplateHash = "old" }
+func term(p *PodState) { p.Terminating = true }
 func failed(reason string) func(*PodState) {
 	return func(p *PodState) {
 		p.Phase, p.Ready, p.FailedReason, p.FailedMessage = corev1.PodFailed, false, reason, "qemu exited 1"
@@ -452,7 +455,8 @@ func TestPlan(t *testing.T) {
 // TestPlanNeverDeletesLeased checks the leased-pod rule over many random
 // inputs, whatever the other rules decide.
 func TestPlanNeverDeletesLeased(t *testing.T) {
-	opts := []func(*PodState){notReady, pending, leased, used, old, term, failed("E"), waiting("ErrImagePull")}
+	opts := []func(*PodState){notReady, pending, leased, used, old, term, failed("E"), waiting("ErrImagePull"),
+		expiresAt(t0.Add(time.Minute))}
 	for seed := 0; seed < 2000; seed++ {
 		r := seed
 		next := func(n int) int { r = (r*1103515245 + 12345) & 0x7fffffff; return r % n }
@@ -477,8 +481,19 @@ func TestPlanNeverDeletesLeased(t *testing.T) {
 		a := Plan(in)
 		leasedNames := map[string]bool{}
 		for _, p := range pods {
-			if p.Leased {
+			if p.Leased { // a lease expiring in a minute holds now
 				leasedNames[p.Name] = true
+			}
+		}
+		if next(4) == 0 { // the same input once every lease expired
+			in2 := in
+			in2.Now = t0.Add(time.Hour)
+			for _, d := range Plan(in2).Delete {
+				for _, p := range pods {
+					if p.Name == d.Name && p.Leased && p.LeaseExpires.IsZero() {
+						t.Fatalf("seed %d: leased pod %s without expiry deleted (%s)", seed, d.Name, d.Reason)
+					}
+				}
 			}
 		}
 		seen := map[string]bool{}
@@ -503,4 +518,105 @@ func TestPlanNeverDeletesLeased(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestPlanLeaseExpiry: a lease with an expiry holds until then (the plan
+// asks to be made again at the expiry) and counts as released from then
+// on: Replace deletes the pod (LeaseExpired) and a fresh one refills the
+// buffer; Reuse removes the lease label first and clears the used mark on
+// the next plan, keeping the pod.
+func TestPlanLeaseExpiry(t *testing.T) {
+	exp := t0.Add(20 * time.Second)
+	t.Run("holds until the expiry and requeues then", func(t *testing.T) {
+		in := base(1, 1, pod("l", time.Minute, leased, expiresAt(exp)), pod("a", time.Minute))
+		a := Plan(in)
+		assert.Empty(t, a.Delete)
+		assert.Empty(t, a.ExpireLease)
+		assert.Equal(t, int32(1), a.Status.Leased)
+		assert.Equal(t, int32(2), a.Status.Desired, "target = leased + minAvailable")
+		assert.Equal(t, 20*time.Second, a.RequeueAfter, "look again at the expiry")
+		// The earliest of several expiries, and the cooldown if sooner.
+		in.Pods = append(in.Pods, pod("m", time.Minute, leased, expiresAt(t0.Add(5*time.Second))))
+		assert.Equal(t, 5*time.Second, Plan(in).RequeueAfter)
+	})
+	t.Run("Replace deletes the pod at the expiry", func(t *testing.T) {
+		for _, now := range []time.Time{exp, exp.Add(time.Hour)} {
+			in := with(base(1, 1, pod("l", time.Minute, leased, expiresAt(exp)), pod("a", time.Minute)), func(in *Input) { in.Now = now })
+			a := Plan(in)
+			assert.Equal(t, []string{"l:" + ReasonLeaseExpired}, deletions(a), "at %s", now)
+			assert.Empty(t, a.ExpireLease)
+			assert.Equal(t, int32(0), a.Status.Leased)
+			assert.Equal(t, int32(1), a.Status.Desired)
+			assert.Equal(t, int32(1), a.Status.Available)
+			assert.Equal(t, "Recycling", cond(a, "Progressing").Reason)
+			assert.Zero(t, a.RequeueAfter)
+		}
+	})
+	t.Run("Replace refills the buffer", func(t *testing.T) {
+		// minAvailable 1 with the only free pod leased until now: the
+		// expired pod goes and a new one is created.
+		a := Plan(with(base(0, 1, pod("l", time.Minute, leased, expiresAt(exp))), func(in *Input) { in.Now = exp }))
+		assert.Equal(t, []string{"l:" + ReasonLeaseExpired}, deletions(a))
+		assert.Equal(t, int32(1), a.Create)
+	})
+	t.Run("Reuse removes the lease label, then the used mark", func(t *testing.T) {
+		in := with(base(1, 1, pod("l", time.Minute, leased, expiresAt(exp)), pod("a", time.Minute)), func(in *Input) {
+			in.Recycle, in.Now = v1alpha1.RecyclePolicyReuse, exp.Add(time.Second)
+		})
+		a := Plan(in)
+		assert.Empty(t, a.Delete)
+		assert.Equal(t, []PodRef{{Name: "l", UID: "uid-l", ResourceVersion: "rv-l"}}, a.ExpireLease)
+		assert.Empty(t, a.ClearUsed, "the used mark goes after the lease label, as for any release")
+		assert.Equal(t, int32(0), a.Status.Leased)
+		assert.Equal(t, int32(1), a.Status.Available, "the expired pod is not free until its used mark is cleared")
+		assert.Zero(t, a.Create, "target max(1, 0+1) = 1 with 2 pods")
+		// Next plan: the label is gone (executor), the used mark stays.
+		in.Pods[0] = pod("l", time.Minute, used)
+		a = Plan(in)
+		assert.Empty(t, a.ExpireLease)
+		assert.Equal(t, []PodRef{{Name: "l", UID: "uid-l", ResourceVersion: "rv-l"}}, a.ClearUsed)
+	})
+	t.Run("a failed leased pod is kept until its lease expires", func(t *testing.T) {
+		in := base(0, 0, pod("l", time.Minute, leased, failed("GuestPanicked"), expiresAt(exp)))
+		assert.Empty(t, Plan(in).Delete)
+		in.Now = exp
+		assert.Equal(t, []string{"l:" + ReasonFailed}, deletions(Plan(in)))
+	})
+	t.Run("no expiry: the lease holds forever", func(t *testing.T) {
+		a := Plan(with(base(1, 0, pod("l", time.Minute, leased)), func(in *Input) { in.Now = t0.Add(1000 * time.Hour) }))
+		assert.Empty(t, a.Delete)
+		assert.Equal(t, int32(1), a.Status.Leased)
+		assert.Zero(t, a.RequeueAfter)
+	})
+	t.Run("the input is not modified", func(t *testing.T) {
+		in := with(base(1, 0, pod("l", time.Minute, leased, expiresAt(exp))), func(in *Input) { in.Now = exp })
+		Plan(in)
+		assert.True(t, in.Pods[0].Leased, "Plan is pure")
+	})
+}
+
+// TestLabelLeasesExpiry: the label source reads the expiry annotation of
+// leased pods; a malformed one is reported and the lease does not expire.
+func TestLabelLeasesExpiry(t *testing.T) {
+	mk := func(name string, labels, ann map[string]string) corev1.Pod {
+		return corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels, Annotations: ann}}
+	}
+	leasedBy := map[string]string{v1alpha1.LeaseLabel: "ci", v1alpha1.UsedLabel: "true"}
+	pods := []corev1.Pod{
+		mk("ok", leasedBy, map[string]string{v1alpha1.LeaseExpiresAnnotation: "2026-01-01T12:00:20Z"}),
+		mk("bad", leasedBy, map[string]string{v1alpha1.LeaseExpiresAnnotation: "in 20 minutes"}),
+		mk("stale", map[string]string{v1alpha1.UsedLabel: "true"}, map[string]string{v1alpha1.LeaseExpiresAnnotation: "garbage"}),
+		mk("none", leasedBy, nil),
+	}
+	l, _, err := LabelLeases{}.Leases(t.Context(), nil, pods)
+	assert.NoError(t, err)
+	assert.Equal(t, t0.Add(20*time.Second), l["ok"].Expires.UTC())
+	assert.NoError(t, l["ok"].ExpiryErr)
+	assert.True(t, l["bad"].Expires.IsZero())
+	if assert.Error(t, l["bad"].ExpiryErr) {
+		assert.Contains(t, l["bad"].ExpiryErr.Error(), `"in 20 minutes" is not an RFC 3339 time`)
+	}
+	assert.NoError(t, l["stale"].ExpiryErr, "an unleased pod's annotation is ignored")
+	assert.True(t, l["none"].Leased)
+	assert.True(t, l["none"].Expires.IsZero())
 }

@@ -42,6 +42,12 @@ const (
 	EventFailedCreate     = "FailedCreate"
 	EventSuccessfulDelete = "SuccessfulDelete"
 	EventFailedDelete     = "FailedDelete"
+	// EventLeaseExpired: a lease reached its expiry (Reuse policy: the
+	// lease label was removed; Replace: SuccessfulDelete says LeaseExpired).
+	EventLeaseExpired = "LeaseExpired"
+	// EventInvalidLeaseExpiry: a pod's lease expiry annotation cannot be
+	// read; the lease does not expire.
+	EventInvalidLeaseExpiry = "InvalidLeaseExpiry"
 )
 
 // Reconciler applies Plan to ExporterSets through the Kubernetes API.
@@ -277,6 +283,11 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		if leases, demand, err = src.Leases(ctx, &set, owned); err != nil {
 			return ctrl.Result{}, fmt.Errorf("lease state of exporterset %s: %w", key, err)
 		}
+		for _, p := range owned {
+			if l := leases[p.Name]; l.ExpiryErr != nil {
+				r.Recorder.Eventf(&set, nil, corev1.EventTypeWarning, EventInvalidLeaseExpiry, "Expire", "Pod %s: %v", p.Name, l.ExpiryErr)
+			}
+		}
 	}
 	pendingCreates, deleting := r.expectations().Pending(key, owned, now)
 
@@ -331,7 +342,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 
 	acts := Plan(in)
-	log.V(1).Info("plan", "create", acts.Create, "delete", len(acts.Delete), "clearUsed", len(acts.ClearUsed), "markUsed", len(acts.MarkUsed),
+	log.V(1).Info("plan", "create", acts.Create, "delete", len(acts.Delete), "clearUsed", len(acts.ClearUsed), "expireLease", len(acts.ExpireLease), "markUsed", len(acts.MarkUsed),
 		"pods", len(in.Pods), "pendingCreates", pendingCreates, "target", acts.Status.Desired)
 
 	if rv, ok := r.written.Load(key); ok && rv == set.ResourceVersion {
@@ -379,8 +390,22 @@ func (r *Reconciler) execute(ctx context.Context, set *v1alpha1.ExporterSet, key
 	if js != nil {
 		acts.Delete = r.executeJumpstarter(ctx, set, js, acts, now)
 	}
+	for _, p := range acts.ExpireLease {
+		patch := fmt.Appendf(nil, `{"metadata":{"resourceVersion":%q,"labels":{%q:null},"annotations":{%q:null,%q:null}}}`,
+			p.ResourceVersion, v1alpha1.LeaseLabel, v1alpha1.LeaseExpiresAnnotation, v1alpha1.LeasedAtAnnotation)
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: set.Namespace}}
+		switch err := r.Client.Patch(ctx, pod, client.RawPatch(types.MergePatchType, patch)); {
+		case err == nil:
+			r.Recorder.Eventf(set, nil, corev1.EventTypeNormal, EventLeaseExpired, "Expire", "Lease of pod %s expired; back to the buffer", p.Name)
+		case !apierrors.IsNotFound(err):
+			// A conflict: the holder changed the pod (e.g. extended the
+			// lease); its event brings a fresh plan.
+			log.Info("end expired lease", "pod", p.Name, "err", err.Error())
+		}
+	}
 	for _, p := range acts.ClearUsed {
-		patch := fmt.Appendf(nil, `{"metadata":{"resourceVersion":%q,"labels":{%q:null}}}`, p.ResourceVersion, v1alpha1.UsedLabel)
+		patch := fmt.Appendf(nil, `{"metadata":{"resourceVersion":%q,"labels":{%q:null},"annotations":{%q:null,%q:null}}}`,
+			p.ResourceVersion, v1alpha1.UsedLabel, v1alpha1.LeaseExpiresAnnotation, v1alpha1.LeasedAtAnnotation)
 		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: set.Namespace}}
 		if err := r.Client.Patch(ctx, pod, client.RawPatch(types.MergePatchType, patch)); err != nil && !apierrors.IsNotFound(err) {
 			log.Info("clear used mark", "pod", p.Name, "err", err.Error())
@@ -588,7 +613,7 @@ func podState(p *corev1.Pod, l Lease) PodState {
 	s := PodState{
 		Name: p.Name, UID: p.UID, ResourceVersion: p.ResourceVersion, Created: p.CreationTimestamp.Time,
 		Phase: p.Status.Phase, Terminating: p.DeletionTimestamp != nil,
-		Leased: l.Leased, Used: l.Used, TemplateHash: p.Labels[v1alpha1.TemplateHashLabel],
+		Leased: l.Leased, Used: l.Used, LeaseExpires: l.Expires, TemplateHash: p.Labels[v1alpha1.TemplateHashLabel],
 	}
 	for _, c := range p.Status.Conditions {
 		if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {

@@ -34,6 +34,7 @@ func TestExporterSet(t *testing.T) {
 	t.Run("WarmBufferLeaseScaleRecycle", e.testWarmBuffer)
 	t.Run("MissingImageReplicaFailureNoChurn", e.testMissingImage)
 	t.Run("FailingGuestsBackOff", e.testFailingGuests)
+	t.Run("LeasePlugin", e.testLeasePlugin)
 	t.Run("JumpstarterFromZero", e.testJumpstarterFromZero)
 }
 

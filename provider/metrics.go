@@ -7,6 +7,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 )
@@ -101,6 +102,19 @@ type Metrics struct {
 	jsRegistrations *prometheus.CounterVec
 	jsDriverCalls   *prometheus.CounterVec
 	jsStreams       *prometheus.GaugeVec
+}
+
+// RegisterMetrics registers with reg what the node agent's /metrics
+// serves besides StateCollector: the Go runtime and process collectors and
+// the metrics of NewMetrics, which it returns. (The chart's Grafana
+// dashboard is checked against what this registers.)
+func RegisterMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	for _, c := range []prometheus.Collector{collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register runtime metrics: %w", err)
+		}
+	}
+	return NewMetrics(reg)
 }
 
 // NewMetrics creates the metrics and registers them with reg.

@@ -16,6 +16,16 @@ const (
 	// policy such a pod is deleted; with Reuse the controller removes the
 	// mark and hands the pod out again.
 	UsedLabel = "qemu-kubelet.io/used"
+	// LeaseExpiresAnnotation, on a leased pod, is when the lease ends
+	// (RFC 3339, e.g. 2026-01-02T15:04:05Z): from then on the controller
+	// treats the pod as released (Replace: deleted; Reuse: lease label
+	// removed, back in the buffer). `kubectl exs lease --for` sets it; a
+	// holder extends the lease by overwriting it. Without it a lease lasts
+	// until released.
+	LeaseExpiresAnnotation = "qemu-kubelet.io/lease-expires-at"
+	// LeasedAtAnnotation, on a leased pod, is when the lease began (RFC
+	// 3339), for `kubectl exs list`. Informational only.
+	LeasedAtAnnotation = "qemu-kubelet.io/leased-at"
 	// TemplateHashLabel holds the hash of the pod template a pod was created
 	// from; pods whose hash differs from the set's current one are rolled.
 	TemplateHashLabel = "qemu-kubelet.io/template-hash"

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/provider"
@@ -101,8 +100,7 @@ type observability struct {
 // collectors plus the provider's metrics.
 func newRegistry() (*prometheus.Registry, *provider.Metrics, error) {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	m, err := provider.NewMetrics(reg)
+	m, err := provider.RegisterMetrics(reg)
 	if err != nil {
 		return nil, nil, err
 	}
