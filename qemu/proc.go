@@ -123,7 +123,8 @@ func parseSmapsRollup(b []byte) (rss, pss, anon int64, err error) {
 const clockTicks = 100
 
 // readProcStats reads /proc/<pid>/stat and smaps_rollup (statm when
-// smaps_rollup cannot be read, e.g. without ptrace access to QEMU: RSS only).
+// smaps_rollup cannot be read or parsed, e.g. without ptrace access to
+// QEMU: RSS only).
 func readProcStats(pid int) (ProcStats, error) {
 	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
@@ -145,11 +146,11 @@ func readProcStats(pid int) (ProcStats, error) {
 	}
 	ps := ProcStats{CPUTime: time.Duration(ut+st) * time.Second / clockTicks}
 	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid)); err == nil {
-		if ps.RSSBytes, ps.PSSBytes, ps.AnonBytes, err = parseSmapsRollup(b); err != nil {
-			return ProcStats{}, fmt.Errorf("pid %d: %w", pid, err)
+		// Empty for a process without memory (a kernel thread): statm.
+		if rss, pss, anon, err := parseSmapsRollup(b); err == nil {
+			ps.RSSBytes, ps.PSSBytes, ps.AnonBytes, ps.At = rss, pss, anon, time.Now()
+			return ps, nil
 		}
-		ps.At = time.Now()
-		return ps, nil
 	}
 	statm, err := os.ReadFile(fmt.Sprintf("/proc/%d/statm", pid))
 	if err != nil {
