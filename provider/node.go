@@ -19,7 +19,7 @@ const (
 	// AnnotationMaxVMs says how the node's pods capacity (maxVMs) was
 	// chosen: set in the file, or derived from the host's memory.
 	AnnotationMaxVMs = "qemu-kubelet.io/max-vms"
-	InstanceTypeQEMU      = "qemu-vm-host"
+	InstanceTypeQEMU = "qemu-vm-host"
 
 	// ConditionKVM is True when VMs run under KVM, False (with the probe's
 	// reason) when they run under TCG or not at all.

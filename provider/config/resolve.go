@@ -117,19 +117,19 @@ type Node struct {
 	MaxVMs             int32
 	// MaxVMsReason says where MaxVMs comes from (the file, or how it was
 	// derived from the host), for the node's annotation.
-	MaxVMsReason string
-	Reserved           corev1.ResourceList
-	CPUOvercommit      float64
-	MemoryOvercommit   float64
-	AcceleratorPolicy  string
-	ProbeTimeout       time.Duration
-	Taints             []corev1.Taint
-	Labels             map[string]string
-	ListenAddress      string
-	Port               int32
-	TLSCertFile        string
-	TLSKeyFile         string
-	ClientCAFile       string
+	MaxVMsReason      string
+	Reserved          corev1.ResourceList
+	CPUOvercommit     float64
+	MemoryOvercommit  float64
+	AcceleratorPolicy string
+	ProbeTimeout      time.Duration
+	Taints            []corev1.Taint
+	Labels            map[string]string
+	ListenAddress     string
+	Port              int32
+	TLSCertFile       string
+	TLSKeyFile        string
+	ClientCAFile      string
 	// StatusUpdateFrequency is the period of host readings / status pushes.
 	StatusUpdateFrequency time.Duration
 	// LeaseDuration of the node lease; renewed every LeaseDuration/4.
