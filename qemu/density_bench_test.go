@@ -42,19 +42,26 @@ func envInt(name string, def int) int {
 // all in the same run. For each configuration N test-image VMs (acpi
 // variant, 1 vCPU, QK_BENCH_DENSITY_MEM MiB, default 96) are started at
 // once through this package, booted to their marker, left idle for
-// QK_BENCH_DENSITY_IDLE seconds (default 30) and measured:
+// QK_BENCH_DENSITY_IDLE seconds (default 30) and measured. At most
+// QK_BENCH_DENSITY_PARALLEL (default 8) boot at once, and none starts once
+// the host's MemAvailable is under QK_BENCH_DENSITY_FLOOR_MIB (default
+// 2048): then <cfg>-vms < N says the limit was reached and why is logged.
+// Per configuration:
 //   - <cfg>-host-MiB/vm: drop of the host's MemAvailable from before the
 //     start to the end of the idle window, / N (noisy on a shared machine);
 //   - <cfg>-rss-MiB/vm, <cfg>-pss-MiB/vm, <cfg>-anon-MiB/vm: QEMU's RSS,
 //     PSS and anonymous memory (smaps_rollup), mean per VM;
 //   - <cfg>-host-cpu-busy-%: host CPU busy during the idle window (all
-//     CPUs, /proc/stat), <cfg>-ksmd-cpu-%: ksmd's share of one CPU;
+//     CPUs, /proc/stat; meaningless on a machine shared with other work),
+//     <cfg>-qemu-cpu-%/vm: CPU time of each idle QEMU over the window (a
+//     share of one CPU, mean per VM), <cfg>-ksmd-cpu-%: ksmd's share of
+//     one CPU;
 //   - <cfg>-marker-s: start of the first VM to the last boot marker;
 //   - <cfg>-pss-x-of-baseline: PSS per VM / qemu-defaults' PSS per VM.
 //
 // N is QK_BENCH_DENSITY_N (default 4). The KSM configuration starts KSM
 // (root only; skipped otherwise), waits for two full scans after boot (at
-// most 10 minutes) before its idle window, and puts /sys/kernel/mm/ksm/run
+// most 5 minutes) before its idle window, and puts /sys/kernel/mm/ksm/run
 // back as it was. QK_BENCH_DENSITY_CONFIGS (comma-separated names) runs a
 // subset.
 func BenchmarkIdleDensity(b *testing.B) {
@@ -84,15 +91,17 @@ func BenchmarkIdleDensity(b *testing.B) {
 			if r == nil {
 				continue
 			}
-			b.Logf("%s: host %.1f MiB/vm, RSS %.1f, PSS %.1f, anon %.1f MiB/vm; host CPU busy %.1f%%, ksmd %.1f%%; all at marker %.1f s; KSM saved %.1f MiB/vm",
-				cfg.name, r.hostMiB, r.rssMiB, r.pssMiB, r.anonMiB, r.hostBusyPct, r.ksmdPct, r.markerS, r.ksmSavedMiB)
+			b.Logf("%s (%d VMs): host %.1f MiB/vm, RSS %.1f, PSS %.1f, anon %.1f MiB/vm; host CPU busy %.1f%%, QEMU %.2f%% of a CPU per VM, ksmd %.1f%%; all at marker %.1f s; KSM saved %.1f MiB/vm",
+				cfg.name, r.vms, r.hostMiB, r.rssMiB, r.pssMiB, r.anonMiB, r.hostBusyPct, r.qemuCPUPct, r.ksmdPct, r.markerS, r.ksmSavedMiB)
 			b.ReportMetric(r.hostMiB, cfg.name+"-host-MiB/vm")
 			b.ReportMetric(r.rssMiB, cfg.name+"-rss-MiB/vm")
 			b.ReportMetric(r.pssMiB, cfg.name+"-pss-MiB/vm")
 			b.ReportMetric(r.anonMiB, cfg.name+"-anon-MiB/vm")
 			b.ReportMetric(r.hostBusyPct, cfg.name+"-host-cpu-busy-%")
 			b.ReportMetric(r.ksmdPct, cfg.name+"-ksmd-cpu-%")
+			b.ReportMetric(r.qemuCPUPct, cfg.name+"-qemu-cpu-%/vm")
 			b.ReportMetric(r.markerS, cfg.name+"-marker-s")
+			b.ReportMetric(float64(r.vms), cfg.name+"-vms")
 			if cfg.name == "qemu-defaults" {
 				basePSS = r.pssMiB
 			} else if basePSS > 0 {
@@ -106,6 +115,9 @@ func BenchmarkIdleDensity(b *testing.B) {
 type densityResult struct {
 	hostMiB, rssMiB, pssMiB, anonMiB float64
 	hostBusyPct, ksmdPct, markerS    float64
+	qemuCPUPct                       float64
+	// vms is how many VMs ran (fewer than N when the limit was reached).
+	vms int
 	ksmSavedMiB                      float64
 }
 
@@ -128,16 +140,31 @@ func idleDensity(b *testing.B, base Spec, cfg densityConfig, n int, idle time.Du
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute+time.Duration(n)*15*time.Second)
 	defer cancel()
 	vms := make([]*VM, n)
 	errs := make([]error, n)
 	start := time.Now()
 	var wg sync.WaitGroup
+	// At most `parallel` VMs boot at once; no VM starts once the host's
+	// MemAvailable is under the floor: the limit is reached, reported
+	// instead of driving the host out of memory.
+	parallel := envInt("QK_BENCH_DENSITY_PARALLEL", 8)
+	floor := int64(envInt("QK_BENCH_DENSITY_FLOOR_MIB", 2048)) << 20
+	sem := make(chan struct{}, parallel)
+	started := n
 	for i := range vms {
+		sem <- struct{}{}
+		if avail, err := memAvailable(); err == nil && avail < floor {
+			<-sem
+			started = i
+			b.Logf("%s: limit reached after %d VMs: host MemAvailable %d MiB under the floor of %d MiB", cfg.name, i, avail>>20, floor>>20)
+			break
+		}
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
+			defer func() { <-sem }()
 			s := base
 			s.Name = fmt.Sprintf("density-%d", i)
 			s.Memory = cfg.memory
@@ -158,19 +185,23 @@ func idleDensity(b *testing.B, base Spec, cfg densityConfig, n int, idle time.Du
 			}
 		}
 	}()
-	for i, err := range errs {
+	for i, err := range errs[:started] {
 		if err != nil {
 			return nil, fmt.Errorf("VM %d: %w", i, err)
 		}
 	}
-	r := &densityResult{markerS: time.Since(start).Seconds()}
+	if started == 0 {
+		return nil, fmt.Errorf("no VM started: host MemAvailable under the floor of %d MiB", floor>>20)
+	}
+	vms, n = vms[:started], started
+	r := &densityResult{markerS: time.Since(start).Seconds(), vms: started}
 	if cfg.ksm {
 		// Merging needs two full scans (unstable tree, then stable).
 		first, err := ksmCounter("full_scans")
 		if err != nil {
 			return nil, err
 		}
-		for deadline := time.Now().Add(10 * time.Minute); time.Now().Before(deadline); time.Sleep(2 * time.Second) {
+		for deadline := time.Now().Add(5 * time.Minute); time.Now().Before(deadline); time.Sleep(2 * time.Second) {
 			if v, _ := ksmCounter("full_scans"); v >= first+2 {
 				break
 			}
@@ -181,6 +212,12 @@ func idleDensity(b *testing.B, base Spec, cfg densityConfig, n int, idle time.Du
 		return nil, err
 	}
 	ksmd0 := ksmdCPU()
+	qemuCPU0 := make([]time.Duration, n)
+	for i, vm := range vms {
+		if st, err := vm.Stats(); err == nil {
+			qemuCPU0[i] = st.CPUTime
+		}
+	}
 	t0 := time.Now()
 	time.Sleep(idle)
 	cpu1, err := hostCPUTimes()
@@ -200,6 +237,7 @@ func idleDensity(b *testing.B, base Spec, cfg densityConfig, n int, idle time.Du
 		r.rssMiB += float64(st.RSSBytes) / (1 << 20) / float64(n)
 		r.pssMiB += float64(st.PSSBytes) / (1 << 20) / float64(n)
 		r.anonMiB += float64(st.AnonBytes) / (1 << 20) / float64(n)
+		r.qemuCPUPct += (st.CPUTime - qemuCPU0[i]).Seconds() / wall.Seconds() * 100 / float64(n)
 	}
 	if cfg.ksm {
 		if sharing, err := ksmCounter("pages_sharing"); err == nil {
