@@ -46,18 +46,7 @@ func TestCreatePodConcurrentAdmission(t *testing.T) {
 			return rl("cpu", "8", "memory", "8Gi", "pods", "1")
 		},
 	})
-	t.Cleanup(func() {
-		cancel()
-		p.mu.Lock()
-		recs := make([]*podVM, 0, len(p.pods))
-		for _, r := range p.pods {
-			recs = append(recs, r)
-		}
-		p.mu.Unlock()
-		for _, r := range recs {
-			<-r.done
-		}
-	})
+	t.Cleanup(func() { cancel(); waitWorkers(p) })
 
 	var wg sync.WaitGroup
 	for i := range n {
@@ -108,18 +97,7 @@ func TestCreatePodCountsVMOverhead(t *testing.T) {
 		Allocatable: func() corev1.ResourceList { return rl("cpu", "8", "memory", "1Gi", "pods", "10") },
 		VMOverhead:  128 << 20,
 	})
-	t.Cleanup(func() {
-		cancel()
-		p.mu.Lock()
-		recs := make([]*podVM, 0, len(p.pods))
-		for _, r := range p.pods {
-			recs = append(recs, r)
-		}
-		p.mu.Unlock()
-		for _, r := range recs {
-			<-r.done
-		}
-	})
+	t.Cleanup(func() { cancel(); waitWorkers(p) })
 	for i := range 2 {
 		pod := vmPod(func(p *corev1.Pod) {
 			p.Name, p.UID = fmt.Sprintf("p%d", i), types.UID(fmt.Sprintf("uid-%d", i))
@@ -137,4 +115,18 @@ func TestCreatePodCountsVMOverhead(t *testing.T) {
 	assert.Equal(t, corev1.PodFailed, second.Phase)
 	assert.Equal(t, "OutOfmemory", second.Reason)
 	assert.Contains(t, second.Message, "requested: 671088640, used: 671088640, capacity: 1073741824 (each VM counts QEMU's own memory, at least 134217728)")
+}
+
+// waitWorkers waits until every pod worker of p has ended (its context
+// canceled).
+func waitWorkers(p *VMs) {
+	p.mu.Lock()
+	recs := make([]*podVM, 0, len(p.pods))
+	for _, r := range p.pods {
+		recs = append(recs, r)
+	}
+	p.mu.Unlock()
+	for _, r := range recs {
+		<-r.done
+	}
 }
