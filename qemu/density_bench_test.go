@@ -117,8 +117,8 @@ type densityResult struct {
 	hostBusyPct, ksmdPct, markerS    float64
 	qemuCPUPct                       float64
 	// vms is how many VMs ran (fewer than N when the limit was reached).
-	vms int
-	ksmSavedMiB                      float64
+	vms         int
+	ksmSavedMiB float64
 }
 
 const ksmDir = "/sys/kernel/mm/ksm"
