@@ -59,7 +59,7 @@ func BenchmarkBurst(b *testing.B) {
 		// 60 pods x 100m CPU requested on 2 CPUs.
 		// QK_BENCH_BURST_CONFIG adds node configuration lines (e.g.
 		// "podSyncWorkers: 2" to compare).
-		ExtraConfig: "overcommit: {cpu: 8}\n" + os.Getenv("QK_BENCH_BURST_CONFIG"),
+		ExtraConfig: burstConfig(os.Getenv("QK_BENCH_BURST_CONFIG")),
 		// client-go logs every rate limiter wait over 50 ms at V(3).
 		AgentArgs: []string{"-vmodule=request=3"},
 	})
@@ -446,4 +446,13 @@ func envPositive(b *testing.B, name string, def int) int {
 		b.Fatalf("%s=%q: want a positive integer", name, v)
 	}
 	return n
+}
+
+// burstConfig is the node configuration of BenchmarkBurst: extra lines plus
+// "overcommit: {cpu: 8}" unless they set an overcommit of their own.
+func burstConfig(extra string) string {
+	if strings.Contains(extra, "overcommit:") {
+		return extra
+	}
+	return "overcommit: {cpu: 8}\n" + extra
 }
