@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -43,25 +44,39 @@ var burstSizes = []int{30, 60}
 //     1.5), marker-x-of-baseline = all-marker / bare-marker (target 1.05);
 //   - all-gone-ms: DeleteCollection -> all pods gone from the API server
 //     (target: grace-s + 2 s), vms-gone-ms: -> no QEMU left;
+//   - qemu-rss-MiB/vm, qemu-pss-MiB/vm: the node's
+//     qemu_kubelet_vms_memory_{rss,pss}_bytes / N once all are at the marker;
 //   - throttle-waits-over-100ms, throttle-max-ms: the agent's client-side
 //     rate limiter waits during the burst (its log, client-go's
 //     "Waited before sending request" at -vmodule=request=3; target 0).
 //
-// Run one size with -bench 'Burst/N=30$' -benchtime 1x;
+// Run one size with -bench 'Burst/N=30$' -benchtime 1x, other sizes with
+// QK_BENCH_BURST_SIZES=10,200 (maxVMs of the node: QK_BENCH_BURST_MAXVMS);
 // QK_BENCH_BURST_LOG_DIR keeps the agent's log of each burst.
 func BenchmarkBurst(b *testing.B) {
 	env := newPodBenchEnvWith(b, podBenchOptions{
-		MaxVMs: 64,
+		MaxVMs: envPositive(b, "QK_BENCH_BURST_MAXVMS", 64),
 		// 60 pods x 100m CPU requested on 2 CPUs.
 		// QK_BENCH_BURST_CONFIG adds node configuration lines (e.g.
 		// "podSyncWorkers: 2" to compare).
-		ExtraConfig: "overcommit: {cpu: 8}\n" + os.Getenv("QK_BENCH_BURST_CONFIG"),
+		ExtraConfig: burstConfig(os.Getenv("QK_BENCH_BURST_CONFIG")),
 		// client-go logs every rate limiter wait over 50 ms at V(3).
 		AgentArgs: []string{"-vmodule=request=3"},
 	})
 	// Warm-up: the first pod pulls the image; the bursts find it cached.
 	env.podRun(b, "burst-warmup")
-	for _, n := range burstSizes {
+	sizes := burstSizes
+	if v := os.Getenv("QK_BENCH_BURST_SIZES"); v != "" { // e.g. "200" or "10,50"
+		sizes = nil
+		for _, f := range strings.Split(v, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 1 {
+				b.Fatalf("QK_BENCH_BURST_SIZES=%q: want comma-separated positive integers", v)
+			}
+			sizes = append(sizes, n)
+		}
+	}
+	for _, n := range sizes {
 		b.Run(fmt.Sprintf("N=%d", n), func(b *testing.B) {
 			round := 0
 			for b.Loop() {
@@ -80,6 +95,8 @@ func BenchmarkBurst(b *testing.B) {
 				b.ReportMetric(r.grace.Seconds(), "grace-s")
 				b.ReportMetric(float64(r.throttled), "throttle-waits-over-100ms")
 				b.ReportMetric(pbMs(r.maxThrottle), "throttle-max-ms")
+				b.ReportMetric(r.rssPerVM/(1<<20), "qemu-rss-MiB/vm")
+				b.ReportMetric(r.pssPerVM/(1<<20), "qemu-pss-MiB/vm")
 				for _, ph := range []string{provider.PhasePull, provider.PhaseOverlay, provider.PhaseQEMUStart} {
 					b.ReportMetric(r.phaseAvg[ph]*1000, "phase-"+ph+"-avg-ms")
 				}
@@ -198,6 +215,9 @@ type burstResult struct {
 	// phaseAvg: mean start phase durations (s) of the burst's pods, from
 	// the node's qemu_kubelet_vm_start_phase_duration_seconds.
 	phaseAvg map[string]float64
+	// rssPerVM, pssPerVM: the node's qemu_kubelet_vms_memory_{rss,pss}_bytes
+	// / N once all VMs are at their marker.
+	rssPerVM, pssPerVM float64
 }
 
 // podBurst creates n VM pods at once, times them to bound, Ready and the
@@ -284,6 +304,9 @@ func (e *podBenchEnv) podBurst(b *testing.B, n int, round string) burstResult {
 	if r.marker == 0 {
 		b.Fatalf("not all %d pods reached the boot marker: %v", n, ctx.Err())
 	}
+	// Host memory per VM as the node measures it (its QEMUs' smaps_rollup).
+	r.rssPerVM = benchGauge(b, e.metricsURL, provider.MetricVMsMemoryRSS) / float64(n)
+	r.pssPerVM = benchGauge(b, e.metricsURL, provider.MetricVMsMemoryPSS) / float64(n)
 	r.phaseAvg = map[string]float64{}
 	for ph, s := range benchPhaseSums(b, e.metricsURL) {
 		r.phaseAvg[ph] = (s - phasesBefore[ph]) / float64(n)
@@ -409,4 +432,27 @@ I1123 22:27:12.355205   29324 request.go:683] "Waited before sending request" de
 	if all != 2 || over != 1 || longest != 185598943*time.Nanosecond {
 		t.Fatalf("all=%d over=%d longest=%v; want 2, 1, 185.598943ms", all, over, longest)
 	}
+}
+
+// envPositive is the positive integer in the environment variable name, or
+// def when it is unset.
+func envPositive(b *testing.B, name string, def int) int {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		b.Fatalf("%s=%q: want a positive integer", name, v)
+	}
+	return n
+}
+
+// burstConfig is the node configuration of BenchmarkBurst: extra lines plus
+// "overcommit: {cpu: 8}" unless they set an overcommit of their own.
+func burstConfig(extra string) string {
+	if strings.Contains(extra, "overcommit:") {
+		return extra
+	}
+	return "overcommit: {cpu: 8}\n" + extra
 }

@@ -421,6 +421,31 @@ func (e *podBenchEnv) podRun(b *testing.B, name string) podTiming {
 // qemu_kubelet_vm_start_phase_duration_seconds by phase.
 func benchPhaseSums(b *testing.B, url string) map[string]float64 {
 	b.Helper()
+	fams := benchScrape(b, url)
+	out := map[string]float64{}
+	for _, m := range fams[provider.MetricVMStartPhaseSeconds].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "phase" {
+				out[l.GetValue()] += m.GetHistogram().GetSampleSum()
+			}
+		}
+	}
+	return out
+}
+
+// benchGauge is the value of an unlabelled gauge on the node's /metrics.
+func benchGauge(b *testing.B, url, name string) float64 {
+	b.Helper()
+	ms := benchScrape(b, url)[name].GetMetric()
+	if len(ms) != 1 {
+		b.Fatalf("metric %s: %d samples, want 1", name, len(ms))
+	}
+	return ms[0].GetGauge().GetValue()
+}
+
+// benchScrape reads the node's /metrics (retrying for up to 10 s).
+func benchScrape(b *testing.B, url string) map[string]*dto.MetricFamily {
+	b.Helper()
 	var fams map[string]*dto.MetricFamily
 	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
 		resp, err := http.Get(url)
@@ -438,15 +463,7 @@ func benchPhaseSums(b *testing.B, url string) map[string]float64 {
 	if err != nil {
 		b.Fatalf("scrape %s: %v", url, err)
 	}
-	out := map[string]float64{}
-	for _, m := range fams[provider.MetricVMStartPhaseSeconds].GetMetric() {
-		for _, l := range m.GetLabel() {
-			if l.GetName() == "phase" {
-				out[l.GetValue()] += m.GetHistogram().GetSampleSum()
-			}
-		}
-	}
-	return out
+	return fams
 }
 
 func benchHostIP(b *testing.B) string {

@@ -7,7 +7,8 @@
 #   ${QK_CACHE_DIR:-$HOME/.cache/qemu-kubelet}/testimage/<version>/
 # holding
 #   vmlinuz                    Debian linux-image-*-cloud-amd64 kernel
-#   initramfs-acpi.cpio.gz     busybox init: prints QK-BOOT-OK on ttyS0, serves
+#   initramfs-acpi.cpio.gz     busybox init (virtio drivers, virtio_balloon for free
+#                              page reporting): prints QK-BOOT-OK on ttyS0, serves
 #                              "QK-HTTP-OK" over HTTP on guest port 8080 (GET
 #                              /cgi-bin/burn?SECS burns a vCPU for SECS s,
 #                              /cgi-bin/idle stops that), echoes
@@ -79,7 +80,7 @@ cp "$TMP/kernel/boot/config-"* "$TMP/img/kernel-config"
 # Modules the cloud kernel builds as modules but the test images need, in
 # dependency order (modules.dep is generated at install time, not shipped).
 MODS="virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci virtio_mmio
-failover net_failover virtio_net virtio_blk virtio_console
+failover net_failover virtio_net virtio_blk virtio_console virtio_balloon
 pvpanic pvpanic-mmio pvpanic-pci evdev button
 fat vfat nls_cp437 nls_ascii nls_utf8 cdrom isofs"
 

@@ -28,6 +28,27 @@ type NodeCapacity struct {
 	Accelerator string
 	// UEFI is true when the node has OVMF firmware configured.
 	UEFI bool
+	// VMOverhead is QEMU's own memory per VM (vmMemory.overhead): each VM
+	// pod counts its memory request plus the larger of this and its
+	// RuntimeClass overhead.
+	VMOverhead resource.Quantity
+}
+
+// VMRequests is what a VM pod claims on the node: PodRequests, with the
+// memory overhead raised to the node's VM overhead when the pod's own
+// (RuntimeClass) overhead is smaller, so QEMU's memory is counted once,
+// never twice.
+func VMRequests(pod *corev1.Pod, vmOverhead resource.Quantity) corev1.ResourceList {
+	out := PodRequests(pod)
+	podOverhead := pod.Spec.Overhead[corev1.ResourceMemory]
+	if vmOverhead.Cmp(podOverhead) > 0 {
+		extra := vmOverhead.DeepCopy()
+		extra.Sub(podOverhead)
+		m := out[corev1.ResourceMemory]
+		m.Add(extra)
+		out[corev1.ResourceMemory] = m
+	}
+	return out
 }
 
 // PodRequests is the scheduler's view of a pod's requests: the sum of its
@@ -63,7 +84,7 @@ func PodRequests(pod *corev1.Pod) corev1.ResourceList {
 // Order and reasons follow the kubelet: a requirement the node can never
 // meet first (KVMUnavailable, FirmwareUnavailable), then OutOfpods, then
 // OutOf<resource> for the first resource short, in the order cpu, memory,
-// ephemeral-storage.
+// ephemeral-storage. Memory counts QEMU's overhead (VMRequests).
 func Admit(pod *corev1.Pod, plan Plan, node NodeCapacity, active []*corev1.Pod) *Rejection {
 	if plan.Accelerator == "kvm" && node.Accelerator != "kvm" {
 		return &Rejection{Reason: ReasonKVMUnavailable, Message: fmt.Sprintf(
@@ -78,10 +99,10 @@ func Admit(pod *corev1.Pod, plan Plan, node NodeCapacity, active []*corev1.Pod) 
 		return &Rejection{Reason: ReasonOutOfPods, Message: fmt.Sprintf(
 			"Node didn't have enough resource: pods, requested: 1, used: %d, capacity: %d", len(active), maxPods.Value())}
 	}
-	want := PodRequests(pod)
+	want := VMRequests(pod, node.VMOverhead)
 	used := corev1.ResourceList{}
 	for _, p := range active {
-		for n, q := range PodRequests(p) {
+		for n, q := range VMRequests(p, node.VMOverhead) {
 			v := used[n]
 			v.Add(q)
 			used[n] = v
@@ -100,9 +121,12 @@ func Admit(pod *corev1.Pod, plan Plan, node NodeCapacity, active []*corev1.Pod) 
 		total := u.DeepCopy()
 		total.Add(w)
 		if total.Cmp(alloc) > 0 {
-			return &Rejection{Reason: "OutOf" + string(n), Message: fmt.Sprintf(
-				"Node didn't have enough resource: %s, requested: %s, used: %s, capacity: %s",
-				n, amount(n, w), amount(n, u), amount(n, alloc))}
+			msg := fmt.Sprintf("Node didn't have enough resource: %s, requested: %s, used: %s, capacity: %s",
+				n, amount(n, w), amount(n, u), amount(n, alloc))
+			if n == corev1.ResourceMemory && !node.VMOverhead.IsZero() {
+				msg += fmt.Sprintf(" (each VM counts QEMU's own memory, at least %s)", amount(n, node.VMOverhead))
+			}
+			return &Rejection{Reason: "OutOf" + string(n), Message: msg}
 		}
 	}
 	return nil

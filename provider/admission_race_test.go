@@ -46,18 +46,7 @@ func TestCreatePodConcurrentAdmission(t *testing.T) {
 			return rl("cpu", "8", "memory", "8Gi", "pods", "1")
 		},
 	})
-	t.Cleanup(func() {
-		cancel()
-		p.mu.Lock()
-		recs := make([]*podVM, 0, len(p.pods))
-		for _, r := range p.pods {
-			recs = append(recs, r)
-		}
-		p.mu.Unlock()
-		for _, r := range recs {
-			<-r.done
-		}
-	})
+	t.Cleanup(func() { cancel(); waitWorkers(p) })
 
 	var wg sync.WaitGroup
 	for i := range n {
@@ -90,4 +79,54 @@ func TestCreatePodConcurrentAdmission(t *testing.T) {
 	}
 	assert.Equal(t, 1, admitted, "pods admitted with room for one")
 	assert.Equal(t, n-1, outOfPods, "pods refused OutOfpods")
+}
+
+// TestCreatePodCountsVMOverhead: through CreatePod, the node's VMOverhead
+// is counted: with 1Gi allocatable and 128Mi of QEMU per VM, a first pod
+// requesting 512Mi is admitted and a second one, which fits on requests
+// alone (512Mi + 512Mi = 1Gi), is refused OutOfmemory. No QEMU runs (the
+// image is absent and never pulled).
+func TestCreatePodCountsVMOverhead(t *testing.T) {
+	store, err := oci.Open(t.TempDir(), oci.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { store.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	p := NewVMs(ctx, VMsConfig{
+		NodeName: "n1", StateDir: t.TempDir(), Accelerator: "tcg", Images: store, ImageDir: t.TempDir(),
+		Backoff: Backoff{Initial: time.Hour, Max: time.Hour}, ErrImagePullHold: time.Hour,
+		Allocatable: func() corev1.ResourceList { return rl("cpu", "8", "memory", "1Gi", "pods", "10") },
+		VMOverhead:  128 << 20,
+	})
+	t.Cleanup(func() { cancel(); waitWorkers(p) })
+	for i := range 2 {
+		pod := vmPod(func(p *corev1.Pod) {
+			p.Name, p.UID = fmt.Sprintf("p%d", i), types.UID(fmt.Sprintf("uid-%d", i))
+			p.Spec.Containers[0].Image = "127.0.0.1:1/os/absent:1"
+			p.Spec.Containers[0].ImagePullPolicy = corev1.PullNever
+			p.Spec.Containers[0].Resources.Requests = rl("memory", "512Mi")
+		})
+		require.NoError(t, p.CreatePod(context.Background(), pod))
+	}
+	first, err := p.GetPodStatus(context.Background(), "ns", "p0")
+	require.NoError(t, err)
+	assert.Equal(t, corev1.PodPending, first.Phase)
+	second, err := p.GetPodStatus(context.Background(), "ns", "p1")
+	require.NoError(t, err)
+	assert.Equal(t, corev1.PodFailed, second.Phase)
+	assert.Equal(t, "OutOfmemory", second.Reason)
+	assert.Contains(t, second.Message, "requested: 671088640, used: 671088640, capacity: 1073741824 (each VM counts QEMU's own memory, at least 134217728)")
+}
+
+// waitWorkers waits until every pod worker of p has ended (its context
+// canceled).
+func waitWorkers(p *VMs) {
+	p.mu.Lock()
+	recs := make([]*podVM, 0, len(p.pods))
+	for _, r := range p.pods {
+		recs = append(recs, r)
+	}
+	p.mu.Unlock()
+	for _, r := range recs {
+		<-r.done
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 )
 
 func TestAdmit(t *testing.T) {
@@ -28,6 +29,17 @@ func TestAdmit(t *testing.T) {
 		{"memory", vmPod(req("memory", "3Gi")), NodeCapacity{Allocatable: alloc, Accelerator: "tcg"}, nil, "OutOfmemory", "memory, requested: 3221225472, used: 0"},
 		{"overhead counts", vmPod(req("memory", "1Gi"), func(p *corev1.Pod) { p.Spec.Overhead = rl("memory", "100Mi") }),
 			NodeCapacity{Allocatable: alloc, Accelerator: "tcg"}, []*corev1.Pod{one}, "OutOfmemory", ""},
+		// 2Gi allocatable, one VM of 1Gi running: a second 1Gi VM fits on
+		// requests alone, but not once QEMU's 128Mi per VM is counted.
+		{"node overhead counts", vmPod(req("memory", "1Gi")), NodeCapacity{Allocatable: alloc, Accelerator: "tcg", VMOverhead: resource.MustParse("128Mi")},
+			[]*corev1.Pod{one}, "OutOfmemory",
+			"memory, requested: 1207959552, used: 1207959552, capacity: 2147483648 (each VM counts QEMU's own memory, at least 134217728)"},
+		{"node overhead: the pair that fits", vmPod(req("memory", "768Mi")), NodeCapacity{Allocatable: alloc, Accelerator: "tcg", VMOverhead: resource.MustParse("128Mi")},
+			[]*corev1.Pod{one}, "", ""},
+		// A RuntimeClass overhead at least the node's is not counted twice.
+		{"runtime class overhead not doubled", vmPod(req("memory", "896Mi"), func(p *corev1.Pod) { p.Spec.Overhead = rl("memory", "128Mi") }),
+			NodeCapacity{Allocatable: alloc, Accelerator: "tcg", VMOverhead: resource.MustParse("128Mi")},
+			[]*corev1.Pod{vmPod(req("memory", "896Mi"), func(p *corev1.Pod) { p.Spec.Overhead = rl("memory", "128Mi") })}, "", ""},
 		{"pods", vmPod(), NodeCapacity{Allocatable: alloc, Accelerator: "tcg"}, []*corev1.Pod{vmPod(), vmPod()}, "OutOfpods",
 			"pods, requested: 1, used: 2, capacity: 2"},
 		{"kvm on tcg node", vmPod(func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationRequireAccelerator: "kvm"} }),
@@ -49,6 +61,32 @@ func TestAdmit(t *testing.T) {
 			require.NotNil(t, got)
 			assert.Equal(t, tc.wantReason, got.Reason)
 			assert.Contains(t, got.Message, tc.wantMsg)
+		})
+	}
+}
+
+func TestVMRequests(t *testing.T) {
+	withOverhead := func(q string) func(*corev1.Pod) {
+		return func(p *corev1.Pod) { p.Spec.Overhead = rl("memory", q) }
+	}
+	req := func(p *corev1.Pod) { p.Spec.Containers[0].Resources.Requests = rl("cpu", "1", "memory", "512Mi") }
+	cases := []struct {
+		name     string
+		pod      *corev1.Pod
+		overhead string
+		want     string
+	}{
+		{"no node overhead", vmPod(req), "0", "512Mi"},
+		{"node overhead added", vmPod(req), "128Mi", "640Mi"},
+		{"smaller runtime class overhead raised", vmPod(req, withOverhead("64Mi")), "128Mi", "640Mi"},
+		{"larger runtime class overhead kept", vmPod(req, withOverhead("256Mi")), "128Mi", "768Mi"},
+		{"no request: overhead alone", vmPod(), "128Mi", "128Mi"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got := VMRequests(tc.pod, resource.MustParse(tc.overhead))
+			m := got[corev1.ResourceMemory]
+			assert.True(t, m.Equal(resource.MustParse(tc.want)), "memory %s, want %s", m.String(), tc.want)
 		})
 	}
 }

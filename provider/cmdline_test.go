@@ -3,9 +3,11 @@ package provider
 import (
 	"context"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
+	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -60,5 +62,26 @@ func TestVMSpecKernelConsole(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, tc.want, spec.Cmdline)
 		})
+	}
+}
+
+// TestVMSpecMemoryTuning: the node's memory tuning reaches every VM's spec,
+// and so its QEMU command line; the pod has no say in it.
+func TestVMSpecMemoryTuning(t *testing.T) {
+	dir := t.TempDir()
+	imageDir := filepath.Join(dir, "images")
+	tuning := qemu.MemoryTuning{TCGTranslationBufferMiB: 32, FreePageReporting: true, MemMerge: true}
+	p := NewVMs(context.Background(), VMsConfig{StateDir: dir, ImageDir: imageDir, Accelerator: "tcg", Memory: tuning})
+	rec := &podVM{uid: "uid-m", dir: p.podDir("uid-m")}
+	img := &oci.Image{Ref: "r/os:1", Digest: "sha256:x", Kernel: filepath.Join(imageDir, "k", "vmlinuz")}
+	pod := vmPod()
+	plan, rej := Translate(pod)
+	require.Nil(t, rej)
+	spec, err := p.vmSpec(context.Background(), rec, pod, plan, img)
+	require.NoError(t, err)
+	assert.Equal(t, tuning, spec.Memory)
+	args := strings.Join(qemu.Args(spec), " ")
+	for _, want := range []string{"-accel tcg,tb-size=32", "mem-merge=on", "-device virtio-balloon-pci,free-page-reporting=on"} {
+		assert.Contains(t, args, want)
 	}
 }

@@ -291,7 +291,7 @@ func TestBuildSummaryAndMetrics(t *testing.T) {
 	h0 := hostSample{cpu: hostCPU{Busy: 10 * time.Second}, at: t0, memTotal: 8 << 30, memAvail: 6 << 30}
 	h1 := hostSample{cpu: hostCPU{Busy: 11 * time.Second}, at: t1, memTotal: 8 << 30, memAvail: 5 << 30, boot: t0.Add(-time.Hour)}
 	p0 := []podSample{{pod: pod, started: started, cpu: 2 * time.Second, rss: 100 << 20, at: t0}}
-	p1 := []podSample{{pod: pod, started: started, cpu: 2250 * time.Millisecond, rss: 120 << 20, at: t1}}
+	p1 := []podSample{{pod: pod, started: started, cpu: 2250 * time.Millisecond, rss: 120 << 20, pss: 110 << 20, at: t1}}
 
 	s := buildSummary("n1", h0, h1, p0, p1)
 	assert.Equal(t, "n1", s.Node.NodeName)
@@ -304,7 +304,9 @@ func TestBuildSummaryAndMetrics(t *testing.T) {
 	assert.Equal(t, "u-1", ps.PodRef.UID)
 	assert.Equal(t, uint64(5e8), *ps.CPU.UsageNanoCores, "0.25s in 0.5s = half a core")
 	assert.Equal(t, uint64(2250*time.Millisecond), *ps.CPU.UsageCoreNanoSeconds)
-	assert.Equal(t, uint64(120<<20), *ps.Memory.WorkingSetBytes)
+	assert.Equal(t, uint64(110<<20), *ps.Memory.WorkingSetBytes, "working set is QEMU's PSS")
+	assert.Equal(t, uint64(120<<20), *ps.Memory.RSSBytes)
+	assert.Equal(t, uint64(120<<20), *ps.Memory.UsageBytes)
 	require.Len(t, ps.Containers, 1)
 	assert.Equal(t, "vm", ps.Containers[0].Name)
 	assert.Equal(t, *ps.CPU.UsageNanoCores, *ps.Containers[0].CPU.UsageNanoCores)
@@ -322,7 +324,9 @@ func TestBuildSummaryAndMetrics(t *testing.T) {
 	text := buf.String()
 	for _, want := range []string{
 		`container_cpu_usage_seconds_total{container="vm",namespace="default",pod="vm1"} 2.25 ` + msStr(t1),
-		`container_memory_working_set_bytes{container="vm",namespace="default",pod="vm1"} 1.2582912e+08 ` + msStr(t1),
+		`container_memory_working_set_bytes{container="vm",namespace="default",pod="vm1"} 1.1534336e+08 ` + msStr(t1),
+		`qemu_kubelet_vm_memory_rss_bytes{namespace="default",pod="vm1"} 1.2582912e+08 ` + msStr(t1),
+		`qemu_kubelet_vm_memory_pss_bytes{namespace="default",pod="vm1"} 1.1534336e+08 ` + msStr(t1),
 		`pod_cpu_usage_seconds_total{namespace="default",pod="vm1"} 2.25 ` + msStr(t1),
 		`node_cpu_usage_seconds_total 11 ` + msStr(t1),
 		`node_memory_working_set_bytes 3.221225472e+09 ` + msStr(t1),

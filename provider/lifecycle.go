@@ -21,6 +21,7 @@ import (
 	"github.com/virtual-kubelet/virtual-kubelet/node/api"
 	"github.com/virtual-kubelet/virtual-kubelet/node/nodeutil"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
@@ -88,6 +89,12 @@ type VMsConfig struct {
 	// exporter Secret (exporter.go); nil: such pods show the exporter
 	// condition Failed (their VMs still run).
 	Exporters ExporterRunner
+	// Memory is the node's memory tuning, given to every VM (vmMemory in
+	// the node configuration).
+	Memory qemu.MemoryTuning
+	// VMOverhead is QEMU's own memory per VM in bytes, counted by
+	// admission next to the pod's memory request (admission.go).
+	VMOverhead int64
 }
 
 // VMs is the pod side of the provider: every pod bound to the node becomes
@@ -195,7 +202,8 @@ func (p *VMs) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	rec.confirm.Do(func() { close(rec.confirmed) })
 	rec.state.StartTime = p.now().UTC()
 	plan, rej := Translate(pod)
-	node := NodeCapacity{Allocatable: p.allocatable(), Accelerator: p.cfg.Accelerator, UEFI: p.cfg.UEFICode != ""}
+	node := NodeCapacity{Allocatable: p.allocatable(), Accelerator: p.cfg.Accelerator, UEFI: p.cfg.UEFICode != "",
+		VMOverhead: *resource.NewQuantity(p.cfg.VMOverhead, resource.BinarySI)}
 
 	// Admit and insert under one lock: the library calls CreatePod from
 	// several workers, and two pods admitted against the same active set
@@ -966,6 +974,7 @@ func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan Plan
 		Network:     true,
 		AllowedDirs: []string{p.cfg.ImageDir},
 		StateDir:    rec.dir,
+		Memory:      p.cfg.Memory,
 	}
 	if img.Kernel != "" {
 		spec.Cmdline = KernelCmdline(img.Cmdline, plan.ExtraCmdline) // cmdline.go: console=ttyS0 unless one is named

@@ -26,6 +26,13 @@ const (
 	MetricVMReadyDuration     = "qemu_kubelet_vm_ready_duration_seconds"
 	MetricVMStartPhaseSeconds = "qemu_kubelet_vm_start_phase_duration_seconds"
 	MetricVMsRunning          = "qemu_kubelet_vms_running"
+	// Host memory of the VMs, summed over the VMs the node supervises
+	// (/metrics), and per pod (the kubelet API's /metrics/resource, which
+	// is behind authorization: pod names stay off the open endpoint).
+	MetricVMsMemoryRSS = "qemu_kubelet_vms_memory_rss_bytes"
+	MetricVMsMemoryPSS = "qemu_kubelet_vms_memory_pss_bytes"
+	MetricVMMemoryRSS  = "qemu_kubelet_vm_memory_rss_bytes"
+	MetricVMMemoryPSS  = "qemu_kubelet_vm_memory_pss_bytes"
 
 	// Jumpstarter exporters (exporter.go).
 	MetricJumpstarterRegistrations = "qemu_kubelet_jumpstarter_registrations_total"
@@ -279,6 +286,8 @@ var (
 	descCacheSize  = prometheus.NewDesc(MetricImageCacheSize, "Bytes on disk of the cached OS images.", nil, nil)
 	descCacheCount = prometheus.NewDesc(MetricImageCacheImages, "OS images in the cache.", nil, nil)
 	descCacheInUse = prometheus.NewDesc(MetricImageCacheInUse, "Cached OS images held by at least one pod (never garbage collected).", nil, nil)
+	descVMsRSS     = prometheus.NewDesc(MetricVMsMemoryRSS, "Resident memory of all QEMU processes the node supervises (guest RAM they touched and QEMU's own), summed; shared pages count once per VM.", nil, nil)
+	descVMsPSS     = prometheus.NewDesc(MetricVMsMemoryPSS, "Proportional set size of all QEMU processes the node supervises, summed: what the VMs cost the host's memory, pages shared between them (KSM) counted once.", nil, nil)
 )
 
 // Describe implements prometheus.Collector.
@@ -287,12 +296,21 @@ func (c StateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descCacheSize
 	ch <- descCacheCount
 	ch <- descCacheInUse
+	ch <- descVMsRSS
+	ch <- descVMsPSS
 }
 
 // Collect implements prometheus.Collector.
 func (c StateCollector) Collect(ch chan<- prometheus.Metric) {
 	if c.VMs != nil {
 		ch <- prometheus.MustNewConstMetric(descVMsRunning, prometheus.GaugeValue, float64(c.VMs.RunningVMs()))
+		var rss, pss int64
+		for _, ps := range c.VMs.samplePods() {
+			rss += ps.rss
+			pss += ps.workingSet()
+		}
+		ch <- prometheus.MustNewConstMetric(descVMsRSS, prometheus.GaugeValue, float64(rss))
+		ch <- prometheus.MustNewConstMetric(descVMsPSS, prometheus.GaugeValue, float64(pss))
 	}
 	if c.Images != nil {
 		var size int64

@@ -16,7 +16,10 @@ import (
 const (
 	LabelAccelerator      = "qemu-kubelet.io/accelerator"
 	AnnotationAccelerator = "qemu-kubelet.io/accelerator-reason"
-	InstanceTypeQEMU      = "qemu-vm-host"
+	// AnnotationMaxVMs says how the node's pods capacity (maxVMs) was
+	// chosen: set in the file, or derived from the host's memory.
+	AnnotationMaxVMs = "qemu-kubelet.io/max-vms"
+	InstanceTypeQEMU = "qemu-vm-host"
 
 	// ConditionKVM is True when VMs run under KVM, False (with the probe's
 	// reason) when they run under TCG or not at all.
@@ -104,9 +107,14 @@ func Labels(f Facts) map[string]string {
 	return l
 }
 
-// Annotations carry the accelerator reason in full.
+// Annotations carry the accelerator reason in full and how maxVMs was
+// chosen.
 func Annotations(f Facts) map[string]string {
-	return map[string]string{AnnotationAccelerator: acceleratorSummary(f.Accelerator)}
+	a := map[string]string{AnnotationAccelerator: acceleratorSummary(f.Accelerator)}
+	if f.Config.MaxVMsReason != "" {
+		a[AnnotationMaxVMs] = f.Config.MaxVMsReason
+	}
+	return a
 }
 
 func acceleratorSummary(a Accelerator) string {

@@ -219,6 +219,16 @@ func TestRegistrationNode(t *testing.T) {
 		"pool":                             "ci",
 	}, n.Labels)
 	assert.Contains(t, n.Annotations[AnnotationAccelerator], "falling back to TCG")
+	assert.Equal(t, "maxVMs 20: the default, host memory unknown", n.Annotations[AnnotationMaxVMs])
+	// The pods capacity derived from the host's memory says how.
+	c, err := config.Decode([]byte("apiVersion: qemu-kubelet.io/v1alpha1\nkind: NodeConfiguration\nnodeName: n1\nnodeIP: 10.1.2.3\n"))
+	require.NoError(t, err)
+	derived, err := config.Resolve(c, config.Environment{Hostname: "host1", MemoryTotal: 16 * gi})
+	require.NoError(t, err)
+	dn := RegistrationNode(facts(derived), healthyHost(), metav1.Now())
+	assert.Equal(t, "99", dn.Status.Capacity.Pods().String()) // (16Gi - 512Mi) / 160Mi = 99.2
+	assert.Equal(t, "maxVMs 99 derived from host memory: (16384Mi total - 512Mi reserved) x memory overcommit 1 / 160Mi per idle VM (vmMemory.idleCost)",
+		dn.Annotations[AnnotationMaxVMs])
 	assert.Equal(t, "qemu://7.2.22", n.Status.NodeInfo.ContainerRuntimeVersion)
 	assert.Equal(t, "v0.1.0-test", n.Status.NodeInfo.KubeletVersion)
 	assert.Equal(t, "6.1.0-test", n.Status.NodeInfo.KernelVersion)

@@ -19,6 +19,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
+	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/codes"
@@ -162,6 +163,8 @@ func TestObservability(t *testing.T) {
 		Backoff:          Backoff{Initial: time.Second, Max: 4 * time.Second},
 		ErrImagePullHold: 300 * time.Millisecond,
 		Telemetry:        NewTelemetry(m, tp),
+		// Every memory knob on: the guests still boot and answer probes.
+		Memory: qemu.MemoryTuning{TCGTranslationBufferMiB: 32, FreePageReporting: true, MemMerge: true},
 	})
 	promReg.MustRegister(StateCollector{VMs: vms, Images: store}, collectors.NewGoCollector())
 	srv := httptest.NewServer(promhttp.HandlerFor(promReg, promhttp.HandlerOpts{}))
@@ -183,7 +186,7 @@ func TestObservability(t *testing.T) {
 		problems, err := promlint.NewWithMetricFamilies(mfs).Lint()
 		require.NoError(t, err)
 		assert.Empty(t, problems)
-		for _, n := range []string{MetricImagePulls, MetricVMExits, MetricVMStartFailures, MetricVMsRunning, MetricImageCacheSize, MetricImageCacheImages} {
+		for _, n := range []string{MetricImagePulls, MetricVMExits, MetricVMStartFailures, MetricVMsRunning, MetricImageCacheSize, MetricImageCacheImages, MetricVMsMemoryRSS, MetricVMsMemoryPSS} {
 			assert.Contains(t, fams, n, "exposed from the start")
 		}
 	})
@@ -217,6 +220,10 @@ func TestObservability(t *testing.T) {
 		assert.Equal(t, 1.0, value(up, MetricImageCacheImages, nil))
 		assert.Equal(t, 1.0, value(up, MetricImageCacheInUse, nil))
 		assert.Greater(t, value(up, MetricImageCacheSize, nil), 1e6, "kernel + initrd are megabytes")
+		rss, pss := value(up, MetricVMsMemoryRSS, nil), value(up, MetricVMsMemoryPSS, nil)
+		assert.Greater(t, rss, float64(64<<20), "a booted VM's QEMU holds tens of MiB")
+		assert.Greater(t, pss, float64(32<<20))
+		assert.LessOrEqual(t, pss, rss, "PSS never exceeds RSS")
 
 		rootSpan, kids := spanTree(t, sr, "o-boot")
 		assert.Equal(t, codes.Unset, rootSpan.Status().Code, "a start that reached Ready: %+v", rootSpan.Status())

@@ -351,7 +351,8 @@ func httpCheck(ctx context.Context, hg *corev1.HTTPGetAction, hostPort int, time
 	defer tr.CloseIdleConnections()
 	resp, err := (&http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}).Do(req)
 	if err != nil {
-		if errors.Is(err, io.EOF) || strings.Contains(err.Error(), "EOF") || strings.Contains(err.Error(), "connection reset") {
+		if errors.Is(err, io.EOF) || strings.Contains(err.Error(), "EOF") || strings.Contains(err.Error(), "connection reset") ||
+			strings.Contains(err.Error(), "server closed idle connection") { // the close raced the request write
 			return false, fmt.Sprintf("Get %q: %v (nothing listening on guest port %s?)", hg.Path, err, hg.Port.String())
 		}
 		return false, fmt.Sprintf("Get %q: %v", hg.Path, err)

@@ -19,8 +19,11 @@ import (
 
 // Stats of a VM pod are those of its QEMU process (CPU time, resident
 // memory): the VM's real cost on the node, guest RAM it touched included.
-// The pod and its one container report the same figures. The node reports
-// the host (/proc/stat, /proc/meminfo).
+// Memory: rssBytes and usageBytes are QEMU's RSS; workingSetBytes is its
+// PSS (proportional set size, /proc/<pid>/smaps_rollup), the VM's share of
+// host memory when pages are shared with other VMs (KSM, page cache), RSS
+// when PSS cannot be read. The pod and its one container report the same
+// figures. The node reports the host (/proc/stat, /proc/meminfo).
 //
 // UsageNanoCores (the instantaneous rate /stats/summary carries) needs two
 // samples; the handler takes them StatsSampleWindow apart. /metrics/resource
@@ -86,7 +89,17 @@ type podSample struct {
 	started time.Time
 	cpu     time.Duration
 	rss     int64
-	at      time.Time
+	// pss is 0 when unknown.
+	pss int64
+	at  time.Time
+}
+
+// workingSet is PSS, or RSS when PSS is unknown.
+func (ps podSample) workingSet() int64 {
+	if ps.pss > 0 {
+		return ps.pss
+	}
+	return ps.rss
 }
 
 // hostSample is one node reading.
@@ -139,7 +152,7 @@ func (p *VMs) samplePods() []podSample {
 		if err != nil {
 			continue // exited meanwhile
 		}
-		out = append(out, podSample{pod: pod, started: started, cpu: st.CPUTime, rss: st.RSSBytes, at: st.At})
+		out = append(out, podSample{pod: pod, started: started, cpu: st.CPUTime, rss: st.RSSBytes, pss: st.PSSBytes, at: st.At})
 	}
 	sort.Slice(out, func(i, j int) bool {
 		a, b := out[i].pod, out[j].pod
@@ -195,7 +208,7 @@ func buildSummary(nodeName string, h0, h1 hostSample, p0, p1 []podSample) *stats
 		if old, ok := prev[string(ps.pod.UID)]; ok && old.started.Equal(ps.started) {
 			cpu.UsageNanoCores = rateNanoCores(old.cpu, ps.cpu, old.at, ps.at)
 		}
-		mem := &statsv1alpha1.MemoryStats{Time: metav1.NewTime(ps.at), UsageBytes: u64(ps.rss), WorkingSetBytes: u64(ps.rss), RSSBytes: u64(ps.rss)}
+		mem := &statsv1alpha1.MemoryStats{Time: metav1.NewTime(ps.at), UsageBytes: u64(ps.rss), WorkingSetBytes: u64(ps.workingSet()), RSSBytes: u64(ps.rss)}
 		name := "vm"
 		if len(ps.pod.Spec.Containers) > 0 {
 			name = ps.pod.Spec.Containers[0].Name
@@ -235,7 +248,10 @@ func strp(s string) *string { return &s }
 
 // buildMetrics is the /metrics/resource content (pure): node, pod and
 // container CPU (cumulative seconds), working set memory and container
-// start time, each sample with its timestamp, and resource_scrape_error.
+// start time, each sample with its timestamp, and resource_scrape_error;
+// plus each VM's QEMU RSS and PSS (MetricVMMemoryRSS, MetricVMMemoryPSS),
+// labelled by pod here, behind the kubelet API's authorization, rather than
+// on the unauthenticated /metrics.
 func buildMetrics(h hostSample, pods []podSample) []*dto.MetricFamily {
 	counter, gauge := dto.MetricType_COUNTER, dto.MetricType_GAUGE
 	fam := func(name, help string, typ dto.MetricType) *dto.MetricFamily {
@@ -264,6 +280,8 @@ func buildMetrics(h hostSample, pods []podSample) []*dto.MetricFamily {
 	podCPU := fam("pod_cpu_usage_seconds_total", "Cumulative cpu time consumed by the pod in core-seconds", counter)
 	podMem := fam("pod_memory_working_set_bytes", "Current working set of the pod in bytes", gauge)
 	scrapeErr := fam("resource_scrape_error", "1 if there was an error while getting container metrics, 0 otherwise", gauge)
+	vmRSS := fam(MetricVMMemoryRSS, "Resident memory of the pod's QEMU process (guest RAM it touched and QEMU's own) in bytes", gauge)
+	vmPSS := fam(MetricVMMemoryPSS, "Proportional set size of the pod's QEMU process in bytes: pages shared with other processes (KSM-merged guest pages, libraries) counted in part", gauge)
 
 	failed := 0.0
 	if h.cpuErr == nil {
@@ -284,13 +302,17 @@ func buildMetrics(h hostSample, pods []podSample) []*dto.MetricFamily {
 		cl := label("container", name, "namespace", ps.pod.Namespace, "pod", ps.pod.Name)
 		pl := label("namespace", ps.pod.Namespace, "pod", ps.pod.Name)
 		ctrCPU.Metric = append(ctrCPU.Metric, cnt(ps.cpu.Seconds(), ps.at, cl))
-		ctrMem.Metric = append(ctrMem.Metric, gg(float64(ps.rss), ps.at, cl))
+		ctrMem.Metric = append(ctrMem.Metric, gg(float64(ps.workingSet()), ps.at, cl))
 		ctrStart.Metric = append(ctrStart.Metric, gg(float64(ps.started.UnixNano())/1e9, ps.at, cl))
 		podCPU.Metric = append(podCPU.Metric, cnt(ps.cpu.Seconds(), ps.at, pl))
-		podMem.Metric = append(podMem.Metric, gg(float64(ps.rss), ps.at, pl))
+		podMem.Metric = append(podMem.Metric, gg(float64(ps.workingSet()), ps.at, pl))
+		vmRSS.Metric = append(vmRSS.Metric, gg(float64(ps.rss), ps.at, pl))
+		if ps.pss > 0 {
+			vmPSS.Metric = append(vmPSS.Metric, gg(float64(ps.pss), ps.at, pl))
+		}
 	}
 	scrapeErr.Metric = []*dto.Metric{{Gauge: &dto.Gauge{Value: &failed}}}
-	out := []*dto.MetricFamily{ctrCPU, ctrMem, ctrStart, nodeCPU, nodeMem, podCPU, podMem, scrapeErr}
+	out := []*dto.MetricFamily{ctrCPU, ctrMem, ctrStart, nodeCPU, nodeMem, podCPU, podMem, vmPSS, vmRSS, scrapeErr}
 	// The text encoder rejects a family without samples.
 	kept := out[:0]
 	for _, f := range out {

@@ -17,9 +17,11 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 )
 
-// testStateRoot is the prefix of every state dir the tests create; TestMain
-// checks no QEMU started with it survives the suite.
-const testStateRoot = "/tmp/qk-qemu-test-"
+// testStateRoot is the prefix of every state dir this test process
+// creates; TestMain checks no QEMU started with it survives the suite. It
+// names the process so that a suite never takes (and kills) the VMs of
+// another test process running at the same time as its own leaks.
+var testStateRoot = fmt.Sprintf("/tmp/qk-qemu-test-%d-", os.Getpid())
 
 func TestMain(m *testing.M) {
 	if dir := os.Getenv(childEnv); dir != "" {

@@ -75,13 +75,56 @@ type ProcStats struct {
 	CPUTime time.Duration
 	// RSSBytes is the resident set size.
 	RSSBytes int64
-	At       time.Time
+	// PSSBytes is the proportional set size: resident pages, each shared
+	// page (libraries, page cache, pages KSM merged with other VMs) divided
+	// by the number of processes mapping it; summed over all VMs it is what
+	// they cost the host. 0 when /proc/<pid>/smaps_rollup is unreadable.
+	PSSBytes int64
+	// AnonBytes is the anonymous part of RSS (guest RAM, QEMU's heap and
+	// TCG buffers); 0 when smaps_rollup is unreadable.
+	AnonBytes int64
+	At        time.Time
+}
+
+// parseSmapsRollup reads Rss, Pss and Anonymous (kB) of
+// /proc/<pid>/smaps_rollup, in bytes.
+func parseSmapsRollup(b []byte) (rss, pss, anon int64, err error) {
+	seen := 0
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 3 || f[2] != "kB" {
+			continue
+		}
+		var dst *int64
+		switch f[0] {
+		case "Rss:":
+			dst = &rss
+		case "Pss:":
+			dst = &pss
+		case "Anonymous:":
+			dst = &anon
+		default:
+			continue
+		}
+		v, perr := strconv.ParseInt(f[1], 10, 64)
+		if perr != nil || v < 0 {
+			return 0, 0, 0, fmt.Errorf("parse smaps_rollup %s %q", f[0], f[1])
+		}
+		*dst = v << 10
+		seen++
+	}
+	if seen != 3 {
+		return 0, 0, 0, fmt.Errorf("parse smaps_rollup: want Rss, Pss and Anonymous, found %d of them", seen)
+	}
+	return rss, pss, anon, nil
 }
 
 // clockTicks is USER_HZ; 100 on every Linux architecture Go supports.
 const clockTicks = 100
 
-// readProcStats reads /proc/<pid>/stat and statm.
+// readProcStats reads /proc/<pid>/stat and smaps_rollup (statm when
+// smaps_rollup cannot be read or parsed, e.g. without ptrace access to
+// QEMU: RSS only).
 func readProcStats(pid int) (ProcStats, error) {
 	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
@@ -101,6 +144,14 @@ func readProcStats(pid int) (ProcStats, error) {
 	if err1 != nil || err2 != nil {
 		return ProcStats{}, fmt.Errorf("parse /proc/%d/stat cpu times", pid)
 	}
+	ps := ProcStats{CPUTime: time.Duration(ut+st) * time.Second / clockTicks}
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid)); err == nil {
+		// Empty for a process without memory (a kernel thread): statm.
+		if rss, pss, anon, err := parseSmapsRollup(b); err == nil {
+			ps.RSSBytes, ps.PSSBytes, ps.AnonBytes, ps.At = rss, pss, anon, time.Now()
+			return ps, nil
+		}
+	}
 	statm, err := os.ReadFile(fmt.Sprintf("/proc/%d/statm", pid))
 	if err != nil {
 		return ProcStats{}, fmt.Errorf("read stats of pid %d: %w", pid, err)
@@ -113,9 +164,6 @@ func readProcStats(pid int) (ProcStats, error) {
 	if err != nil {
 		return ProcStats{}, fmt.Errorf("parse /proc/%d/statm: %w", pid, err)
 	}
-	return ProcStats{
-		CPUTime:  time.Duration(ut+st) * time.Second / clockTicks,
-		RSSBytes: rss * int64(os.Getpagesize()),
-		At:       time.Now(),
-	}, nil
+	ps.RSSBytes, ps.At = rss*int64(os.Getpagesize()), time.Now()
+	return ps, nil
 }

@@ -118,6 +118,9 @@ type Spec struct {
 	AllowedDirs []string
 	Limits      Limits
 
+	// Memory tunes what the VM costs the host beyond the guest's RAM.
+	Memory MemoryTuning
+
 	// ConsoleCapBytes bounds the kept console output (console.log plus
 	// console.log.1); 0 means DefaultConsoleCap.
 	ConsoleCapBytes int64
@@ -126,6 +129,30 @@ type Spec struct {
 	// sockets, console log, pidfile and exit record. Set by Start.
 	StateDir string
 }
+
+// MemoryTuning is what the host pays for a VM beyond the guest RAM it
+// touched: QEMU's own memory and guest memory the guest no longer uses.
+// docs/qemu.md and docs/performance.md give the measured effect of each.
+type MemoryTuning struct {
+	// TCGTranslationBufferMiB sizes TCG's buffer of translated guest code
+	// (-accel tcg,tb-size=N). 0 keeps QEMU's default (1 GiB, filled as code
+	// is translated: about 50 MiB for an idle Linux guest); a small buffer
+	// is flushed and refilled more often. Unused under KVM.
+	TCGTranslationBufferMiB int
+	// FreePageReporting adds a virtio-balloon device with
+	// free-page-reporting=on: a guest whose kernel has the virtio_balloon
+	// driver reports memory it freed and QEMU gives it back to the host. It
+	// never takes memory the guest uses (no inflation).
+	FreePageReporting bool
+	// MemMerge marks guest RAM mergeable by the host's KSM
+	// (-machine mem-merge=on); off (mem-merge=off) keeps KSM away from the
+	// guest even when the host runs it. Merging only happens when the host
+	// runs KSM (/sys/kernel/mm/ksm/run).
+	MemMerge bool
+}
+
+// MaxTCGTranslationBufferMiB bounds MemoryTuning.TCGTranslationBufferMiB.
+const MaxTCGTranslationBufferMiB = 4096
 
 // Files inside the state dir.
 const (
@@ -300,6 +327,9 @@ func (s Spec) Validate() error {
 		}
 		hostPorts[f.HostPort], guestPorts[f.GuestPort] = i, i
 	}
+	if tb := s.Memory.TCGTranslationBufferMiB; tb < 0 || tb > MaxTCGTranslationBufferMiB {
+		bad("memory tcg translation buffer %d MiB: must be 0 (QEMU's default) or between 1 and %d MiB", tb, MaxTCGTranslationBufferMiB)
+	}
 	if s.ConsoleCapBytes < 0 || (s.ConsoleCapBytes > 0 && s.ConsoleCapBytes < 64<<10) {
 		bad("console cap %d bytes: must be 0 (default) or at least 64 KiB", s.ConsoleCapBytes)
 	}
@@ -340,7 +370,8 @@ const sandboxArg = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcec
 // VM instead of exiting (-action shutdown=pause,panic=pause) so the
 // supervisor — or a later Adopt — can read why the guest stopped from QMP
 // before quitting QEMU; user-mode networking with forwards bound to
-// 127.0.0.1 only.
+// 127.0.0.1 only; the memory tuning (MemoryTuning) as configured, guest
+// RAM not mergeable by KSM unless asked.
 func Args(s Spec) []string {
 	s = s.withDefaults()
 	machine := s.Machine
@@ -350,6 +381,15 @@ func Args(s Spec) []string {
 	case "microvm":
 		machine += ",acpi=on" // pit/pic stay: the kernel calibrates the TSC against the PIT under TCG
 	}
+	if s.Memory.MemMerge {
+		machine += ",mem-merge=on"
+	} else {
+		machine += ",mem-merge=off"
+	}
+	accel := string(s.Accelerator)
+	if s.Accelerator == AccelTCG && s.Memory.TCGTranslationBufferMiB > 0 {
+		accel += fmt.Sprintf(",tb-size=%d", s.Memory.TCGTranslationBufferMiB)
+	}
 	cpu := "max"
 	if s.Accelerator == AccelKVM {
 		cpu = "host"
@@ -357,7 +397,7 @@ func Args(s Spec) []string {
 	a := []string{
 		"-name", "guest=" + s.Name + ",debug-threads=on",
 		"-machine", machine,
-		"-accel", string(s.Accelerator),
+		"-accel", accel,
 		"-cpu", cpu,
 		"-smp", fmt.Sprint(s.CPUs),
 		"-m", fmt.Sprintf("%dM", s.MemoryMiB),
@@ -412,6 +452,9 @@ func Args(s Spec) []string {
 			netdev += fmt.Sprintf(",hostfwd=tcp:127.0.0.1:%d-:%d", f.HostPort, f.GuestPort)
 		}
 		a = append(a, "-netdev", netdev, "-device", "virtio-net"+pciSuffix+",netdev=net0,mac="+macFor(s.Name))
+	}
+	if s.Memory.FreePageReporting {
+		a = append(a, "-device", "virtio-balloon"+pciSuffix+",free-page-reporting=on")
 	}
 	return a
 }

@@ -42,6 +42,10 @@ func TestArgsGolden(t *testing.T) {
 				{Path: "/images/config.img", Format: FormatRaw, ReadOnly: true, Serial: "cidata"},
 			}
 		},
+		"kernel-tcg-memory-tuned": func(s *Spec) {
+			s.Network = true
+			s.Memory = MemoryTuning{TCGTranslationBufferMiB: 32, FreePageReporting: true, MemMerge: true}
+		},
 		"microvm": func(s *Spec) {
 			s.Machine = "microvm"
 			s.Accelerator = AccelKVM
@@ -124,6 +128,8 @@ func TestValidateRejects(t *testing.T) {
 		{"long state dir", func(s *Spec) { s.StateDir = "/" + strings.Repeat("x", 120) }, "too long for unix sockets"},
 		{"console cap too small", func(s *Spec) { s.ConsoleCapBytes = 10 }, "console cap 10 bytes"},
 		{"bad user", func(s *Spec) { s.RunAsUser = "root;x" }, "run-as user"},
+		{"negative tb size", func(s *Spec) { s.Memory.TCGTranslationBufferMiB = -1 }, "memory tcg translation buffer -1 MiB"},
+		{"huge tb size", func(s *Spec) { s.Memory.TCGTranslationBufferMiB = 1 << 20 }, "memory tcg translation buffer 1048576 MiB"},
 		{"uefi without code", func(s *Spec) { s.Firmware = FirmwareUEFI }, "uefi code: path is empty"},
 	}
 	for _, tc := range cases {
@@ -147,5 +153,65 @@ func TestValidateRejects(t *testing.T) {
 	s.CPUs, s.MemoryMiB = 0, 0
 	if err := s.Validate(); err == nil || !strings.Contains(err.Error(), "cpus") || !strings.Contains(err.Error(), "memory") {
 		t.Fatalf("want both cpu and memory errors, got %v", err)
+	}
+}
+
+// TestArgsMemoryTuning: each memory knob reaches the command line as
+// configured, and only where it applies (tb-size is a TCG option).
+func TestArgsMemoryTuning(t *testing.T) {
+	arg := func(args []string, flag string) []string {
+		var out []string
+		for i := 0; i+1 < len(args); i++ {
+			if args[i] == flag {
+				out = append(out, args[i+1])
+			}
+		}
+		return out
+	}
+	cases := []struct {
+		name    string
+		mut     func(*Spec)
+		machine string
+		accel   string
+		balloon []string
+	}{
+		{"defaults", func(*Spec) {}, "q35,vmport=off,mem-merge=off", "tcg", nil},
+		{"tb-size under tcg", func(s *Spec) { s.Memory.TCGTranslationBufferMiB = 32 }, "q35,vmport=off,mem-merge=off", "tcg,tb-size=32", nil},
+		{"tb-size ignored under kvm", func(s *Spec) {
+			s.Accelerator = AccelKVM
+			s.Memory.TCGTranslationBufferMiB = 32
+		}, "q35,vmport=off,mem-merge=off", "kvm", nil},
+		{"free page reporting", func(s *Spec) { s.Memory.FreePageReporting = true }, "q35,vmport=off,mem-merge=off", "tcg",
+			[]string{"virtio-balloon-pci,free-page-reporting=on"}},
+		{"mem-merge", func(s *Spec) { s.Memory.MemMerge = true }, "q35,vmport=off,mem-merge=on", "tcg", nil},
+		{"microvm balloon on virtio-mmio", func(s *Spec) {
+			s.Machine, s.Accelerator = "microvm", AccelKVM
+			s.Memory = MemoryTuning{FreePageReporting: true, MemMerge: true}
+		}, "microvm,acpi=on,mem-merge=on", "kvm", []string{"virtio-balloon-device,free-page-reporting=on"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := baseSpec()
+			tc.mut(&s)
+			if err := s.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			a := Args(s)
+			if got := arg(a, "-machine"); len(got) != 1 || got[0] != tc.machine {
+				t.Errorf("-machine %v, want [%s]", got, tc.machine)
+			}
+			if got := arg(a, "-accel"); len(got) != 1 || got[0] != tc.accel {
+				t.Errorf("-accel %v, want [%s]", got, tc.accel)
+			}
+			var balloon []string
+			for _, d := range arg(a, "-device") {
+				if strings.HasPrefix(d, "virtio-balloon") {
+					balloon = append(balloon, d)
+				}
+			}
+			if strings.Join(balloon, " ") != strings.Join(tc.balloon, " ") {
+				t.Errorf("balloon devices %v, want %v", balloon, tc.balloon)
+			}
+		})
 	}
 }

@@ -113,7 +113,11 @@ func loadConfig(o options) (*config.Node, error) {
 		file.KubeAPIBurst = &v
 	}
 	hostname, _ := os.Hostname()
-	n, err := config.Resolve(file, config.Environment{Hostname: hostname, HostIP: firstHostIPv4()})
+	var memTotal int64
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		memTotal, _, _ = provider.ParseMeminfo(b) // unknown (0): maxVMs falls back to its fixed default
+	}
+	n, err := config.Resolve(file, config.Environment{Hostname: hostname, HostIP: firstHostIPv4(), MemoryTotal: memTotal})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", where, err)
 	}
@@ -220,6 +224,12 @@ func runNode(ctx context.Context, o options, cfg *config.Node) error {
 		return err
 	}
 	defer obs.close(ctx)
+	if cfg.VMMemory.EnableKSM {
+		if err := provider.EnableKSM(provider.KSMDir); err != nil {
+			return err
+		}
+		logger.Info("KSM started for mergeable guest RAM", "dir", provider.KSMDir)
+	}
 	facts := probe(ctx, cfg)
 	host := provider.HostSource{StateDir: cfg.StateDir, QEMUBinary: cfg.QEMUBinary}
 	status := provider.NewNodeStatus(ctx, facts, host.Read)

@@ -9,6 +9,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/provider"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
+	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -55,6 +56,12 @@ func newVMs(ctx context.Context, cfg *config.Node, facts provider.Facts, client 
 		},
 		ForceDelete: func(ctx context.Context, pod *corev1.Pod) error { return finalDelete(ctx, client, pod) },
 		Exporters:   provider.ExporterRunnerFunc(runExporter),
+		Memory: qemu.MemoryTuning{
+			TCGTranslationBufferMiB: cfg.VMMemory.TCGTranslationBufferMiB,
+			FreePageReporting:       cfg.VMMemory.FreePageReporting,
+			MemMerge:                cfg.VMMemory.PageMerging,
+		},
+		VMOverhead: cfg.VMMemory.Overhead,
 	})
 	res, err := vms.Recover(ctx)
 	if err != nil {

@@ -182,6 +182,12 @@ func TestResolveValidation(t *testing.T) {
 		{"bad percent", "pressure: {diskAvailable: 150%}", []string{"pressure.diskAvailable", "percentage"}},
 		{"bad threshold", "pressure: {memoryAvailable: plenty}", []string{"pressure.memoryAvailable"}},
 		{"several errors listed", "maxVMs: -1\nserver: {port: 0}", []string{"maxVMs", "server.port"}},
+		{"bad overhead", "vmMemory: {overhead: lots}", []string{"vmMemory.overhead", "quantity"}},
+		{"negative overhead", "vmMemory: {overhead: -1Mi}", []string{"vmMemory.overhead", "at least 0"}},
+		{"tiny idle cost", "vmMemory: {idleCost: 1Ki}", []string{"vmMemory.idleCost", "at least 1Mi"}},
+		{"tb size not whole MiB", "vmMemory: {tcgTranslationBuffer: 1500Ki}", []string{"vmMemory.tcgTranslationBuffer", "whole MiB"}},
+		{"tb size too big", "vmMemory: {tcgTranslationBuffer: 8Gi}", []string{"vmMemory.tcgTranslationBuffer", "4096Mi"}},
+		{"ksm without merging", "vmMemory: {enableKSM: true}", []string{"vmMemory.enableKSM", "pageMerging"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

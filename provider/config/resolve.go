@@ -37,6 +37,21 @@ const (
 	DefaultMemoryAvailable           QuantityString = "100Mi"
 	DefaultDiskAvailable             QuantityString = "10%"
 	DefaultPIDAvailable              QuantityString = "5%"
+	// DefaultVMOverhead is QEMU's own memory per VM counted by admission:
+	// measured 89 MiB (TCG, tcgTranslationBuffer 32Mi) to 109 MiB (QEMU's
+	// default buffer) of RSS beyond a fully touched 96 MiB guest, plus
+	// margin (docs/performance.md). The chart's RuntimeClass overhead is
+	// the same.
+	DefaultVMOverhead QuantityString = "128Mi"
+	// DefaultVMIdleCost is the host memory of one idle test-image VM with
+	// the default knobs (docs/performance.md), the divisor of DeriveMaxVMs.
+	DefaultVMIdleCost QuantityString = "160Mi"
+	// DefaultTCGTranslationBuffer: 32 MiB took 20 MiB off each VM at the
+	// same boot time (docs/performance.md).
+	DefaultTCGTranslationBuffer QuantityString = "32Mi"
+	DefaultFreePageReporting                   = true
+	DefaultPageMerging                         = false
+	DefaultEnableKSM                           = false
 	// ProviderTaintKey is the key of the default taint.
 	ProviderTaintKey = "virtual-kubelet.io/provider"
 )
@@ -68,6 +83,10 @@ type Environment struct {
 	HostIP string
 	// FileExists tells whether a firmware file exists (nil: os.Stat).
 	FileExists func(path string) bool
+	// MemoryTotal is the host's memory in bytes (/proc/meminfo MemTotal);
+	// maxVMs is derived from it when the file sets none. 0: unknown, the
+	// fixed DefaultMaxVMs is used.
+	MemoryTotal int64
 }
 
 // DefaultOVMF are the OVMF code/vars pairs looked for, in order, when the
@@ -96,18 +115,21 @@ type Node struct {
 	// UEFICode and UEFIVars are the OVMF files ("": UEFI pods refused).
 	UEFICode, UEFIVars string
 	MaxVMs             int32
-	Reserved           corev1.ResourceList
-	CPUOvercommit      float64
-	MemoryOvercommit   float64
-	AcceleratorPolicy  string
-	ProbeTimeout       time.Duration
-	Taints             []corev1.Taint
-	Labels             map[string]string
-	ListenAddress      string
-	Port               int32
-	TLSCertFile        string
-	TLSKeyFile         string
-	ClientCAFile       string
+	// MaxVMsReason says where MaxVMs comes from (the file, or how it was
+	// derived from the host), for the node's annotation.
+	MaxVMsReason      string
+	Reserved          corev1.ResourceList
+	CPUOvercommit     float64
+	MemoryOvercommit  float64
+	AcceleratorPolicy string
+	ProbeTimeout      time.Duration
+	Taints            []corev1.Taint
+	Labels            map[string]string
+	ListenAddress     string
+	Port              int32
+	TLSCertFile       string
+	TLSKeyFile        string
+	ClientCAFile      string
 	// StatusUpdateFrequency is the period of host readings / status pushes.
 	StatusUpdateFrequency time.Duration
 	// LeaseDuration of the node lease; renewed every LeaseDuration/4.
@@ -125,6 +147,21 @@ type Node struct {
 	PIDAvailable    Threshold
 	// Images is the image cache configuration.
 	Images ImageCache
+	// VMMemory is the resolved vmMemory section.
+	VMMemory VMMemoryConfig
+}
+
+// VMMemoryConfig is the resolved vmMemory section.
+type VMMemoryConfig struct {
+	// Overhead is QEMU's own memory per VM, in bytes (admission).
+	Overhead int64
+	// IdleCost is the host memory of an idle VM, in bytes (maxVMs).
+	IdleCost int64
+	// TCGTranslationBufferMiB is QEMU's tb-size (0: QEMU's default).
+	TCGTranslationBufferMiB int
+	FreePageReporting       bool
+	PageMerging             bool
+	EnableKSM               bool
 }
 
 // Default fills the absent fields of c (in place) with their defaults.
@@ -151,10 +188,6 @@ func Default(c *NodeConfiguration, env Environment) {
 				break
 			}
 		}
-	}
-	if c.MaxVMs == nil {
-		v := int32(DefaultMaxVMs)
-		c.MaxVMs = &v
 	}
 	if c.Reserved == nil {
 		c.Reserved = maps.Clone(DefaultReserved)
@@ -204,6 +237,25 @@ func Default(c *NodeConfiguration, env Environment) {
 		c.Pressure.PIDAvailable = DefaultPIDAvailable
 	}
 	defaultImages(&c.Images)
+	vm := &c.VMMemory
+	if vm.Overhead == "" {
+		vm.Overhead = DefaultVMOverhead
+	}
+	if vm.IdleCost == "" {
+		vm.IdleCost = DefaultVMIdleCost
+	}
+	if vm.TCGTranslationBuffer == "" {
+		vm.TCGTranslationBuffer = DefaultTCGTranslationBuffer
+	}
+	defaultBool(&vm.FreePageReporting, DefaultFreePageReporting)
+	defaultBool(&vm.PageMerging, DefaultPageMerging)
+	defaultBool(&vm.EnableKSM, DefaultEnableKSM)
+}
+
+func defaultBool(p **bool, v bool) {
+	if *p == nil {
+		*p = &v
+	}
 }
 
 // Resolve defaults a copy of c, validates it and returns the parsed Node.
@@ -214,7 +266,7 @@ func Resolve(c *NodeConfiguration, env Environment) (*Node, error) {
 	cc.Labels = maps.Clone(c.Labels)
 	cc.Taints = slices.Clone(c.Taints)
 	Default(&cc, env)
-	n, errs := validate(&cc)
+	n, errs := validate(&cc, env)
 	if len(errs) > 0 {
 		lines := make([]string, 0, len(errs))
 		for _, e := range errs {
@@ -229,7 +281,7 @@ func Resolve(c *NodeConfiguration, env Environment) (*Node, error) {
 	return n, nil
 }
 
-func validate(c *NodeConfiguration) (*Node, field.ErrorList) {
+func validate(c *NodeConfiguration, env Environment) (*Node, field.ErrorList) {
 	var errs field.ErrorList
 	n := &Node{
 		NodeName:          c.NodeName,
@@ -238,7 +290,6 @@ func validate(c *NodeConfiguration) (*Node, field.ErrorList) {
 		QEMUBinary:        c.QEMUBinary,
 		UEFICode:          c.Firmware.UEFICode,
 		UEFIVars:          c.Firmware.UEFIVars,
-		MaxVMs:            *c.MaxVMs,
 		Reserved:          corev1.ResourceList{},
 		CPUOvercommit:     *c.Overcommit.CPU,
 		MemoryOvercommit:  *c.Overcommit.Memory,
@@ -276,8 +327,11 @@ func validate(c *NodeConfiguration) (*Node, field.ErrorList) {
 	if !filepath.IsAbs(c.StateDir) {
 		errs = append(errs, field.Invalid(field.NewPath("stateDir"), c.StateDir, "must be an absolute path"))
 	}
-	if n.MaxVMs < 1 || n.MaxVMs > 10000 {
-		errs = append(errs, field.Invalid(field.NewPath("maxVMs"), n.MaxVMs, "must be between 1 and 10000"))
+	if c.MaxVMs != nil {
+		n.MaxVMs, n.MaxVMsReason = *c.MaxVMs, fmt.Sprintf("maxVMs %d set in the configuration file", *c.MaxVMs)
+		if n.MaxVMs < 1 || n.MaxVMs > MaxMaxVMs {
+			errs = append(errs, field.Invalid(field.NewPath("maxVMs"), n.MaxVMs, fmt.Sprintf("must be between 1 and %d", MaxMaxVMs)))
+		}
 	}
 
 	resPath := field.NewPath("reserved")
@@ -391,8 +445,85 @@ func validate(c *NodeConfiguration) (*Node, field.ErrorList) {
 	n.DiskAvailable, errs = parseThreshold(prPath.Child("diskAvailable"), c.Pressure.DiskAvailable, errs)
 	n.PIDAvailable, errs = parseThreshold(prPath.Child("pidAvailable"), c.Pressure.PIDAvailable, errs)
 	n.Images, errs = validateImages(c.Images, errs)
+	n.VMMemory, errs = validateVMMemory(c.VMMemory, errs)
+	if c.MaxVMs == nil && len(errs) == 0 {
+		n.MaxVMs, n.MaxVMsReason = DeriveMaxVMs(MaxVMsInput{
+			MemoryTotal:      env.MemoryTotal,
+			ReservedMemory:   n.Reserved.Memory().Value(),
+			MemoryOvercommit: n.MemoryOvercommit,
+			IdleCost:         n.VMMemory.IdleCost,
+		})
+	}
 	return n, errs
 }
+
+// MaxMaxVMs bounds maxVMs.
+const MaxMaxVMs = 10000
+
+func validateVMMemory(v VMMemory, errs field.ErrorList) (VMMemoryConfig, field.ErrorList) {
+	p := field.NewPath("vmMemory")
+	out := VMMemoryConfig{FreePageReporting: *v.FreePageReporting, PageMerging: *v.PageMerging, EnableKSM: *v.EnableKSM}
+	quantity := func(name string, s QuantityString, min int64) int64 {
+		q, err := resource.ParseQuantity(string(s))
+		if err != nil {
+			errs = append(errs, field.Invalid(p.Child(name), string(s), "must be a quantity such as 128Mi"))
+			return 0
+		}
+		if q.Value() < min {
+			errs = append(errs, field.Invalid(p.Child(name), string(s), fmt.Sprintf("must be at least %s", resource.NewQuantity(min, resource.BinarySI))))
+			return 0
+		}
+		return q.Value()
+	}
+	out.Overhead = quantity("overhead", v.Overhead, 0)
+	out.IdleCost = quantity("idleCost", v.IdleCost, 1<<20)
+	if tb := quantity("tcgTranslationBuffer", v.TCGTranslationBuffer, 0); tb%(1<<20) != 0 || tb > int64(maxTBSizeMiB)<<20 {
+		errs = append(errs, field.Invalid(p.Child("tcgTranslationBuffer"), string(v.TCGTranslationBuffer),
+			fmt.Sprintf("must be whole MiB between 0 (QEMU's default) and %dMi", maxTBSizeMiB)))
+	} else {
+		out.TCGTranslationBufferMiB = int(tb >> 20)
+	}
+	if out.EnableKSM && !out.PageMerging {
+		errs = append(errs, field.Invalid(p.Child("enableKSM"), true, "needs vmMemory.pageMerging: true (guest RAM is not mergeable otherwise, KSM would only cost CPU)"))
+	}
+	return out, errs
+}
+
+// maxTBSizeMiB is qemu.MaxTCGTranslationBufferMiB (config does not import qemu).
+const maxTBSizeMiB = 4096
+
+// MaxVMsInput are the host facts and settings maxVMs is derived from.
+type MaxVMsInput struct {
+	// MemoryTotal of the host in bytes (0: unknown).
+	MemoryTotal int64
+	// ReservedMemory is reserved.memory in bytes.
+	ReservedMemory int64
+	// MemoryOvercommit is overcommit.memory, like KubeVirt's memory
+	// overcommit: how much more VM memory than host memory is accepted.
+	MemoryOvercommit float64
+	// IdleCost is vmMemory.idleCost in bytes.
+	IdleCost int64
+}
+
+// DeriveMaxVMs is maxVMs when the file sets none: as many idle VMs as the
+// host's memory (minus reserved, times the memory overcommit) holds at
+// their measured cost, between 1 and MaxMaxVMs; DefaultMaxVMs when the
+// host's memory is unknown. The reason says how, for the node's
+// annotation. Pure.
+func DeriveMaxVMs(in MaxVMsInput) (int32, string) {
+	if in.MemoryTotal <= 0 || in.IdleCost <= 0 {
+		return DefaultMaxVMs, fmt.Sprintf("maxVMs %d: the default, host memory unknown", DefaultMaxVMs)
+	}
+	usable := float64(in.MemoryTotal-in.ReservedMemory) * in.MemoryOvercommit
+	n := int64(math.Floor(usable / float64(in.IdleCost)))
+	n = min(max(n, 1), MaxMaxVMs)
+	mi := func(b int64) string { return resource.NewQuantity(b, resource.BinarySI).String() }
+	return int32(n), fmt.Sprintf("maxVMs %d derived from host memory: (%s total - %s reserved) x memory overcommit %s / %s per idle VM (vmMemory.idleCost)",
+		n, bytesMi(in.MemoryTotal), mi(in.ReservedMemory), strconv.FormatFloat(in.MemoryOvercommit, 'f', -1, 64), mi(in.IdleCost))
+}
+
+// bytesMi renders bytes in whole MiB ("24105Mi").
+func bytesMi(b int64) string { return strconv.FormatInt(b>>20, 10) + "Mi" }
 
 func defaultInt32(p **int32, v int32) {
 	if *p == nil {

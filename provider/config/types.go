@@ -51,7 +51,8 @@ type NodeConfiguration struct {
 	StateDir string `json:"stateDir,omitempty"`
 	// QEMUBinary is the qemu-system binary (name looked up in PATH, or path).
 	QEMUBinary string `json:"qemuBinary,omitempty"`
-	// MaxVMs is the node's "pods" capacity.
+	// MaxVMs is the node's "pods" capacity. Absent: derived from the host's
+	// memory (see DeriveMaxVMs and vmMemory.idleCost).
 	MaxVMs *int32 `json:"maxVMs,omitempty"`
 	// Reserved is subtracted from capacity to give allocatable. Keys: cpu,
 	// memory, ephemeral-storage; values are resource quantities.
@@ -99,6 +100,39 @@ type NodeConfiguration struct {
 	Pressure PressureThresholds `json:"pressure,omitempty"`
 	// Images configures the OS image cache and registries.
 	Images Images `json:"images,omitempty"`
+	// VMMemory accounts and tunes what each VM costs the host beyond its
+	// guest RAM (docs/node-config.md gives the measured trade-offs).
+	VMMemory VMMemory `json:"vmMemory,omitempty"`
+}
+
+// VMMemory accounts and tunes the host memory of VMs.
+type VMMemory struct {
+	// Overhead is QEMU's own memory per VM (quantity, default 128Mi):
+	// admission counts a VM pod's memory request plus the larger of this and
+	// the pod's RuntimeClass overhead.
+	Overhead QuantityString `json:"overhead,omitempty"`
+	// IdleCost is the host memory an idle VM costs, QEMU and the guest RAM
+	// it touched (quantity, default 160Mi, measured with the test image);
+	// only used to derive maxVMs when the file sets none.
+	IdleCost QuantityString `json:"idleCost,omitempty"`
+	// TCGTranslationBuffer sizes QEMU's buffer of translated guest code
+	// under TCG (quantity in whole MiB, default 32Mi; "0" keeps QEMU's
+	// default of 1Gi, filled as code is translated).
+	TCGTranslationBuffer QuantityString `json:"tcgTranslationBuffer,omitempty"`
+	// FreePageReporting gives every VM a virtio-balloon device with free
+	// page reporting, so memory the guest freed goes back to the host
+	// (default true; needs the guest's virtio_balloon driver).
+	FreePageReporting *bool `json:"freePageReporting,omitempty"`
+	// PageMerging marks guest RAM mergeable by the host's KSM (QEMU
+	// mem-merge=on). Default false: identical pages of different pods'
+	// guests are never merged, which closes the page-deduplication timing
+	// side channel between tenants.
+	PageMerging *bool `json:"pageMerging,omitempty"`
+	// EnableKSM makes the agent start the kernel's same-page merging
+	// (writes 1 to /sys/kernel/mm/ksm/run) at start; needs pageMerging and
+	// a writable /sys. Default false (KSM costs host CPU: see
+	// docs/node-config.md).
+	EnableKSM *bool `json:"enableKSM,omitempty"`
 }
 
 // Overcommit ratios (>= 1 means more than the host has, < 1 holds back).

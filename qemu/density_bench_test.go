@@ -1,0 +1,328 @@
+package qemu
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// densityConfig is one memory tuning compared by BenchmarkIdleDensity.
+type densityConfig struct {
+	name   string
+	memory MemoryTuning
+	// ksm runs the host's KSM while the VMs idle (root only).
+	ksm bool
+}
+
+// densityConfigs: QEMU's defaults (the baseline: mem-merge on is QEMU's
+// default, but without KSM running nothing merges), then each knob added.
+var densityConfigs = []densityConfig{
+	{name: "qemu-defaults", memory: MemoryTuning{}},
+	{name: "tb32", memory: MemoryTuning{TCGTranslationBufferMiB: 32}},
+	{name: "tb32-fpr", memory: MemoryTuning{TCGTranslationBufferMiB: 32, FreePageReporting: true}},
+	{name: "tb32-fpr-ksm", memory: MemoryTuning{TCGTranslationBufferMiB: 32, FreePageReporting: true, MemMerge: true}, ksm: true},
+}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+// BenchmarkIdleDensity: what an idle VM costs the host, per memory tuning,
+// all in the same run. For each configuration N test-image VMs (acpi
+// variant, 1 vCPU, QK_BENCH_DENSITY_MEM MiB, default 96) are started at
+// once through this package, booted to their marker, left idle for
+// QK_BENCH_DENSITY_IDLE seconds (default 30) and measured. At most
+// QK_BENCH_DENSITY_PARALLEL (default 8) boot at once, and none starts once
+// the host's MemAvailable is under QK_BENCH_DENSITY_FLOOR_MIB (default
+// 2048): then <cfg>-vms < N says the limit was reached and why is logged.
+// Per configuration:
+//   - <cfg>-host-MiB/vm: drop of the host's MemAvailable from before the
+//     start to the end of the idle window, / N (noisy on a shared machine);
+//   - <cfg>-rss-MiB/vm, <cfg>-pss-MiB/vm, <cfg>-anon-MiB/vm: QEMU's RSS,
+//     PSS and anonymous memory (smaps_rollup), mean per VM;
+//   - <cfg>-host-cpu-busy-%: host CPU busy during the idle window (all
+//     CPUs, /proc/stat; meaningless on a machine shared with other work),
+//     <cfg>-qemu-cpu-%/vm: CPU time of each idle QEMU over the window (a
+//     share of one CPU, mean per VM), <cfg>-ksmd-cpu-%: ksmd's share of
+//     one CPU;
+//   - <cfg>-marker-s: start of the first VM to the last boot marker;
+//   - <cfg>-pss-x-of-baseline: PSS per VM / qemu-defaults' PSS per VM.
+//
+// N is QK_BENCH_DENSITY_N (default 4). The KSM configuration starts KSM
+// (root only; skipped otherwise), waits for two full scans after boot (at
+// most 5 minutes) before its idle window, and puts /sys/kernel/mm/ksm/run
+// back as it was. QK_BENCH_DENSITY_CONFIGS (comma-separated names) runs a
+// subset.
+func BenchmarkIdleDensity(b *testing.B) {
+	n := envInt("QK_BENCH_DENSITY_N", 4)
+	idle := time.Duration(envInt("QK_BENCH_DENSITY_IDLE", 30)) * time.Second
+	mem := envInt("QK_BENCH_DENSITY_MEM", 96)
+	only := map[string]bool{}
+	for _, c := range strings.Split(os.Getenv("QK_BENCH_DENSITY_CONFIGS"), ",") {
+		if c = strings.TrimSpace(c); c != "" {
+			only[c] = true
+		}
+	}
+	base := testSpec(b, "acpi")
+	base.MemoryMiB = mem
+	base.Network = true
+	b.Logf("N=%d guest=%dMiB idle=%s", n, mem, idle)
+	var basePSS float64
+	for i := 0; i < b.N; i++ {
+		for _, cfg := range densityConfigs {
+			if len(only) > 0 && !only[cfg.name] {
+				continue
+			}
+			r, err := idleDensity(b, base, cfg, n, idle)
+			if err != nil {
+				b.Fatalf("%s: %v", cfg.name, err)
+			}
+			if r == nil {
+				continue
+			}
+			b.Logf("%s (%d VMs): host %.1f MiB/vm, RSS %.1f, PSS %.1f, anon %.1f MiB/vm; host CPU busy %.1f%%, QEMU %.2f%% of a CPU per VM, ksmd %.1f%%; all at marker %.1f s; KSM saved %.1f MiB/vm",
+				cfg.name, r.vms, r.hostMiB, r.rssMiB, r.pssMiB, r.anonMiB, r.hostBusyPct, r.qemuCPUPct, r.ksmdPct, r.markerS, r.ksmSavedMiB)
+			b.ReportMetric(r.hostMiB, cfg.name+"-host-MiB/vm")
+			b.ReportMetric(r.rssMiB, cfg.name+"-rss-MiB/vm")
+			b.ReportMetric(r.pssMiB, cfg.name+"-pss-MiB/vm")
+			b.ReportMetric(r.anonMiB, cfg.name+"-anon-MiB/vm")
+			b.ReportMetric(r.hostBusyPct, cfg.name+"-host-cpu-busy-%")
+			b.ReportMetric(r.ksmdPct, cfg.name+"-ksmd-cpu-%")
+			b.ReportMetric(r.qemuCPUPct, cfg.name+"-qemu-cpu-%/vm")
+			b.ReportMetric(r.markerS, cfg.name+"-marker-s")
+			b.ReportMetric(float64(r.vms), cfg.name+"-vms")
+			if cfg.name == "qemu-defaults" {
+				basePSS = r.pssMiB
+			} else if basePSS > 0 {
+				b.ReportMetric(r.pssMiB/basePSS, cfg.name+"-pss-x-of-baseline")
+			}
+		}
+	}
+	b.ReportMetric(float64(n), "N")
+}
+
+type densityResult struct {
+	hostMiB, rssMiB, pssMiB, anonMiB float64
+	hostBusyPct, ksmdPct, markerS    float64
+	qemuCPUPct                       float64
+	// vms is how many VMs ran (fewer than N when the limit was reached).
+	vms         int
+	ksmSavedMiB float64
+}
+
+const ksmDir = "/sys/kernel/mm/ksm"
+
+func idleDensity(b *testing.B, base Spec, cfg densityConfig, n int, idle time.Duration) (*densityResult, error) {
+	if cfg.ksm {
+		prev, err := os.ReadFile(filepath.Join(ksmDir, "run"))
+		if err != nil {
+			b.Logf("%s skipped: %v", cfg.name, err)
+			return nil, nil
+		}
+		if err := os.WriteFile(filepath.Join(ksmDir, "run"), []byte("1\n"), 0); err != nil {
+			b.Logf("%s skipped: cannot start KSM: %v", cfg.name, err)
+			return nil, nil
+		}
+		defer os.WriteFile(filepath.Join(ksmDir, "run"), prev, 0)
+	}
+	availBefore, err := memAvailable()
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute+time.Duration(n)*15*time.Second)
+	defer cancel()
+	vms := make([]*VM, n)
+	errs := make([]error, n)
+	start := time.Now()
+	var wg sync.WaitGroup
+	// At most `parallel` VMs boot at once; no VM starts once the host's
+	// MemAvailable is under the floor: the limit is reached, reported
+	// instead of driving the host out of memory.
+	parallel := envInt("QK_BENCH_DENSITY_PARALLEL", 8)
+	floor := int64(envInt("QK_BENCH_DENSITY_FLOOR_MIB", 2048)) << 20
+	sem := make(chan struct{}, parallel)
+	started := n
+	for i := range vms {
+		sem <- struct{}{}
+		if avail, err := memAvailable(); err == nil && avail < floor {
+			<-sem
+			started = i
+			b.Logf("%s: limit reached after %d VMs: host MemAvailable %d MiB under the floor of %d MiB", cfg.name, i, avail>>20, floor>>20)
+			break
+		}
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			defer func() { <-sem }()
+			s := base
+			s.Name = fmt.Sprintf("density-%d", i)
+			s.Memory = cfg.memory
+			vm, err := Start(ctx, s, newStateDir(b))
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			vms[i] = vm
+			errs[i] = vm.WaitConsole(ctx, bootMarker)
+		}(i)
+	}
+	wg.Wait()
+	defer func() {
+		for _, vm := range vms {
+			if vm != nil {
+				killVM(vm)
+			}
+		}
+	}()
+	for i, err := range errs[:started] {
+		if err != nil {
+			return nil, fmt.Errorf("VM %d: %w", i, err)
+		}
+	}
+	if started == 0 {
+		return nil, fmt.Errorf("no VM started: host MemAvailable under the floor of %d MiB", floor>>20)
+	}
+	vms, n = vms[:started], started
+	r := &densityResult{markerS: time.Since(start).Seconds(), vms: started}
+	if cfg.ksm {
+		// Merging needs two full scans (unstable tree, then stable).
+		first, err := ksmCounter("full_scans")
+		if err != nil {
+			return nil, err
+		}
+		for deadline := time.Now().Add(5 * time.Minute); time.Now().Before(deadline); time.Sleep(2 * time.Second) {
+			if v, _ := ksmCounter("full_scans"); v >= first+2 {
+				break
+			}
+		}
+	}
+	cpu0, err := hostCPUTimes()
+	if err != nil {
+		return nil, err
+	}
+	ksmd0 := ksmdCPU()
+	qemuCPU0 := make([]time.Duration, n)
+	for i, vm := range vms {
+		if st, err := vm.Stats(); err == nil {
+			qemuCPU0[i] = st.CPUTime
+		}
+	}
+	t0 := time.Now()
+	time.Sleep(idle)
+	cpu1, err := hostCPUTimes()
+	if err != nil {
+		return nil, err
+	}
+	wall := time.Since(t0)
+	r.ksmdPct = (ksmdCPU() - ksmd0).Seconds() / wall.Seconds() * 100
+	if dt := cpu1.total - cpu0.total; dt > 0 {
+		r.hostBusyPct = float64(cpu1.busy-cpu0.busy) / float64(dt) * 100
+	}
+	for i, vm := range vms {
+		st, err := vm.Stats()
+		if err != nil {
+			return nil, fmt.Errorf("VM %d stats: %w", i, err)
+		}
+		r.rssMiB += float64(st.RSSBytes) / (1 << 20) / float64(n)
+		r.pssMiB += float64(st.PSSBytes) / (1 << 20) / float64(n)
+		r.anonMiB += float64(st.AnonBytes) / (1 << 20) / float64(n)
+		r.qemuCPUPct += (st.CPUTime - qemuCPU0[i]).Seconds() / wall.Seconds() * 100 / float64(n)
+	}
+	if cfg.ksm {
+		if sharing, err := ksmCounter("pages_sharing"); err == nil {
+			r.ksmSavedMiB = float64(sharing) * float64(os.Getpagesize()) / (1 << 20) / float64(n)
+		}
+	}
+	availAfter, err := memAvailable()
+	if err != nil {
+		return nil, err
+	}
+	r.hostMiB = float64(availBefore-availAfter) / (1 << 20) / float64(n)
+	return r, nil
+}
+
+func memAvailable() (int64, error) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, err
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) >= 2 && f[0] == "MemAvailable:" {
+			v, err := strconv.ParseInt(f[1], 10, 64)
+			return v << 10, err
+		}
+	}
+	return 0, fmt.Errorf("no MemAvailable in /proc/meminfo")
+}
+
+type cpuTimes struct{ busy, total int64 }
+
+// hostCPUTimes reads the aggregate cpu line of /proc/stat (ticks); idle
+// and iowait are not busy, guest times are already in user.
+func hostCPUTimes() (cpuTimes, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return cpuTimes{}, err
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 5 || f[0] != "cpu" {
+		return cpuTimes{}, fmt.Errorf("/proc/stat: unexpected first line %q", line)
+	}
+	var t cpuTimes
+	for i, v := range f[1:] {
+		if i >= 8 {
+			break
+		}
+		x, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return cpuTimes{}, fmt.Errorf("/proc/stat: %w", err)
+		}
+		t.total += x
+		if i != 3 && i != 4 {
+			t.busy += x
+		}
+	}
+	return t, nil
+}
+
+func ksmCounter(name string) (int64, error) {
+	b, err := os.ReadFile(filepath.Join(ksmDir, name))
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+}
+
+// ksmdCPU is the CPU time of the ksmd kernel thread (0 when not found).
+func ksmdCPU() time.Duration {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		comm, err := os.ReadFile(filepath.Join("/proc", e.Name(), "comm"))
+		if err != nil || strings.TrimSpace(string(comm)) != "ksmd" {
+			continue
+		}
+		if pid, _ := strconv.Atoi(e.Name()); pid > 0 {
+			if st, err := readProcStats(pid); err == nil {
+				return st.CPUTime
+			}
+		}
+	}
+	return 0
+}
