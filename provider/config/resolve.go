@@ -68,6 +68,9 @@ type Environment struct {
 	HostIP string
 	// FileExists tells whether a firmware file exists (nil: os.Stat).
 	FileExists func(path string) bool
+	// HostArch is the host's architecture as Go names it (default
+	// runtime.GOARCH).
+	HostArch string
 }
 
 // DefaultOVMF are the OVMF code/vars pairs looked for, in order, when the
@@ -125,6 +128,18 @@ type Node struct {
 	PIDAvailable    Threshold
 	// Images is the image cache configuration.
 	Images ImageCache
+
+	// GuestArch is the architecture of the node's guests, as Kubernetes
+	// names it (amd64, arm64): its kubernetes.io/arch label.
+	GuestArch string
+	// CapacityShare is the fraction of the host's cpu, memory and
+	// ephemeral-storage capacity the node reports (1 without guest
+	// architectures).
+	CapacityShare float64
+	// GuestArchitectures are the derived nodes of the guestArchitectures
+	// entries (main node only): each a copy of this Node with its own
+	// name, state dir, port, capacity, binary and firmware.
+	GuestArchitectures []*Node
 }
 
 // Default fills the absent fields of c (in place) with their defaults.
@@ -145,12 +160,7 @@ func Default(c *NodeConfiguration, env Environment) {
 		c.QEMUBinary = DefaultQEMUBinary()
 	}
 	if c.Firmware.UEFICode == "" && c.Firmware.UEFIVars == "" {
-		for _, pair := range DefaultOVMF {
-			if env.exists(pair[0]) && env.exists(pair[1]) {
-				c.Firmware.UEFICode, c.Firmware.UEFIVars = pair[0], pair[1]
-				break
-			}
-		}
+		c.Firmware.UEFICode, c.Firmware.UEFIVars = env.firstFirmware(env.hostArch())
 	}
 	if c.MaxVMs == nil {
 		v := int32(DefaultMaxVMs)
@@ -204,6 +214,7 @@ func Default(c *NodeConfiguration, env Environment) {
 		c.Pressure.PIDAvailable = DefaultPIDAvailable
 	}
 	defaultImages(&c.Images)
+	defaultGuestArchitectures(c, env)
 }
 
 // Resolve defaults a copy of c, validates it and returns the parsed Node.
@@ -213,8 +224,11 @@ func Resolve(c *NodeConfiguration, env Environment) (*Node, error) {
 	cc.Reserved = maps.Clone(c.Reserved)
 	cc.Labels = maps.Clone(c.Labels)
 	cc.Taints = slices.Clone(c.Taints)
+	cc.GuestArchitectures = slices.Clone(c.GuestArchitectures)
 	Default(&cc, env)
 	n, errs := validate(&cc)
+	n.GuestArch = env.hostArch()
+	errs = validateGuestArchitectures(&cc, n, env.hostArch(), errs)
 	if len(errs) > 0 {
 		lines := make([]string, 0, len(errs))
 		for _, e := range errs {
@@ -225,6 +239,9 @@ func Resolve(c *NodeConfiguration, env Environment) (*Node, error) {
 	n.Hostname = env.Hostname
 	if n.Hostname == "" {
 		n.Hostname = n.NodeName
+	}
+	for _, g := range n.GuestArchitectures {
+		g.Hostname = n.Hostname
 	}
 	return n, nil
 }
@@ -259,17 +276,7 @@ func validate(c *NodeConfiguration) (*Node, field.ErrorList) {
 			errs = append(errs, field.Invalid(field.NewPath("nodeName"), c.NodeName, m))
 		}
 	}
-	fw := field.NewPath("firmware")
-	switch {
-	case (c.Firmware.UEFICode == "") != (c.Firmware.UEFIVars == ""):
-		errs = append(errs, field.Invalid(fw, c.Firmware, "uefiCode and uefiVars: set both or neither"))
-	case c.Firmware.UEFICode != "":
-		for _, f := range []struct{ name, v string }{{"uefiCode", c.Firmware.UEFICode}, {"uefiVars", c.Firmware.UEFIVars}} {
-			if !filepath.IsAbs(f.v) || strings.ContainsAny(f.v, ",\n") {
-				errs = append(errs, field.Invalid(fw.Child(f.name), f.v, "must be an absolute path without commas"))
-			}
-		}
-	}
+	errs = validateFirmware(field.NewPath("firmware"), c.Firmware, errs)
 	if net.ParseIP(c.NodeIP) == nil {
 		errs = append(errs, field.Invalid(field.NewPath("nodeIP"), c.NodeIP, "must be an IP address"))
 	}
@@ -392,6 +399,20 @@ func validate(c *NodeConfiguration) (*Node, field.ErrorList) {
 	n.PIDAvailable, errs = parseThreshold(prPath.Child("pidAvailable"), c.Pressure.PIDAvailable, errs)
 	n.Images, errs = validateImages(c.Images, errs)
 	return n, errs
+}
+
+func validateFirmware(fw *field.Path, f Firmware, errs field.ErrorList) field.ErrorList {
+	switch {
+	case (f.UEFICode == "") != (f.UEFIVars == ""):
+		errs = append(errs, field.Invalid(fw, f, "uefiCode and uefiVars: set both or neither"))
+	case f.UEFICode != "":
+		for _, x := range []struct{ name, v string }{{"uefiCode", f.UEFICode}, {"uefiVars", f.UEFIVars}} {
+			if !filepath.IsAbs(x.v) || strings.ContainsAny(x.v, ",\n") {
+				errs = append(errs, field.Invalid(fw.Child(x.name), x.v, "must be an absolute path without commas"))
+			}
+		}
+	}
+	return errs
 }
 
 func defaultInt32(p **int32, v int32) {

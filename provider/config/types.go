@@ -99,6 +99,9 @@ type NodeConfiguration struct {
 	Pressure PressureThresholds `json:"pressure,omitempty"`
 	// Images configures the OS image cache and registries.
 	Images Images `json:"images,omitempty"`
+	// GuestArchitectures registers one more node per entry, for guests of
+	// another architecture run under TCG (arch.go, docs/node-config.md).
+	GuestArchitectures []GuestArchitecture `json:"guestArchitectures,omitempty"`
 }
 
 // Overcommit ratios (>= 1 means more than the host has, < 1 holds back).
