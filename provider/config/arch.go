@@ -116,6 +116,9 @@ func validateGuestArchitectures(c *NodeConfiguration, main *Node, hostArch strin
 		n := *main
 		n.GuestArchitectures = nil
 		n.Labels = maps.Clone(main.Labels)
+		if n.Labels == nil {
+			n.Labels = map[string]string{}
+		}
 		n.Reserved = corev1.ResourceList{} // the host's reserve is held back once, on the main node
 		n.AcceleratorPolicy = PolicyTCG    // KVM never runs another architecture's guests
 		n.GuestArch = g.Arch
