@@ -40,6 +40,12 @@ type GuestArchitecture struct {
 	Firmware Firmware `json:"firmware,omitempty"`
 	// Labels are added to the main node's labels for this node.
 	Labels map[string]string `json:"labels,omitempty"`
+	// Kubeconfig holds this node's credentials (absolute path). Empty: the
+	// agent's own (--kubeconfig, $KUBECONFIG or in-cluster), which suits a
+	// ServiceAccount with the chart's ClusterRole. With node identities
+	// (system:node:<name>), the Node authorizer and NodeRestriction let a
+	// node write only its own Node, Lease and pods: give each node its own.
+	Kubeconfig string `json:"kubeconfig,omitempty"`
 }
 
 // DefaultGuestArchMaxVMs is a guest-architecture node's default maxVMs:
@@ -126,6 +132,10 @@ func validateGuestArchitectures(c *NodeConfiguration, main *Node, hostArch strin
 		n.QEMUBinary = g.QEMUBinary
 		n.UEFICode, n.UEFIVars = g.Firmware.UEFICode, g.Firmware.UEFIVars
 		n.StateDir = filepath.Join(main.StateDir, GuestArchDirName, g.Arch)
+		n.Kubeconfig = g.Kubeconfig
+		if g.Kubeconfig != "" && !filepath.IsAbs(g.Kubeconfig) {
+			errs = append(errs, field.Invalid(p.Child("kubeconfig"), g.Kubeconfig, "must be an absolute path"))
+		}
 
 		switch a, err := qemu.ParseArch(g.Arch); {
 		case err != nil || string(a) == g.Arch:

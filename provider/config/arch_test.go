@@ -89,6 +89,7 @@ func TestGuestArchitecturesValidation(t *testing.T) {
 		{"maxVMs", "guestArchitectures:\n- {arch: arm64, maxVMs: 0}\n", []string{"guestArchitectures[0].maxVMs: Invalid value: 0"}},
 		{"share", "guestArchitectures:\n- {arch: arm64, capacityShare: 1.5}\n", []string{"guestArchitectures[0].capacityShare: Invalid value: 1.5", "add up to less than 1"}},
 		{"firmware half", "guestArchitectures:\n- {arch: arm64, firmware: {uefiCode: /x/code.fd}}\n", []string{"guestArchitectures[0].firmware", "set both or neither"}},
+		{"relative kubeconfig", "guestArchitectures:\n- {arch: arm64, kubeconfig: kc.yaml}\n", []string{"guestArchitectures[0].kubeconfig: Invalid value"}},
 		{"label", "guestArchitectures:\n- {arch: arm64, labels: {\"bad key!\": x}}\n", []string{"guestArchitectures[0].labels[bad key!]"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

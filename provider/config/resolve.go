@@ -140,6 +140,9 @@ type Node struct {
 	// entries (main node only): each a copy of this Node with its own
 	// name, state dir, port, capacity, binary and firmware.
 	GuestArchitectures []*Node
+	// Kubeconfig is a guest-architecture node's own credentials ("": the
+	// agent's).
+	Kubeconfig string
 }
 
 // Default fills the absent fields of c (in place) with their defaults.
