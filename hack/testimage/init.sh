@@ -16,9 +16,11 @@ done
 echo 1 > /proc/sys/kernel/printk 2>/dev/null
 
 ifconfig lo 127.0.0.1 up
-# virtio-net appears asynchronously after insmod: wait up to ~10s for eth0
+# virtio-net appears asynchronously after insmod: when the VM has a
+# virtio network device (virtio device id 0x0001), wait up to ~10s for eth0
 # (emulated guests on a loaded host are slow).
 i=0
+grep -qx 0x0001 /sys/bus/virtio/devices/*/device 2>/dev/null || i=100
 while [ ! -e /sys/class/net/eth0 ] && [ $i -lt 100 ]; do usleep 100000; i=$((i+1)); done
 if ifconfig eth0 10.0.2.15 netmask 255.255.255.0 up 2>/dev/null; then
   route add default gw 10.0.2.2 2>/dev/null
