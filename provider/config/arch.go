@@ -125,8 +125,8 @@ func validateGuestArchitectures(c *NodeConfiguration, main *Node, hostArch strin
 		if n.Labels == nil {
 			n.Labels = map[string]string{}
 		}
-		n.Reserved = corev1.ResourceList{} // the host's reserve is held back once, on the main node
-		n.AcceleratorPolicy = PolicyTCG    // KVM never runs another architecture's guests
+		n.Reserved = corev1.ResourceList{}    // the host's reserve is held back once, on the main node
+		n.AcceleratorPolicy = PolicyPreferKVM // KVM never runs another architecture's guests: TCG, with that reason
 		n.GuestArch = g.Arch
 		n.NodeName = g.NodeName
 		n.QEMUBinary = g.QEMUBinary

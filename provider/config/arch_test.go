@@ -35,7 +35,7 @@ func TestGuestArchitecturesDefaults(t *testing.T) {
 	assert.Equal(t, "/usr/share/AAVMF/AAVMF_CODE.fd", g.UEFICode)
 	assert.Equal(t, "/usr/share/AAVMF/AAVMF_VARS.fd", g.UEFIVars)
 	assert.Equal(t, filepath.Join("/var/lib/qk", GuestArchDirName, "arm64"), g.StateDir)
-	assert.Equal(t, PolicyTCG, g.AcceleratorPolicy)
+	assert.Equal(t, PolicyPreferKVM, g.AcceleratorPolicy) // answered TCG without a probe: qemu.Arch.CanKVM
 	assert.Empty(t, g.Reserved)
 	assert.Equal(t, "Host-A", g.Hostname)
 	assert.InDelta(t, 0.25, g.CapacityShare, 1e-9) // 4 of 16 VMs
