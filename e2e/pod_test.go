@@ -38,16 +38,18 @@ func TestPods(t *testing.T) {
 	c := cluster.StartT(t, cluster.Options{})
 	reg := ocitest.StartRegistry(t, ocitest.RegistryOptions{})
 	refs := vmtest.PushTestImages(t, reg.Addr)
-	a := newNodeAgent(t, c, bin, "qk-vms", "tcg", "")
+	e := &podEnv{c: c, refs: refs, reg: reg.Addr}
+	a := newNodeAgent(t, c, bin, "qk-vms", "tcg", armNodeConfig(t, e, "qk-vms")) // arch_test.go
+	e.a = a
 	// Runs before the agent is killed (cleanups are LIFO): delete every pod
 	// so their VMs stop; then fail if any QEMU is left.
 	vmtest.ReapQEMU(t, a.dir)
 	t.Cleanup(func() { deleteAllPods(t, c, "default", a.dir) })
 	a.start()
 	waitNode(t, c, a.name, 90*time.Second, "Ready=True", readyIs(corev1.ConditionTrue))
-	e := &podEnv{c: c, a: a, refs: refs, reg: reg.Addr}
 
 	t.Run("BootsRunningAndDeletesGracefully", e.testBootAndDelete)
+	t.Run("Arm64GuestOnArm64Node", e.testArm64Guest)
 	t.Run("ACPIIgnoringGuestKilledAtGrace", e.testForcedStop)
 	t.Run("MissingImageBacksOff", e.testMissingImage)
 	t.Run("GuestPowerOffCompletes", e.testPowerOff)

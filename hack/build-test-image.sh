@@ -6,9 +6,11 @@
 # Output (printed on stdout as the last line): a directory
 #   ${QK_CACHE_DIR:-$HOME/.cache/qemu-kubelet}/testimage/<version>/
 # holding
-#   vmlinuz                    Debian linux-image-*-cloud-amd64 kernel
+#   vmlinuz                    Debian kernel: linux-image-*-cloud-amd64,
+#                              linux-image-*-arm64
 #   initramfs-acpi.cpio.gz     busybox init (virtio drivers, virtio_balloon for free
-#                              page reporting): prints QK-BOOT-OK on ttyS0, serves
+#                              page reporting): prints QK-BOOT-OK on the serial
+#                              console (ttyS0; ttyAMA0 on arm64), serves
 #                              "QK-HTTP-OK" over HTTP on guest port 8080 (GET
 #                              /cgi-bin/burn?SECS burns a vCPU for SECS s,
 #                              /cgi-bin/idle stops that), echoes
@@ -17,14 +19,24 @@
 #   initramfs-noacpi.cpio.gz   same, but ignores the ACPI power button
 #   initramfs-panic.cpio.gz    prints the marker, then panics the kernel
 #                              (pvpanic reports it to QEMU)
-#   disk.qcow2                 firmware-bootable disk (FAT + SYSLINUX) holding
-#                              vmlinuz + the acpi initramfs; boot with
-#                              -machine pc/q35 and SeaBIOS, no -kernel
+#   disk.qcow2                 firmware-bootable disk holding vmlinuz + the
+#                              acpi initramfs. amd64: FAT + SYSLINUX, boot
+#                              with -machine pc/q35 and SeaBIOS, no -kernel.
+#                              arm64: FAT with systemd-boot as
+#                              EFI/BOOT/BOOTAA64.EFI, boot with -machine virt
+#                              and AAVMF (UEFI), no -kernel
 #   cmdline                    kernel command line for the initramfs variants
 #   VERSION                    what it was built from
+#
+# Usage: build-test-image.sh [ARCH]   ARCH: a Debian architecture, amd64 or
+# arm64 (default: $QK_TESTIMAGE_ARCH, else the host's). A foreign ARCH's
+# packages (kernel, busybox-static, systemd-boot-efi) are downloaded with a
+# private apt state under the cache (its own package lists for ARCH, from the
+# host's apt sources): the host's dpkg architectures are not touched.
+#
 # Cached by version; idempotent; safe under concurrent runs (flock + atomic
 # rename). Needs: apt-get, dpkg-deb, busybox-static, cpio, gzip, qemu-img,
-# dosfstools, mtools, syslinux.
+# dosfstools, mtools, syslinux (amd64).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -32,22 +44,68 @@ CACHE="${QK_CACHE_DIR:-$HOME/.cache/qemu-kubelet}/testimage"
 SCRIPT_REV=1
 log() { echo "build-test-image: $*" >&2; }
 
-# Kernel: what the linux-image-cloud-amd64 meta-package points at (override
-# with QK_TESTIMAGE_KERNEL_PKG=linux-image-<abi>-cloud-amd64).
+HOSTARCH="$(dpkg --print-architecture)"
+ARCH="${1:-${QK_TESTIMAGE_ARCH:-$HOSTARCH}}"
+case "$ARCH" in
+  amd64) CONSOLE=ttyS0 ;;
+  arm64) CONSOLE=ttyAMA0 ;;
+  *) log "unsupported architecture $ARCH (want amd64 or arm64)"; exit 2 ;;
+esac
+
+# APT: the host's for the host architecture; for a foreign one, a private
+# state (lists, cache, empty dpkg status) under the cache, refreshed daily.
+APT_OPTS=()
+if [ "$ARCH" != "$HOSTARCH" ]; then
+  APTDIR="$CACHE/apt-$ARCH"
+  mkdir -p "$APTDIR/lists/partial" "$APTDIR/cache/archives/partial"
+  : >> "$APTDIR/status"
+  APT_OPTS=(-o "APT::Architecture=$ARCH" -o "APT::Architectures::=$ARCH"
+    -o "Dir::State::Lists=$APTDIR/lists" -o "Dir::Cache=$APTDIR/cache"
+    -o "Dir::State::status=$APTDIR/status" -o "Debug::NoLocking=1" -o "APT::Sandbox::User=root")
+  mkdir -p "$CACHE"
+  exec 8>"$CACHE/.lock-apt-$ARCH"
+  flock 8
+  if [ -z "$(find "$APTDIR/lists" -maxdepth 1 -name '*_Packages*' -mmin -1440 2>/dev/null | head -1)" ]; then
+    log "updating the private $ARCH package lists in $APTDIR"
+    apt-get "${APT_OPTS[@]}" update -qq >&2 || { log "apt-get update for $ARCH failed"; exit 1; }
+  fi
+  exec 8>&-
+fi
+aptcache() { apt-cache "${APT_OPTS[@]}" "$@"; }
+candidate() { aptcache show --no-all-versions "$1" 2>/dev/null | sed -n 's/^Version: *//p' | head -1; }
+
+# Kernel: what the meta-package points at (override with
+# QK_TESTIMAGE_KERNEL_PKG=linux-image-<abi>-<flavour>). amd64: the cloud
+# flavour (small, boots fast). arm64: the generic flavour, because the cloud
+# one builds no gpio_keys: on the virt machine booted with a device tree the
+# power button is a gpio-keys line, and without it a VM cannot be stopped
+# gracefully.
+case "$ARCH" in
+  amd64) KMETA=linux-image-cloud-amd64 ;;
+  arm64) KMETA=linux-image-arm64 ;;
+esac
 KPKG="${QK_TESTIMAGE_KERNEL_PKG:-}"
 if [ -z "$KPKG" ]; then
-  KPKG="$(apt-cache show --no-all-versions linux-image-cloud-amd64 2>/dev/null |
-    sed -n 's/^Depends: *\(linux-image-[^ ,]*-cloud-amd64\).*/\1/p' | head -1)"
+  KPKG="$(aptcache show --no-all-versions "$KMETA" 2>/dev/null |
+    sed -n "s/^Depends: *\(linux-image-[^ ,]*-$ARCH\).*/\1/p" | head -1)"
 fi
-[ -n "$KPKG" ] || { log "cannot resolve the cloud kernel package from linux-image-cloud-amd64 (apt-get update?)"; exit 1; }
-KVER="$(apt-cache show --no-all-versions "$KPKG" | sed -n 's/^Version: *//p' | head -1)"
+[ -n "$KPKG" ] || { log "cannot resolve the kernel package from $KMETA (apt-get update?)"; exit 1; }
+KVER="$(candidate "$KPKG")"
 [ -n "$KVER" ] || { log "no candidate version for $KPKG"; exit 1; }
-BBVER="$(dpkg-query -W -f='${Version}' busybox-static 2>/dev/null)" || { log "busybox-static is not installed (hack/install-deps.sh)"; exit 1; }
-for tool in dpkg-deb cpio gzip qemu-img mkfs.vfat mcopy syslinux; do
+if [ "$ARCH" = "$HOSTARCH" ]; then
+  BBVER="$(dpkg-query -W -f='${Version}' busybox-static 2>/dev/null)" || { log "busybox-static is not installed (hack/install-deps.sh)"; exit 1; }
+else
+  BBVER="$(candidate busybox-static)"
+  [ -n "$BBVER" ] || { log "no candidate version for busybox-static:$ARCH"; exit 1; }
+fi
+TOOLS="dpkg-deb cpio gzip qemu-img mkfs.vfat mcopy"
+[ "$ARCH" = amd64 ] && TOOLS="$TOOLS syslinux"
+for tool in $TOOLS; do
   command -v "$tool" >/dev/null || { log "missing tool $tool (run hack/install-deps.sh)"; exit 1; }
 done
 INIT_SUM="$(cat "$HERE/testimage/init.sh" "$HERE/build-test-image.sh" | sha256sum | cut -c1-12)"
 VERSION="${KPKG#linux-image-}_${KVER}_bb${BBVER}_r${SCRIPT_REV}_${INIT_SUM}"
+[ "$ARCH" = amd64 ] || VERSION="${ARCH}_${VERSION}"
 VERSION="$(echo "$VERSION" | tr -c 'A-Za-z0-9._\n-' '_')"
 OUT="$CACHE/$VERSION"
 
@@ -62,14 +120,25 @@ TMP="$(mktemp -d "$CACHE/.build-$VERSION.XXXXXX")"
 trap 'rm -rf "$TMP"' EXIT
 log "building $VERSION in $TMP"
 
-# Kernel package (cached separately: it is the slow part).
+# Packages (cached separately: the kernel is the slow part).
 DEBDIR="$CACHE/debs"; mkdir -p "$DEBDIR"
-DEB="$(ls "$DEBDIR/${KPKG}_"*"_amd64.deb" 2>/dev/null | head -1 || true)"
-if [ -z "$DEB" ]; then
-  (cd "$TMP" && apt-get download "$KPKG=$KVER" >&2 2>/dev/null) || (cd "$TMP" && apt-get download "$KPKG=$KVER" >&2)
-  f="$(ls "$TMP/${KPKG}_"*.deb | head -1)"
-  mv "$f" "$DEBDIR/$(basename "$f")"
-  DEB="$DEBDIR/$(basename "$f")"
+fetchdeb() { # $1 package, $2 version; prints the cached .deb
+  local f
+  f="$(ls "$DEBDIR/${1}_"*"_$ARCH.deb" 2>/dev/null | grep -F "_$(echo "$2" | sed 's/:/%3a/')_" | head -1 || true)"
+  if [ -z "$f" ]; then
+    (cd "$TMP" && apt-get "${APT_OPTS[@]}" download "$1:$ARCH=$2" >&2)
+    f="$(ls "$TMP/${1}_"*"_$ARCH.deb" | head -1)"
+    mv "$f" "$DEBDIR/$(basename "$f")"
+    f="$DEBDIR/$(basename "$f")"
+  fi
+  echo "$f"
+}
+DEB="$(fetchdeb "$KPKG" "$KVER")"
+BUSYBOX=/bin/busybox
+if [ "$ARCH" != "$HOSTARCH" ]; then
+  mkdir -p "$TMP/busybox"
+  dpkg-deb -x "$(fetchdeb busybox-static "$BBVER")" "$TMP/busybox"
+  BUSYBOX="$TMP/busybox/bin/busybox"
 fi
 mkdir -p "$TMP/kernel" "$TMP/img"
 dpkg-deb -x "$DEB" "$TMP/kernel"
@@ -79,15 +148,16 @@ cp "$TMP/kernel/boot/config-"* "$TMP/img/kernel-config"
 
 # Modules the cloud kernel builds as modules but the test images need, in
 # dependency order (modules.dep is generated at install time, not shipped).
+# arm64 virt: the power button is a PL061 GPIO line (gpio_keys, KEY_POWER).
 MODS="virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci virtio_mmio
 failover net_failover virtio_net virtio_blk virtio_console virtio_balloon
-pvpanic pvpanic-mmio pvpanic-pci evdev button
+pvpanic pvpanic-mmio pvpanic-pci evdev button gpio-pl061 gpio_keys
 fat vfat nls_cp437 nls_ascii nls_utf8 cdrom isofs"
 
 mkroot() { # $1 variant
   local r="$TMP/root-$1"
   mkdir -p "$r/bin" "$r/lib/modules" "$r/etc" "$r/proc" "$r/sys" "$r/dev" "$r/tmp"
-  cp /bin/busybox "$r/bin/busybox"
+  cp "$BUSYBOX" "$r/bin/busybox"
   : > "$r/etc/qk-modules"
   for m in $MODS; do
     f="$(find "$MODROOT" -name "$m.ko" -o -name "$m.ko.xz" | head -1)"
@@ -99,20 +169,22 @@ mkroot() { # $1 variant
     echo "$m" >> "$r/etc/qk-modules"
   done
   if [ "$1" = noacpi ]; then sed -i '/^button$/d;/^evdev$/d' "$r/etc/qk-modules"; fi
-  sed "s/@VARIANT@/$1/" "$HERE/testimage/init.sh" > "$r/init"
+  sed "s/@VARIANT@/$1/;s/@CONSOLE@/$CONSOLE/" "$HERE/testimage/init.sh" > "$r/init"
   chmod 0755 "$r/init"
   (cd "$r" && find . | LC_ALL=C sort | cpio -o -H newc --quiet --reproducible 2>/dev/null | gzip -6 -n) > "$TMP/img/initramfs-$1.cpio.gz"
 }
 for v in acpi noacpi panic; do mkroot "$v"; done
-CMDLINE="console=ttyS0 panic=-1 quiet"
+CMDLINE="console=$CONSOLE panic=-1 quiet"
 echo "$CMDLINE" > "$TMP/img/cmdline"
 
-# Bootable disk: FAT "superfloppy" with SYSLINUX in its boot sector, holding
-# the kernel and the acpi initramfs. SeaBIOS boots it as a hard disk.
 truncate -s 64M "$TMP/disk.raw"
 mkfs.vfat -n QKBOOT "$TMP/disk.raw" >/dev/null
-syslinux --install "$TMP/disk.raw"
-cat > "$TMP/syslinux.cfg" <<CFG
+mc() { MTOOLS_SKIP_CHECK=1 mcopy -i "$TMP/disk.raw" "$@"; }
+if [ "$ARCH" = amd64 ]; then
+  # Bootable disk: FAT "superfloppy" with SYSLINUX in its boot sector, holding
+  # the kernel and the acpi initramfs. SeaBIOS boots it as a hard disk.
+  syslinux --install "$TMP/disk.raw"
+  cat > "$TMP/syslinux.cfg" <<CFG
 DEFAULT qk
 PROMPT 0
 TIMEOUT 0
@@ -121,12 +193,37 @@ LABEL qk
   INITRD initrd.gz
   APPEND $CMDLINE
 CFG
-MTOOLS_SKIP_CHECK=1 mcopy -i "$TMP/disk.raw" "$TMP/img/vmlinuz" ::vmlinuz
-MTOOLS_SKIP_CHECK=1 mcopy -i "$TMP/disk.raw" "$TMP/img/initramfs-acpi.cpio.gz" ::initrd.gz
-MTOOLS_SKIP_CHECK=1 mcopy -i "$TMP/disk.raw" "$TMP/syslinux.cfg" ::syslinux.cfg
+  mc "$TMP/img/vmlinuz" ::vmlinuz
+  mc "$TMP/syslinux.cfg" ::syslinux.cfg
+else
+  # UEFI disk: FAT holding systemd-boot as the removable-media loader
+  # (EFI/BOOT/BOOTAA64.EFI), one entry and no menu timeout. The kernel is
+  # loaded as an EFI application: its EFI stub needs the plain Image, so a
+  # gzip-compressed vmlinuz is unpacked.
+  SDVER="$(candidate systemd-boot-efi)"
+  [ -n "$SDVER" ] || { log "no candidate version for systemd-boot-efi:$ARCH"; exit 1; }
+  mkdir -p "$TMP/sdboot"
+  dpkg-deb -x "$(fetchdeb systemd-boot-efi "$SDVER")" "$TMP/sdboot"
+  if [ "$(head -c2 "$TMP/img/vmlinuz" | od -An -tx1 | tr -d ' ')" = 1f8b ]; then
+    gzip -dc "$TMP/img/vmlinuz" > "$TMP/Image"
+  else
+    cp "$TMP/img/vmlinuz" "$TMP/Image"
+  fi
+  printf 'default qk.conf\ntimeout 0\nconsole-mode keep\n' > "$TMP/loader.conf"
+  printf 'title qk\nlinux /vmlinuz\ninitrd /initrd.gz\noptions %s\n' "$CMDLINE" > "$TMP/qk.conf"
+  MTOOLS_SKIP_CHECK=1 mmd -i "$TMP/disk.raw" ::EFI ::EFI/BOOT ::loader ::loader/entries
+  mc "$TMP/sdboot/usr/lib/systemd/boot/efi/systemd-bootaa64.efi" ::EFI/BOOT/BOOTAA64.EFI
+  mc "$TMP/loader.conf" ::loader/loader.conf
+  mc "$TMP/qk.conf" ::loader/entries/qk.conf
+  mc "$TMP/Image" ::vmlinuz
+  echo "systemd_boot_efi=$SDVER" > "$TMP/img/VERSION.extra"
+fi
+mc "$TMP/img/initramfs-acpi.cpio.gz" ::initrd.gz
 qemu-img convert -q -f raw -O qcow2 "$TMP/disk.raw" "$TMP/img/disk.qcow2"
 
 {
+  echo "arch=$ARCH"
+  echo "console=$CONSOLE"
   echo "kernel_package=$KPKG"
   echo "kernel_version=$KVER"
   echo "busybox_static=$BBVER"
@@ -134,7 +231,10 @@ qemu-img convert -q -f raw -O qcow2 "$TMP/disk.raw" "$TMP/img/disk.qcow2"
   echo "boot_marker=QK-BOOT-OK"
   echo "http_port=8080"
   echo "http_body=QK-HTTP-OK"
-} > "$TMP/img/VERSION"
+  cat "$TMP/img/VERSION.extra" 2>/dev/null || true
+} > "$TMP/img/VERSION.new"
+rm -f "$TMP/img/VERSION.extra"
+mv "$TMP/img/VERSION.new" "$TMP/img/VERSION"
 
 chmod -R a+rX "$TMP/img"
 rm -rf "$OUT.old"; [ -d "$OUT" ] && mv "$OUT" "$OUT.old"

@@ -3,6 +3,7 @@ package provider
 import (
 	"testing"
 
+	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
@@ -51,7 +52,7 @@ func TestAdmit(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			plan, rej := Translate(tc.pod)
+			plan, rej := Translate(tc.pod, qemu.ArchX86_64)
 			require.Nil(t, rej)
 			got := Admit(tc.pod, plan, tc.node, tc.active)
 			if tc.wantReason == "" {

@@ -1,24 +1,31 @@
 package provider
 
-import "strings"
+import (
+	"strings"
 
-// DefaultConsole is the kernel console added to a directly booted kernel's
-// command line when neither the image nor the pod names one: `kubectl logs`
-// and `kubectl attach` are the VM's first serial port (qemu.Spec wires it
-// to console.log and console.sock), and a kernel without console= writes
-// nothing there.
+	"github.com/qemu-kubelet/qemu-kubelet/qemu"
+)
+
+// DefaultConsole is the kernel console added to a directly booted x86_64
+// kernel's command line when neither the image nor the pod names one:
+// `kubectl logs` and `kubectl attach` are the VM's first serial port
+// (qemu.Spec wires it to console.log and console.sock), and a kernel
+// without console= writes nothing there. Other architectures name their
+// serial port differently (qemu.Arch.KernelConsole: console=ttyAMA0 on
+// aarch64 virt).
 const DefaultConsole = "console=ttyS0"
 
-// KernelCmdline is the command line of a directly booted kernel: the
-// image's, then the pod's annotation, with DefaultConsole first when
-// neither names a console (a console= token before any "--", after which
-// arguments go to init). Pure.
-func KernelCmdline(image, extra string) string {
+// KernelCmdline is the command line of a directly booted kernel of guest
+// architecture arch: the image's, then the pod's annotation, with the
+// architecture's console (arch.KernelConsole()) first when neither names a
+// console (a console= token before any "--", after which arguments go to
+// init). Pure.
+func KernelCmdline(arch qemu.Arch, image, extra string) string {
 	cmd := strings.TrimSpace(strings.TrimSpace(image) + " " + strings.TrimSpace(extra))
 	if hasConsoleArg(cmd) {
 		return cmd
 	}
-	return strings.TrimSpace(DefaultConsole + " " + cmd)
+	return strings.TrimSpace(arch.KernelConsole() + " " + cmd)
 }
 
 // hasConsoleArg reports whether a kernel command line names a console for

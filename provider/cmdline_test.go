@@ -27,9 +27,12 @@ func TestKernelCmdlineConsole(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			assert.Equal(t, tc.want, KernelCmdline(tc.image, tc.extra))
+			assert.Equal(t, tc.want, KernelCmdline(qemu.ArchX86_64, tc.image, tc.extra))
 		})
 	}
+	// aarch64 virt: the first serial port is the PL011, ttyAMA0.
+	assert.Equal(t, "console=ttyAMA0 root=/dev/vda", KernelCmdline(qemu.ArchAArch64, "root=/dev/vda", ""))
+	assert.Equal(t, "console=hvc0", KernelCmdline(qemu.ArchAArch64, "console=hvc0", ""))
 }
 
 // TestVMSpecKernelConsole: the spec of a directly booted kernel whose image
@@ -55,7 +58,7 @@ func TestVMSpecKernelConsole(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			pod := vmPod()
-			plan, rej := Translate(pod)
+			plan, rej := Translate(pod, qemu.ArchX86_64)
 			require.Nil(t, rej)
 			plan.ExtraCmdline = tc.extra
 			spec, err := p.vmSpec(context.Background(), rec, pod, plan, &tc.img)

@@ -13,6 +13,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
+	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
@@ -334,10 +335,10 @@ func TestExporterLifecycleFake(t *testing.T) {
 
 func TestTranslateExporterAnnotation(t *testing.T) {
 	pod := podFor("u", "r/os:1", corev1.RestartPolicyAlways, map[string]string{v1alpha1.JumpstarterSecretAnnotation: "board-0-js"})
-	_, rej := Translate(pod)
+	_, rej := Translate(pod, qemu.ArchX86_64)
 	assert.Nil(t, rej, "a known annotation")
 	pod.Annotations[v1alpha1.JumpstarterSecretAnnotation] = "Not_A_Name"
-	_, rej = Translate(pod)
+	_, rej = Translate(pod, qemu.ArchX86_64)
 	require.NotNil(t, rej)
 	assert.Contains(t, rej.Message, "metadata.annotations["+v1alpha1.JumpstarterSecretAnnotation+"]: secret name \"Not_A_Name\"")
 }

@@ -52,6 +52,9 @@ type VMsConfig struct {
 	// StateDir is the node's state dir; pods live under StateDir/vms/<uid>.
 	StateDir   string
 	QEMUBinary string
+	// Arch is the guest architecture of the node's VMs (default the
+	// host's): machine types, the kernel console and the QEMU binary follow.
+	Arch qemu.Arch
 	// Accelerator the node probed: "kvm" or "tcg".
 	Accelerator string
 	// Images is the image cache; ImageDir its root (VMs may open files
@@ -201,7 +204,7 @@ func (p *VMs) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	rec := newPodVM(pod.UID, p.podDir(pod.UID), pod.DeepCopy())
 	rec.confirm.Do(func() { close(rec.confirmed) })
 	rec.state.StartTime = p.now().UTC()
-	plan, rej := Translate(pod)
+	plan, rej := Translate(pod, p.arch())
 	node := NodeCapacity{Allocatable: p.allocatable(), Accelerator: p.cfg.Accelerator, UEFI: p.cfg.UEFICode != "",
 		VMOverhead: *resource.NewQuantity(p.cfg.VMOverhead, resource.BinarySI)}
 
@@ -962,6 +965,7 @@ func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan Plan
 	}
 	spec := qemu.Spec{
 		Name:        vmName(pod),
+		Arch:        p.arch(),
 		QEMUBinary:  p.cfg.QEMUBinary,
 		Accelerator: accel,
 		Machine:     plan.Machine,
@@ -977,7 +981,7 @@ func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan Plan
 		Memory:      p.cfg.Memory,
 	}
 	if img.Kernel != "" {
-		spec.Cmdline = KernelCmdline(img.Cmdline, plan.ExtraCmdline) // cmdline.go: console=ttyS0 unless one is named
+		spec.Cmdline = KernelCmdline(p.arch(), img.Cmdline, plan.ExtraCmdline) // cmdline.go: the arch's console unless one is named
 	}
 	if plan.Firmware == qemu.FirmwareUEFI {
 		spec.UEFICode, spec.UEFIVarsTemplate = p.cfg.UEFICode, p.cfg.UEFIVars
@@ -1010,6 +1014,14 @@ func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan Plan
 		}
 	}
 	return spec, nil
+}
+
+// arch is the node's guest architecture.
+func (p *VMs) arch() qemu.Arch {
+	if p.cfg.Arch != "" {
+		return p.cfg.Arch
+	}
+	return qemu.HostArch()
 }
 
 // vmName is a QEMU-safe label: namespace.name, cut to 63 characters.

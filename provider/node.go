@@ -59,14 +59,20 @@ type Facts struct {
 
 // Capacity computes the node capacity: cpu = host CPUs * cpu overcommit,
 // memory = MemTotal * memory overcommit, ephemeral-storage = size of the
-// state directory's file system, pods = maxVMs.
+// state directory's file system, each times the node's capacity share
+// (guest-architecture nodes split the host; 1 without them), pods = maxVMs.
 func Capacity(cfg *config.Node, h HostReadings) corev1.ResourceList {
-	milliCPU := int64(float64(h.CPUs) * 1000 * cfg.CPUOvercommit)
-	mem := int64(float64(h.MemoryTotal) * cfg.MemoryOvercommit)
+	share := cfg.CapacityShare
+	if share <= 0 || share > 1 {
+		share = 1
+	}
+	milliCPU := int64(float64(h.CPUs) * 1000 * cfg.CPUOvercommit * share)
+	mem := int64(float64(h.MemoryTotal) * cfg.MemoryOvercommit * share)
+	disk := int64(float64(h.DiskTotal) * share)
 	return corev1.ResourceList{
 		corev1.ResourceCPU:              *resource.NewMilliQuantity(milliCPU, resource.DecimalSI),
 		corev1.ResourceMemory:           *resource.NewQuantity(mem, resource.BinarySI),
-		corev1.ResourceEphemeralStorage: *resource.NewQuantity(h.DiskTotal, resource.BinarySI),
+		corev1.ResourceEphemeralStorage: *resource.NewQuantity(disk, resource.BinarySI),
 		corev1.ResourcePods:             *resource.NewQuantity(int64(cfg.MaxVMs), resource.DecimalSI),
 	}
 }
@@ -98,13 +104,23 @@ func Labels(f Facts) map[string]string {
 	l := map[string]string{
 		corev1.LabelHostname:           f.Config.NodeName,
 		corev1.LabelOSStable:           runtime.GOOS,
-		corev1.LabelArchStable:         runtime.GOARCH,
+		corev1.LabelArchStable:         guestArch(f.Config),
 		corev1.LabelInstanceTypeStable: InstanceTypeQEMU,
 		"type":                         "virtual-kubelet",
 		LabelAccelerator:               accel,
 	}
 	maps.Copy(l, f.Config.Labels)
 	return l
+}
+
+// guestArch is the node's architecture as Kubernetes sees it: that of its
+// guests (a guest-architecture node is labelled arm64 on an x86-64 host, so
+// arm64 pods select it like any arm64 node).
+func guestArch(cfg *config.Node) string {
+	if cfg.GuestArch != "" {
+		return cfg.GuestArch
+	}
+	return runtime.GOARCH
 }
 
 // Annotations carry the accelerator reason in full and how maxVMs was
@@ -140,7 +156,7 @@ func NodeInfo(f Facts) corev1.NodeSystemInfo {
 		KubeletVersion:          f.Version,
 		KubeProxyVersion:        "",
 		OperatingSystem:         runtime.GOOS,
-		Architecture:            runtime.GOARCH,
+		Architecture:            guestArch(f.Config),
 	}
 }
 

@@ -300,3 +300,44 @@ func TestHostSourceRead(t *testing.T) {
 	assert.Contains(t, h.StateDirError, "/proc/self/state-cannot-exist")
 	assert.True(t, strings.Contains(h.QEMUError, "no-such-qemu-binary"))
 }
+
+// TestGuestArchitectureNode: a guestArchitectures entry is a node of its
+// own: labelled and reporting its guest architecture, with maxVMs as pods
+// and its share of the host's cpu, memory and disk; the main node keeps the
+// rest and the host's reserve.
+func TestGuestArchitectureNode(t *testing.T) {
+	foreign := "arm64"
+	if runtime.GOARCH == "arm64" {
+		foreign = "amd64"
+	}
+	host := HostReadings{CPUs: 8, MemoryTotal: 16 * gi, DiskTotal: 100 * gi}
+	main := resolve(t, "maxVMs: 12\nguestArchitectures:\n- arch: "+foreign+"\n  maxVMs: 4\n  labels: {pool: emulated}\n")
+	require.Len(t, main.GuestArchitectures, 1)
+	g := main.GuestArchitectures[0]
+	for _, tc := range []struct {
+		cfg                  *config.Node
+		arch, cpu, mem, disk string
+		pods                 string
+		allocatableMemory    string
+	}{
+		{main, runtime.GOARCH, "6", "12Gi", "75Gi", "12", "11776Mi"}, // 3/4 of the host, minus 512Mi reserved
+		{g, foreign, "2", "4Gi", "25Gi", "4", "4Gi"},                 // maxVMs 4 of 16: a quarter, nothing reserved
+	} {
+		capacity := Capacity(tc.cfg, host)
+		for r, want := range map[corev1.ResourceName]string{"cpu": tc.cpu, "memory": tc.mem, "ephemeral-storage": tc.disk, "pods": tc.pods} {
+			got := capacity[r]
+			assert.Zero(t, q(want).Cmp(got), "%s capacity %s: want %s got %s", tc.cfg.NodeName, r, want, got.String())
+		}
+		alloc := Allocatable(capacity, tc.cfg.Reserved)
+		got := alloc[corev1.ResourceMemory]
+		assert.Zero(t, q(tc.allocatableMemory).Cmp(got), "%s allocatable memory: got %s", tc.cfg.NodeName, got.String())
+		f := facts(tc.cfg)
+		l := Labels(f)
+		assert.Equal(t, tc.arch, l[corev1.LabelArchStable])
+		assert.Equal(t, tc.cfg.NodeName, l[corev1.LabelHostname])
+		assert.Equal(t, tc.arch, NodeInfo(f).Architecture)
+	}
+	assert.Equal(t, "n1-"+foreign, g.NodeName)
+	assert.Equal(t, "emulated", Labels(facts(g))["pool"])
+	assert.Empty(t, Labels(facts(main))["pool"])
+}

@@ -120,7 +120,7 @@ func (p *VMs) recoverOne(ctx context.Context, dir string) (*podVM, string, error
 	if rec.state.StartTime.IsZero() {
 		rec.state.StartTime = p.now().UTC()
 	}
-	plan, rej := Translate(&pod)
+	plan, rej := Translate(&pod, p.arch())
 	if rej != nil {
 		rec.state.Rejection, rec.state.Final = rej, true
 	}

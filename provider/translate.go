@@ -2,6 +2,7 @@ package provider
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -19,9 +20,10 @@ const AnnotationPrefix = "qemu-kubelet.io/"
 
 // Pod annotations understood by qemu-kubelet (docs/pods.md).
 const (
-	// AnnotationMachine selects the QEMU machine type: q35 (default), pc or
-	// microvm (direct kernel boot only; no pvpanic, so a guest panic is
-	// seen as a crash).
+	// AnnotationMachine selects the QEMU machine type of the node's guest
+	// architecture: on x86_64 q35 (default), pc or microvm (direct kernel
+	// boot only; no pvpanic, so a guest panic is seen as a crash); on
+	// aarch64 virt (the default and only one).
 	AnnotationMachine = AnnotationPrefix + "machine"
 	// AnnotationFirmware is bios (default) or uefi (needs OVMF on the node).
 	AnnotationFirmware = AnnotationPrefix + "firmware"
@@ -90,9 +92,10 @@ const (
 	ReasonUnsupportedPodSpec = "UnsupportedPodSpec"
 )
 
-// Translate turns a pod into a VM plan, or a Rejection listing every
+// Translate turns a pod into a VM plan for a node whose guests are of
+// architecture arch (machine types differ), or a Rejection listing every
 // unsupported field. Pure.
-func Translate(pod *corev1.Pod) (Plan, *Rejection) {
+func Translate(pod *corev1.Pod, arch qemu.Arch) (Plan, *Rejection) {
 	var problems []string
 	bad := func(field, format string, a ...any) {
 		problems = append(problems, field+": "+fmt.Sprintf(format, a...))
@@ -149,7 +152,7 @@ func Translate(pod *corev1.Pod) (Plan, *Rejection) {
 		}
 		plan.PullSecrets = append(plan.PullSecrets, s.Name)
 	}
-	translateAnnotations(pod.Annotations, bad, &plan)
+	translateAnnotations(pod.Annotations, arch, bad, &plan)
 
 	if len(problems) > 0 {
 		return Plan{}, &Rejection{Reason: ReasonUnsupportedPodSpec, Message: strings.Join(problems, "; ")}
@@ -279,7 +282,7 @@ func GuestMemory(r corev1.ResourceRequirements) resource.Quantity {
 	return DefaultMemory.DeepCopy()
 }
 
-func translateAnnotations(ann map[string]string, bad func(field, format string, a ...any), plan *Plan) {
+func translateAnnotations(ann map[string]string, arch qemu.Arch, bad func(field, format string, a ...any), plan *Plan) {
 	keys := make([]string, 0, len(ann))
 	for k := range ann {
 		keys = append(keys, k)
@@ -297,11 +300,10 @@ func translateAnnotations(ann map[string]string, bad func(field, format string, 
 		}
 		switch k {
 		case AnnotationMachine:
-			switch v {
-			case "q35", "pc", "microvm":
+			if slices.Contains(arch.Machines(), v) {
 				plan.Machine = v
-			default:
-				bad(f, "machine %q: want q35, pc or microvm", v)
+			} else {
+				bad(f, "machine %q: not a machine of this node's %s guests (want %s)", v, arch, strings.Join(arch.Machines(), ", "))
 			}
 		case AnnotationFirmware:
 			switch qemu.Firmware(v) {
@@ -331,7 +333,7 @@ func translateAnnotations(ann map[string]string, bad func(field, format string, 
 		}
 	}
 	if plan.Machine == "" {
-		plan.Machine = "q35"
+		plan.Machine = arch.DefaultMachine()
 	}
 	if plan.Firmware == "" {
 		plan.Firmware = qemu.FirmwareBIOS

@@ -41,7 +41,7 @@ func FuzzTranslate(f *testing.F) {
 		if json.Unmarshal(data, &pod) != nil {
 			return
 		}
-		plan, rej := Translate(&pod)
+		plan, rej := Translate(&pod, qemu.ArchX86_64)
 		if rej != nil {
 			if rej.Reason != ReasonUnsupportedPodSpec || rej.Message == "" {
 				t.Fatalf("rejection %+v", rej)
@@ -62,8 +62,8 @@ func FuzzTranslate(f *testing.F) {
 		case strings.ContainsAny(plan.ExtraCmdline, "\n\r\x00") || len(plan.ExtraCmdline) > MaxKernelCmdlineAnnotation:
 			t.Fatalf("command line %q", plan.ExtraCmdline)
 		}
-		if !hasConsoleArg(KernelCmdline("quiet", plan.ExtraCmdline)) {
-			t.Fatalf("no console in %q", KernelCmdline("quiet", plan.ExtraCmdline))
+		if !hasConsoleArg(KernelCmdline(qemu.ArchX86_64, "quiet", plan.ExtraCmdline)) {
+			t.Fatalf("no console in %q", KernelCmdline(qemu.ArchX86_64, "quiet", plan.ExtraCmdline))
 		}
 	})
 }

@@ -65,7 +65,7 @@ func TestTranslateAccepts(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got, rej := Translate(tc.pod)
+			got, rej := Translate(tc.pod, qemu.ArchX86_64)
 			require.Nil(t, rej)
 			assert.Equal(t, tc.want, got)
 		})
@@ -105,7 +105,7 @@ func TestTranslateRejects(t *testing.T) {
 			[]string{"metadata.annotations[qemu-kubelet.io/cpu-model]: unknown qemu-kubelet annotation", "qemu-kubelet.io/machine"}},
 		{"bad annotation values", func(p *corev1.Pod) {
 			p.Annotations = map[string]string{AnnotationMachine: "virt", AnnotationFirmware: "coreboot", AnnotationRequireAccelerator: "hvf", AnnotationKernelCmdline: "a\nb"}
-		}, []string{`machine "virt"`, `firmware "coreboot"`, `accelerator "hvf"`, "one line"}},
+		}, []string{`machine "virt": not a machine of this node's x86_64 guests (want q35, pc, microvm)`, `firmware "coreboot"`, `accelerator "hvf"`, "one line"}},
 		{"microvm uefi", func(p *corev1.Pod) {
 			p.Annotations = map[string]string{AnnotationMachine: "microvm", AnnotationFirmware: "uefi"}
 		},
@@ -137,7 +137,7 @@ func TestTranslateRejects(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			_, rej := Translate(vmPod(tc.mut))
+			_, rej := Translate(vmPod(tc.mut), qemu.ArchX86_64)
 			require.NotNil(t, rej)
 			assert.Equal(t, ReasonUnsupportedPodSpec, rej.Reason)
 			for _, w := range tc.want {
@@ -145,4 +145,26 @@ func TestTranslateRejects(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestTranslateArch: the machine type follows the node's guest
+// architecture: virt is the aarch64 default, x86 machines are refused there.
+func TestTranslateArch(t *testing.T) {
+	plan, rej := Translate(vmPod(), qemu.ArchAArch64)
+	require.Nil(t, rej)
+	assert.Equal(t, "virt", plan.Machine)
+	plan, rej = Translate(vmPod(func(p *corev1.Pod) {
+		p.Annotations = map[string]string{AnnotationMachine: "virt", AnnotationFirmware: "uefi"}
+	}), qemu.ArchAArch64)
+	require.Nil(t, rej)
+	assert.Equal(t, "virt", plan.Machine)
+	assert.Equal(t, qemu.FirmwareUEFI, plan.Firmware)
+	for _, m := range []string{"q35", "pc", "microvm"} {
+		_, rej := Translate(vmPod(func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationMachine: m} }), qemu.ArchAArch64)
+		require.NotNil(t, rej, m)
+		assert.Contains(t, rej.Message, `machine "`+m+`": not a machine of this node's aarch64 guests (want virt)`)
+	}
+	plan, rej = Translate(vmPod(), qemu.ArchX86_64)
+	require.Nil(t, rej)
+	assert.Equal(t, "q35", plan.Machine)
 }

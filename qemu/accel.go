@@ -39,7 +39,12 @@ const DefaultQEMUBinary = "qemu-system-x86_64"
 
 // ProbeOptions configures ProbeAccelerator.
 type ProbeOptions struct {
-	// QEMUBinary defaults to qemu-system-x86_64.
+	// Arch is the guest architecture the VMs will have; default the host's
+	// (x86_64 when the host is none of Arches). KVM runs only the host's
+	// own architecture: for another one the answer is TCG without a probe
+	// (an error under AccelRequireKVM).
+	Arch Arch
+	// QEMUBinary defaults to Arch.Binary() (qemu-system-<arch>).
 	QEMUBinary string
 	// Policy defaults to AccelPreferKVM.
 	Policy AccelPolicy
@@ -79,14 +84,35 @@ func probeBootSector() []byte {
 	return b
 }
 
+// probeAArch64Image is a raw aarch64 "kernel" for -machine virt -kernel:
+// movz x0,#0x8; movk x0,#0x8400,lsl #16 (x0 = PSCI SYSTEM_OFF); hvc #0;
+// b . — QEMU (KVM or TCG) powers the machine off and exits 0 only if the
+// guest's first instructions ran; otherwise it hangs until the timeout.
+func probeAArch64Image() []byte {
+	var b []byte
+	for _, insn := range []uint32{0xd2800100, 0xf2b08000, 0xd4000002, 0x14000000} {
+		b = append(b, byte(insn), byte(insn>>8), byte(insn>>16), byte(insn>>24))
+	}
+	return b
+}
+
 // ProbeAccelerator decides KVM vs TCG by actually starting a tiny VM under
 // KVM: firmware boots a boot sector that signals through isa-debug-exit, so a
 // /dev/kvm that opens but cannot run guest code (nested virtualization, as on
 // some CI machines) is detected. Under AccelRequireKVM a failed KVM probe is
 // an error naming why; under AccelTCGOnly KVM is not tried.
 func ProbeAccelerator(ctx context.Context, opts ProbeOptions) (ProbeResult, error) {
+	if opts.Arch == "" {
+		opts.Arch = HostArch()
+		if opts.Arch == "" {
+			opts.Arch = ArchX86_64
+		}
+	}
+	if !opts.Arch.Valid() {
+		return ProbeResult{}, fmt.Errorf("probe accelerator: arch %q: want %q or %q", opts.Arch, ArchX86_64, ArchAArch64)
+	}
 	if opts.QEMUBinary == "" {
-		opts.QEMUBinary = DefaultQEMUBinary
+		opts.QEMUBinary = opts.Arch.Binary()
 	}
 	if opts.Policy == "" {
 		opts.Policy = AccelPreferKVM
@@ -100,6 +126,13 @@ func ProbeAccelerator(ctx context.Context, opts ProbeOptions) (ProbeResult, erro
 	case AccelPreferKVM, AccelRequireKVM:
 	default:
 		return ProbeResult{}, fmt.Errorf("unknown accelerator policy %q (want %q, %q or %q)", opts.Policy, AccelRequireKVM, AccelPreferKVM, AccelTCGOnly)
+	}
+	if !opts.Arch.CanKVM() {
+		why := fmt.Sprintf("KVM cannot run %s guests on this %s host", opts.Arch, HostArch())
+		if opts.Policy == AccelRequireKVM {
+			return ProbeResult{KVMError: why}, fmt.Errorf("accelerator policy require-kvm: %s", why)
+		}
+		return ProbeResult{Accelerator: AccelTCG, Reason: why + "; using TCG"}, nil
 	}
 	start := time.Now()
 	kvmErr := probeKVM(ctx, opts)
@@ -125,7 +158,31 @@ func probeKVM(ctx context.Context, opts ProbeOptions) error {
 		return fmt.Errorf("open /dev/kvm: %w", err)
 	}
 	f.Close()
+	return probeGuest(ctx, opts, AccelKVM)
+}
 
+// probeArgs is the probe VM's command line for arch under accel: firmware
+// plus boot sector and isa-debug-exit on x86_64, a bare kernel calling PSCI
+// SYSTEM_OFF on aarch64.
+func probeArgs(arch Arch, accel Accelerator, img string) (args []string, okExit int) {
+	cpu := "host"
+	if accel != AccelKVM {
+		cpu = "max"
+	}
+	common := []string{"-accel", string(accel), "-cpu", cpu, "-nodefaults", "-no-user-config", "-display", "none", "-m", "16"}
+	if arch == ArchAArch64 {
+		return append([]string{"-machine", "virt"}, append(common, "-kernel", img)...), 0
+	}
+	return append([]string{"-machine", "pc"}, append(common,
+		"-drive", "file="+img+",format=raw,if=floppy,readonly=on",
+		"-device", "isa-debug-exit,iobase=0xf4,iosize=0x04",
+		"-no-reboot")...), probeExitCode
+}
+
+// probeGuest runs the probe guest of opts.Arch under accel; nil when its
+// code ran (QEMU exited with the probe's code).
+func probeGuest(ctx context.Context, opts ProbeOptions, accel Accelerator) error {
+	var err error
 	dir := opts.WorkDir
 	if dir == "" {
 		dir, err = os.MkdirTemp("", "qk-kvm-probe-")
@@ -137,36 +194,43 @@ func probeKVM(ctx context.Context, opts ProbeOptions) error {
 		return fmt.Errorf("create probe dir %s: %w", dir, err)
 	}
 	img := filepath.Join(dir, "kvm-probe-boot.img")
-	if err := os.WriteFile(img, probeBootSector(), 0o600); err != nil {
-		return fmt.Errorf("write probe boot sector: %w", err)
+	code := probeBootSector()
+	if opts.Arch == ArchAArch64 {
+		code = probeAArch64Image()
+	}
+	if err := os.WriteFile(img, code, 0o600); err != nil {
+		return fmt.Errorf("write probe guest: %w", err)
 	}
 	defer os.Remove(img)
+	return runProbeImage(ctx, opts, accel, img)
+}
 
+// runProbeImage boots the probe image img and judges QEMU's exit.
+func runProbeImage(ctx context.Context, opts ProbeOptions, accel Accelerator, img string) error {
 	pctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 	defer cancel()
-	cmd := exec.CommandContext(pctx, opts.QEMUBinary,
-		"-accel", "kvm", "-machine", "pc", "-cpu", "host",
-		"-nodefaults", "-no-user-config", "-display", "none", "-m", "16",
-		"-drive", "file="+img+",format=raw,if=floppy,readonly=on",
-		"-device", "isa-debug-exit,iobase=0xf4,iosize=0x04",
-		"-no-reboot")
+	args, okExit := probeArgs(opts.Arch, accel, img)
+	cmd := exec.CommandContext(pctx, opts.QEMUBinary, args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 2 * time.Second
-	err = cmd.Run()
+	err := cmd.Run()
 	msg := strings.TrimSpace(stderr.String())
 	var ee *exec.ExitError
+	name := strings.ToUpper(string(accel))
 	switch {
 	case pctx.Err() != nil && ctx.Err() == nil:
-		return fmt.Errorf("KVM guest did not run its probe code within %s (QEMU stderr: %q)", opts.Timeout, msg)
+		return fmt.Errorf("%s guest did not run its probe code within %s (QEMU stderr: %q)", name, opts.Timeout, msg)
+	case err == nil && okExit == 0:
+		return nil
 	case err == nil:
-		return fmt.Errorf("QEMU under KVM exited 0 without the probe guest signalling (stderr: %q)", msg)
-	case errors.As(err, &ee) && ee.ExitCode() == probeExitCode:
+		return fmt.Errorf("QEMU under %s exited 0 without the probe guest signalling (stderr: %q)", name, msg)
+	case errors.As(err, &ee) && ee.ExitCode() == okExit && okExit != 0:
 		return nil
 	default:
-		return fmt.Errorf("QEMU under KVM failed: %v (stderr: %q)", err, msg)
+		return fmt.Errorf("QEMU under %s failed: %v (stderr: %q)", name, err, msg)
 	}
 }
 

@@ -126,3 +126,35 @@ func BenchmarkCreateOverlay(b *testing.B) {
 	b.ReportMetric(float64(sizes["8GiB"]), "8GiB-overlay-bytes")
 	b.ReportMetric(float64(m8)/float64(m1), "x-of-baseline")
 }
+
+// BenchmarkBootToMarkerAArch64: what emulating another architecture costs.
+// Start-to-marker through this package of the arm64 test image on -M virt
+// under TCG, against the x86-64 test image (baseline, same package, same
+// size of VM), alternating, median of 3 each per iteration;
+// x-of-baseline = aarch64 / x86_64. bare-max-ms is the same aarch64 VM from
+// a bare command line with plain -cpu max (QARMA pointer authentication),
+// the choice -cpu max,pauth-impdef=on avoids.
+func BenchmarkBootToMarkerAArch64(b *testing.B) {
+	x86 := testSpecArch(b, ArchX86_64, "acpi")
+	arm := testSpecArch(b, ArchAArch64, "acpi")
+	var xs, as, bare []time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for j := 0; j < 3; j++ {
+			xs = append(xs, packageBoot(b, x86))
+			as = append(as, packageBoot(b, arm))
+			bare = append(bare, testutil.BareBoot(b, ArchAArch64.Binary(), bootMarker,
+				"-machine", "virt,gic-version=max", "-accel", "tcg", "-cpu", "max",
+				"-smp", fmt.Sprint(arm.CPUs), "-m", fmt.Sprintf("%dM", arm.MemoryMiB),
+				"-nodefaults", "-no-user-config", "-display", "none", "-serial", "stdio",
+				"-kernel", arm.Kernel, "-initrd", arm.Initrd, "-append", arm.Cmdline))
+		}
+	}
+	b.StopTimer()
+	mx, ma, mb := median(xs), median(as), median(bare)
+	b.ReportMetric(float64(ma.Milliseconds()), "aarch64-ms")
+	b.ReportMetric(float64(mx.Milliseconds()), "x86_64-ms")
+	b.ReportMetric(float64(mb.Milliseconds()), "bare-max-ms")
+	b.ReportMetric(float64(ma)/float64(mx), "x-of-baseline")
+	b.ReportMetric(float64(len(as)), "samples")
+}

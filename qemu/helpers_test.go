@@ -68,37 +68,41 @@ func qemuAliveAny(pid int) bool {
 }
 
 var (
-	imageOnce sync.Once
-	imageDir  string
-	imageErr  error
+	imageMu   sync.Mutex
+	imageDirs = map[string]string{} // Debian arch -> built image dir
 )
 
-// testImage builds (or finds cached) the test OS images with
-// hack/build-test-image.sh.
+// testImage builds (or finds cached) the host architecture's test OS images
+// with hack/build-test-image.sh.
 func testImage(t testing.TB) string {
 	t.Helper()
+	return testImageArch(t, HostArch().GOARCH())
+}
+
+// testImageArch builds (or finds cached) the test OS images of a Debian
+// architecture (amd64, arm64).
+func testImageArch(t testing.TB, debArch string) string {
+	t.Helper()
 	testutil.SkipIfShort(t, "QEMU and the test images")
-	imageOnce.Do(func() {
-		root, err := testutil.RepoRoot()
-		if err != nil {
-			imageErr = err
-			return
-		}
-		cmd := exec.Command(filepath.Join(root, "hack", "build-test-image.sh"))
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		out, err := cmd.Output()
-		if err != nil {
-			imageErr = fmt.Errorf("hack/build-test-image.sh: %w: %s", err, stderr.String())
-			return
-		}
-		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-		imageDir = lines[len(lines)-1]
-	})
-	if imageErr != nil {
-		t.Fatal(imageErr)
+	imageMu.Lock()
+	defer imageMu.Unlock()
+	if d, ok := imageDirs[debArch]; ok {
+		return d
 	}
-	return imageDir
+	root, err := testutil.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(root, "hack", "build-test-image.sh"), debArch)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("hack/build-test-image.sh %s: %v: %s", debArch, err, stderr.String())
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	imageDirs[debArch] = lines[len(lines)-1]
+	return imageDirs[debArch]
 }
 
 // newStateDir returns a short (unix socket paths are limited) fresh dir;
@@ -115,13 +119,19 @@ func newStateDir(t testing.TB) string {
 
 // testSpec is a VM booting one of the test initramfs variants.
 func testSpec(t testing.TB, variant string) Spec {
-	img := testImage(t)
+	return testSpecArch(t, HostArch(), variant)
+}
+
+// testSpecArch is testSpec for a guest architecture (its own test image).
+func testSpecArch(t testing.TB, arch Arch, variant string) Spec {
+	img := testImageArch(t, arch.GOARCH())
 	cmdline, err := os.ReadFile(filepath.Join(img, "cmdline"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	return Spec{
 		Name:        "test-" + variant,
+		Arch:        arch,
 		CPUs:        1,
 		MemoryMiB:   256,
 		Kernel:      filepath.Join(img, "vmlinuz"),

@@ -6,13 +6,9 @@ import (
 	"net"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 )
-
-// Arch is the guest architecture. Only x86_64 is implemented.
-type Arch string
-
-const ArchX86_64 Arch = "x86_64"
 
 // Firmware selects how the machine boots before the kernel.
 type Firmware string
@@ -77,13 +73,15 @@ func (l Limits) withDefaults() Limits {
 type Spec struct {
 	// Name is a label for logs and QEMU's -name ([A-Za-z0-9._-], <= 63).
 	Name string
-	// Arch defaults to x86_64.
+	// Arch is the guest architecture, x86_64 (default) or aarch64. KVM
+	// runs only the host's own architecture; other ones run under TCG.
 	Arch Arch
-	// QEMUBinary defaults to qemu-system-x86_64.
+	// QEMUBinary defaults to Arch.Binary() (qemu-system-<arch>).
 	QEMUBinary string
 	// Accelerator, normally from ProbeAccelerator. Defaults to TCG.
 	Accelerator Accelerator
-	// Machine is q35 (default), pc or microvm.
+	// Machine is one of Arch.Machines(): q35 (x86_64 default), pc,
+	// microvm; virt (aarch64, the only one).
 	Machine   string
 	CPUs      int
 	MemoryMiB int
@@ -181,13 +179,13 @@ func (s Spec) withDefaults() Spec {
 		s.Arch = ArchX86_64
 	}
 	if s.QEMUBinary == "" {
-		s.QEMUBinary = DefaultQEMUBinary
+		s.QEMUBinary = s.Arch.Binary()
 	}
 	if s.Accelerator == "" {
 		s.Accelerator = AccelTCG
 	}
 	if s.Machine == "" {
-		s.Machine = "q35"
+		s.Machine = s.Arch.DefaultMachine()
 	}
 	if s.Firmware == "" {
 		s.Firmware = FirmwareBIOS
@@ -211,18 +209,20 @@ func (s Spec) Validate() error {
 	if !nameRE.MatchString(s.Name) {
 		bad("name %q: must be 1-63 characters of [A-Za-z0-9._-] starting with a letter or digit", s.Name)
 	}
-	if s.Arch != ArchX86_64 {
-		bad("arch %q: only %q is supported", s.Arch, ArchX86_64)
+	if !s.Arch.Valid() {
+		bad("arch %q: want %q or %q", s.Arch, ArchX86_64, ArchAArch64)
 	}
 	switch s.Accelerator {
-	case AccelKVM, AccelTCG:
+	case AccelKVM:
+		if s.Arch.Valid() && !s.Arch.CanKVM() {
+			bad("accelerator kvm: KVM cannot run %s guests on this %s host (use tcg)", s.Arch, HostArch())
+		}
+	case AccelTCG:
 	default:
 		bad("accelerator %q: want %q or %q", s.Accelerator, AccelKVM, AccelTCG)
 	}
-	switch s.Machine {
-	case "q35", "pc", "microvm":
-	default:
-		bad("machine %q: want q35, pc or microvm", s.Machine)
+	if s.Arch.Valid() && !slices.Contains(s.Arch.Machines(), s.Machine) {
+		bad("machine %q: not a %s machine (want %s)", s.Machine, s.Arch, strings.Join(s.Arch.Machines(), ", "))
 	}
 	if s.Machine == "microvm" && s.Accelerator != AccelKVM {
 		bad("machine microvm: needs accelerator kvm (under TCG the guest finds no reliable clock: no HPET/PM timer, PIT calibration fails)")
@@ -380,6 +380,8 @@ func Args(s Spec) []string {
 		machine += ",vmport=off"
 	case "microvm":
 		machine += ",acpi=on" // pit/pic stay: the kernel calibrates the TSC against the PIT under TCG
+	case "virt":
+		machine += ",gic-version=max" // GICv3 when TCG or the host has it: more than 8 vCPUs
 	}
 	if s.Memory.MemMerge {
 		machine += ",mem-merge=on"
@@ -391,8 +393,13 @@ func Args(s Spec) []string {
 		accel += fmt.Sprintf(",tb-size=%d", s.Memory.TCGTranslationBufferMiB)
 	}
 	cpu := "max"
-	if s.Accelerator == AccelKVM {
+	switch {
+	case s.Accelerator == AccelKVM:
 		cpu = "host"
+	case s.Arch == ArchAArch64:
+		// QEMU's documented speed-up for TCG: pointer authentication with
+		// its cheap implementation-defined algorithm instead of QARMA.
+		cpu = "max,pauth-impdef=on"
 	}
 	a := []string{
 		"-name", "guest=" + s.Name + ",debug-threads=on",
@@ -410,7 +417,11 @@ func Args(s Spec) []string {
 		"-action", "shutdown=pause,panic=pause,reboot=reset",
 		"-pidfile", s.Path(PidfileName),
 	}
-	if s.Machine != "microvm" {
+	switch s.Machine {
+	case "microvm":
+	case "virt":
+		a = append(a, "-device", "pvpanic-pci") // no ISA bus on virt
+	default:
 		a = append(a, "-device", "pvpanic")
 	}
 	if s.Firmware == FirmwareUEFI {

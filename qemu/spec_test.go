@@ -56,23 +56,7 @@ func TestArgsGolden(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			s := baseSpec()
 			mut(&s)
-			if err := s.Validate(); err != nil {
-				t.Fatalf("golden spec invalid: %v", err)
-			}
-			got := strings.Join(Args(s), "\n") + "\n"
-			path := filepath.Join("testdata", name+".golden")
-			if *update {
-				if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-			want, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatalf("read golden (run with -update to create): %v", err)
-			}
-			if got != string(want) {
-				t.Errorf("args differ from %s (run go test -run TestArgsGolden -update after checking):\n got:\n%s\nwant:\n%s", path, got, want)
-			}
+			checkGolden(t, name, s)
 			// Invariants every command line must hold.
 			joined := strings.Join(Args(s), " ")
 			sandbox := "-sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
@@ -85,6 +69,29 @@ func TestArgsGolden(t *testing.T) {
 				t.Errorf("forward not bound to loopback: %s", joined)
 			}
 		})
+	}
+}
+
+// checkGolden validates s and compares Args(s) with testdata/<name>.golden
+// (rewritten with -update).
+func checkGolden(t *testing.T, name string, s Spec) {
+	t.Helper()
+	if err := s.Validate(); err != nil {
+		t.Fatalf("golden spec invalid: %v", err)
+	}
+	got := strings.Join(Args(s), "\n") + "\n"
+	path := filepath.Join("testdata", name+".golden")
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("read golden (run with -update to create): %v", err)
+	}
+	if got != string(want) {
+		t.Errorf("args differ from %s (run go test -run 'TestArgs' -update after checking):\n got:\n%s\nwant:\n%s", path, got, want)
 	}
 }
 

@@ -7,6 +7,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -175,7 +176,8 @@ func apiClients(rc *rest.Config, cfg *config.Node) (client, eventClient kubernet
 	return client, eventClient, nil
 }
 
-// probe gathers the facts fixed for the life of the process.
+// probe gathers the facts fixed for the life of the process, for one node
+// (the main one or a guest-architecture one: cfg.GuestArch).
 func probe(ctx context.Context, cfg *config.Node) provider.Facts {
 	logger := klog.FromContext(ctx)
 	f := provider.Facts{Config: cfg, Version: version, Host: provider.ReadHostInfo()}
@@ -184,7 +186,9 @@ func probe(ctx context.Context, cfg *config.Node) provider.Facts {
 	} else {
 		f.QEMUVersion = v
 	}
+	arch, _ := qemu.ParseArch(cfg.GuestArch) // validated by config; "" = the host's
 	res, err := qemu.ProbeAccelerator(ctx, qemu.ProbeOptions{
+		Arch:       arch,
 		QEMUBinary: cfg.QEMUBinary,
 		Policy:     qemu.AccelPolicy(cfg.AcceleratorPolicy),
 		Timeout:    cfg.ProbeTimeout,
@@ -201,6 +205,32 @@ func probe(ctx context.Context, cfg *config.Node) provider.Facts {
 	return f
 }
 
+// shared is what the nodes of one process share: API clients (unless a
+// guest-architecture node has credentials of its own), the serving
+// certificate and the kubelet API's TLS configuration, observability.
+type shared struct {
+	client, eventClient kubernetes.Interface
+	tlsConfig           *tls.Config
+	obs                 *observability
+}
+
+// clientsFor returns the API clients of node cfg: its own when it names a
+// kubeconfig, else the shared ones.
+func (sh *shared) clientsFor(cfg *config.Node) (client, eventClient kubernetes.Interface, err error) {
+	if cfg.Kubeconfig == "" {
+		return sh.client, sh.eventClient, nil
+	}
+	rc, err := restConfig(cfg.Kubeconfig)
+	if err != nil {
+		return nil, nil, err
+	}
+	return apiClients(rc, cfg)
+}
+
+// runNode runs the main node and one node per guest architecture
+// (cfg.GuestArchitectures), each with its own node object and lease, pod
+// controller (pods bound to its name), state dir, image cache and kubelet
+// API port. The first node to fail stops them all.
 func runNode(ctx context.Context, o options, cfg *config.Node) error {
 	logger := klog.FromContext(ctx)
 	if err := os.MkdirAll(cfg.StateDir, 0o750); err != nil {
@@ -214,17 +244,69 @@ func runNode(ctx context.Context, o options, cfg *config.Node) error {
 	if err != nil {
 		return err
 	}
-	client, eventClient, err := apiClients(rc, cfg)
+	var sh shared
+	sh.client, sh.eventClient, err = apiClients(rc, cfg)
 	if err != nil {
 		return err
 	}
+	var tlsHolder nodeutil.NodeConfig
+	if err := nodeutil.WithTLSConfig(nodeutil.WithKeyPairFromPath(certFile, keyFile))(&tlsHolder); err != nil {
+		return fmt.Errorf("kubelet API TLS (%s, %s): %w", certFile, keyFile, err)
+	}
+	sh.tlsConfig = tlsHolder.TLSConfig
+	sh.obs, err = startObservability(ctx, o.obs, cfg.NodeName, os.Getenv)
+	if err != nil {
+		return err
+	}
+	defer sh.obs.close(ctx)
 
-	obs, err := startObservability(ctx, o.obs, cfg.NodeName, os.Getenv)
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	nodes := append([]*config.Node{cfg}, cfg.GuestArchitectures...)
+	errs := make(chan error, len(nodes))
+	for i, n := range nodes {
+		nctx := ctx
+		if i > 0 {
+			nctx = klog.NewContext(ctx, klog.FromContext(ctx).WithValues("node", n.NodeName, "guestArch", n.GuestArch))
+		}
+		go func() {
+			err := runOneNode(nctx, n, &sh, i == 0)
+			if err != nil && ctx.Err() == nil {
+				err = fmt.Errorf("node %s: %w", n.NodeName, err)
+				cancel(err)
+			}
+			errs <- err
+		}()
+	}
+	var first error
+	for range nodes {
+		if err := <-errs; err != nil && first == nil && !errors.Is(err, context.Canceled) {
+			first = err
+		}
+	}
+	if cause := context.Cause(ctx); first == nil && cause != nil && !errors.Is(cause, context.Canceled) {
+		first = cause
+	}
+	if first == nil {
+		// SIGTERM/SIGINT: a clean stop; VMs keep running.
+		logger.Info("Shut down on signal")
+	}
+	return first
+}
+
+// runOneNode runs one node until ctx ends (nil) or it fails. main: the
+// host-architecture node, whose VMs and image cache the Prometheus state
+// metrics describe.
+func runOneNode(ctx context.Context, cfg *config.Node, sh *shared, main bool) error {
+	logger := klog.FromContext(ctx)
+	if err := os.MkdirAll(cfg.StateDir, 0o750); err != nil {
+		return fmt.Errorf("create state directory: %w", err)
+	}
+	client, eventClient, err := sh.clientsFor(cfg)
 	if err != nil {
 		return err
 	}
-	defer obs.close(ctx)
-	if cfg.VMMemory.EnableKSM {
+	if main && cfg.VMMemory.EnableKSM {
 		if err := provider.EnableKSM(provider.KSMDir); err != nil {
 			return err
 		}
@@ -241,12 +323,14 @@ func runNode(ctx context.Context, o options, cfg *config.Node) error {
 	status.SetImages(func() []corev1.ContainerImage { return provider.NodeImages(images.List()) })
 	// Workers outlive nothing: on SIGTERM they detach and VMs keep running
 	// for the next start to adopt.
-	pods, err := newVMs(ctx, cfg, facts, client, images, imageDir, status.Allocatable, obs.telemetry)
+	pods, err := newVMs(ctx, cfg, facts, client, images, imageDir, status.Allocatable, sh.obs.telemetry)
 	if err != nil {
 		return err
 	}
-	if err := obs.register(pods, images); err != nil {
-		return err
+	if main {
+		if err := sh.obs.register(pods, images); err != nil {
+			return err
+		}
 	}
 
 	auth, err := nodeutil.WebhookAuth(client, cfg.NodeName, func(c *nodeutil.WebhookAuthConfig) error {
@@ -263,19 +347,13 @@ func runNode(ctx context.Context, o options, cfg *config.Node) error {
 	if err != nil {
 		return fmt.Errorf("kubelet API authentication: %w", err)
 	}
-	var tlsHolder nodeutil.NodeConfig
-	if err := nodeutil.WithTLSConfig(nodeutil.WithKeyPairFromPath(certFile, keyFile))(&tlsHolder); err != nil {
-		return fmt.Errorf("kubelet API TLS (%s, %s): %w", certFile, keyFile, err)
-	}
-	v := &vkNode{cfg: cfg, client: client, eventClient: eventClient, status: status, pods: pods, auth: auth, tlsConfig: tlsHolder.TLSConfig, facts: facts,
+	v := &vkNode{cfg: cfg, client: client, eventClient: eventClient, status: status, pods: pods, auth: auth, tlsConfig: sh.tlsConfig, facts: facts,
 		imageGC: provider.ImageGC{Store: images, Period: cfg.Images.GCPeriod,
 			Policy: oci.GCPolicy{MaxBytes: cfg.Images.GCMaxBytes, MaxAge: cfg.Images.GCMaxAge}}}
 
-	logger.Info("Starting node", "version", version, "accelerator", facts.Accelerator.Name, "qemu", facts.QEMUVersion, "leaseDuration", cfg.LeaseDuration)
+	logger.Info("Starting node", "version", version, "guestArch", cfg.GuestArch, "accelerator", facts.Accelerator.Name, "qemu", facts.QEMUVersion, "leaseDuration", cfg.LeaseDuration)
 	err = v.run(ctx, func() { logger.Info("Node registered and running") })
 	if ctx.Err() != nil {
-		// SIGTERM/SIGINT: a clean stop; VMs keep running.
-		logger.Info("Shut down on signal")
 		return nil
 	}
 	if err == nil {

@@ -31,6 +31,9 @@ func servingCert(cfg *config.Node) (certFile, keyFile string, err error) {
 	if cfg.Hostname != cfg.NodeName {
 		dns = append(dns, cfg.Hostname)
 	}
+	for _, g := range cfg.GuestArchitectures { // same certificate on their ports
+		dns = append(dns, g.NodeName)
+	}
 	certPEM, keyPEM, err := cert.GenerateSelfSignedCertKey(cfg.NodeName, ips, dns)
 	if err != nil {
 		return "", "", fmt.Errorf("generate self-signed serving certificate: %w", err)

@@ -20,14 +20,20 @@ import (
 // imageDirName is the image cache under the state dir.
 const imageDirName = "images"
 
-// openImages opens the node's image cache.
+// openImages opens the node's image cache. Multi-platform images (OCI
+// indexes) resolve to the node's guest architecture: linux/arm64 on an
+// arm64 guest node, whatever the host.
 func openImages(ctx context.Context, cfg *config.Node) (*oci.Store, string, error) {
 	dir := filepath.Join(cfg.StateDir, imageDirName)
 	regs := map[string]oci.RegistryConfig{}
 	for host, r := range cfg.Images.Registries {
 		regs[host] = oci.RegistryConfig{PlainHTTP: r.PlainHTTP, InsecureSkipVerify: r.InsecureSkipVerify, Mirrors: r.Mirrors}
 	}
-	s, err := oci.Open(dir, oci.Options{Logger: klog.FromContext(ctx), Registries: regs})
+	opts := oci.Options{Logger: klog.FromContext(ctx), Registries: regs}
+	if cfg.GuestArch != "" {
+		opts.Platform = "linux/" + cfg.GuestArch
+	}
+	s, err := oci.Open(dir, opts)
 	if err != nil {
 		return nil, "", fmt.Errorf("image cache: %w", err)
 	}
@@ -36,7 +42,16 @@ func openImages(ctx context.Context, cfg *config.Node) (*oci.Store, string, erro
 
 // newVMs builds the VM pod handler and re-adopts the VMs of the state dir.
 func newVMs(ctx context.Context, cfg *config.Node, facts provider.Facts, client kubernetes.Interface, images *oci.Store, imageDir string, allocatable func() corev1.ResourceList, tel *provider.Telemetry) (*provider.VMs, error) {
+	var arch qemu.Arch // "": the host's
+	if cfg.GuestArch != "" {
+		a, err := qemu.ParseArch(cfg.GuestArch)
+		if err != nil {
+			return nil, fmt.Errorf("guest architecture: %w", err)
+		}
+		arch = a
+	}
 	vms := provider.NewVMs(ctx, provider.VMsConfig{
+		Arch:        arch,
 		NodeName:    cfg.NodeName,
 		NodeIP:      cfg.NodeIP,
 		StateDir:    cfg.StateDir,

@@ -1,7 +1,9 @@
 #!/bin/busybox sh
 # init for the qemu-kubelet test images (hack/build-test-image.sh).
-# VARIANT is substituted at build time: acpi | noacpi | panic.
+# VARIANT is substituted at build time: acpi | noacpi | panic; CONSOLE is
+# the serial console: ttyS0 (x86) | ttyAMA0 (arm64 virt).
 VARIANT=@VARIANT@
+CONSOLE=@CONSOLE@
 /bin/busybox --install -s /bin
 export PATH=/bin
 mkdir -p /proc /sys /dev /tmp /run /www
@@ -14,9 +16,12 @@ done
 echo 1 > /proc/sys/kernel/printk 2>/dev/null
 
 ifconfig lo 127.0.0.1 up
-# virtio-net appears asynchronously after insmod: wait up to ~3s for eth0.
+# virtio-net appears asynchronously after insmod: when the VM has a
+# virtio network device (virtio device id 0x0001), wait up to ~10s for eth0
+# (emulated guests on a loaded host are slow).
 i=0
-while [ ! -e /sys/class/net/eth0 ] && [ $i -lt 30 ]; do usleep 100000; i=$((i+1)); done
+grep -qx 0x0001 /sys/bus/virtio/devices/*/device 2>/dev/null || i=100
+while [ ! -e /sys/class/net/eth0 ] && [ $i -lt 100 ]; do usleep 100000; i=$((i+1)); done
 if ifconfig eth0 10.0.2.15 netmask 255.255.255.0 up 2>/dev/null; then
   route add default gw 10.0.2.2 2>/dev/null
 fi
@@ -63,12 +68,12 @@ if [ "$VARIANT" = acpi ]; then
   # busybox acpid's built-in tables map KEY_POWER to the event PWRF/00000080
   # and run ./PWRF/00000080 under the -c directory.
   mkdir -p /etc/acpi/PWRF
-  printf '#!/bin/sh\necho QK-ACPI-POWERDOWN > /dev/ttyS0\nexec poweroff -f\n' > /etc/acpi/PWRF/00000080
+  printf '#!/bin/sh\necho QK-ACPI-POWERDOWN > /dev/%s\nexec poweroff -f\n' "$CONSOLE" > /etc/acpi/PWRF/00000080
   chmod 0755 /etc/acpi/PWRF/00000080
   acpid -c /etc/acpi -l /tmp/acpid.log
 fi
 
-echo "QK-BOOT-OK variant=$VARIANT kernel=$(uname -r)"
+echo "QK-BOOT-OK variant=$VARIANT kernel=$(uname -r) arch=$(uname -m)"
 
 # qk.poweroff on the kernel command line: power off once booted (exit 0),
 # as a guest whose work is done.
@@ -82,10 +87,10 @@ if [ "$VARIANT" = panic ]; then
   exit 1
 fi
 
-# Console: echo every line typed on ttyS0 back, prefixed, forever.
+# Console: echo every line typed on the serial console back, prefixed, forever.
 while true; do
   while read -r line; do
     echo "QK-ECHO: $line"
-  done < /dev/ttyS0 > /dev/ttyS0 2>&1
+  done < "/dev/$CONSOLE" > "/dev/$CONSOLE" 2>&1
   sleep 1
 done

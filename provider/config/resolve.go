@@ -87,6 +87,9 @@ type Environment struct {
 	// maxVMs is derived from it when the file sets none. 0: unknown, the
 	// fixed DefaultMaxVMs is used.
 	MemoryTotal int64
+	// HostArch is the host's architecture as Go names it (default
+	// runtime.GOARCH).
+	HostArch string
 }
 
 // DefaultOVMF are the OVMF code/vars pairs looked for, in order, when the
@@ -149,6 +152,21 @@ type Node struct {
 	Images ImageCache
 	// VMMemory is the resolved vmMemory section.
 	VMMemory VMMemoryConfig
+
+	// GuestArch is the architecture of the node's guests, as Kubernetes
+	// names it (amd64, arm64): its kubernetes.io/arch label.
+	GuestArch string
+	// CapacityShare is the fraction of the host's cpu, memory and
+	// ephemeral-storage capacity the node reports (1 without guest
+	// architectures).
+	CapacityShare float64
+	// GuestArchitectures are the derived nodes of the guestArchitectures
+	// entries (main node only): each a copy of this Node with its own
+	// name, state dir, port, capacity, binary and firmware.
+	GuestArchitectures []*Node
+	// Kubeconfig is a guest-architecture node's own credentials ("": the
+	// agent's).
+	Kubeconfig string
 }
 
 // VMMemoryConfig is the resolved vmMemory section.
@@ -182,12 +200,7 @@ func Default(c *NodeConfiguration, env Environment) {
 		c.QEMUBinary = DefaultQEMUBinary()
 	}
 	if c.Firmware.UEFICode == "" && c.Firmware.UEFIVars == "" {
-		for _, pair := range DefaultOVMF {
-			if env.exists(pair[0]) && env.exists(pair[1]) {
-				c.Firmware.UEFICode, c.Firmware.UEFIVars = pair[0], pair[1]
-				break
-			}
-		}
+		c.Firmware.UEFICode, c.Firmware.UEFIVars = env.firstFirmware(env.hostArch())
 	}
 	if c.Reserved == nil {
 		c.Reserved = maps.Clone(DefaultReserved)
@@ -250,6 +263,7 @@ func Default(c *NodeConfiguration, env Environment) {
 	defaultBool(&vm.FreePageReporting, DefaultFreePageReporting)
 	defaultBool(&vm.PageMerging, DefaultPageMerging)
 	defaultBool(&vm.EnableKSM, DefaultEnableKSM)
+	defaultGuestArchitectures(c, env)
 }
 
 func defaultBool(p **bool, v bool) {
@@ -265,8 +279,11 @@ func Resolve(c *NodeConfiguration, env Environment) (*Node, error) {
 	cc.Reserved = maps.Clone(c.Reserved)
 	cc.Labels = maps.Clone(c.Labels)
 	cc.Taints = slices.Clone(c.Taints)
+	cc.GuestArchitectures = slices.Clone(c.GuestArchitectures)
 	Default(&cc, env)
 	n, errs := validate(&cc, env)
+	n.GuestArch = env.hostArch()
+	errs = validateGuestArchitectures(&cc, n, env.hostArch(), errs)
 	if len(errs) > 0 {
 		lines := make([]string, 0, len(errs))
 		for _, e := range errs {
@@ -277,6 +294,9 @@ func Resolve(c *NodeConfiguration, env Environment) (*Node, error) {
 	n.Hostname = env.Hostname
 	if n.Hostname == "" {
 		n.Hostname = n.NodeName
+	}
+	for _, g := range n.GuestArchitectures {
+		g.Hostname = n.Hostname
 	}
 	return n, nil
 }
@@ -310,17 +330,7 @@ func validate(c *NodeConfiguration, env Environment) (*Node, field.ErrorList) {
 			errs = append(errs, field.Invalid(field.NewPath("nodeName"), c.NodeName, m))
 		}
 	}
-	fw := field.NewPath("firmware")
-	switch {
-	case (c.Firmware.UEFICode == "") != (c.Firmware.UEFIVars == ""):
-		errs = append(errs, field.Invalid(fw, c.Firmware, "uefiCode and uefiVars: set both or neither"))
-	case c.Firmware.UEFICode != "":
-		for _, f := range []struct{ name, v string }{{"uefiCode", c.Firmware.UEFICode}, {"uefiVars", c.Firmware.UEFIVars}} {
-			if !filepath.IsAbs(f.v) || strings.ContainsAny(f.v, ",\n") {
-				errs = append(errs, field.Invalid(fw.Child(f.name), f.v, "must be an absolute path without commas"))
-			}
-		}
-	}
+	errs = validateFirmware(field.NewPath("firmware"), c.Firmware, errs)
 	if net.ParseIP(c.NodeIP) == nil {
 		errs = append(errs, field.Invalid(field.NewPath("nodeIP"), c.NodeIP, "must be an IP address"))
 	}
@@ -524,6 +534,20 @@ func DeriveMaxVMs(in MaxVMsInput) (int32, string) {
 
 // bytesMi renders bytes in whole MiB ("24105Mi").
 func bytesMi(b int64) string { return strconv.FormatInt(b>>20, 10) + "Mi" }
+
+func validateFirmware(fw *field.Path, f Firmware, errs field.ErrorList) field.ErrorList {
+	switch {
+	case (f.UEFICode == "") != (f.UEFIVars == ""):
+		errs = append(errs, field.Invalid(fw, f, "uefiCode and uefiVars: set both or neither"))
+	case f.UEFICode != "":
+		for _, x := range []struct{ name, v string }{{"uefiCode", f.UEFICode}, {"uefiVars", f.UEFIVars}} {
+			if !filepath.IsAbs(x.v) || strings.ContainsAny(x.v, ",\n") {
+				errs = append(errs, field.Invalid(fw.Child(x.name), x.v, "must be an absolute path without commas"))
+			}
+		}
+	}
+	return errs
+}
 
 func defaultInt32(p **int32, v int32) {
 	if *p == nil {

@@ -103,6 +103,9 @@ type NodeConfiguration struct {
 	// VMMemory accounts and tunes what each VM costs the host beyond its
 	// guest RAM (docs/node-config.md gives the measured trade-offs).
 	VMMemory VMMemory `json:"vmMemory,omitempty"`
+	// GuestArchitectures registers one more node per entry, for guests of
+	// another architecture run under TCG (arch.go, docs/node-config.md).
+	GuestArchitectures []GuestArchitecture `json:"guestArchitectures,omitempty"`
 }
 
 // VMMemory accounts and tunes the host memory of VMs.

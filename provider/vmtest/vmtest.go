@@ -6,10 +6,13 @@ package vmtest
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -42,9 +45,20 @@ const Repo = "qemu-kubelet/test-os"
 // directory holding vmlinuz, initramfs-*.cpio.gz and cmdline.
 func BuildTestImages(tb testing.TB) string {
 	tb.Helper()
+	return BuildTestImagesArch(tb, "")
+}
+
+// BuildTestImagesArch is BuildTestImages for a Debian architecture (amd64,
+// arm64; "" the host's).
+func BuildTestImagesArch(tb testing.TB, debArch string) string {
+	tb.Helper()
 	testutil.SkipIfShort(tb, "QEMU test images (hack/build-test-image.sh)")
 	root := ocitest.RepoRoot(tb)
-	cmd := exec.Command(filepath.Join(root, "hack", "build-test-image.sh"))
+	var args []string
+	if debArch != "" {
+		args = append(args, debArch)
+	}
+	cmd := exec.Command(filepath.Join(root, "hack", "build-test-image.sh"), args...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -82,6 +96,61 @@ func PushTestImages(tb testing.TB, addr string) map[string]string {
 		refs[v] = ref
 	}
 	return refs
+}
+
+// PushArchVariant pushes one variant of a Debian architecture's test image
+// (kernel + initrd + cmdline) as <addr>/<Repo>:<variant>-<debArch>.
+func PushArchVariant(tb testing.TB, addr, debArch, variant string) string {
+	tb.Helper()
+	dir := BuildTestImagesArch(tb, debArch)
+	oras := ocitest.Oras(tb)
+	ref := fmt.Sprintf("%s/%s:%s-%s", addr, Repo, variant, debArch)
+	work := tb.TempDir()
+	initrd := "initramfs-" + variant + ".cpio.gz"
+	for _, f := range []string{"vmlinuz", initrd, "cmdline"} {
+		if err := os.Symlink(filepath.Join(dir, f), filepath.Join(work, f)); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ocitest.Run(ctx, tb, work, oras, "push", "--plain-http", "--artifact-type", ArtifactType, ref, "vmlinuz", initrd, "cmdline")
+	return ref
+}
+
+// PushIndex pushes an OCI image index as <addr>/<Repo>:<tag> listing the
+// manifests of byArch (Kubernetes arch name -> reference), each with
+// platform linux/<arch>: a multi-arch OS image.
+func PushIndex(tb testing.TB, addr, tag string, byArch map[string]string) string {
+	tb.Helper()
+	oras := ocitest.Oras(tb)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var manifests []map[string]any
+	for _, arch := range slices.Sorted(maps.Keys(byArch)) {
+		out, err := ocitest.RunErr(ctx, "", oras, "manifest", "fetch", "--plain-http", "--descriptor", byArch[arch])
+		if err != nil {
+			tb.Fatalf("oras manifest fetch --descriptor %s: %v\n%s", byArch[arch], err, out)
+		}
+		var d map[string]any
+		if err := json.Unmarshal([]byte(strings.TrimSpace(out)), &d); err != nil {
+			tb.Fatalf("descriptor of %s: %v: %q", byArch[arch], err, out)
+		}
+		d["platform"] = map[string]string{"os": "linux", "architecture": arch}
+		delete(d, "annotations")
+		manifests = append(manifests, d)
+	}
+	idx, err := json.Marshal(map[string]any{"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": manifests})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	f := filepath.Join(tb.TempDir(), "index.json")
+	if err := os.WriteFile(f, idx, 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	ref := fmt.Sprintf("%s/%s:%s", addr, Repo, tag)
+	ocitest.Run(ctx, tb, "", oras, "manifest", "push", "--plain-http", "--media-type", "application/vnd.oci.image.index.v1+json", ref, f)
+	return ref
 }
 
 // PushVariant pushes one variant under tag with extra appended to its kernel
