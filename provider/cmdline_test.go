@@ -78,7 +78,7 @@ func TestVMSpecMemoryTuning(t *testing.T) {
 	rec := &podVM{uid: "uid-m", dir: p.podDir("uid-m")}
 	img := &oci.Image{Ref: "r/os:1", Digest: "sha256:x", Kernel: filepath.Join(imageDir, "k", "vmlinuz")}
 	pod := vmPod()
-	plan, rej := Translate(pod)
+	plan, rej := Translate(pod, qemu.ArchX86_64)
 	require.Nil(t, rej)
 	spec, err := p.vmSpec(context.Background(), rec, pod, plan, img)
 	require.NoError(t, err)

@@ -143,6 +143,7 @@ type podVM struct {
 	// whose status disagreed with the node's (statusresync.go); sent with
 	// the next status so the library does not skip it as already sent.
 	apiResourceVersion string
+	resyncs            int
 
 	// ctl carries power and flash requests (exporter.go) to the worker.
 	ctl chan vmRequest

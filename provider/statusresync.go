@@ -1,6 +1,8 @@
 package provider
 
 import (
+	"strconv"
+
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/cache"
 )
@@ -59,7 +61,13 @@ func (p *VMs) ResyncStatus(apiPod *corev1.Pod) {
 	p.log.V(2).Info("Pod status in the API server differs from the node's; sending it again",
 		"pod", apiPod.Namespace+"/"+apiPod.Name, "apiPhase", apiPod.Status.Phase, "phase", want.Status.Phase)
 	rec.mu.Lock()
+	// The mark only has to differ from the last status sent: the library
+	// sets the resourceVersion it writes from its own copy.
+	rec.resyncs++
 	rec.apiResourceVersion = apiPod.ResourceVersion
+	if rec.apiResourceVersion == "" {
+		rec.apiResourceVersion = "resync-" + strconv.Itoa(rec.resyncs)
+	}
 	rec.mu.Unlock()
 	p.push(rec)
 }
