@@ -137,8 +137,7 @@ server:
 	if err != nil {
 		return err
 	}
-	_, lookErr := exec.LookPath("kubectl")
-	fmt.Print(readyText(c.AdminKubeconfig(), c.BinDir(), lookErr == nil, nodeName, fwd, filepath.Join(c.Dir(), "logs")))
+	fmt.Print(readyText(c.AdminKubeconfig(), c.BinDir(), nodeName, fwd, filepath.Join(c.Dir(), "logs")))
 
 	select {
 	case <-ctx.Done():
@@ -155,12 +154,13 @@ type step struct{ cmd, comment string }
 // readyText is what local-up prints once everything runs: how to reach the
 // cluster and commands to try, each command on its own line indented by two
 // spaces (a `# comment` may follow it); e2e's TestQuickStart runs them as
-// printed. haveKubectl false adds the control plane's kubectl to PATH;
-// fwdPort is the local port of the port-forward example.
-func readyText(kubeconfig, cpBin string, haveKubectl bool, node string, fwdPort int, logs string) string {
-	env := []step{{cmd: "export KUBECONFIG=" + kubeconfig}}
-	if !haveKubectl {
-		env = append(env, step{cmd: "export PATH=" + cpBin + ":$PATH", comment: "kubectl, built with the control plane"})
+// printed. PATH gets the kubectl built with the control plane first (its
+// version is the server's: another kubectl on PATH may be out of the
+// supported skew); fwdPort is the local port of the port-forward example.
+func readyText(kubeconfig, cpBin, node string, fwdPort int, logs string) string {
+	env := []step{
+		{cmd: "export KUBECONFIG=" + kubeconfig},
+		{cmd: "export PATH=" + cpBin + ":$PATH", comment: "kubectl of the control plane's version"},
 	}
 	pool := []step{
 		{cmd: "kubectl describe node " + node},
