@@ -138,7 +138,7 @@ depsref="localhost/qemu-kubelet-deps:$depskey"
 if ! exists "$depsref"; then
   log "building the runtime stage's packages ($depsref; first build only: a few minutes)..."
   printf '%s\n' "$deps_part" >"$ctx/Containerfile.deps"
-  "${B[@]}" bud --pull=never --network=host --layers=false -f "$ctx/Containerfile.deps" -t "$depsref" "$ctx" >"$ctx/deps.log" 2>&1 \
+  "${B[@]}" bud --pull=never --force-rm --network=host --layers=false -f "$ctx/Containerfile.deps" -t "$depsref" "$ctx" >"$ctx/deps.log" 2>&1 \
     || { tail -30 "$ctx/deps.log" >&2; die "buildah bud of the runtime stage's packages failed (log above)"; }
 fi
 
@@ -150,7 +150,7 @@ if [ ! -f "$out/index.json" ]; then
   { echo "FROM $depsref"; printf '%s\n' "$rest_part"; } >"$ctx/Containerfile"
   imgref="localhost/qemu-kubelet-build:$key"
   log "building $imgref..."
-  "${B[@]}" bud --pull=never --network=none --layers=false -f "$ctx/Containerfile" -t "$imgref" "$ctx" >"$ctx/bud.log" 2>&1 \
+  "${B[@]}" bud --pull=never --force-rm --network=none --layers=false -f "$ctx/Containerfile" -t "$imgref" "$ctx" >"$ctx/bud.log" 2>&1 \
     || { tail -30 "$ctx/bud.log" >&2; die "buildah bud failed (log above)"; }
   rm -rf "$out.tmp"
   "${B[@]}" push --quiet "$imgref" "oci:$out.tmp:$tag" >&2 || die "buildah push to $out.tmp failed"
