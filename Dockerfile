@@ -7,12 +7,14 @@
 #
 #   docker build -t qemu-kubelet:dev --build-arg VERSION=$(git describe --always) .
 #
-# NOTE: there is no Docker engine on the machine this project is developed
-# and tested on, so this image has not been built there. build/dockerfile_test.go
-# checks what can be checked without one: the build stage runs the same
-# `make build` as the Makefile, the binaries copied are the ones `make build`
-# writes (one per cmd/* directory), and the runtime stage installs every
-# Debian package the node agent executes at run time.
+# Without a Docker engine, `make image` builds this image with buildah from a
+# debootstrap base (hack/build-image.sh: the runtime stage below as written,
+# the binaries from `make build`) and e2e's TestImage boots a VM through the
+# agent running in it. build/dockerfile_test.go checks the build stage runs
+# the same `make build` as the Makefile, the binaries copied are the ones
+# `make build` writes, the runtime stage installs every Debian package the
+# node agent executes at run time, and hack/build-image.sh builds this
+# runtime stage.
 
 # ---- build: the Makefile's own build, so the image and `make build` agree.
 FROM golang:1.26-bookworm AS build

@@ -15,7 +15,7 @@ TEST_TIMEOUT ?= 45m
 export GOFLAGS ?= -mod=mod
 export GOTOOLCHAIN ?= local
 
-.PHONY: all build test check unit unit-race fuzz-short vet fmt-check verify run bench deps control-plane clean
+.PHONY: all build image test check unit unit-race fuzz-short vet fmt-check verify run bench deps control-plane clean
 
 all: build
 
@@ -27,6 +27,12 @@ control-plane: deps
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
+
+# image: the Dockerfile's image built without a Docker engine or a container
+# registry (buildah from a debootstrap base; hack/build-image.sh), as an OCI
+# layout under ~/.cache/qemu-kubelet/image; prints oci:DIR:TAG.
+image: deps build
+	@hack/build-image.sh --tag $(subst +,-,$(VERSION)) $(BIN)
 
 vet:
 	$(GO) vet ./...

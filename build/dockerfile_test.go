@@ -6,6 +6,7 @@ import (
 	"go/parser"
 	"go/token"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -370,4 +371,71 @@ COPY --from=b /src/bin/x /usr/local/bin/
 	assert.Equal(t, "", st[1].name)
 	assert.Equal(t, []string{"one", "two"}, aptInstalled(st[1].instrs[:1]))
 	assert.Equal(t, "COPY", st[1].instrs[1].cmd)
+}
+
+// TestImageScriptBuildsRuntimeStage: hack/build-image.sh (make image) builds
+// the Dockerfile's runtime stage as written, only its COPY --from=build taking
+// make build's outputs from the build context's bin/. So its package list,
+// user and entrypoint are the Dockerfile's and cannot drift from it.
+func TestImageScriptBuildsRuntimeStage(t *testing.T) {
+	root := testutil.MustRepoRoot(t)
+	stages := parseDockerfile(t, filepath.Join(root, "Dockerfile"))
+	require.Len(t, stages, 2)
+	runtime := stages[1]
+
+	cmd := exec.Command(filepath.Join(root, "hack", "build-image.sh"), "--print-containerfile")
+	out, err := cmd.Output()
+	require.NoError(t, err, "hack/build-image.sh --print-containerfile")
+	p := filepath.Join(t.TempDir(), "Containerfile")
+	require.NoError(t, os.WriteFile(p, out, 0o600))
+	built := parseDockerfile(t, p)
+	require.Len(t, built, 1, "the script builds one stage:\n%s", out)
+	assert.Equal(t, runtime.base, built[0].base)
+	assert.Equal(t, aptInstalled(runtime.instrs), aptInstalled(built[0].instrs), "the image's packages are the Dockerfile's")
+	require.Len(t, built[0].instrs, len(runtime.instrs))
+	copies := 0
+	for i, in := range runtime.instrs {
+		got := built[0].instrs[i]
+		assert.Equal(t, in.cmd, got.cmd, "instruction %d", i)
+		if in.cmd != "COPY" {
+			assert.Equal(t, in.args, got.args, "Dockerfile line %d is built as written", in.line)
+			continue
+		}
+		copies++
+		// COPY --from=build /src/bin/a /src/bin/b DEST -> COPY bin/a bin/b DEST
+		want := strings.ReplaceAll(strings.TrimPrefix(in.args, "--from=build "), "/src/bin/", "bin/")
+		assert.Equal(t, want, got.args, "Dockerfile line %d", in.line)
+	}
+	assert.Equal(t, 1, copies)
+
+	// make image = make build, then the script on make build's output.
+	mk, err := os.ReadFile(filepath.Join(root, "Makefile"))
+	require.NoError(t, err)
+	assert.Regexp(t, `(?m)^image: .*\bbuild\b.*\n\t@?hack/build-image\.sh .*\$\(BIN\)$`, string(mk))
+
+	// The script's tools are installed with the test dependencies.
+	deps := installDepsPackages(t, root)
+	for _, p := range []string{"buildah", "runc", "debootstrap", "umoci"} {
+		assert.Contains(t, deps, p, "hack/install-deps.sh lacks %s (make image and its test need it)", p)
+	}
+}
+
+// TestImageScriptRejectsOtherCopies: a runtime stage copying anything but
+// make build's outputs from the build stage is refused, not half built.
+func TestImageScriptRejectsOtherCopies(t *testing.T) {
+	root := testutil.MustRepoRoot(t)
+	dir := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "hack"), 0o755))
+	script, err := os.ReadFile(filepath.Join(root, "hack", "build-image.sh"))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "hack", "build-image.sh"), script, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte(`FROM golang:1.26-bookworm AS build
+RUN make build
+FROM debian:bookworm-slim
+COPY --from=build /go/pkg/mod /cache
+`), 0o600))
+	cmd := exec.Command(filepath.Join(dir, "hack", "build-image.sh"), "--print-containerfile")
+	out, err := cmd.CombinedOutput()
+	require.Error(t, err, "output: %s", out)
+	assert.Contains(t, string(out), "may only COPY --from=build /src/bin/")
 }

@@ -3,7 +3,7 @@
 # need, when they are missing. Safe to run repeatedly; does nothing when all are
 # present. Needs root (or sudo) only when something is missing.
 set -euo pipefail
-PKGS=(qemu-system-x86 qemu-system-arm qemu-efi-aarch64 qemu-utils docker-registry skopeo busybox-static cpio xz-utils zstd apache2-utils jq iproute2 openssl dosfstools mtools syslinux ovmf systemd protobuf-compiler libprotobuf-dev)
+PKGS=(qemu-system-x86 qemu-system-arm qemu-efi-aarch64 qemu-utils docker-registry skopeo busybox-static cpio xz-utils zstd apache2-utils jq iproute2 openssl dosfstools mtools syslinux ovmf systemd protobuf-compiler libprotobuf-dev buildah runc debootstrap umoci)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

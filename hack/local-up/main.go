@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -132,25 +133,11 @@ server:
 		return err
 	}
 
-	fmt.Printf(`
-local-up: ready. In another shell:
-
-  export KUBECONFIG=%s
-  kubectl describe node %s
-  kubectl get exportersets,pods -o wide
-  kubectl scale exporterset/sample-pool --replicas=3
-
-Boot a VM of your own and watch its serial console:
-
-  %s
-  kubectl get pod vm1 -o wide -w
-  kubectl logs -f vm1                      # the serial console
-  kubectl attach -it vm1                   # type into it (the test image echoes lines)
-  kubectl port-forward pod/vm1 8080:8080   # then: curl localhost:8080
-
-Logs: %s
-Press Ctrl-C to stop and clean up.
-`, c.AdminKubeconfig(), nodeName, kubectlRunLine(), filepath.Join(c.Dir(), "logs"))
+	fwd, err := localPort(8080)
+	if err != nil {
+		return err
+	}
+	fmt.Print(readyText(c.AdminKubeconfig(), c.BinDir(), nodeName, fwd, filepath.Join(c.Dir(), "logs")))
 
 	select {
 	case <-ctx.Done():
@@ -159,6 +146,60 @@ Press Ctrl-C to stop and clean up.
 	}
 	fmt.Println("local-up: stopping...")
 	return nil
+}
+
+// step is one command printed for the user to paste, with a comment.
+type step struct{ cmd, comment string }
+
+// readyText is what local-up prints once everything runs: how to reach the
+// cluster and commands to try, each command on its own line indented by two
+// spaces (a `# comment` may follow it); e2e's TestQuickStart runs them as
+// printed. PATH gets the kubectl built with the control plane first (its
+// version is the server's: another kubectl on PATH may be out of the
+// supported skew); fwdPort is the local port of the port-forward example.
+func readyText(kubeconfig, cpBin, node string, fwdPort int, logs string) string {
+	env := []step{
+		{cmd: "export KUBECONFIG=" + kubeconfig},
+		{cmd: "export PATH=" + cpBin + ":$PATH", comment: "kubectl of the control plane's version"},
+	}
+	pool := []step{
+		{cmd: "kubectl describe node " + node},
+		{cmd: "kubectl get exportersets,pods -o wide"},
+		{cmd: "kubectl scale exporterset/sample-pool --replicas=3"},
+	}
+	vm := []step{
+		{cmd: kubectlRunLine()},
+		{cmd: "kubectl get pod vm1 -o wide -w"},
+		{cmd: "kubectl logs -f vm1", comment: "the serial console"},
+		{cmd: "kubectl attach -it vm1", comment: "type into it (the test image echoes lines)"},
+		{cmd: fmt.Sprintf("kubectl port-forward pod/vm1 %d:8080", fwdPort), comment: fmt.Sprintf("then: curl localhost:%d", fwdPort)},
+	}
+	var b strings.Builder
+	block := func(steps ...step) {
+		b.WriteString("\n")
+		for _, s := range steps {
+			if s.comment == "" {
+				fmt.Fprintf(&b, "  %s\n", s.cmd)
+			} else {
+				fmt.Fprintf(&b, "  %-38s # %s\n", s.cmd, s.comment)
+			}
+		}
+	}
+	b.WriteString("\nlocal-up: ready. In another shell:\n")
+	block(append(env, pool...)...)
+	b.WriteString("\nBoot a VM of your own and watch its serial console:\n")
+	block(vm...)
+	fmt.Fprintf(&b, "\nLogs: %s\nPress Ctrl-C to stop and clean up.\n", logs)
+	return b.String()
+}
+
+// localPort is want if it is free on loopback, else a free port.
+func localPort(want int) (int, error) {
+	if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", want)); err == nil {
+		l.Close()
+		return want, nil
+	}
+	return freePort()
 }
 
 func spawn(c *cluster.Cluster, bin, name string, args ...string) (*exec.Cmd, error) {
