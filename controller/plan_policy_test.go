@@ -268,7 +268,9 @@ func TestPlanPaused(t *testing.T) {
 
 func TestPlanAutohealing(t *testing.T) {
 	heal := func(threshold int32, d time.Duration) func(*Input) {
-		return func(i *Input) { i.Autohealing = &Autohealing{StartUpFailureThreshold: threshold, MinFailingToStartDuration: d} }
+		return func(i *Input) {
+			i.Autohealing = &Autohealing{StartUpFailureThreshold: threshold, MinFailingToStartDuration: d}
+		}
 	}
 	cases := []struct {
 		name        string
