@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
+	qktest "github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 )
 
 func createClass(t *testing.T, c *v1alpha1.VirtualTargetClass) {
@@ -288,5 +289,19 @@ func TestEnvtestRemovalLowersReplicas(t *testing.T) {
 	for _, p := range ps[:3] {
 		assert.Contains(t, all3, p.Name, "a ReplicasLowered event names each removed pod")
 	}
-	assert.Contains(t, all3, "Lowered spec.replicas from 2 to 1")
+	assert.Contains(t, all3, "spec.replicas 2 -> 1")
+}
+
+// TestEnvtestSamplesValid: the manifests in config/samples are accepted by
+// the API server with the CRDs as generated (server-side dry run).
+func TestEnvtestSamplesValid(t *testing.T) {
+	root, err := qktest.RepoRoot()
+	require.NoError(t, err)
+	files, err := filepath.Glob(filepath.Join(root, "config", "samples", "*.yaml"))
+	require.NoError(t, err)
+	require.NotEmpty(t, files)
+	for _, f := range files {
+		out := mustKubectl(t, "apply", "--server-side", "--dry-run=server", "-f", f)
+		assert.Contains(t, out, "serverside-applied (server dry run)", filepath.Base(f))
+	}
 }

@@ -326,7 +326,9 @@ func Plan(in Input) Actions {
 			continue
 		}
 		if in.Paused {
-			pausedRemovals++
+			if !p.Leased {
+				pausedRemovals++ // would go now
+			}
 			continue
 		}
 		if counted[p.UID] {

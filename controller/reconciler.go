@@ -469,7 +469,7 @@ func (r *Reconciler) patchSet(ctx context.Context, set *v1alpha1.ExporterSet, p 
 		return fmt.Errorf("patch exporterset %s/%s (removals): %w", set.Namespace, set.Name, err)
 	}
 	if p.Replicas != nil {
-		r.Recorder.Eventf(set, nil, corev1.EventTypeNormal, EventReplicasLowered, "ScaleIn", "Lowered spec.replicas from %d to %d for pods marked %s=true: %s",
+		r.Recorder.Eventf(set, nil, corev1.EventTypeNormal, EventReplicasLowered, "ScaleIn", "spec.replicas %d -> %d for pods marked %s=true: %s",
 			before, *p.Replicas, v1alpha1.RemoveAnnotation, strings.Join(p.Counted, ", "))
 	}
 	return nil

@@ -35,6 +35,7 @@ func TestExporterSet(t *testing.T) {
 	t.Run("MissingImageReplicaFailureNoChurn", e.testMissingImage)
 	t.Run("FailingGuestsBackOff", e.testFailingGuests)
 	t.Run("JumpstarterFromZero", e.testJumpstarterFromZero)
+	t.Run("ClassScaleInOldestExplicitPaused", e.testClassScaleInPaused)
 }
 
 // testWarmBuffer: replicas 1 + minAvailable 2 -> 2 Ready VMs; a claim by
