@@ -70,7 +70,7 @@ func TestEnvtestClassResolution(t *testing.T) {
 		assert.Equal(t, "registry.invalid/os/debian:13", p.Spec.Containers[0].Image)
 		assert.Equal(t, "virtual-kubelet", p.Spec.NodeSelector["type"])
 		assert.Equal(t, int64(7), *p.Spec.TerminationGracePeriodSeconds)
-		assert.Len(t, p.Spec.Tolerations, 1)
+		assert.Contains(t, p.Spec.Tolerations, corev1.Toleration{Key: "virtual-kubelet.io/provider", Operator: corev1.TolerationOpEqual, Value: "qemu", Effect: corev1.TaintEffectNoSchedule})
 		assert.Equal(t, merged, p.Annotations[v1alpha1.ParametersAnnotation])
 		require.Len(t, p.Spec.Containers[0].Env, 1)
 		assert.Equal(t, "metadata.annotations['qemu-kubelet.io/parameters']", p.Spec.Containers[0].Env[0].ValueFrom.FieldRef.FieldPath)
