@@ -143,7 +143,17 @@ func TestEnvtestClassResolution(t *testing.T) {
 	waitStatus(t, ns, "cls", "Retain in status", func(st v1alpha1.ExporterSetStatus) bool {
 		return st.Class != nil && st.Class.ReclaimPolicy == v1alpha1.ReclaimPolicyRetain && st.UpdatedReplicas == 2 && st.AvailableReplicas == 2
 	})
-	third := uids(pods(t, ns, "cls"))
+	var third map[types.UID]string
+	eventually(t, "only the 2 Retain pods left", func() (bool, string) {
+		ps := pods(t, ns, "cls")
+		third = uids(ps)
+		for _, p := range ps {
+			if p.Annotations[v1alpha1.ReclaimPolicyAnnotation] != "Retain" {
+				return false, fmt.Sprintf("%v", third)
+			}
+		}
+		return len(ps) == 2, fmt.Sprintf("%v", third)
+	})
 	for u := range second {
 		assert.NotContains(t, third, u)
 	}
