@@ -76,7 +76,7 @@ func TestAgainstAPIServer(t *testing.T) {
 	kubectl(t, "apply", "--server-side", "-f", filepath.Join(chartDir, "crds"))
 	kubectl(t, "apply", "--server-side", "-f", monitoringCRDs(t))
 	kubectl(t, "wait", "--for=condition=Established", "--timeout=60s",
-		"crd/exportersets.qemu-kubelet.io", "crd/servicemonitors.monitoring.coreos.com", "crd/podmonitors.monitoring.coreos.com")
+		"crd/exportersets.qemu-kubelet.io", "crd/virtualtargetclasses.qemu-kubelet.io", "crd/servicemonitors.monitoring.coreos.com", "crd/podmonitors.monitoring.coreos.com")
 	kubectl(t, "create", "namespace", releaseNS)
 	kubectl(t, "create", "namespace", "labs") // ci/controller-only-values.yaml watches it
 
@@ -290,6 +290,9 @@ spec:
 		{[]string{"update", "exportersets.qemu-kubelet.io", "--subresource=status", "-n", "default"}, "yes"},
 		{[]string{"delete", "pods", "-n", "default"}, "yes"},
 		{[]string{"update", "exportersets.qemu-kubelet.io", "-n", "default"}, "no"},
+		{[]string{"patch", "exportersets.qemu-kubelet.io", "-n", "default"}, "yes"},
+		{[]string{"watch", "virtualtargetclasses.qemu-kubelet.io", "-n", "default"}, "yes"},
+		{[]string{"update", "virtualtargetclasses.qemu-kubelet.io", "-n", "default"}, "no"},
 		{[]string{"list", "secrets"}, "no"},
 		{[]string{"update", "leases.coordination.k8s.io", "-n", "kube-system"}, "no"},
 	} {

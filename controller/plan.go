@@ -2,6 +2,7 @@ package controller
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -22,6 +23,10 @@ const (
 	// ReasonLeaseExpired: Replace policy: the pod's lease reached its
 	// expiry (v1alpha1.LeaseExpiresAnnotation).
 	ReasonLeaseExpired = "LeaseExpired"
+	ReasonRemoved      = "Removed" // marked with v1alpha1.RemoveAnnotation
+	// ReasonFailingToStart: autohealing replaces a pod whose VM keeps
+	// failing to start.
+	ReasonFailingToStart = "FailingToStart"
 )
 
 // Backoff of replacements for failed pods: the first replacement is
@@ -42,6 +47,17 @@ const (
 // startFailureReasons are container waiting reasons that mean the pod cannot
 // start on its own soon; they surface as ReplicaFailure. The pod is left to
 // its node's retry (no delete/recreate churn).
+// autohealReasons are the container waiting reasons under which autohealing
+// may replace a pod: the VM itself fails to start (a fresh pod gets a fresh
+// disk, maybe another node). Image pull and config errors are not among
+// them: a fresh pod would pull the same image and miss the same Secret.
+var autohealReasons = map[string]bool{
+	"CrashLoopBackOff":     true,
+	"CreateContainerError": true,
+	"RunContainerError":    true,
+	"StartError":           true,
+}
+
 var startFailureReasons = map[string]bool{
 	"ErrImagePull":               true,
 	"ImagePullBackOff":           true,
@@ -78,6 +94,13 @@ type PodState struct {
 	// FailedReason/FailedMessage: why a Failed pod ended, if known.
 	FailedReason  string
 	FailedMessage string
+	// RestartCount is the VM container's restart count.
+	RestartCount int32
+	// NotReadySince is when the pod's Ready condition last turned False
+	// (zero if it has none: then its creation time counts).
+	NotReadySince time.Time
+	// RemoveRequested: the pod carries v1alpha1.RemoveAnnotation=true.
+	RemoveRequested bool
 
 	// Jumpstarter mode only.
 	//
@@ -143,6 +166,20 @@ type Input struct {
 	Recycle      v1alpha1.RecyclePolicy
 	Cooldown     time.Duration
 	TemplateHash string
+	// WaitForFirstConsumer (a class's bindingMode) makes Replicas and
+	// MinAvailable count as 0 towards the target: pods only for leased
+	// pods and pending leases. Replicas is still what removals lower.
+	WaitForFirstConsumer bool
+	// ScaleIn chooses the pods that go on scale-down ("" means Newest).
+	ScaleIn v1alpha1.ScaleInPolicy
+	// Paused stops every create, delete and exporter change; the plan
+	// still says what it would do (Progressing Unknown, reason Paused).
+	Paused bool
+	// Autohealing, when set, replaces pods whose VM keeps failing to start.
+	Autohealing *Autohealing
+	// Removing are the UIDs whose removal (RemoveRequested) is already
+	// counted in Replicas (v1alpha1.RemovingAnnotation), sorted.
+	Removing []types.UID
 
 	// Pods are the owned pods as the cache shows them, minus pods whose
 	// deletion this controller issued and is still waiting to observe.
@@ -169,6 +206,28 @@ type Input struct {
 	LastFailure *Condition
 
 	Now time.Time
+}
+
+// Autohealing is when a pod counts as failing to start and is replaced.
+type Autohealing struct {
+	// StartUpFailureThreshold is the restart count from which a pod waiting
+	// in an autoheal reason may count as failing.
+	StartUpFailureThreshold int32
+	// MinFailingToStartDuration is how long it must have been not Ready.
+	MinFailingToStartDuration time.Duration
+}
+
+// SetPatch is a write to the set itself: spec.replicas lowered for pods
+// marked for removal, and the v1alpha1.RemovingAnnotation bookkeeping that
+// makes each removal lower it once. Both go in one patch with the set's
+// resourceVersion as precondition.
+type SetPatch struct {
+	// Replicas, when set, is the new spec.replicas.
+	Replicas *int32
+	// Removing is the new RemovingAnnotation (UIDs, sorted).
+	Removing []types.UID
+	// Counted names the pods whose removal this patch counts.
+	Counted []string
 }
 
 // PodRef names one pod version: actions on it carry the UID and
@@ -234,7 +293,11 @@ type Actions struct {
 	// controller adds it, so that the pod is retired on release even when
 	// the client's claim did not set it.
 	MarkUsed []PodRef
-	Status   Status
+	// Set, when set, must be written before any pod action of the plan:
+	// the plan's removals are counted in it. If the write fails nothing
+	// of the plan may be applied.
+	Set    *SetPatch
+	Status Status
 	// RequeueAfter, when non-zero, is when the plan should be made again
 	// even without events (cooldown, backoff or lease expiry).
 	RequeueAfter time.Duration
@@ -278,16 +341,83 @@ func Plan(in Input) Actions {
 		expired[p.Name] = true
 	}
 	in.Pods = pods
+	// 0b. Pods marked for removal go once unleased, and spec.replicas drops
+	//    by one for each (once: Removing remembers the counted ones).
+	counted := make(map[types.UID]bool, len(in.Removing))
+	for _, uid := range in.Removing {
+		counted[uid] = true
+	}
+	var removingKept []types.UID
+	var newRemovals, removals, removalsWaiting, pausedRemovals int32
+	removed := map[string]bool{}
+	var newlyCounted []string
+	for _, p := range in.Pods {
+		if p.Terminating || (!p.RemoveRequested && !counted[p.UID]) {
+			continue
+		}
+		if in.Paused {
+			if !p.Leased {
+				pausedRemovals++ // would go now
+			}
+			continue
+		}
+		if counted[p.UID] {
+			removingKept = append(removingKept, p.UID)
+		}
+		if p.Leased {
+			if !counted[p.UID] {
+				removalsWaiting++ // counted and removed after release
+			}
+			continue
+		}
+		if !counted[p.UID] {
+			newRemovals++
+			removingKept = append(removingKept, p.UID)
+			newlyCounted = append(newlyCounted, p.Name)
+		}
+		removals++
+		removed[p.Name] = true
+		acts.Delete = append(acts.Delete, Deletion{PodRef: p.ref(), Reason: ReasonRemoved})
+	}
+	replicas := in.Replicas
+	if newRemovals > 0 {
+		replicas = max(replicas-newRemovals, 0)
+	}
+	sort.Slice(removingKept, func(i, j int) bool { return removingKept[i] < removingKept[j] })
+	if newRemovals > 0 || !slices.Equal(removingKept, in.Removing) {
+		acts.Set = &SetPatch{Removing: removingKept, Counted: newlyCounted}
+		if newRemovals > 0 {
+			acts.Set.Replicas = &replicas
+		}
+	}
+	// What counts towards the target (bindingMode WaitForFirstConsumer:
+	// only leases).
+	targetReplicas, minAvailable := replicas, in.MinAvailable
+	if in.WaitForFirstConsumer {
+		targetReplicas, minAvailable = 0, 0
+	}
 
 	// 1. Finished pods go (unless leased: the holder sees the failure and
-	//    releases it); live pods are the rest.
+	//    releases it); with autohealing, so do pods whose VM keeps failing
+	//    to start; live pods are the rest.
 	var live []PodState
 	var newFailures int32
 	var lastFailed *PodState
 	for i := range in.Pods {
 		p := in.Pods[i]
+		var healAt time.Time
+		if !in.Paused {
+			healAt = in.autohealAt(p)
+		}
 		switch {
-		case p.Terminating:
+		case p.Terminating, removed[p.Name]:
+		case !healAt.IsZero() && !in.Now.Before(healAt):
+			acts.Delete = append(acts.Delete, Deletion{PodRef: p.ref(), Reason: ReasonFailingToStart})
+			newFailures++
+			f := p
+			f.FailedReason, f.FailedMessage = p.WaitingReason, fmt.Sprintf("restarted %d times, not Ready since %s: %s",
+				p.RestartCount, p.notReadySince().UTC().Format(time.RFC3339), p.WaitingMessage)
+			lastFailed = &f
 		case p.Phase == corev1.PodFailed || p.Phase == corev1.PodSucceeded:
 			if p.Leased {
 				continue
@@ -298,6 +428,9 @@ func Plan(in Input) Actions {
 				lastFailed = &in.Pods[i]
 			}
 		default:
+			if !healAt.IsZero() {
+				requeue = append(requeue, healAt.Sub(in.Now)) // look again when it may count
+			}
 			live = append(live, p)
 		}
 	}
@@ -356,11 +489,11 @@ func Plan(in Input) Actions {
 			oldUnleased = append(oldUnleased, p)
 		}
 	}
-	target := Target(in.Replicas, in.MinAvailable, leased, in.Demand, in.MaxReplicas)
+	target := Target(targetReplicas, minAvailable, leased, in.Demand, in.MaxReplicas)
 
 	// 4. Failure bookkeeping and backoff.
 	failures, lastFailure := in.ConsecutiveFailures, in.LastFailureTime
-	if newFailures > 0 {
+	if newFailures > 0 && !in.Paused { // paused: the failed pods stay and are counted once unpaused
 		failures += newFailures
 		now := in.Now
 		lastFailure = &now
@@ -433,11 +566,15 @@ func Plan(in Input) Actions {
 	}
 	var pendingSince *time.Time
 	scaleDownWaiting := false
+	explicitExcess := int32(0)
+	if in.ScaleIn == v1alpha1.ScaleInExplicit && excess > 0 {
+		explicitExcess, candidates = excess, nil // only marked pods go (step 0)
+	}
 	if excess > 0 && len(candidates) > 0 && in.Jumpstarter != nil {
 		// Exporters already disabled for a scale-down waited the cooldown
 		// before: they go first and at once, or they would be re-enabled
 		// while a new cooldown runs.
-		sortForDeletion(candidates)
+		sortForScaleIn(candidates, in.ScaleIn)
 		n := 0
 		for n < len(candidates) && int32(n) < excess && candidates[n].Exporter.draining() {
 			acts.Delete = append(acts.Delete, Deletion{PodRef: candidates[n].ref(), Reason: ReasonScaleDown})
@@ -455,7 +592,7 @@ func Plan(in Input) Actions {
 			scaleDownWaiting = true
 			requeue = append(requeue, wait)
 		} else {
-			sortForDeletion(candidates)
+			sortForScaleIn(candidates, in.ScaleIn)
 			for _, p := range candidates[:min(int(excess), len(candidates))] {
 				acts.Delete = append(acts.Delete, Deletion{PodRef: p.ref(), Reason: ReasonScaleDown})
 			}
@@ -473,6 +610,14 @@ func Plan(in Input) Actions {
 		}
 	}
 
+	// Paused: say what would be done, do none of it.
+	var wouldCreate, wouldDelete, wouldExporters int
+	if in.Paused {
+		wouldCreate, wouldDelete = int(acts.Create), len(acts.Delete)
+		wouldExporters = len(acts.Disable) + len(acts.Enable)
+		acts.Create, acts.Delete, acts.Disable, acts.Enable, acts.Cold, acts.Set = 0, nil, nil, nil, ColdKeep, nil
+	}
+
 	// 9. Status.
 	st := Status{
 		Replicas:              int32(len(live)),
@@ -488,7 +633,7 @@ func Plan(in Input) Actions {
 	if in.Jumpstarter != nil {
 		st.PendingLeases = in.Demand
 	}
-	wantAvailable := min(in.MinAvailable, wantUnleased)
+	wantAvailable := min(minAvailable, wantUnleased)
 	if ready >= target && available >= wantAvailable {
 		st.Conditions = append(st.Conditions, Condition{v1alpha1.ConditionAvailable, metav1.ConditionTrue,
 			"MinimumReplicasAvailable", fmt.Sprintf("%d/%d pods ready, %d/%d available", ready, target, available, wantAvailable)})
@@ -499,6 +644,17 @@ func Plan(in Input) Actions {
 
 	prog := Condition{Type: v1alpha1.ConditionProgressing, Status: metav1.ConditionTrue}
 	switch {
+	case in.Paused:
+		prog.Status, prog.Reason = metav1.ConditionUnknown, "Paused"
+		prog.Message = fmt.Sprintf("spec.paused: scaling stopped; would create %d and delete %d pods", wouldCreate, wouldDelete)
+		if wouldExporters > 0 {
+			prog.Message += fmt.Sprintf(" and change %d exporters", wouldExporters)
+		}
+		if pausedRemovals > 0 {
+			prog.Message += fmt.Sprintf("; %d pods marked %s=true wait", pausedRemovals, v1alpha1.RemoveAnnotation)
+		}
+	case removals > 0:
+		prog.Reason, prog.Message = "Removing", fmt.Sprintf("removing %d pods marked %s=true; spec.replicas %d", removals, v1alpha1.RemoveAnnotation, replicas)
 	case backingOff:
 		prog.Reason, prog.Message = "FailureBackoff", fmt.Sprintf("%d pods failed in a row; next create in %s", failures, backoffWait.Round(time.Second))
 	case create > 0 || in.PendingCreates > 0:
@@ -511,6 +667,12 @@ func Plan(in Input) Actions {
 		prog.Reason, prog.Message = "RollingOut", fmt.Sprintf("%d pods outdated (%d leased, replaced after release)", len(oldUnleased)+len(oldLeased), len(oldLeased))
 	case scaleDownWaiting:
 		prog.Reason, prog.Message = "ScaleDownCooldown", fmt.Sprintf("%d pods above target %d; waiting for the cooldown", excess, target)
+	case explicitExcess > 0:
+		prog.Status, prog.Reason = metav1.ConditionFalse, "ExplicitScaleIn"
+		prog.Message = fmt.Sprintf("%d pods above target %d; scaleInPolicy Explicit removes only pods annotated %s=true", explicitExcess, target, v1alpha1.RemoveAnnotation)
+	case removalsWaiting > 0:
+		prog.Status, prog.Reason = metav1.ConditionFalse, "RemovalWaitsForRelease"
+		prog.Message = fmt.Sprintf("%d pods marked %s=true are leased; they go once released", removalsWaiting, v1alpha1.RemoveAnnotation)
 	case excess > 0 && len(candidates) > 0:
 		prog.Reason, prog.Message = "ScalingDown", fmt.Sprintf("deleting %d pods towards %d", min(int(excess), len(candidates)), target)
 	default:
@@ -662,24 +824,61 @@ func (p PodState) ref() PodRef {
 	return PodRef{Name: p.Name, UID: p.UID, ResourceVersion: p.ResourceVersion}
 }
 
-// sortForDeletion orders pods best-to-delete first: draining (Jumpstarter
-// mode: Exporter already disabled) first, then not Ready before Ready,
-// not yet running before running, then newest first (the least invested).
-func sortForDeletion(pods []PodState) {
+// autohealAt is when p counts as failing to start (zero if it never will
+// as it is now): autohealing on, p not leased, waiting in an autoheal
+// reason with at least the threshold of restarts; then the minimum
+// duration after it stopped being Ready.
+func (in Input) autohealAt(p PodState) time.Time {
+	a := in.Autohealing
+	if a == nil || p.Leased || p.Ready || p.Terminating || !autohealReasons[p.WaitingReason] || p.RestartCount < a.StartUpFailureThreshold {
+		return time.Time{}
+	}
+	return p.notReadySince().Add(a.MinFailingToStartDuration)
+}
+
+func (p PodState) notReadySince() time.Time {
+	if p.NotReadySince.IsZero() {
+		return p.Created
+	}
+	return p.NotReadySince
+}
+
+// sortForScaleIn orders pods best-to-delete first: draining (Jumpstarter
+// mode: Exporter already disabled) first, then not Ready before Ready, not
+// yet running before running, then by age: newest first (the least
+// invested) under Newest (and for rollouts), oldest first under Oldest.
+// Ties of the same second go by name.
+func sortForScaleIn(pods []PodState, policy v1alpha1.ScaleInPolicy) {
+	oldest := policy == v1alpha1.ScaleInOldest
 	sort.SliceStable(pods, func(i, j int) bool {
 		a, b := pods[i], pods[j]
-		if ad, bd := a.Exporter.draining(), b.Exporter.draining(); ad != bd {
-			return ad // already disabled for this: keep the choice stable
-		}
-		if a.Ready != b.Ready {
-			return !a.Ready
-		}
-		if ar, br := a.Phase == corev1.PodRunning, b.Phase == corev1.PodRunning; ar != br {
-			return !ar
+		if k, l := deletionClass(a), deletionClass(b); k != l {
+			return k < l // already disabled for this: keep the choice stable
 		}
 		if !a.Created.Equal(b.Created) {
-			return a.Created.After(b.Created)
+			return a.Created.After(b.Created) != oldest
 		}
-		return a.Name > b.Name
+		return (a.Name > b.Name) != oldest
 	})
+}
+
+// sortForDeletion orders pods best-to-delete first, newest first.
+func sortForDeletion(pods []PodState) { sortForScaleIn(pods, v1alpha1.ScaleInNewest) }
+
+// deletionClass ranks a pod for deletion before its age counts: draining
+// (0), not Ready and not running (1), not Ready (2), Ready and not running
+// (3), Ready (4).
+func deletionClass(p PodState) int {
+	running := p.Phase == corev1.PodRunning
+	switch {
+	case p.Exporter.draining():
+		return 0
+	case !p.Ready && !running:
+		return 1
+	case !p.Ready:
+		return 2
+	case !running:
+		return 3
+	}
+	return 4
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/client-go/tools/events"
@@ -48,7 +50,13 @@ const (
 	// EventInvalidLeaseExpiry: a pod's lease expiry annotation cannot be
 	// read; the lease does not expire.
 	EventInvalidLeaseExpiry = "InvalidLeaseExpiry"
+	// EventReplicasLowered: spec.replicas lowered for pods marked with
+	// v1alpha1.RemoveAnnotation.
+	EventReplicasLowered = "ReplicasLowered"
 )
+
+// classNameIndex indexes ExporterSets by spec.className in the cache.
+const classNameIndex = "spec.className"
 
 // Reconciler applies Plan to ExporterSets through the Kubernetes API.
 type Reconciler struct {
@@ -127,10 +135,32 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, workers int) error {
 		r.APIReader = mgr.GetAPIReader()
 	}
 	owner := handler.EnqueueRequestForOwner(mgr.GetScheme(), mgr.GetRESTMapper(), &v1alpha1.ExporterSet{}, handler.OnlyControllerOwner())
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1alpha1.ExporterSet{}, classNameIndex, func(o client.Object) []string {
+		if n := o.(*v1alpha1.ExporterSet).Spec.ClassName; n != "" {
+			return []string{n}
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("index exportersets by %s: %w", classNameIndex, err)
+	}
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named("exporterset").
 		For(&v1alpha1.ExporterSet{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&corev1.Pod{}, podEvents{exp: r.expectations(), inner: owner}).
+		// A class change (or its creation, for a set that waited for it)
+		// plans the sets naming it again.
+		Watches(&v1alpha1.VirtualTargetClass{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			var sets v1alpha1.ExporterSetList
+			if err := mgr.GetClient().List(ctx, &sets, client.InNamespace(o.GetNamespace()), client.MatchingFields{classNameIndex: o.GetName()}); err != nil {
+				logf.FromContext(ctx).Error(err, "list exportersets of class", "class", o.GetName())
+				return nil
+			}
+			out := make([]reconcile.Request, 0, len(sets.Items))
+			for _, s := range sets.Items {
+				out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: s.Namespace, Name: s.Name}})
+			}
+			return out
+		})).
 		WithOptions(crcontroller.Options{MaxConcurrentReconciles: max(workers, 1)})
 	if jumpstarterServed(mgr) {
 		r.Jumpstarter = true
@@ -149,7 +179,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, workers int) error {
 			}
 			var out []reconcile.Request
 			for _, s := range sets.Items {
-				if s.Spec.Jumpstarter != nil {
+				if s.Spec.Jumpstarter != nil || s.Spec.ClassName != "" { // a class may make it Jumpstarter mode
 					out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: s.Namespace, Name: s.Name}})
 				}
 			}
@@ -236,6 +266,26 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	now := r.now()
 
+	// The class: a set that names a missing class (or whose class cannot
+	// be applied) creates and deletes nothing.
+	var class *v1alpha1.VirtualTargetClass
+	if n := set.Spec.ClassName; n != "" {
+		class = &v1alpha1.VirtualTargetClass{}
+		if err := r.reader().Get(ctx, types.NamespacedName{Namespace: set.Namespace, Name: n}, class); err != nil {
+			if !apierrors.IsNotFound(err) {
+				return ctrl.Result{}, fmt.Errorf("get virtualtargetclass %s/%s of exporterset %s: %w", set.Namespace, n, key, err)
+			}
+			class = nil
+		}
+	}
+	res, cerr := Resolve(&set, class)
+	if cerr != nil {
+		st := statusOf(set.Status)
+		st.Conditions = []Condition{{v1alpha1.ConditionReplicaFailure, metav1.ConditionTrue, cerr.Reason, cerr.Message}}
+		return ctrl.Result{}, r.writeStatus(ctx, &set, st, "", nil, now)
+	}
+	eff := res.Set
+
 	sel, err := metav1.LabelSelectorAsSelector(set.Spec.Selector)
 	if err == nil && (sel.Empty() || !sel.Matches(labels.Set(set.Spec.Template.Labels))) {
 		err = fmt.Errorf("selector %q does not match the template labels %v", sel, set.Spec.Template.Labels)
@@ -244,7 +294,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		// Nothing is created or deleted; the counts stay as last observed.
 		st := statusOf(set.Status)
 		st.Conditions = []Condition{{v1alpha1.ConditionReplicaFailure, metav1.ConditionTrue, "InvalidSelector", err.Error()}}
-		return ctrl.Result{}, r.writeStatus(ctx, &set, st, "", now)
+		return ctrl.Result{}, r.writeStatus(ctx, &set, st, "", res, now)
 	}
 
 	var list corev1.PodList
@@ -263,24 +313,24 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		js     *jsState
 		gated  map[string]string
 	)
-	if set.Spec.Jumpstarter != nil {
+	if eff.Spec.Jumpstarter != nil {
 		if !r.Jumpstarter {
 			st := statusOf(set.Status)
 			st.Conditions = []Condition{{v1alpha1.ConditionReplicaFailure, metav1.ConditionTrue, "JumpstarterUnavailable",
-				"spec.jumpstarter is set but the API server does not serve jumpstarter.dev/v1alpha1 Exporters and Leases (install Jumpstarter's CRDs and restart the controller)"}}
-			return ctrl.Result{}, r.writeStatus(ctx, &set, st, "", now)
+				"spec.jumpstarter (of the set or its class) is set but the API server does not serve jumpstarter.dev/v1alpha1 Exporters and Leases (install Jumpstarter's CRDs and restart the controller)"}}
+			return ctrl.Result{}, r.writeStatus(ctx, &set, st, "", res, now)
 		}
-		if js, err = readJumpstarter(ctx, r.reader(), &set, owned, now); err != nil {
+		if js, err = readJumpstarter(ctx, r.reader(), eff, owned, now); err != nil {
 			return ctrl.Result{}, err
 		}
-		gated = r.setupPods(ctx, &set, owned, js)
+		gated = r.setupPods(ctx, eff, owned, js)
 		leases, demand = js.leases, int32(len(js.demand))
 	} else {
 		var src LeaseSource = LabelLeases{}
 		if r.Leases != nil {
 			src = r.Leases
 		}
-		if leases, demand, err = src.Leases(ctx, &set, owned); err != nil {
+		if leases, demand, err = src.Leases(ctx, eff, owned); err != nil {
 			return ctrl.Result{}, fmt.Errorf("lease state of exporterset %s: %w", key, err)
 		}
 		for _, p := range owned {
@@ -291,19 +341,29 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	pendingCreates, deleting := r.expectations().Pending(key, owned, now)
 
-	hash := setHash(&set)
+	hash := setHash(eff)
 	in := Input{
-		Replicas:       derefOr(set.Spec.Replicas, 1),
-		MinAvailable:   derefOr(set.Spec.MinAvailable, 0),
-		MaxReplicas:    set.Spec.MaxReplicas,
-		Recycle:        set.Spec.RecyclePolicy,
-		Cooldown:       30 * time.Second,
-		TemplateHash:   hash,
-		PendingCreates: pendingCreates,
-		Demand:         demand,
-		Now:            now,
+		Replicas:             derefOr(eff.Spec.Replicas, 1),
+		MinAvailable:         derefOr(eff.Spec.MinAvailable, 0),
+		MaxReplicas:          eff.Spec.MaxReplicas,
+		Recycle:              eff.Spec.RecyclePolicy,
+		Cooldown:             30 * time.Second,
+		TemplateHash:         hash,
+		WaitForFirstConsumer: res.BindingMode == v1alpha1.BindingModeWaitForFirstConsumer,
+		ScaleIn:              eff.Spec.ScaleInPolicy,
+		Paused:               eff.Spec.Paused,
+		Removing:             parseRemoving(set.Annotations[v1alpha1.RemovingAnnotation]),
+		PendingCreates:       pendingCreates,
+		Demand:               demand,
+		Now:                  now,
 
 		ConsecutiveFailures: set.Status.ConsecutiveFailures,
+	}
+	if a := eff.Spec.Autohealing; a != nil {
+		in.Autohealing = &Autohealing{StartUpFailureThreshold: derefOr(a.StartUpFailureThreshold, 3), MinFailingToStartDuration: 5 * time.Minute}
+		if a.MinFailingToStartDuration != nil {
+			in.Autohealing.MinFailingToStartDuration = a.MinFailingToStartDuration.Duration
+		}
 	}
 	if c := meta.FindStatusCondition(set.Status.Conditions, v1alpha1.ConditionReplicaFailure); c != nil {
 		if prev := (Condition{c.Type, c.Status, c.Reason, c.Message}); IsRepeatedFailure(&prev) {
@@ -313,8 +373,8 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if in.Recycle == "" {
 		in.Recycle = v1alpha1.RecyclePolicyReplace
 	}
-	if set.Spec.ScaleDownCooldown != nil {
-		in.Cooldown = set.Spec.ScaleDownCooldown.Duration
+	if eff.Spec.ScaleDownCooldown != nil {
+		in.Cooldown = eff.Spec.ScaleDownCooldown.Duration
 	}
 	if t := set.Status.ScaleDownPendingSince; t != nil {
 		in.ScaleDownPendingSince = &t.Time
@@ -347,7 +407,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 
 	if rv, ok := r.written.Load(key); ok && rv == set.ResourceVersion {
 		r.written.CompareAndDelete(key, rv) // the cache has seen the write
-	} else if ok && (acts.Create > 0 || len(acts.Delete) > 0) && r.APIReader != nil {
+	} else if ok && (acts.Create > 0 || len(acts.Delete) > 0 || acts.Set != nil) && r.APIReader != nil {
 		// The cached set is not the version our last status write made: it
 		// may be older (or a later spec change). Act only on the stored one.
 		var stored v1alpha1.ExporterSet
@@ -363,12 +423,25 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 		r.written.CompareAndDelete(key, rv) // the cache has caught up
 	}
-	execErr := r.execute(ctx, &set, key, hash, js, acts, now)
+	if acts.Set != nil {
+		// Removals are counted in spec.replicas before any pod goes; if the
+		// set changed since it was read, nothing of this plan is applied.
+		if err := r.patchSet(ctx, &set, acts.Set); err != nil {
+			if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+				log.V(1).Info("exporterset changed since the plan; plan again", "err", err.Error())
+				return ctrl.Result{RequeueAfter: 200 * time.Millisecond}, nil
+			}
+			return ctrl.Result{}, err
+		}
+		r.written.Store(key, set.ResourceVersion)
+		eff.ResourceVersion = set.ResourceVersion
+	}
+	execErr := r.execute(ctx, eff, key, hash, js, acts, now)
 	if execErr != nil {
 		acts.Status.Conditions = append(acts.Status.Conditions,
 			Condition{v1alpha1.ConditionReplicaFailure, metav1.ConditionTrue, EventFailedCreate, execErr.Error()})
 	}
-	if err := r.writeStatus(ctx, &set, acts.Status, sel.String(), now); err != nil {
+	if err := r.writeStatus(ctx, &set, acts.Status, sel.String(), res, now); err != nil {
 		if apierrors.IsConflict(err) && execErr == nil {
 			// The cached set is older than the stored one (typically our own
 			// previous status write): plan again once the cache caught up.
@@ -379,6 +452,53 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	r.Metrics.observe(key, acts.Status)
 	return ctrl.Result{RequeueAfter: acts.RequeueAfter}, execErr
+}
+
+// patchSet writes a plan's SetPatch: spec.replicas lowered for counted
+// removals and the removal bookkeeping, in one merge patch with the set's
+// resourceVersion as precondition. set is updated from the answer.
+func (r *Reconciler) patchSet(ctx context.Context, set *v1alpha1.ExporterSet, p *SetPatch) error {
+	var removing any // null removes the annotation
+	if len(p.Removing) > 0 {
+		ids := make([]string, len(p.Removing))
+		for i, u := range p.Removing {
+			ids[i] = string(u)
+		}
+		removing = strings.Join(ids, ",")
+	}
+	body := map[string]any{"metadata": map[string]any{"resourceVersion": set.ResourceVersion,
+		"annotations": map[string]any{v1alpha1.RemovingAnnotation: removing}}}
+	before := derefOr(set.Spec.Replicas, 1)
+	if p.Replicas != nil {
+		body["spec"] = map[string]any{"replicas": *p.Replicas}
+	}
+	b, err := json.Marshal(body)
+	if err != nil {
+		return fmt.Errorf("encode exporterset patch: %w", err)
+	}
+	if err := r.Client.Patch(ctx, set, client.RawPatch(types.MergePatchType, b)); err != nil {
+		return fmt.Errorf("patch exporterset %s/%s (removals): %w", set.Namespace, set.Name, err)
+	}
+	if p.Replicas != nil {
+		r.Recorder.Eventf(set, nil, corev1.EventTypeNormal, EventReplicasLowered, "ScaleIn", "spec.replicas %d -> %d for pods marked %s=true: %s",
+			before, *p.Replicas, v1alpha1.RemoveAnnotation, strings.Join(p.Counted, ", "))
+	}
+	return nil
+}
+
+// parseRemoving reads v1alpha1.RemovingAnnotation: sorted UIDs.
+func parseRemoving(v string) []types.UID {
+	if v == "" {
+		return nil
+	}
+	var out []types.UID
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, types.UID(s))
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
 }
 
 // execute applies the plan's pod actions. It returns an error when pods
@@ -544,8 +664,18 @@ func podList(names []string) string {
 
 // writeStatus merges the planned status into the set's status and writes it
 // when it changed.
-func (r *Reconciler) writeStatus(ctx context.Context, set *v1alpha1.ExporterSet, st Status, selector string, now time.Time) error {
+func (r *Reconciler) writeStatus(ctx context.Context, set *v1alpha1.ExporterSet, st Status, selector string, res *Resolved, now time.Time) error {
 	ns := set.Status.DeepCopy()
+	if res != nil { // nil: the class could not be applied; keep what was shown
+		ns.Class = res.Class
+		switch {
+		case res.Parameters == nil:
+			ns.Parameters = nil
+		case ns.Parameters == nil || !jsonEqual(ns.Parameters.Raw, res.Parameters):
+			// (the API server may write the same object differently)
+			ns.Parameters = &runtime.RawExtension{Raw: res.Parameters}
+		}
+	}
 	ns.Replicas, ns.DesiredReplicas, ns.ReadyReplicas = st.Replicas, st.Desired, st.Ready
 	ns.AvailableReplicas, ns.LeasedReplicas, ns.UpdatedReplicas = st.Available, st.Leased, st.Updated
 	ns.PendingLeases = st.PendingLeases
@@ -578,6 +708,15 @@ func (r *Reconciler) writeStatus(ctx context.Context, set *v1alpha1.ExporterSet,
 	}
 	r.written.Store(client.ObjectKeyFromObject(set), set.ResourceVersion)
 	return nil
+}
+
+// jsonEqual reports whether a and b are the same JSON value.
+func jsonEqual(a, b []byte) bool {
+	var x, y any
+	if json.Unmarshal(a, &x) != nil || json.Unmarshal(b, &y) != nil {
+		return false
+	}
+	return equality.Semantic.DeepEqual(x, y)
 }
 
 // statusOf converts a stored status back to a planned one.
@@ -614,11 +753,18 @@ func podState(p *corev1.Pod, l Lease) PodState {
 		Name: p.Name, UID: p.UID, ResourceVersion: p.ResourceVersion, Created: p.CreationTimestamp.Time,
 		Phase: p.Status.Phase, Terminating: p.DeletionTimestamp != nil,
 		Leased: l.Leased, Used: l.Used, LeaseExpires: l.Expires, TemplateHash: p.Labels[v1alpha1.TemplateHashLabel],
+		RemoveRequested: p.Annotations[v1alpha1.RemoveAnnotation] == "true",
 	}
 	for _, c := range p.Status.Conditions {
 		if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
 			s.Ready, s.ReadySince = true, c.LastTransitionTime.Time
 		}
+		if c.Type == corev1.PodReady && c.Status != corev1.ConditionTrue {
+			s.NotReadySince = c.LastTransitionTime.Time
+		}
+	}
+	if len(p.Status.ContainerStatuses) > 0 {
+		s.RestartCount = p.Status.ContainerStatuses[0].RestartCount
 	}
 	statuses := append(append([]corev1.ContainerStatus{}, p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...)
 	for _, cs := range statuses {

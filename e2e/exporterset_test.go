@@ -36,6 +36,7 @@ func TestExporterSet(t *testing.T) {
 	t.Run("FailingGuestsBackOff", e.testFailingGuests)
 	t.Run("LeasePlugin", e.testLeasePlugin)
 	t.Run("JumpstarterFromZero", e.testJumpstarterFromZero)
+	t.Run("ClassScaleInOldestExplicitPaused", e.testClassScaleInPaused)
 }
 
 // testWarmBuffer: replicas 1 + minAvailable 2 -> 2 Ready VMs; a claim by

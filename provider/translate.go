@@ -39,6 +39,10 @@ const (
 var knownAnnotations = map[string]bool{
 	AnnotationMachine: true, AnnotationFirmware: true, AnnotationKernelCmdline: true, AnnotationRequireAccelerator: true,
 	v1alpha1.JumpstarterSecretAnnotation: true, // exporter.go
+	// The ExporterSet controller's: the parameters reach the guest through
+	// the QK_PARAMETERS env fieldRef (environment disk); the reclaim policy
+	// waits for state preservation; the removal mark is the controller's.
+	v1alpha1.ParametersAnnotation: true, v1alpha1.ReclaimPolicyAnnotation: true, v1alpha1.RemoveAnnotation: true,
 }
 
 // DefaultMemory is the guest RAM of a pod that sets neither a memory limit

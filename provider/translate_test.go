@@ -3,6 +3,7 @@ package provider
 import (
 	"testing"
 
+	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
@@ -57,6 +58,9 @@ func TestTranslateAccepts(t *testing.T) {
 			}
 		}), Plan{Image: "127.0.0.1:5000/os/tiny:1", PullPolicy: oci.PullAlways, PullSecrets: []string{"reg", "reg2"}, CPUs: 1, MemoryMiB: 512,
 			Machine: "microvm", Firmware: qemu.FirmwareBIOS, ExtraCmdline: "quiet loglevel=3", Accelerator: "kvm"}},
+		{"ExporterSet controller annotations (parameters, reclaim policy, removal mark)", vmPod(func(p *corev1.Pod) {
+			p.Annotations = map[string]string{v1alpha1.ParametersAnnotation: `{"a":1}`, v1alpha1.ReclaimPolicyAnnotation: "Retain", v1alpha1.RemoveAnnotation: "true"}
+		}), Plan{Image: "127.0.0.1:5000/os/tiny:1", PullPolicy: oci.PullIfNotPresent, CPUs: 1, MemoryMiB: 512, Machine: "q35", Firmware: qemu.FirmwareBIOS}},
 		{"never, uefi, any", vmPod(func(p *corev1.Pod) {
 			p.Spec.Containers[0].ImagePullPolicy = corev1.PullNever
 			p.Annotations = map[string]string{AnnotationFirmware: "uefi", AnnotationRequireAccelerator: "any"}

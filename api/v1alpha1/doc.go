@@ -1,5 +1,5 @@
 // Package v1alpha1 holds the Go types of the qemu-kubelet.io/v1alpha1 API
-// group (ExporterSet), annotated with kubebuilder markers from which
+// group (ExporterSet, VirtualTargetClass), annotated with kubebuilder markers from which
 // hack/gen-crds.sh generates the deepcopy functions and the CRDs in
 // config/crd.
 //

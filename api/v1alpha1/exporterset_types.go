@@ -3,6 +3,7 @@ package v1alpha1
 import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 )
 
 // Well-known label keys and condition types of ExporterSets.
@@ -63,6 +64,31 @@ const (
 	// set spec.enabled=false on an Exporter it is about to delete; the
 	// pod and Exporter go only after the drain delay has passed since.
 	ExporterDisabledAtAnnotation = "qemu-kubelet.io/disabled-at"
+
+	// RemoveAnnotation, set to "true" on a pod of a set, asks for that pod
+	// to be removed: the controller deletes it (once it is not leased) and
+	// lowers spec.replicas by one, whatever the scale-in policy. With
+	// scaleInPolicy Explicit it is the only way the set scales in.
+	RemoveAnnotation = "qemu-kubelet.io/remove"
+	// RemovingAnnotation is on an ExporterSet: the UIDs (comma-separated)
+	// of the pods whose removal (RemoveAnnotation) the controller has
+	// already counted in spec.replicas. It is written in the same patch as
+	// the lowered spec.replicas, so each removal lowers the count once.
+	RemovingAnnotation = "qemu-kubelet.io/removing"
+)
+
+// ScaleInPolicy says which pods go when a set has more pods than its target.
+// +kubebuilder:validation:Enum=Newest;Oldest;Explicit
+type ScaleInPolicy string
+
+const (
+	// ScaleInNewest removes the newest pods first (the least invested).
+	ScaleInNewest ScaleInPolicy = "Newest"
+	// ScaleInOldest removes the oldest pods first.
+	ScaleInOldest ScaleInPolicy = "Oldest"
+	// ScaleInExplicit never chooses: only pods marked with RemoveAnnotation
+	// go (and spec.replicas drops with each).
+	ScaleInExplicit ScaleInPolicy = "Explicit"
 )
 
 // RecyclePolicy says what happens to a pod whose lease ended.
@@ -137,6 +163,74 @@ type ExporterSetSpec struct {
 	// labels make the set grow. See docs/exporterset.md.
 	// +optional
 	Jumpstarter *JumpstarterSpec `json:"jumpstarter,omitempty"`
+
+	// ClassName names a VirtualTargetClass of the set's namespace whose
+	// parameters, scheduling and pod defaults, binding mode, reclaim policy
+	// and Jumpstarter defaults the set takes (the set's own values win).
+	// A class that does not exist stops the set (ReplicaFailure
+	// ClassNotFound); a class change rolls the pods like a template
+	// change when it changes what the pods get.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	ClassName string `json:"className,omitempty"`
+
+	// Parameters are deep-merged over the class's parameters (objects merge
+	// key by key, recursively; lists and scalars replace; null removes a
+	// key of the class). The merged object reaches each pod as the
+	// annotation qemu-kubelet.io/parameters and the guest as the
+	// environment variable QK_PARAMETERS (environment disk), and is shown
+	// in status.parameters.
+	// +optional
+	// +kubebuilder:pruning:PreserveUnknownFields
+	// +kubebuilder:validation:Type=object
+	Parameters *runtime.RawExtension `json:"parameters,omitempty"`
+
+	// ScaleInPolicy says which unleased pods go when the set has more pods
+	// than its target: Newest (default), Oldest, or Explicit (only pods
+	// marked with the annotation qemu-kubelet.io/remove=true go, and
+	// spec.replicas drops with each). Under every policy not-Ready pods go
+	// before Ready ones, leased pods never, and a marked pod is removed
+	// with spec.replicas lowered by one.
+	// +optional
+	// +kubebuilder:default=Newest
+	ScaleInPolicy ScaleInPolicy `json:"scaleInPolicy,omitempty"`
+
+	// Paused stops all scaling: no pod is created or deleted (nor Exporter
+	// enabled or disabled) while it is true. The status is still
+	// observed; the Progressing condition is Unknown with reason Paused
+	// and says what the set would do.
+	// +optional
+	Paused bool `json:"paused,omitempty"`
+
+	// Autohealing, when set, replaces pods whose VM keeps failing to start
+	// (see AutohealingSpec). Without it such pods are left to their node's
+	// restarts and reported in ReplicaFailure.
+	// +optional
+	Autohealing *AutohealingSpec `json:"autohealing,omitempty"`
+}
+
+// AutohealingSpec says when a pod counts as failing to start and is
+// replaced by a fresh one (the names follow KubeVirt's VirtualMachinePool).
+// A pod counts as failing when it is not Ready, its VM container waits in
+// CrashLoopBackOff (or RunContainerError, StartError, CreateContainerError),
+// its restart count reached startUpFailureThreshold, and it has not been
+// Ready for minFailingToStartDuration. Leased pods are never replaced.
+// A replacement counts as a pod failure: replacements back off like those
+// of failed pods.
+type AutohealingSpec struct {
+	// StartUpFailureThreshold is how many times the VM must have failed to
+	// start (the container's restart count) before the pod counts as
+	// failing.
+	// +optional
+	// +kubebuilder:default=3
+	// +kubebuilder:validation:Minimum=1
+	StartUpFailureThreshold *int32 `json:"startUpFailureThreshold,omitempty"`
+	// MinFailingToStartDuration is how long the pod must have been not
+	// Ready (since its Ready condition last turned False, or since it was
+	// created) before it counts as failing.
+	// +optional
+	// +kubebuilder:default="5m"
+	MinFailingToStartDuration *metav1.Duration `json:"minFailingToStartDuration,omitempty"`
 }
 
 // JumpstarterSpec connects an ExporterSet to a Jumpstarter controller.
@@ -159,11 +253,14 @@ type JumpstarterSpec struct {
 	// ExporterLabels are the labels of every Exporter the set owns: the
 	// labels Jumpstarter Leases select on. A pending Lease whose selector
 	// matches them counts as demand for a pod of this set. They must not
-	// use the qemu-kubelet.io/ prefix (the controller's own labels).
+	// use the qemu-kubelet.io/ prefix (the controller's own labels). They
+	// are merged over the class's (spec.className); the result must not be
+	// empty.
+	// +optional
 	// +kubebuilder:validation:MinProperties=1
 	// +kubebuilder:validation:MaxProperties=32
 	// +kubebuilder:validation:XValidation:rule="self.all(k, !k.startsWith('qemu-kubelet.io/'))",message="spec.jumpstarter.exporterLabels must not use the qemu-kubelet.io/ prefix"
-	ExporterLabels map[string]string `json:"exporterLabels"`
+	ExporterLabels map[string]string `json:"exporterLabels,omitempty"`
 }
 
 // ExporterSetStatus is the observed state of an ExporterSet.
@@ -227,12 +324,39 @@ type ExporterSetStatus struct {
 	// +optional
 	LastFailureTime *metav1.Time `json:"lastFailureTime,omitempty"`
 
+	// Class is the class the set resolved (spec.className) and the
+	// effective values it took from it.
+	// +optional
+	Class *ClassStatus `json:"class,omitempty"`
+
+	// Parameters are the set's effective parameters: the class's deep-merged
+	// with the set's, as its pods get them.
+	// +optional
+	// +kubebuilder:pruning:PreserveUnknownFields
+	// +kubebuilder:validation:Type=object
+	Parameters *runtime.RawExtension `json:"parameters,omitempty"`
+
 	// Conditions are Available, Progressing and ReplicaFailure, and in
 	// Jumpstarter mode ExportersReady.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// ClassStatus is what a set took from its VirtualTargetClass.
+type ClassStatus struct {
+	// Name of the class.
+	Name string `json:"name"`
+	// Generation of the class that was applied.
+	// +optional
+	Generation int64 `json:"generation,omitempty"`
+	// BindingMode in effect.
+	// +optional
+	BindingMode BindingMode `json:"bindingMode,omitempty"`
+	// ReclaimPolicy in effect.
+	// +optional
+	ReclaimPolicy ReclaimPolicy `json:"reclaimPolicy,omitempty"`
 }
 
 // ExporterSet keeps a number of pods (virtual test targets) and a warm buffer
@@ -250,6 +374,9 @@ type ExporterSetStatus struct {
 // +kubebuilder:printcolumn:name="Leased",type=integer,JSONPath=`.status.leasedReplicas`,description="Leased pods"
 // +kubebuilder:printcolumn:name="Pending",type=integer,JSONPath=`.status.pendingLeases`,description="Jumpstarter Leases waiting for an exporter of the set"
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:printcolumn:name="Class",type=string,JSONPath=`.spec.className`,priority=1,description="The VirtualTargetClass the set takes defaults from"
+// +kubebuilder:printcolumn:name="ScaleIn",type=string,JSONPath=`.spec.scaleInPolicy`,priority=1,description="Which pods go on scale-in"
+// +kubebuilder:printcolumn:name="Paused",type=boolean,JSONPath=`.spec.paused`,priority=1,description="Scaling stopped"
 type ExporterSet struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
