@@ -582,6 +582,21 @@ func TestPlanLeaseExpiry(t *testing.T) {
 		in.Now = exp
 		assert.Equal(t, []string{"l:" + ReasonFailed}, deletions(Plan(in)))
 	})
+	t.Run("a pod marked for removal goes when its lease expires, counted once", func(t *testing.T) {
+		in := with(base(2, 0, pod("r", time.Minute, leased, func(p *PodState) { p.RemoveRequested = true }, expiresAt(exp)), pod("a", time.Minute)), func(in *Input) {
+			in.ScaleIn = v1alpha1.ScaleInExplicit
+		})
+		a := Plan(in)
+		assert.Empty(t, a.Delete, "leased until the expiry")
+		assert.Nil(t, a.Set)
+		in.Now = exp
+		a = Plan(in)
+		assert.Equal(t, []string{"r:" + ReasonRemoved}, deletions(a))
+		if assert.NotNil(t, a.Set) {
+			assert.Equal(t, int32(1), *a.Set.Replicas)
+		}
+		assert.Zero(t, a.Create)
+	})
 	t.Run("no expiry: the lease holds forever", func(t *testing.T) {
 		a := Plan(with(base(1, 0, pod("l", time.Minute, leased)), func(in *Input) { in.Now = t0.Add(1000 * time.Hour) }))
 		assert.Empty(t, a.Delete)
