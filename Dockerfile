@@ -29,6 +29,8 @@ RUN make build VERSION=${VERSION}
 # ---- runtime: Debian with QEMU and the tools qemu/ runs.
 FROM debian:bookworm-slim
 # qemu-system-x86  the VMs (qemu-system-x86_64)
+# qemu-system-arm  arm64 guests of guestArchitectures (qemu-system-aarch64)
+# qemu-efi-aarch64 AAVMF: UEFI firmware for arm64 disk images
 # qemu-utils       qemu-img: qcow2 overlays on cached base images, image info
 # dosfstools       mkfs.vfat: the cloud-init/config disk
 # mtools           mmd, mcopy: fill the config disk without mounting it
@@ -37,6 +39,8 @@ FROM debian:bookworm-slim
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       qemu-system-x86 \
+      qemu-system-arm \
+      qemu-efi-aarch64 \
       qemu-utils \
       dosfstools \
       mtools \
