@@ -115,6 +115,9 @@ func runTests(m *testing.M) int {
 	cfg, err := testEnv.Start()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "controller tests: start envtest:", err)
+		// Start leaves etcd and the API server running when a later step
+		// (CRD install) fails.
+		_ = testEnv.Stop()
 		return 1
 	}
 	stop := func() {

@@ -82,6 +82,7 @@ func run(m *testing.M) int {
 	cfg, err := te.Start()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "start envtest:", err)
+		_ = te.Stop() // Start leaves etcd and the API server running when the CRD install fails
 		return 1
 	}
 	stop := func() { _ = te.Stop() }
