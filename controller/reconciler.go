@@ -697,7 +697,13 @@ func (r *Reconciler) writeStatus(ctx context.Context, set *v1alpha1.ExporterSet,
 		meta.SetStatusCondition(&ns.Conditions, metav1.Condition{Type: c.Type, Status: c.Status, Reason: c.Reason,
 			Message: c.Message, ObservedGeneration: set.Generation, LastTransitionTime: metav1.NewTime(now.Truncate(time.Second))})
 	}
-	if equality.Semantic.DeepEqual(&set.Status, ns) {
+	// Equal to the cached status is not enough while the cache has not seen
+	// our last write: the stored status may differ from the cached one (e.g.
+	// leased 2 -> 1 written, 1 -> 2 planned from a cache still at 2). Then
+	// the update is sent; it conflicts on the stale version and the set is
+	// planned again once the cache caught up.
+	key := client.ObjectKeyFromObject(set)
+	if equality.Semantic.DeepEqual(&set.Status, ns) && !r.writePending(key, set.ResourceVersion) {
 		return nil
 	}
 	// A full update (not a merge patch) so that zero counts are written too:
@@ -706,8 +712,16 @@ func (r *Reconciler) writeStatus(ctx context.Context, set *v1alpha1.ExporterSet,
 	if err := r.Client.Status().Update(ctx, set); err != nil {
 		return fmt.Errorf("update status of exporterset %s/%s: %w", set.Namespace, set.Name, err)
 	}
-	r.written.Store(client.ObjectKeyFromObject(set), set.ResourceVersion)
+	r.written.Store(key, set.ResourceVersion)
 	return nil
+}
+
+// writePending reports whether this controller wrote set key at a
+// resourceVersion other than rv (the cached one) and the cache has not been
+// seen to catch up.
+func (r *Reconciler) writePending(key types.NamespacedName, rv string) bool {
+	w, ok := r.written.Load(key)
+	return ok && w != rv
 }
 
 // jsonEqual reports whether a and b are the same JSON value.
