@@ -95,6 +95,9 @@ type VMsConfig struct {
 	// Memory is the node's memory tuning, given to every VM (vmMemory in
 	// the node configuration).
 	Memory qemu.MemoryTuning
+	// VMNice is the nice value of every QEMU (vmNice in the node
+	// configuration).
+	VMNice int
 	// VMOverhead is QEMU's own memory per VM in bytes, counted by
 	// admission next to the pod's memory request (admission.go).
 	VMOverhead int64
@@ -980,6 +983,7 @@ func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan Plan
 		AllowedDirs: []string{p.cfg.ImageDir},
 		StateDir:    rec.dir,
 		Memory:      p.cfg.Memory,
+		Nice:        p.cfg.VMNice,
 	}
 	if img.Kernel != "" {
 		spec.Cmdline = KernelCmdline(p.arch(), img.Cmdline, plan.ExtraCmdline) // cmdline.go: the arch's console unless one is named

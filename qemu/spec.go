@@ -119,6 +119,12 @@ type Spec struct {
 	// Memory tunes what the VM costs the host beyond the guest's RAM.
 	Memory MemoryTuning
 
+	// Nice is the nice value QEMU and every thread it creates (vCPUs
+	// included) run at, 0 to 19. A positive value keeps busy guests from
+	// starving the node agent, the API server and etcd on the same host:
+	// guests compete with each other as before, but below the control path.
+	Nice int
+
 	// ConsoleCapBytes bounds the kept console output (console.log plus
 	// console.log.1); 0 means DefaultConsoleCap.
 	ConsoleCapBytes int64
@@ -148,6 +154,9 @@ type MemoryTuning struct {
 	// runs KSM (/sys/kernel/mm/ksm/run).
 	MemMerge bool
 }
+
+// MaxNice is the largest Spec.Nice (Linux's lowest priority).
+const MaxNice = 19
 
 // MaxTCGTranslationBufferMiB bounds MemoryTuning.TCGTranslationBufferMiB.
 const MaxTCGTranslationBufferMiB = 4096
@@ -326,6 +335,9 @@ func (s Spec) Validate() error {
 			bad("%s guest port %d: already forwarded by forward[%d]", what, f.GuestPort, j)
 		}
 		hostPorts[f.HostPort], guestPorts[f.GuestPort] = i, i
+	}
+	if s.Nice < 0 || s.Nice > MaxNice {
+		bad("nice %d: must be between 0 and %d (QEMU never runs above the agent's priority)", s.Nice, MaxNice)
 	}
 	if tb := s.Memory.TCGTranslationBufferMiB; tb < 0 || tb > MaxTCGTranslationBufferMiB {
 		bad("memory tcg translation buffer %d MiB: must be 0 (QEMU's default) or between 1 and %d MiB", tb, MaxTCGTranslationBufferMiB)

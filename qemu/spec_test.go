@@ -135,6 +135,8 @@ func TestValidateRejects(t *testing.T) {
 		{"long state dir", func(s *Spec) { s.StateDir = "/" + strings.Repeat("x", 120) }, "too long for unix sockets"},
 		{"console cap too small", func(s *Spec) { s.ConsoleCapBytes = 10 }, "console cap 10 bytes"},
 		{"bad user", func(s *Spec) { s.RunAsUser = "root;x" }, "run-as user"},
+		{"negative nice", func(s *Spec) { s.Nice = -5 }, "nice -5: must be between 0 and 19"},
+		{"nice out of range", func(s *Spec) { s.Nice = 20 }, "nice 20: must be between 0 and 19"},
 		{"negative tb size", func(s *Spec) { s.Memory.TCGTranslationBufferMiB = -1 }, "memory tcg translation buffer -1 MiB"},
 		{"huge tb size", func(s *Spec) { s.Memory.TCGTranslationBufferMiB = 1 << 20 }, "memory tcg translation buffer 1048576 MiB"},
 		{"uefi without code", func(s *Spec) { s.Firmware = FirmwareUEFI }, "uefi code: path is empty"},

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/digitalocean/go-qemu/qmp"
 	"github.com/go-logr/logr"
+	"golang.org/x/sys/unix"
 )
 
 // VM is one supervised QEMU process. It is created by Start or Adopt; QEMU
@@ -139,7 +141,7 @@ func Start(ctx context.Context, spec Spec, stateDir string) (*VM, error) {
 		cmd.SysProcAttr.Credential = cred
 	}
 	fmt.Fprintf(qlog, "=== %s start: %s %s\n", time.Now().UTC().Format(time.RFC3339Nano), spec.QEMUBinary, strings.Join(args, " "))
-	if err := cmd.Start(); err != nil {
+	if err := startNiced(cmd, spec.Nice); err != nil {
 		hint := ""
 		if spec.RunAsUser != "" && errors.Is(err, os.ErrPermission) {
 			hint = fmt.Sprintf(" (as user %s: the state dir's parents must be searchable by that user)", spec.RunAsUser)
@@ -883,3 +885,26 @@ func (vm *VM) RemoveForward(ctx context.Context, hostPort int) error {
 }
 
 func vmLogger(ctx context.Context) logr.Logger { return logr.FromContextOrDiscard(ctx) }
+
+// startNiced starts cmd at nice value n. Linux nice values are per thread
+// and a child inherits the value of the thread that forked it, so cmd is
+// started from a locked OS thread set to n: QEMU's main thread and every
+// thread it creates later (vCPUs, I/O) run at n from their first
+// instruction, with no window at the agent's priority. The thread is
+// discarded afterwards (the goroutine exits locked), as lowering its nice
+// value back would need CAP_SYS_NICE.
+func startNiced(cmd *exec.Cmd, n int) error {
+	if n == 0 {
+		return cmd.Start()
+	}
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: Go ends the thread with the goroutine
+		if err := unix.Setpriority(unix.PRIO_PROCESS, 0, n); err != nil {
+			errc <- fmt.Errorf("set nice %d for QEMU: %w", n, err)
+			return
+		}
+		errc <- cmd.Start()
+	}()
+	return <-errc
+}

@@ -2,6 +2,7 @@ package qemu
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -11,10 +12,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 )
 
 const (
@@ -627,4 +631,49 @@ func TestUEFIKernelBoot(t *testing.T) {
 	if ex, err := vm.Stop(ctx, StopOptions{Grace: 30 * time.Second}); err != nil || ex.Class != ExitGuestShutdown {
 		t.Fatalf("stop: %+v %v", ex, err)
 	}
+}
+
+// TestNiceAppliesToEveryThread: with Spec.Nice, QEMU's main thread and the
+// threads it created (vCPU, I/O) all run at that nice value, and the agent's
+// own threads keep theirs.
+func TestNiceAppliesToEveryThread(t *testing.T) {
+	testutil.SkipIfShort(t, "QEMU")
+	spec := testSpec(t, "acpi")
+	spec.Nice = 7
+	vm := startVM(t, spec, newStateDir(t))
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", vm.Pid()))
+	if err != nil || len(tasks) < 2 {
+		t.Fatalf("threads of QEMU %d: %v %v (want the main thread and a vCPU thread at least)", vm.Pid(), tasks, err)
+	}
+	for _, f := range tasks {
+		if n := threadNice(t, f); n != 7 {
+			t.Errorf("%s: nice %d, want 7", f, n)
+		}
+	}
+	// The launching thread ends with its goroutine (or, when that was the
+	// main thread, is parked for good by the runtime and never runs Go
+	// code again); no other thread of the agent may have taken the value.
+	time.Sleep(time.Second)
+	self, _ := filepath.Glob("/proc/self/task/*/stat")
+	main := fmt.Sprintf("/proc/self/task/%d/stat", os.Getpid())
+	for _, f := range self {
+		if n := threadNice(t, f); n == 7 && f != main {
+			t.Errorf("agent thread %s runs at QEMU's nice 7: the launching thread leaked back into the pool", f)
+		}
+	}
+}
+
+// threadNice reads the nice field (19th) of a /proc/.../stat file.
+func threadNice(t *testing.T, statFile string) int {
+	b, err := os.ReadFile(statFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Fields after the command name in parentheses (which may hold spaces).
+	rest := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+2:]))
+	n, err := strconv.Atoi(rest[16]) // field 19 overall; rest starts at field 3
+	if err != nil {
+		t.Fatalf("%s: nice field %q: %v", statFile, rest[16], err)
+	}
+	return n
 }

@@ -76,6 +76,7 @@ func newVMs(ctx context.Context, cfg *config.Node, facts provider.Facts, client 
 			FreePageReporting:       cfg.VMMemory.FreePageReporting,
 			MemMerge:                cfg.VMMemory.PageMerging,
 		},
+		VMNice:     cfg.VMNice,
 		VMOverhead: cfg.VMMemory.Overhead,
 	})
 	res, err := vms.Recover(ctx)

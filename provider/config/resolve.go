@@ -34,6 +34,7 @@ const (
 	DefaultEventRecordQPS                           = 50
 	DefaultEventBurst                               = 100
 	DefaultPodSyncWorkers                           = 10
+	DefaultVMNice                                   = 10
 	DefaultMemoryAvailable           QuantityString = "100Mi"
 	DefaultDiskAvailable             QuantityString = "10%"
 	DefaultPIDAvailable              QuantityString = "5%"
@@ -144,7 +145,9 @@ type Node struct {
 	EventRecordQPS float32
 	EventBurst     int
 	// PodSyncWorkers: workers of each pod controller queue.
-	PodSyncWorkers  int
+	PodSyncWorkers int
+	// VMNice: the nice value of every QEMU.
+	VMNice          int
 	MemoryAvailable Threshold
 	DiskAvailable   Threshold
 	PIDAvailable    Threshold
@@ -240,6 +243,7 @@ func Default(c *NodeConfiguration, env Environment) {
 	defaultInt32(&c.EventRecordQPS, DefaultEventRecordQPS)
 	defaultInt32(&c.EventBurst, DefaultEventBurst)
 	defaultInt32(&c.PodSyncWorkers, DefaultPodSyncWorkers)
+	defaultInt32(&c.VMNice, DefaultVMNice)
 	if c.Pressure.MemoryAvailable == "" {
 		c.Pressure.MemoryAvailable = DefaultMemoryAvailable
 	}
@@ -449,6 +453,11 @@ func validate(c *NodeConfiguration, env Environment) (*Node, field.ErrorList) {
 	} else {
 		n.PodSyncWorkers = int(w)
 	}
+	if v := *c.VMNice; v < 0 || v > maxNice {
+		errs = append(errs, field.Invalid(field.NewPath("vmNice"), v, fmt.Sprintf("must be between 0 and %d (QEMU never runs above the agent's priority)", maxNice)))
+	} else {
+		n.VMNice = int(v)
+	}
 
 	prPath := field.NewPath("pressure")
 	n.MemoryAvailable, errs = parseThreshold(prPath.Child("memoryAvailable"), c.Pressure.MemoryAvailable, errs)
@@ -498,6 +507,9 @@ func validateVMMemory(v VMMemory, errs field.ErrorList) (VMMemoryConfig, field.E
 	}
 	return out, errs
 }
+
+// maxNice is qemu.MaxNice (config does not import qemu).
+const maxNice = 19
 
 // maxTBSizeMiB is qemu.MaxTCGTranslationBufferMiB (config does not import qemu).
 const maxTBSizeMiB = 4096
