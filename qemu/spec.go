@@ -119,10 +119,13 @@ type Spec struct {
 	// Memory tunes what the VM costs the host beyond the guest's RAM.
 	Memory MemoryTuning
 
-	// Nice is the nice value QEMU and every thread it creates (vCPUs
-	// included) run at, 0 to 19. A positive value keeps busy guests from
-	// starving the node agent, the API server and etcd on the same host:
-	// guests compete with each other as before, but below the control path.
+	// Nice is the nice value every QEMU thread (vCPUs included) runs its
+	// guest at, 0 to 19. A positive value keeps busy guests from starving
+	// the node agent, the API server and etcd on the same host: guests
+	// compete with each other as before, but below the control path. Such
+	// a VM is launched paused (-S) at the caller's priority and Start
+	// lowers its threads before starting the vCPUs, so QEMU's own start-up
+	// is not slowed by busy guests either.
 	Nice int
 
 	// ConsoleCapBytes bounds the kept console output (console.log plus
@@ -428,6 +431,9 @@ func Args(s Spec) []string {
 		"-serial", "chardev:console",
 		"-action", "shutdown=pause,panic=pause,reboot=reset",
 		"-pidfile", s.Path(PidfileName),
+	}
+	if s.Nice > 0 {
+		a = append(a, "-S") // Start lowers the threads, then sends cont
 	}
 	switch s.Machine {
 	case "microvm":

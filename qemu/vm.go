@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -141,7 +140,7 @@ func Start(ctx context.Context, spec Spec, stateDir string) (*VM, error) {
 		cmd.SysProcAttr.Credential = cred
 	}
 	fmt.Fprintf(qlog, "=== %s start: %s %s\n", time.Now().UTC().Format(time.RFC3339Nano), spec.QEMUBinary, strings.Join(args, " "))
-	if err := startNiced(cmd, spec.Nice); err != nil {
+	if err := cmd.Start(); err != nil {
 		hint := ""
 		if spec.RunAsUser != "" && errors.Is(err, os.ErrPermission) {
 			hint = fmt.Sprintf(" (as user %s: the state dir's parents must be searchable by that user)", spec.RunAsUser)
@@ -173,6 +172,16 @@ func Start(ctx context.Context, spec Spec, stateDir string) (*VM, error) {
 		return nil, fmt.Errorf("start VM %s: %w%s", spec.Name, err, qemuLogTail(spec.Path(QEMULogName)))
 	}
 	go vm.supervise()
+	if spec.Nice > 0 {
+		if err := vm.release(ctx); err != nil {
+			_ = signalPid(vm.pid, syscall.SIGKILL)
+			select {
+			case <-vm.done:
+			case <-time.After(10 * time.Second):
+			}
+			return nil, fmt.Errorf("start VM %s: %w", spec.Name, err)
+		}
+	}
 	return vm, nil
 }
 
@@ -216,10 +225,17 @@ func Adopt(ctx context.Context, stateDir string) (*VM, error) {
 	}
 	// What happened while nobody listened? Events are not replayed; the run
 	// state tells.
-	if st, err := vm.queryStatus(ctx); err == nil {
+	st, err := vm.queryStatus(ctx)
+	if err == nil {
 		vm.applyRunState(st)
 	}
 	go vm.supervise()
+	if st == "prelaunch" && spec.Nice > 0 {
+		// The agent died between launch and release: finish the start.
+		if err := vm.release(ctx); err != nil {
+			return nil, fmt.Errorf("adopt %s: %w", abs, err)
+		}
+	}
 	return vm, nil
 }
 
@@ -886,25 +902,45 @@ func (vm *VM) RemoveForward(ctx context.Context, hostPort int) error {
 
 func vmLogger(ctx context.Context) logr.Logger { return logr.FromContextOrDiscard(ctx) }
 
-// startNiced starts cmd at nice value n. Linux nice values are per thread
-// and a child inherits the value of the thread that forked it, so cmd is
-// started from a locked OS thread set to n: QEMU's main thread and every
-// thread it creates later (vCPUs, I/O) run at n from their first
-// instruction, with no window at the agent's priority. The thread is
-// discarded afterwards (the goroutine exits locked), as lowering its nice
-// value back would need CAP_SYS_NICE.
-func startNiced(cmd *exec.Cmd, n int) error {
-	if n == 0 {
-		return cmd.Start()
+// release lowers every QEMU thread to spec.Nice and starts the vCPUs. A VM
+// with a nice value is launched paused (-S) at the agent's priority: its
+// start-up (QEMU's init, the QMP handshake) is control path and is not
+// slowed by busy guests; only then does its guest run, at spec.Nice.
+func (vm *VM) release(ctx context.Context) error {
+	if err := reniceProcess(vm.pid, vm.spec.Nice); err != nil {
+		return err
 	}
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: Go ends the thread with the goroutine
-		if err := unix.Setpriority(unix.PRIO_PROCESS, 0, n); err != nil {
-			errc <- fmt.Errorf("set nice %d for QEMU: %w", n, err)
-			return
+	if err := vm.QMP(ctx, "cont", nil, nil); err != nil {
+		return fmt.Errorf("start the vCPUs (QMP cont): %w", err)
+	}
+	return nil
+}
+
+// reniceProcess sets every thread of pid to nice n. Linux nice values are
+// per thread and a new thread inherits its creator's, so it goes over the
+// threads again until a pass finds none it has not set.
+func reniceProcess(pid, n int) error {
+	set := map[int]bool{}
+	for range 10 {
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+		if err != nil {
+			return fmt.Errorf("threads of QEMU %d: %w", pid, err)
 		}
-		errc <- cmd.Start()
-	}()
-	return <-errc
+		fresh := false
+		for _, e := range tasks {
+			tid, err := strconv.Atoi(e.Name())
+			if err != nil || set[tid] {
+				continue
+			}
+			fresh = true
+			if err := unix.Setpriority(unix.PRIO_PROCESS, tid, n); err != nil && !errors.Is(err, unix.ESRCH) {
+				return fmt.Errorf("set nice %d on QEMU %d thread %d: %w", n, pid, tid, err)
+			}
+			set[tid] = true
+		}
+		if !fresh {
+			return nil
+		}
+	}
+	return fmt.Errorf("QEMU %d kept creating threads while its nice value was set", pid)
 }
