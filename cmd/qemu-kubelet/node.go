@@ -157,7 +157,8 @@ func (v *vkNode) run(ctx context.Context, ready func()) error {
 	}
 }
 
-// nodeEvents records the node events: at start the accelerator in use (a
+// nodeEvents records the node events (and registers the node for
+// configuration reloads, reload.go): at start the accelerator in use (a
 // warning when KVM was not usable and VMs fall back to TCG), then what the
 // image cache garbage collection does (it runs until ctx ends).
 func (v *vkNode) nodeEvents(ctx context.Context, eb record.EventBroadcaster) {
