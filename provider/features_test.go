@@ -215,3 +215,28 @@ func TestConfigConditionAndFeaturesAnnotation(t *testing.T) {
 	assert.Equal(t, corev1.ConditionFalse, c.Status)
 	assert.Equal(t, ReasonRestartRequired, c.Reason)
 }
+
+// TestVMSpecConsoleLogSize: features.consoleLogSize reaches the spec of VMs
+// started after it is set; the default is qemu's own cap (today's).
+func TestVMSpecConsoleLogSize(t *testing.T) {
+	dir := t.TempDir()
+	imageDir := filepath.Join(dir, "images")
+	p := NewVMs(context.Background(), VMsConfig{StateDir: dir, ImageDir: imageDir, Accelerator: "tcg"})
+	rec := &podVM{uid: "uid-c", dir: p.podDir("uid-c")}
+	img := &oci.Image{Ref: "r/os:1", Digest: "sha256:x", Kernel: filepath.Join(imageDir, "k", "vmlinuz")}
+	pod := vmPod()
+	plan, rej := Translate(pod, qemu.ArchX86_64)
+	require.Nil(t, rej)
+	spec, err := p.vmSpec(context.Background(), rec, pod, plan, img)
+	require.NoError(t, err)
+	assert.Equal(t, qemu.DefaultConsoleCap, spec.ConsoleCapBytes)
+
+	f := config.DefaultFeatures()
+	f.ConsoleLogSize = config.MinConsoleLogSize
+	p.SetFeatures(f)
+	spec, err = p.vmSpec(context.Background(), rec, pod, plan, img)
+	require.NoError(t, err)
+	assert.Equal(t, int64(config.MinConsoleLogSize), spec.ConsoleCapBytes)
+	spec.Disks = nil
+	assert.NoError(t, spec.Validate(), "the smallest size the config accepts is one qemu accepts")
+}
