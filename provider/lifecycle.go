@@ -11,10 +11,12 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
 	"github.com/virtual-kubelet/virtual-kubelet/node"
@@ -101,6 +103,9 @@ type VMsConfig struct {
 	// VMOverhead is QEMU's own memory per VM in bytes, counted by
 	// admission next to the pod's memory request (admission.go).
 	VMOverhead int64
+	// Features in force at start (nil: the defaults); SetFeatures swaps
+	// them on a reload (features.go).
+	Features *config.FeatureConfig
 }
 
 // VMs is the pod side of the provider: every pod bound to the node becomes
@@ -113,9 +118,16 @@ type VMs struct {
 	log  klog.Logger
 	now  func() time.Time
 
+	// features are the features in force: written by SetFeatures (the
+	// reload's owner), read anywhere (features.go).
+	features atomic.Pointer[config.FeatureConfig]
+
 	mu     sync.Mutex
 	pods   map[types.UID]*podVM
 	notify func(*corev1.Pod)
+	// featuresChanged is closed (and replaced) by SetFeatures: it wakes
+	// the pods held for features.
+	featuresChanged chan struct{}
 	// pump delivers statuses to notify, per pod, newest only (statuspump.go).
 	pump statusPump
 }
@@ -190,7 +202,9 @@ func NewVMs(ctx context.Context, cfg VMsConfig) *VMs {
 	if cfg.DefaultGrace <= 0 {
 		cfg.DefaultGrace = 30 * time.Second
 	}
-	return &VMs{cfg: cfg, base: ctx, log: klog.FromContext(ctx).WithName("vms"), now: time.Now, pods: map[types.UID]*podVM{}}
+	p := &VMs{cfg: cfg, base: ctx, log: klog.FromContext(ctx).WithName("vms"), now: time.Now, pods: map[types.UID]*podVM{}, featuresChanged: make(chan struct{})}
+	p.features.Store(cfg.Features)
+	return p
 }
 
 func (p *VMs) vmsDir() string { return filepath.Join(p.cfg.StateDir, VMsDirName) }
@@ -633,6 +647,13 @@ func (p *VMs) run(rec *podVM) {
 			case <-ctx.Done():
 				return
 			}
+			// A pod needing a disabled feature waits (features.go).
+			if !p.holdForFeatures(ctx, rec) {
+				if ctx.Err() != nil {
+					return
+				}
+				continue
+			}
 			var ok bool
 			vm, ok = p.pullAndStart(ctx, rec)
 			if !ok {
@@ -984,6 +1005,8 @@ func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan Plan
 		StateDir:    rec.dir,
 		Memory:      p.cfg.Memory,
 		Nice:        p.cfg.VMNice,
+		// features.consoleLogSize in force when the VM starts.
+		ConsoleCapBytes: p.Features().ConsoleLogSize,
 	}
 	if img.Kernel != "" {
 		spec.Cmdline = KernelCmdline(p.arch(), img.Cmdline, plan.ExtraCmdline) // cmdline.go: the arch's console unless one is named

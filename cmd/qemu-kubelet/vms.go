@@ -78,6 +78,7 @@ func newVMs(ctx context.Context, cfg *config.Node, facts provider.Facts, client 
 		},
 		VMNice:     cfg.VMNice,
 		VMOverhead: cfg.VMMemory.Overhead,
+		Features:   cfg.Features,
 	})
 	res, err := vms.Recover(ctx)
 	if err != nil {

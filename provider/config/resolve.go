@@ -170,6 +170,12 @@ type Node struct {
 	// Kubeconfig is a guest-architecture node's own credentials ("": the
 	// agent's).
 	Kubeconfig string
+	// Features is the features section as resolved from the file (a
+	// reload swaps in a new one elsewhere: this stays the start's).
+	Features *FeatureConfig
+	// File is the defaulted file this Node was resolved from (reload
+	// planning compares it field by field).
+	File *NodeConfiguration
 }
 
 // VMMemoryConfig is the resolved vmMemory section.
@@ -268,6 +274,7 @@ func Default(c *NodeConfiguration, env Environment) {
 	defaultBool(&vm.PageMerging, DefaultPageMerging)
 	defaultBool(&vm.EnableKSM, DefaultEnableKSM)
 	defaultGuestArchitectures(c, env)
+	defaultFeatures(&c.Features)
 }
 
 func defaultBool(p **bool, v bool) {
@@ -295,6 +302,7 @@ func Resolve(c *NodeConfiguration, env Environment) (*Node, error) {
 		}
 		return nil, fmt.Errorf("invalid configuration:\n  %s", strings.Join(lines, "\n  "))
 	}
+	n.File = &cc
 	n.Hostname = env.Hostname
 	if n.Hostname == "" {
 		n.Hostname = n.NodeName
@@ -465,6 +473,7 @@ func validate(c *NodeConfiguration, env Environment) (*Node, field.ErrorList) {
 	n.PIDAvailable, errs = parseThreshold(prPath.Child("pidAvailable"), c.Pressure.PIDAvailable, errs)
 	n.Images, errs = validateImages(c.Images, errs)
 	n.VMMemory, errs = validateVMMemory(c.VMMemory, errs)
+	n.Features, errs = validateFeatures(c.Features, errs)
 	if c.MaxVMs == nil && len(errs) == 0 {
 		n.MaxVMs, n.MaxVMsReason = DeriveMaxVMs(MaxVMsInput{
 			MemoryTotal:      env.MemoryTotal,

@@ -111,6 +111,9 @@ type NodeConfiguration struct {
 	// GuestArchitectures registers one more node per entry, for guests of
 	// another architecture run under TCG (arch.go, docs/node-config.md).
 	GuestArchitectures []GuestArchitecture `json:"guestArchitectures,omitempty"`
+	// Features switches what the node offers (features.go); the only
+	// section a reload applies at runtime.
+	Features Features `json:"features,omitempty"`
 }
 
 // VMMemory accounts and tunes the host memory of VMs.
