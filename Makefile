@@ -2,6 +2,7 @@
 #   make run    local control plane + a virtual node + the controller + a sample pool
 #   make test   everything CI runs (installs what a fresh machine lacks)
 #   make bench  benchmarks (each takes its own medians/ratios inside one iteration); results in $(BENCH_OUT)
+#   make soak   the chaos soak (not in CI; docs/operations.md "Chaos soak"); results in soak-results.txt
 
 GO        ?= go
 VERSION   ?= v0.1.0-dev+$(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
@@ -15,7 +16,7 @@ TEST_TIMEOUT ?= 45m
 export GOFLAGS ?= -mod=mod
 export GOTOOLCHAIN ?= local
 
-.PHONY: all build image test check unit unit-race fuzz-short vet fmt-check verify run bench deps control-plane clean
+.PHONY: all build image test check unit unit-race fuzz-short vet fmt-check verify run bench soak deps control-plane clean
 
 all: build
 
@@ -84,5 +85,18 @@ bench: deps
 	  $(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -benchmem -timeout 60m ./... 2>&1 | tee -a $(BENCH_OUT)
 	@echo "results: $(BENCH_OUT)"
 
+# soak: e2e TestSoak for SOAK_DURATION (Go duration) with random faults;
+# SOAK_SEED replays a run's choices. The test timeout is the duration plus
+# 30 minutes (builds, images, start-up, settling and cleanup).
+SOAK_DURATION ?= 30m
+SOAK_SEED ?=
+SOAK_LOG_DIR ?= /tmp/qemu-kubelet-soak-logs
+soak: deps
+	@secs=$$(echo "$(SOAK_DURATION)" | awk '{d=$$0; n=0; while (match(d, /^[0-9.]+(h|ms|m|s)/)) { u=substr(d,RSTART,RLENGTH); sub(/^[0-9.]+/, "", u); v=substr(d,1,RLENGTH-length(u))+0; n+=v*(u=="h"?3600:u=="m"?60:u=="s"?1:0.001); d=substr(d,RLENGTH+1) } if (d != "" || n <= 0) exit 1; print int(n)}') || \
+	  { echo "SOAK_DURATION=$(SOAK_DURATION): want a Go duration such as 30m or 1h30m"; exit 2; }; \
+	QK_CONTROL_PLANE_BIN=$$(hack/build-control-plane.sh) SOAK_DURATION=$(SOAK_DURATION) SOAK_SEED=$(SOAK_SEED) SOAK_LOG_DIR=$(SOAK_LOG_DIR) \
+	  $(GO) test -count=1 -v -run '^TestSoak$$' -timeout $$((secs + 1800))s ./e2e/ 2>&1 | tee soak-results.txt; \
+	grep -q '^ok ' soak-results.txt
+
 clean:
-	rm -rf $(BIN) $(BENCH_OUT)
+	rm -rf $(BIN) $(BENCH_OUT) soak-results.txt

@@ -86,18 +86,7 @@ func startExsEnv(tb testing.TB) *exsEnv {
 		recipe: claimRecipe(tb)}
 
 	ctx := context.Background()
-	if out, err := c.Kubectl(ctx, "apply", "--server-side", "-f", filepath.Join(root, "config", "crd")); err != nil {
-		tb.Fatalf("install CRDs: %v", err)
-	} else {
-		tb.Logf("%s", strings.TrimSpace(out))
-	}
-	// Served once established. (kubectl wait --for=condition=Established
-	// errors out instead of waiting while the new CRD has no conditions.)
-	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		return cl.List(ctx, &v1alpha1.ExporterSetList{}, client.InNamespace(e.ns)) == nil, nil
-	}); err != nil {
-		tb.Fatalf("ExporterSet CRD never served: %v", err)
-	}
+	e.installCRD(tb)
 
 	// Jumpstarter's CRDs before the controller starts: it enables its
 	// Jumpstarter mode when the API server serves Exporters and Leases.
@@ -134,6 +123,25 @@ func startExsEnv(tb testing.TB) *exsEnv {
 		tb.Fatalf("node %s never Ready: %v", e.node, err)
 	}
 	return e
+}
+
+// installCRD installs the project's CRDs and waits until ExporterSets are
+// served.
+func (e *exsEnv) installCRD(tb testing.TB) {
+	tb.Helper()
+	ctx := context.Background()
+	if out, err := e.c.Kubectl(ctx, "apply", "--server-side", "-f", filepath.Join(ocitest.RepoRoot(tb), "config", "crd")); err != nil {
+		tb.Fatalf("install CRDs: %v", err)
+	} else {
+		tb.Logf("%s", strings.TrimSpace(out))
+	}
+	// Served once established. (kubectl wait --for=condition=Established
+	// errors out instead of waiting while the new CRD has no conditions.)
+	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		return e.cl.List(ctx, &v1alpha1.ExporterSetList{}, client.InNamespace(e.ns)) == nil, nil
+	}); err != nil {
+		tb.Fatalf("ExporterSet CRD never served: %v", err)
+	}
 }
 
 // goBuild builds pkg of the module at root into dir and returns the binary.
@@ -189,6 +197,16 @@ func startProcess(tb testing.TB, name, logPath, bin string, args ...string) {
 // (TCG, as the test host has no KVM to rely on); it returns the state dir.
 func startVMNode(tb testing.TB, c *cluster.Cluster, bin, name, dir string) string {
 	tb.Helper()
+	cfgPath, kc, state := writeVMNodeConfig(tb, c, name, dir)
+	startProcess(tb, "qemu-kubelet "+name, filepath.Join(dir, "qemu-kubelet.log"), bin,
+		"--config", cfgPath, "--kubeconfig", kc, "-v", "2")
+	return state
+}
+
+// writeVMNodeConfig writes startVMNode's node config under dir; it returns
+// the config file, the node's kubeconfig and its state dir.
+func writeVMNodeConfig(tb testing.TB, c *cluster.Cluster, name, dir string) (cfgPath, kubeconfig, stateDir string) {
+	tb.Helper()
 	kc, err := c.NodeKubeconfig(name)
 	if err != nil {
 		tb.Fatal(err)
@@ -196,7 +214,7 @@ func startVMNode(tb testing.TB, c *cluster.Cluster, bin, name, dir string) strin
 	// The node's kubelet API is not used here: loopback is enough.
 	ip, port := "127.0.0.1", testutil.FreePort(tb)
 	state := filepath.Join(dir, "node-state")
-	cfgPath := filepath.Join(dir, "node.yaml")
+	cfgPath = filepath.Join(dir, "node.yaml")
 	cfg := fmt.Sprintf(`apiVersion: qemu-kubelet.io/v1alpha1
 kind: NodeConfiguration
 nodeName: %s
@@ -212,9 +230,7 @@ nodeLeaseDurationSeconds: 12
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		tb.Fatal(err)
 	}
-	startProcess(tb, "qemu-kubelet "+name, filepath.Join(dir, "qemu-kubelet.log"), bin,
-		"--config", cfgPath, "--kubeconfig", kc, "-v", "2")
-	return state
+	return cfgPath, kc, state
 }
 
 // deleteAll deletes every ExporterSet and pod of the namespace and waits
