@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"sort"
@@ -332,6 +333,14 @@ func (p *VMs) DeletePod(ctx context.Context, pod *corev1.Pod) error {
 	if pod.DeletionTimestamp != nil {
 		rec.pod.DeletionTimestamp = pod.DeletionTimestamp.DeepCopy()
 		rec.pod.DeletionGracePeriodSeconds = pod.DeletionGracePeriodSeconds
+	}
+	if pod.UID == rec.uid {
+		// The library calls UpdatePod only for pods not being deleted: a
+		// label changed just before the deletion (a lease released) arrives
+		// here. The terminal status carries the metadata, and the API
+		// server refuses a node's status update whose labels differ.
+		rec.pod.Labels = maps.Clone(pod.Labels)
+		rec.pod.Annotations = maps.Clone(pod.Annotations)
 	}
 	rec.mu.Unlock()
 	klog.FromContext(ctx).Info("Deleting pod", "pod", klog.KObj(pod), "uid", rec.uid, "grace", grace)

@@ -1,0 +1,48 @@
+package provider
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/ptr"
+)
+
+// TestDeletePodTakesCurrentLabels: a label changed just before the pod's
+// deletion (an ExporterSet lease released, then the pod deleted) reaches
+// the provider only through DeletePod: the library calls UpdatePod only
+// for pods not being deleted. The terminal status the provider pushes
+// carries the pod's metadata, and the API server's NodeRestriction refuses
+// a status update whose labels differ ("node cannot update labels through
+// pod status"), so a stale copy loses the terminal status. Found by the
+// chaos soak (e2e TestSoak).
+func TestDeletePodTakesCurrentLabels(t *testing.T) {
+	p, recs := pumpVMs(t, 1, record.NewFakeRecorder(100))
+	rec := recs[0]
+	rec.pod.Labels = map[string]string{"app": "a", "qemu-kubelet.io/leased-by": "me"}
+	rec.pod.Annotations = map[string]string{"qemu-kubelet.io/leased-at": "2026-01-02T15:04:05Z"}
+
+	current := rec.pod.DeepCopy()
+	current.Labels = map[string]string{"app": "a", "qemu-kubelet.io/used": "true"}
+	current.Annotations = nil
+	current.DeletionTimestamp = &metav1.Time{Time: time.Now().Add(10 * time.Second)}
+	current.DeletionGracePeriodSeconds = ptr.To[int64](10)
+	require.NoError(t, p.DeletePod(context.Background(), current))
+
+	got := p.snapshot(rec)
+	assert.Equal(t, current.Labels, got.Labels, "the pushed status carries the labels the pod has now")
+	assert.Empty(t, got.Annotations, "and its annotations")
+	assert.NotNil(t, got.DeletionTimestamp)
+
+	// A pod of the same name but another UID (a new incarnation) does not
+	// overwrite the record's metadata.
+	other := current.DeepCopy()
+	other.UID = "other"
+	other.Labels = map[string]string{"app": "b"}
+	require.NoError(t, p.DeletePod(context.Background(), other))
+	assert.Equal(t, current.Labels, p.snapshot(rec).Labels)
+}
