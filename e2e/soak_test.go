@@ -100,6 +100,7 @@ func TestSoak(t *testing.T) {
 	s.settle()
 	stop()
 	wg.Wait()
+	s.checkAgentLog()
 	s.report(t, time.Since(start))
 }
 
@@ -785,6 +786,26 @@ func (s *soak) convergence(ctx context.Context) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// checkAgentLog reports the status updates the API server refused the
+// agent (forbidden, invalid): each is a pod status lost. Conflicts are
+// not: the library reads the pod again and retries.
+func (s *soak) checkAgentLog() {
+	b, err := os.ReadFile(s.agent.log)
+	if err != nil {
+		s.violate("agent-log", "agent-log", "read %s: %v", s.agent.log, err)
+		return
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if !strings.Contains(l, "Error processing pod status update") {
+			continue
+		}
+		if strings.Contains(l, "is forbidden") || strings.Contains(l, "is invalid") {
+			_, msg, _ := strings.Cut(l, "err=")
+			s.violate("refused/"+msg, "status-update-refused", "%s", strings.TrimSpace(l))
+		}
+	}
 }
 
 // report logs the run and fails the test on any violation.
