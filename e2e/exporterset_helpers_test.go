@@ -71,17 +71,7 @@ func startExsEnv(tb testing.TB) *exsEnv {
 	reg := ocitest.StartRegistry(tb, ocitest.RegistryOptions{})
 	refs := vmtest.PushTestImages(tb, reg.Addr)
 
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		tb.Fatal(err)
-	}
-	if err := v1alpha1.AddToScheme(scheme); err != nil {
-		tb.Fatal(err)
-	}
-	cl, err := client.New(c.RESTConfig(), client.Options{Scheme: scheme})
-	if err != nil {
-		tb.Fatal(err)
-	}
+	cl := exsClient(tb, c)
 	e := &exsEnv{c: c, cl: cl, node: "qk-exs", image: refs[vmtest.VariantACPI], panic: refs[vmtest.VariantPanic], reg: reg.Addr, ns: "default",
 		recipe: claimRecipe(tb)}
 
@@ -108,8 +98,32 @@ func startExsEnv(tb testing.TB) *exsEnv {
 	// node stops their VMs.
 	tb.Cleanup(func() { e.deleteAll(tb) })
 
-	if err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
-		n, err := c.Client().CoreV1().Nodes().Get(ctx, e.node, metav1.GetOptions{})
+	e.waitNodeReady(tb, 90*time.Second)
+	return e
+}
+
+// exsClient is a client of c that knows the core and ExporterSet types.
+func exsClient(tb testing.TB, c *cluster.Cluster) client.WithWatch {
+	tb.Helper()
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		tb.Fatal(err)
+	}
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		tb.Fatal(err)
+	}
+	cl, err := client.NewWithWatch(c.RESTConfig(), client.Options{Scheme: scheme})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return cl
+}
+
+// waitNodeReady waits until the env's node reports Ready.
+func (e *exsEnv) waitNodeReady(tb testing.TB, timeout time.Duration) {
+	tb.Helper()
+	err := wait.PollUntilContextTimeout(context.Background(), 500*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		n, err := e.c.Client().CoreV1().Nodes().Get(ctx, e.node, metav1.GetOptions{})
 		if err != nil {
 			return false, nil
 		}
@@ -119,10 +133,10 @@ func startExsEnv(tb testing.TB) *exsEnv {
 			}
 		}
 		return false, nil
-	}); err != nil {
+	})
+	if err != nil {
 		tb.Fatalf("node %s never Ready: %v", e.node, err)
 	}
-	return e
 }
 
 // installCRD installs the project's CRDs and waits until ExporterSets are

@@ -21,11 +21,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -166,17 +164,7 @@ func startSoak(t *testing.T, seed uint64) *soak {
 	proxy := startOutageProxy(t, reg.Addr)
 	image := strings.Replace(refs[vmtest.VariantACPI], reg.Addr, proxy.addr, 1)
 
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	if err := v1alpha1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	cl, err := client.NewWithWatch(c.RESTConfig(), client.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
+	cl := exsClient(t, c)
 	e := &exsEnv{c: c, cl: cl, node: "qk-soak", image: image, reg: proxy.addr, ns: "default"}
 	e.installCRD(t)
 
@@ -208,7 +196,7 @@ func startSoak(t *testing.T, seed uint64) *soak {
 			}
 		}
 	})
-	e.waitNodeReady(t)
+	e.waitNodeReady(t, 3*time.Minute)
 
 	// Two small sets: A with a warm buffer of one, B whose pods pull
 	// Always (each new pod asks the registry, so an outage shows).
@@ -233,26 +221,6 @@ func startSoak(t *testing.T, seed uint64) *soak {
 	}
 	s.watchPods()
 	return s
-}
-
-// waitNodeReady waits until the env's node reports Ready.
-func (e *exsEnv) waitNodeReady(tb testing.TB) {
-	tb.Helper()
-	err := wait.PollUntilContextTimeout(context.Background(), 500*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
-		n, err := e.c.Client().CoreV1().Nodes().Get(ctx, e.node, metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		for _, cond := range n.Status.Conditions {
-			if cond.Type == corev1.NodeReady {
-				return cond.Status == corev1.ConditionTrue, nil
-			}
-		}
-		return false, nil
-	})
-	if err != nil {
-		tb.Fatalf("node %s never Ready: %v", e.node, err)
-	}
 }
 
 func (s *soak) log(format string, args ...any) {
