@@ -669,8 +669,13 @@ func (s *soak) settle() {
 	s.log("settling (up to %s)", soakSettle)
 	start := time.Now()
 	var problems []string
+	first := true
 	err := wait.PollUntilContextTimeout(context.Background(), 2*time.Second, soakSettle, true, func(ctx context.Context) (bool, error) {
 		problems = s.convergence(ctx)
+		if first && len(problems) > 0 {
+			s.log("not settled yet: %s", strings.Join(problems, "; "))
+		}
+		first = false
 		return len(problems) == 0, nil
 	})
 	if err != nil {

@@ -299,9 +299,17 @@ func (p *VMs) UpdatePod(ctx context.Context, pod *corev1.Pod) error {
 	rec.confirm.Do(func() { close(rec.confirmed) })
 	rec.mu.Lock()
 	st := rec.pod.Status
+	metaChanged := !maps.Equal(rec.pod.Labels, pod.Labels) || !maps.Equal(rec.pod.Annotations, pod.Annotations)
 	rec.pod = pod.DeepCopy()
 	rec.pod.Status = st
 	rec.mu.Unlock()
+	if metaChanged {
+		// The library writes the last pod pushed, metadata included, and
+		// the API server refuses a node's status update whose labels
+		// differ: push the current metadata (e.g. a lease label set while
+		// the agent was down, on a pod recovered from its state file).
+		p.push(rec)
+	}
 	return nil
 }
 

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/ptr"
@@ -45,4 +46,33 @@ func TestDeletePodTakesCurrentLabels(t *testing.T) {
 	other.Labels = map[string]string{"app": "b"}
 	require.NoError(t, p.DeletePod(context.Background(), other))
 	assert.Equal(t, current.Labels, p.snapshot(rec).Labels)
+}
+
+// TestUpdatePodPushesNewLabels: a label that changed while the agent was
+// down reaches a recovered pod through UpdatePod; the provider must push a
+// status carrying it, or the library keeps sending the last pushed copy
+// with the stale labels, which NodeRestriction refuses until the pod's
+// status changes for another reason. Found by the chaos soak.
+func TestUpdatePodPushesNewLabels(t *testing.T) {
+	p, recs := pumpVMs(t, 1, record.NewFakeRecorder(100))
+	rec := recs[0]
+	rec.pod.Labels = map[string]string{"app": "a"}
+	got := make(chan *corev1.Pod, 10)
+	p.NotifyPods(context.Background(), func(pod *corev1.Pod) { got <- pod })
+	select {
+	case pod := <-got:
+		require.Equal(t, map[string]string{"app": "a"}, pod.Labels)
+	case <-time.After(5 * time.Second):
+		t.Fatal("initial status not delivered")
+	}
+
+	current := rec.pod.DeepCopy()
+	current.Labels = map[string]string{"app": "a", "qemu-kubelet.io/leased-by": "me"}
+	require.NoError(t, p.UpdatePod(context.Background(), current))
+	select {
+	case pod := <-got:
+		assert.Equal(t, current.Labels, pod.Labels, "the pushed status carries the new labels")
+	case <-time.After(5 * time.Second):
+		t.Fatal("no status pushed after the labels changed")
+	}
 }
