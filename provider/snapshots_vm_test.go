@@ -1,0 +1,207 @@
+package provider
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
+	"github.com/qemu-kubelet/qemu-kubelet/oci"
+	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
+	"github.com/qemu-kubelet/qemu-kubelet/qemu"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// snapshotPod is a pod of the test image that starts from a snapshot: its
+// readiness probe (the guest's HTTP server) is the ready point.
+func snapshotPod(uid, ref string) *corev1.Pod {
+	p := podFor(uid, ref, corev1.RestartPolicyAlways, map[string]string{AnnotationStartFromSnapshot: "true"})
+	p.Spec.Containers[0].Resources.Limits = rl("cpu", "1", "memory", "128Mi")
+	p.Spec.Containers[0].ReadinessProbe = &corev1.Probe{
+		ProbeHandler:  corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/", Port: intstr.FromInt32(8080)}},
+		PeriodSeconds: 1, TimeoutSeconds: 2, FailureThreshold: 3,
+	}
+	return p
+}
+
+func podReadyCond(p *corev1.Pod) bool { return running(p) && podReady(p) }
+
+// podVMOf returns the running VM of a pod (test helper).
+func (h *harness) podVMOf(uid types.UID) *qemu.VM {
+	h.vms.mu.Lock()
+	rec := h.vms.pods[uid]
+	h.vms.mu.Unlock()
+	require.NotNil(h.t, rec)
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	require.NotNil(h.t, rec.vm)
+	return rec.vm
+}
+
+// waitEvent waits for an event containing all of want (events seen are
+// kept in seen).
+func waitEvent(t *testing.T, h *harness, seen *[]string, timeout time.Duration, want ...string) string {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		*seen = append(*seen, h.drainEvents()...)
+		for _, e := range *seen {
+			ok := true
+			for _, w := range want {
+				ok = ok && strings.Contains(e, w)
+			}
+			if ok {
+				return e
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no event with %q within %s; events: %q", want, timeout, *seen)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func countEvents(seen []string, want string) int {
+	n := 0
+	for _, e := range seen {
+		if strings.Contains(e, want) {
+			n++
+		}
+	}
+	return n
+}
+
+// TestSnapshotStart: the first pod boots and saves a memory snapshot at its
+// ready point; the next pod of the same image and shape is restored from it
+// (it never boots: no boot marker on its console) and is a working guest
+// (console input echoed, HTTP through kubectl port-forward's path); a
+// corrupt snapshot fails the restore, is discarded, the pod boots, and one
+// of two pods starting at once saves a new snapshot (one creator).
+func TestSnapshotStart(t *testing.T) {
+	testutil.SkipIfShort(t, "boots VMs under QEMU")
+	root := t.TempDir()
+	vmtest.ReapQEMU(t, root)
+	reg := ocitest.StartRegistry(t, ocitest.RegistryOptions{})
+	refs := vmtest.PushTestImages(t, reg.Addr)
+	imageDir := filepath.Join(root, "images")
+	store, err := oci.Open(imageDir, oci.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { store.Close() })
+	stateDir := filepath.Join(root, "state")
+	h := newHarness(t, stateDir, store, imageDir)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	var seen []string
+	ref := refs[vmtest.VariantACPI]
+	dirOf := func(uid string) string { return filepath.Join(stateDir, VMsDirName, uid) }
+
+	// 1. The creator boots, becomes Ready, and saves the snapshot.
+	a := snapshotPod("snap-a", ref)
+	require.NoError(t, h.vms.CreatePod(ctx, a))
+	h.wait(a.UID, 3*time.Minute, "Ready", podReadyCond)
+	waitConsole(t, dirOf("snap-a"), vmtest.BootMarker, time.Second)
+	waitEvent(t, h, &seen, 2*time.Minute, ReasonSnapshotSaved)
+	img, err := store.Pull(ctx, ref, oci.PullOptions{Policy: oci.PullNever})
+	require.NoError(t, err)
+	sdir, err := store.AuxDir(img.Digest, snapshotAuxName)
+	require.NoError(t, err)
+	ents, err := os.ReadDir(sdir)
+	require.NoError(t, err)
+	require.Len(t, ents, 1, "one published snapshot, no temp dirs left: %v", ents)
+	kdir := filepath.Join(sdir, ents[0].Name())
+	meta, ok := readSnapshot(kdir)
+	require.True(t, ok, "snapshot complete")
+	assert.Equal(t, "default/vm-snap-a", meta.CreatedByPod)
+	assert.Equal(t, 128, meta.MemoryMiB)
+	assert.False(t, meta.Disk, "kernel + initrd image: no disk state")
+	// The creator still works after its pause.
+	con, err := h.podVMOf(a.UID).AttachConsole(ctx)
+	require.NoError(t, err)
+	_, err = con.Write([]byte("after-save\n"))
+	require.NoError(t, err)
+	testutil.ReadUntil(t, con, "QK-ECHO: after-save", 30*time.Second)
+	con.Close()
+
+	// 2. The next pod is restored, not booted, and works.
+	b := snapshotPod("snap-b", ref)
+	require.NoError(t, h.vms.CreatePod(ctx, b))
+	h.wait(b.UID, 2*time.Minute, "Ready", podReadyCond)
+	waitEvent(t, h, &seen, 10*time.Second, "Started", "restored from a memory snapshot")
+	con, err = h.podVMOf(b.UID).AttachConsole(ctx)
+	require.NoError(t, err)
+	_, err = con.Write([]byte("hello-restored\n"))
+	require.NoError(t, err)
+	testutil.ReadUntil(t, con, "QK-ECHO: hello-restored", 30*time.Second)
+	con.Close()
+	out, err := os.ReadFile(filepath.Join(dirOf("snap-b"), qemu.ConsoleLogName))
+	require.NoError(t, err)
+	assert.NotContains(t, string(out), vmtest.BootMarker, "a restored VM does not boot")
+	s1, s2 := tcpPair(t)
+	pf := make(chan error, 1)
+	go func() { pf <- h.vms.PortForward(ctx, "default", b.Name, 8080, s1) }()
+	_, err = s2.Write([]byte("GET / HTTP/1.0\r\n\r\n"))
+	require.NoError(t, err)
+	testutil.ReadUntil(t, bufio.NewReader(s2), "QK-HTTP-OK", 30*time.Second)
+	s2.Close()
+	select {
+	case err := <-pf:
+		assert.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Error("port-forward did not end when the client closed")
+	}
+	assert.Equal(t, 1, countEvents(h.drainEvents(), ReasonSnapshotSaved)+countEvents(seen, ReasonSnapshotSaved), "a restored VM saves no snapshot")
+	for _, p := range []*corev1.Pod{a, b} {
+		require.NoError(t, h.vms.DeletePod(ctx, deleting(p)))
+	}
+
+	// 3. A corrupt snapshot (same size, garbage): both pods starting at
+	// once fall back to booting, the snapshot is discarded, and exactly one
+	// of them saves a new one.
+	statePath := filepath.Join(kdir, SnapshotStateFile)
+	require.NoError(t, os.Chmod(statePath, 0o600))
+	garbage := make([]byte, meta.StateBytes)
+	for i := range garbage {
+		garbage[i] = byte(i * 7)
+	}
+	require.NoError(t, os.WriteFile(statePath, garbage, 0o400))
+	seen = nil
+	c, d := snapshotPod("snap-c", ref), snapshotPod("snap-d", ref)
+	require.NoError(t, h.vms.CreatePod(ctx, c))
+	require.NoError(t, h.vms.CreatePod(ctx, d))
+	h.wait(c.UID, 3*time.Minute, "Ready", podReadyCond)
+	h.wait(d.UID, 3*time.Minute, "Ready", podReadyCond)
+	waitEvent(t, h, &seen, 10*time.Second, ReasonSnapshotRestoreFailed, "discarded it, booting instead")
+	waitEvent(t, h, &seen, 2*time.Minute, ReasonSnapshotSaved)
+	waitConsole(t, dirOf("snap-c"), vmtest.BootMarker, time.Second)
+	waitConsole(t, dirOf("snap-d"), vmtest.BootMarker, time.Second)
+	time.Sleep(2 * time.Second) // a second creator would have saved by now
+	seen = append(seen, h.drainEvents()...)
+	assert.Equal(t, 1, countEvents(seen, ReasonSnapshotSaved), "one creator: %q", seen)
+	m2, ok := readSnapshot(kdir)
+	require.True(t, ok, "a new snapshot replaced the corrupt one")
+	assert.Contains(t, []string{"default/vm-snap-c", "default/vm-snap-d"}, m2.CreatedByPod)
+	mb, _ := json.Marshal(m2)
+	t.Logf("new snapshot: %s", mb)
+
+	// 4. Its restore works.
+	e := snapshotPod("snap-e", ref)
+	require.NoError(t, h.vms.CreatePod(ctx, e))
+	h.wait(e.UID, 2*time.Minute, "Ready", podReadyCond)
+	waitEvent(t, h, &seen, 10*time.Second, "Started", "restored from a memory snapshot")
+	for _, p := range []*corev1.Pod{c, d, e} {
+		require.NoError(t, h.vms.DeletePod(ctx, deleting(p)))
+	}
+	for _, u := range []string{"snap-a", "snap-b", "snap-c", "snap-d", "snap-e"} {
+		waitGoneDir(t, dirOf(u), 2*time.Minute)
+	}
+}
