@@ -81,17 +81,21 @@ const (
 )
 
 // validateSnapshotStart: the snapshot is taken when the readiness probe
-// first passes, and per-pod data must not end up in memory shared with
-// other pods.
-func validateSnapshotStart(spec *corev1.PodSpec, bad func(field, format string, a ...any)) {
+// first passes, and per-pod data must not end up in memory other pods start
+// from: no volumes that become guest disks, no env (the environment disk).
+func validateSnapshotStart(spec *corev1.PodSpec, exporterSecret string, bad func(field, format string, a ...any)) {
 	f := "metadata.annotations[" + AnnotationStartFromSnapshot + "]"
 	if len(spec.Containers) == 0 || spec.Containers[0].ReadinessProbe == nil {
 		bad(f, "needs a readinessProbe on the container: the snapshot is taken when it first succeeds")
 	}
 	for _, v := range spec.Volumes {
-		if v.Secret != nil || v.ConfigMap != nil || v.EmptyDir != nil {
-			bad(f, "not with volume %q: guest disks hold per-pod data, which would end up in a snapshot other pods start from", v.Name)
+		if hostOnlyVolume(v, exporterSecret) || (v.Secret == nil && v.ConfigMap == nil && v.EmptyDir == nil) {
+			continue
 		}
+		bad(f, "not with volume %q: guest disks hold per-pod data, which would end up in a snapshot other pods start from", v.Name)
+	}
+	if len(spec.Containers) > 0 && (len(spec.Containers[0].Env) > 0 || len(spec.Containers[0].EnvFrom) > 0) {
+		bad(f, "not with env or envFrom: the environment disk holds per-pod data, which would end up in a snapshot other pods start from")
 	}
 }
 
@@ -227,8 +231,10 @@ func (s *snapshotStore) release(key string, uid types.UID) {
 	}
 }
 
-// qemuVersion is the first line of `binary --version`, cached while the
-// binary's size and mtime stay the same.
+// qemuVersion identifies the QEMU binary for snapshot keys: its version
+// (qemu.Version) and the binary's path, size and mtime (a rebuild or a
+// distribution update of the same version is another QEMU). Cached while
+// the binary's size and mtime stay the same.
 func (s *snapshotStore) qemuVersion(ctx context.Context, binary string) (string, error) {
 	path, err := exec.LookPath(binary)
 	if err != nil {
@@ -247,14 +253,11 @@ func (s *snapshotStore) qemuVersion(ctx context.Context, binary string) (string,
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, path, "--version").Output()
+	ver, err := qemu.Version(ctx, path)
 	if err != nil {
-		return "", fmt.Errorf("%s --version: %w", path, err)
+		return "", err
 	}
-	v = strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
-	if v == "" {
-		return "", fmt.Errorf("%s --version: no output", path)
-	}
+	v = ver + " (" + id + ")"
 	s.mu.Lock()
 	if s.versions == nil {
 		s.versions = map[string]string{}

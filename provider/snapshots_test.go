@@ -45,7 +45,10 @@ func TestSnapshotKey(t *testing.T) {
 		"memory":      func(s *qemu.Spec) { s.MemoryMiB = 256 },
 		"accelerator": func(s *qemu.Spec) { s.Accelerator = qemu.AccelKVM },
 		"cmdline":     func(s *qemu.Spec) { s.Cmdline += " x=1" },
-		"firmware":    func(s *qemu.Spec) { s.Firmware = qemu.FirmwareUEFI; s.UEFICode, s.UEFIVarsTemplate = "/f/code", "/f/vars" },
+		"firmware": func(s *qemu.Spec) {
+			s.Firmware = qemu.FirmwareUEFI
+			s.UEFICode, s.UEFIVarsTemplate = "/f/code", "/f/vars"
+		},
 		"balloon":     func(s *qemu.Spec) { s.Memory.FreePageReporting = true },
 		"no network":  func(s *qemu.Spec) { s.Network = false },
 		"no disk":     func(s *qemu.Spec) { s.Disks = nil },
@@ -158,7 +161,7 @@ func TestQEMUVersionCached(t *testing.T) {
 	var s snapshotStore
 	v, err := s.qemuVersion(context.Background(), bin)
 	require.NoError(t, err)
-	assert.Equal(t, "QEMU emulator version 7.2.99", v)
+	assert.True(t, strings.HasPrefix(v, "7.2.99 ("+bin+" "), v)
 	_, err = s.qemuVersion(context.Background(), filepath.Join(dir, "missing"))
 	assert.Error(t, err)
 	require.NoError(t, os.WriteFile(bin, []byte("#!/bin/sh\nexit 3\n"), 0o755))
@@ -193,4 +196,14 @@ func TestTranslateSnapshotStart(t *testing.T) {
 	}), qemu.ArchX86_64)
 	require.NotNil(t, rej)
 	assert.Contains(t, rej.Message, `not with volume "cfg"`)
+	_, rej = Translate(pod(func(p *corev1.Pod) { p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "A", Value: "b"}} }), qemu.ArchX86_64)
+	require.NotNil(t, rej)
+	assert.Contains(t, rej.Message, "not with env or envFrom")
+	// The exporter's Secret volume stays on the host: allowed.
+	plan, rej = Translate(pod(func(p *corev1.Pod) {
+		p.Annotations["qemu-kubelet.io/jumpstarter-exporter-secret"] = "js"
+		p.Spec.Volumes = []corev1.Volume{{Name: "js", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "js"}}}}
+	}), qemu.ArchX86_64)
+	require.Nil(t, rej)
+	assert.True(t, plan.SnapshotStart)
 }

@@ -44,7 +44,7 @@ const (
 // knownAnnotations is the closed set of annotation keys under the prefix.
 var knownAnnotations = map[string]bool{
 	AnnotationMachine: true, AnnotationFirmware: true, AnnotationKernelCmdline: true, AnnotationRequireAccelerator: true,
-	AnnotationStartFromSnapshot: true,
+	AnnotationStartFromSnapshot:          true,
 	v1alpha1.JumpstarterSecretAnnotation: true, // exporter.go
 	// The ExporterSet controller's: the parameters reach the guest through
 	// the QK_PARAMETERS env fieldRef (environment disk); the reclaim policy
@@ -167,7 +167,7 @@ func Translate(pod *corev1.Pod, arch qemu.Arch) (Plan, *Rejection) {
 	}
 	translateAnnotations(pod.Annotations, arch, bad, &plan)
 	if plan.SnapshotStart {
-		validateSnapshotStart(spec, bad) // snapshots.go
+		validateSnapshotStart(spec, pod.Annotations[v1alpha1.JumpstarterSecretAnnotation], bad) // snapshots.go
 	}
 
 	if len(problems) > 0 {
