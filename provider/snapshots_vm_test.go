@@ -284,3 +284,69 @@ func waitEventB(b *testing.B, h *harness, seen *[]string, timeout time.Duration,
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestSnapshotStartDisk: an image that boots from its disk (SeaBIOS +
+// SYSLINUX). The snapshot keeps the creator's overlay as it was at the
+// save; a restored VM's overlay is backed by that copy (itself backed by the
+// image's disk), and the guest works.
+func TestSnapshotStartDisk(t *testing.T) {
+	testutil.SkipIfShort(t, "boots VMs under QEMU")
+	root := t.TempDir()
+	vmtest.ReapQEMU(t, root)
+	reg := ocitest.StartRegistry(t, ocitest.RegistryOptions{})
+	imgDir := vmtest.BuildTestImages(t)
+	work := t.TempDir()
+	require.NoError(t, os.Symlink(filepath.Join(imgDir, "disk.qcow2"), filepath.Join(work, "disk.qcow2")))
+	ref := reg.Addr + "/" + vmtest.Repo + ":disk"
+	pctx, pcancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ocitest.Run(pctx, t, work, ocitest.Oras(t), "push", "--plain-http", "--artifact-type", vmtest.ArtifactType, ref, "disk.qcow2")
+	pcancel()
+	imageDir := filepath.Join(root, "images")
+	store, err := oci.Open(imageDir, oci.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { store.Close() })
+	stateDir := filepath.Join(root, "state")
+	h := newHarness(t, stateDir, store, imageDir)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	var seen []string
+
+	a := snapshotPod("disk-a", ref)
+	require.NoError(t, h.vms.CreatePod(ctx, a))
+	h.wait(a.UID, 4*time.Minute, "Ready", podReadyCond)
+	waitEvent(t, h, &seen, 2*time.Minute, ReasonSnapshotSaved)
+	img, err := store.Pull(ctx, ref, oci.PullOptions{Policy: oci.PullNever})
+	require.NoError(t, err)
+	sdir, err := store.AuxDir(img.Digest, snapshotAuxName)
+	require.NoError(t, err)
+	ents, err := os.ReadDir(sdir)
+	require.NoError(t, err)
+	require.Len(t, ents, 1)
+	kdir := filepath.Join(sdir, ents[0].Name())
+	meta, ok := readSnapshot(kdir)
+	require.True(t, ok)
+	assert.True(t, meta.Disk, "the overlay copy is part of the snapshot")
+	info, err := qemu.InspectImage(ctx, filepath.Join(kdir, SnapshotDiskFile))
+	require.NoError(t, err)
+	assert.Equal(t, img.Disk, info.BackingFile, "the snapshot's disk is an overlay over the image's")
+
+	b := snapshotPod("disk-b", ref)
+	require.NoError(t, h.vms.CreatePod(ctx, b))
+	h.wait(b.UID, 2*time.Minute, "Ready", podReadyCond)
+	waitEvent(t, h, &seen, 10*time.Second, "Started", "restored from a memory snapshot")
+	info, err = qemu.InspectImage(ctx, filepath.Join(stateDir, VMsDirName, "disk-b", OverlayFileName))
+	require.NoError(t, err)
+	assert.Equal(t, filepath.Join(kdir, SnapshotDiskFile), info.BackingFile, "the restored VM's overlay is over the snapshot's disk")
+	con, err := h.podVMOf(b.UID).AttachConsole(ctx)
+	require.NoError(t, err)
+	_, err = con.Write([]byte("hello-disk\n"))
+	require.NoError(t, err)
+	testutil.ReadUntil(t, con, "QK-ECHO: hello-disk", 30*time.Second)
+	con.Close()
+	for _, p := range []*corev1.Pod{a, b} {
+		require.NoError(t, h.vms.DeletePod(ctx, deleting(p)))
+	}
+	for _, u := range []string{"disk-a", "disk-b"} {
+		waitGoneDir(t, filepath.Join(stateDir, VMsDirName, u), 2*time.Minute)
+	}
+}
