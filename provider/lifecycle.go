@@ -130,6 +130,8 @@ type VMs struct {
 	featuresChanged chan struct{}
 	// pump delivers statuses to notify, per pod, newest only (statuspump.go).
 	pump statusPump
+	// snaps: who creates which memory snapshot (snapshots.go).
+	snaps snapshotStore
 }
 
 // podVM is one pod and its VM. Its worker goroutine owns the VM; other
@@ -153,6 +155,13 @@ type podVM struct {
 	// probes is the readiness of the current run (probes.go); nil: no
 	// readiness probe.
 	probes *probeState
+	// Snapshot start (snapshots.go), set by the worker: snapClaim is the
+	// snapshot this run saves at readiness (taken by captureSnapshot);
+	// snapUsed the snapshot the run was restored from; snapRestoreFailed
+	// makes the next decision boot.
+	snapClaim         *snapshotClaim
+	snapUsed          *snapshotUse
+	snapRestoreFailed bool
 
 	// apiResourceVersion: the resourceVersion of the API server's copy
 	// whose status disagreed with the node's (statusresync.go); sent with
@@ -718,6 +727,7 @@ func (p *VMs) run(rec *podVM) {
 				}
 				rec.vm = nil
 				rec.mu.Unlock()
+				p.dropSnapshotClaim(rec)
 				term := TerminatedFromExit(ex, started, ContainerIDPrefix+string(rec.uid))
 				log.Info("VM exited", "exitCode", ex.ExitCode, "class", ex.Class, "reason", ex.Reason)
 				p.cfg.Telemetry.vmExited(rec.uid, ex)
@@ -829,7 +839,9 @@ func (p *VMs) afterExit(ctx context.Context, rec *podVM, crashes *int) bool {
 // terminated run).
 func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (*qemu.VM, bool) {
 	log := klog.FromContext(ctx)
+	p.dropSnapshotClaim(rec) // an earlier run's, unused
 	rec.mu.Lock()
+	rec.snapUsed, rec.snapRestoreFailed = nil, false
 	pod := rec.pod.DeepCopy()
 	plan := rec.plan
 	if rec.state.FlashedImage != "" {
@@ -942,6 +954,15 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (*qemu.VM, bool) {
 	sctx, scancel := context.WithTimeout(pctx, p.cfg.StartTimeout)
 	vm, err := qemu.Start(sctx, spec, rec.dir)
 	scancel()
+	if err != nil && spec.Incoming != "" && pctx.Err() == nil {
+		// The snapshot cannot be loaded: discard it and boot (snapshots.go).
+		spec, err = p.restoreFailed(ctx, rec, pod, plan, img, err)
+		if err == nil {
+			sctx, scancel := context.WithTimeout(pctx, p.cfg.StartTimeout)
+			vm, err = qemu.Start(sctx, spec, rec.dir)
+			scancel()
+		}
+	}
 	att.qemuStarted(err)
 	if err != nil {
 		if pctx.Err() != nil {
@@ -959,8 +980,12 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (*qemu.VM, bool) {
 	rec.mu.Lock()
 	rec.vm = vm
 	rec.mu.Unlock()
-	log.Info("VM started", "pid", vm.Pid(), "accelerator", spec.Accelerator)
-	p.event(pod, corev1.EventTypeNormal, "Started", fmt.Sprintf("Started VM (QEMU pid %d, %s, %d vCPU, %d MiB)", vm.Pid(), spec.Accelerator, spec.CPUs, spec.MemoryMiB))
+	from := ""
+	if spec.Incoming != "" {
+		from = ", restored from a memory snapshot"
+	}
+	log.Info("VM started", "pid", vm.Pid(), "accelerator", spec.Accelerator, "fromSnapshot", spec.Incoming != "")
+	p.event(pod, corev1.EventTypeNormal, "Started", fmt.Sprintf("Started VM (QEMU pid %d, %s, %d vCPU, %d MiB%s)", vm.Pid(), spec.Accelerator, spec.CPUs, spec.MemoryMiB, from))
 	p.update(rec, func(st *VMState) { st.SetRunning(p.now()) })
 	return vm, true
 }
@@ -1031,6 +1056,10 @@ func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan Plan
 		return spec, err
 	}
 	spec.Disks = append(spec.Disks, guest...)
+	base, baseFormat := img.Disk, qemu.DiskFormat(img.DiskFormat)
+	if b := p.prepareSnapshotStart(ctx, rec, pod, plan, img, &spec); b != "" { // snapshots.go
+		base, baseFormat = b, qemu.FormatQCOW2
+	}
 	if err := spec.Validate(); err != nil {
 		return spec, invalidSpec{fmt.Errorf("VM spec for image %s: %w", plan.Image, err)}
 	}
@@ -1038,7 +1067,7 @@ func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan Plan
 		if err := os.Remove(overlay); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return spec, fmt.Errorf("remove old overlay: %w", err)
 		}
-		if err := qemu.CreateOverlay(ctx, img.Disk, qemu.DiskFormat(img.DiskFormat), overlay, 0); err != nil {
+		if err := qemu.CreateOverlay(ctx, base, baseFormat, overlay, 0); err != nil {
 			return spec, err
 		}
 	}
@@ -1120,6 +1149,7 @@ func (p *VMs) finishDelete(rec *podVM, vm *qemu.VM) {
 	ctx := context.WithoutCancel(p.base)
 	// The exporter unregisters first: no lease lands on a VM going away.
 	rec.stopExporter()
+	p.dropSnapshotClaim(rec)
 
 	if !rejected {
 		if vm != nil {
