@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -401,6 +402,14 @@ func (m *multiHost) kubectlCmd(args ...string) *exec.Cmd {
 	return cmd
 }
 
+// evictDryRun asks the eviction API to evict pod as a server-side dry run.
+func (m *multiHost) evictDryRun(ctx context.Context, pod string) error {
+	return m.c.Client().PolicyV1().Evictions(m.ns).Evict(ctx, &policyv1.Eviction{
+		ObjectMeta:    metav1.ObjectMeta{Name: pod, Namespace: m.ns},
+		DeleteOptions: &metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}},
+	})
+}
+
 // testSpread: 6 pods, 2 per node, each a booted VM on its own node.
 func (m *multiHost) testSpread(t *testing.T, set string) {
 	_, pods := m.waitCounts(t, set, counts{6, 6, 6, 6, 0}, 2*vmBoot)
@@ -453,6 +462,11 @@ func (m *multiHost) testDrain(t *testing.T, set string) {
 	require.NoError(t, err, out)
 	m.waitCounts(t, set, counts{6, 6, 6, 5, 1}, time.Minute)
 
+	// Nothing in Kubernetes knows the lease label: without a budget the
+	// eviction API (what drain calls) allows the leased pod's eviction
+	// (asked as a server-side dry run: nothing is evicted).
+	require.NoError(t, m.evictDryRun(ctx, leased.Name), "eviction of a leased pod without a budget")
+
 	pdbPath := filepath.Join(t.TempDir(), "pdb.yaml")
 	require.NoError(t, os.WriteFile(pdbPath, []byte(pdbRecipe(t, set)), 0o600))
 	out, err = m.c.Kubectl(ctx, "apply", "-f", pdbPath)
@@ -483,6 +497,9 @@ func (m *multiHost) testDrain(t *testing.T, set string) {
 	require.NoError(t, err)
 	assert.Equal(t, int32(0), pdb.Status.DisruptionsAllowed, "%+v", pdb.Status)
 	t.Logf("PodDisruptionBudget %s-leased: %+v (after %d polls)", set, pdb.Status, nudges)
+	err = m.evictDryRun(ctx, leased.Name)
+	require.True(t, apierrors.IsTooManyRequests(err), "eviction of the leased pod with the budget: want 429 TooManyRequests, got %v", err)
+	require.NoError(t, m.evictDryRun(ctx, other.Name), "the budget covers leased pods only")
 
 	// The drain a user runs: no --force, no --delete-emptydir-data.
 	drainLog := filepath.Join(t.TempDir(), "drain.log")
