@@ -1,5 +1,5 @@
 # qemu-kubelet — common tasks. The first two are the README's quick start.
-#   make run    local control plane + a virtual node + the controller + a sample pool
+#   make run    local control plane + a virtual node (NODES=3: three) + the controller + a sample pool
 #   make test   everything CI runs (installs what a fresh machine lacks)
 #   make bench  benchmarks (each takes its own medians/ratios inside one iteration); results in $(BENCH_OUT)
 
@@ -11,6 +11,7 @@ BIN       := bin
 BENCH_OUT ?= bench-results.txt
 BENCHTIME ?= 1x
 TEST_TIMEOUT ?= 45m
+NODES     ?= 1
 
 export GOFLAGS ?= -mod=mod
 export GOTOOLCHAIN ?= local
@@ -77,7 +78,7 @@ fuzz-short:
 
 run: deps build
 	$(GO) build -o $(BIN)/local-up ./hack/local-up
-	QK_CONTROL_PLANE_BIN=$$(hack/build-control-plane.sh) exec $(BIN)/local-up --bin-dir $(BIN)
+	QK_CONTROL_PLANE_BIN=$$(hack/build-control-plane.sh) exec $(BIN)/local-up --bin-dir $(BIN) --nodes $(NODES)
 
 # bench: every benchmark once (each takes its own baseline in the same run),
 # then hack/benchplot appends a summary (every ratio beside its figures) to
