@@ -194,11 +194,10 @@ func (a *guestAgent) call(ctx context.Context, command string, args any, out any
 	// The context's end (a client gone, no deadline) ends a blocked read:
 	// the connection is closed (dropped below).
 	stop := context.AfterFunc(ctx, func() { c.Close() })
-	defer stop()
 	err = a.transact(ctx, c, command, args, out, maxReply)
 	var agentErr *GuestAgentError
-	if err != nil && !errors.As(err, &agentErr) {
-		a.dropConn(c)
+	if !stop() || (err != nil && !errors.As(err, &agentErr)) {
+		a.dropConn(c) // broken, or closed by the context's end
 	}
 	if err != nil && ctx.Err() != nil && !errors.As(err, &agentErr) {
 		return fmt.Errorf("guest agent of VM %s: %s: %w", a.name, command, ctx.Err())

@@ -42,7 +42,7 @@ func socketPair(t *testing.T) (net.Conn, net.Conn) {
 // reply) and passes every other command to handle, which writes what it
 // likes (nothing: no answer).
 type fakeAgent struct {
-	t      *testing.T
+	t *testing.T
 	// handle answers a command; true closes the connection.
 	handle func(w *bufio.Writer, cmd string, args json.RawMessage) (closeConn bool)
 	// syncPrefix is written before each sync answer (stale replies, noise).
@@ -276,8 +276,8 @@ func TestGuestAgentMalformedReplies(t *testing.T) {
 		"not json":       "{{{\n",
 		"no return":      `{"hello":1}` + "\n",
 		"closed at once": "",
-		"pid not int": `{"return":{"pid":"x"}}` + "\n",
-		"no pid":      `{"return":{}}` + "\n",
+		"pid not int":    `{"return":{"pid":"x"}}` + "\n",
+		"no pid":         `{"return":{}}` + "\n",
 	} {
 		t.Run(name, func(t *testing.T) {
 			f := &fakeAgent{t: t}
