@@ -108,9 +108,28 @@ func TestKubeletAPI(t *testing.T) {
 		assert.Equal(t, 3, ee.ExitCode(), "kubectl exits with the guest command's code: %s", out)
 		assert.Contains(t, out, "to-stderr")
 
-		out, err = k.run("exec", "-it", "kapi", "--", "sh")
-		require.Error(t, err)
-		assert.Contains(t, out, "tty (kubectl exec -t) is not supported")
+		// -it on a real terminal (a pty; without one kubectl drops -t).
+		master, slave := openPTY(t)
+		cmd = exec.Command(c.KubectlPath(), "--kubeconfig="+c.AdminKubeconfig(), "exec", "-it", "kapi", "--", "sh")
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+		require.NoError(t, cmd.Start())
+		slave.Close()
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		t.Cleanup(func() {
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			<-done
+		})
+		tty := &bgKubectl{cmd: cmd, done: done}
+		go func() { _, _ = io.Copy(tty, master) }()
+		tty.waitFor(t, "tty (kubectl exec -t) is not supported", 30*time.Second)
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("kubectl exec -it did not end after the refusal:\n%s", tail(tty.output(), 20))
+		}
+		assert.NotEqual(t, 0, cmd.ProcessState.ExitCode())
 	})
 
 	t.Run("ExecWithoutGuestAgentFailsClearly", func(t *testing.T) {

@@ -68,6 +68,16 @@ func TestExecRealVM(t *testing.T) {
 	waitConsole(t, filepath.Join(root, "state", VMsDirName, "u-exec"), "QK-AGENT-OK", 90*time.Second)
 	waitConsole(t, filepath.Join(root, "state", VMsDirName, "u-noagent"), "QK-AGENT-OFF", 90*time.Second)
 
+	t.Cleanup(func() { // no QEMU left behind
+		for _, p := range []*corev1.Pod{pod, off} {
+			if err := h.vms.DeletePod(ctx, deleting(p)); err != nil {
+				t.Errorf("delete %s: %v", p.Name, err)
+				continue
+			}
+			h.wait(p.UID, 60*time.Second, "terminated", func(p *corev1.Pod) bool { return terminated(p) != nil })
+			waitGoneDir(t, filepath.Join(root, "state", VMsDirName, string(p.UID)), 10*time.Second)
+		}
+	})
 	exec := func(io *execIO, cmd ...string) error {
 		return h.vms.RunInContainer(ctx, "default", pod.Name, "vm", cmd, io)
 	}

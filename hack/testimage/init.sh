@@ -68,13 +68,15 @@ httpd -p 8080 -h /www
 # kernel command line) on the virtio-serial port org.qemu.guest_agent.0:
 # without udev there is no /dev/virtio-ports link, so the port's vportNpM
 # device is found by name in sysfs (virtio_console, loaded above, makes it
-# appear asynchronously: wait up to ~10s).
+# appear asynchronously: wait up to ~10s when the VM has a virtio-serial
+# device, virtio device id 0x0003).
 case " $(cat /proc/cmdline) " in
   *" qk.noagent "*) echo "QK-AGENT-OFF" ;;
   *)
     if [ -x /bin/qemu-ga ]; then
       port=""
       i=0
+      grep -qx 0x0003 /sys/bus/virtio/devices/*/device 2>/dev/null || i=100
       while [ -z "$port" ] && [ $i -lt 100 ]; do
         for n in /sys/class/virtio-ports/*/name; do
           [ "$(cat "$n" 2>/dev/null)" = org.qemu.guest_agent.0 ] && port=$(basename "$(dirname "$n")")
