@@ -232,11 +232,11 @@ func translateContainer(c corev1.Container, bad func(field, format string, a ...
 			continue
 		}
 		// probes.go runs tcpSocket and httpGet probes through the VM's
-		// user network; exec needs a guest agent and grpc is not
-		// implemented, so such a probe could only ever fail (a liveness
-		// probe would restart the VM forever).
-		if pr.probe.Exec != nil {
-			bad(f+"."+pr.field+".exec", "exec probes are not supported by VM pods (no guest agent); use tcpSocket or httpGet")
+		// user network and exec probes through the guest agent (every VM
+		// has its channel); grpc is not implemented, so such a probe could
+		// only ever fail (a liveness probe would restart the VM forever).
+		if pr.probe.Exec != nil && (len(pr.probe.Exec.Command) == 0 || pr.probe.Exec.Command[0] == "") {
+			bad(f+"."+pr.field+".exec.command", "an exec probe needs a command")
 		}
 		if pr.probe.GRPC != nil {
 			bad(f+"."+pr.field+".grpc", "grpc probes are not supported by VM pods; use tcpSocket or httpGet")

@@ -128,13 +128,13 @@ func TestTranslateRejects(t *testing.T) {
 			p.Spec.Containers[0].Resources = corev1.ResourceRequirements{Requests: rl("cpu", "-2", "memory", "-1Gi"), Limits: rl("cpu", "5000", "memory", "1Ei")}
 		}, []string{"resources.requests[cpu]: -2 must not be negative", "resources.requests[memory]: -1Gi must not be negative",
 			"resources.limits[cpu]: 5k is more than a VM can have", "resources.limits[memory]: 1Ei is more than a VM can have"}},
-		{"exec liveness probe", func(p *corev1.Pod) {
-			p.Spec.Containers[0].LivenessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"true"}}}}
-		}, []string{"spec.containers[0].livenessProbe.exec: exec probes are not supported"}},
-		{"exec readiness and grpc startup probes", func(p *corev1.Pod) {
+		{"exec liveness probe without a command", func(p *corev1.Pod) {
+			p.Spec.Containers[0].LivenessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{}}}
+		}, []string{"spec.containers[0].livenessProbe.exec.command: an exec probe needs a command"}},
+		{"grpc startup probe beside an exec readiness probe", func(p *corev1.Pod) {
 			p.Spec.Containers[0].ReadinessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"true"}}}}
 			p.Spec.Containers[0].StartupProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{GRPC: &corev1.GRPCAction{Port: 9000}}}
-		}, []string{"spec.containers[0].readinessProbe.exec", "spec.containers[0].startupProbe.grpc: grpc probes are not supported"}},
+		}, []string{"spec.containers[0].startupProbe.grpc: grpc probes are not supported"}},
 		{"grpc liveness probe", func(p *corev1.Pod) {
 			p.Spec.Containers[0].LivenessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{GRPC: &corev1.GRPCAction{Port: 9000}}}
 		}, []string{"spec.containers[0].livenessProbe.grpc"}},
@@ -171,4 +171,16 @@ func TestTranslateArch(t *testing.T) {
 	plan, rej = Translate(vmPod(), qemu.ArchX86_64)
 	require.Nil(t, rej)
 	assert.Equal(t, "q35", plan.Machine)
+}
+
+// Exec probes run through the guest agent every VM has a channel for:
+// admitted.
+func TestTranslateAdmitsExecProbes(t *testing.T) {
+	exec := &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"test", "-e", "/tmp/ready"}}}}
+	_, rej := Translate(vmPod(func(p *corev1.Pod) {
+		p.Spec.Containers[0].LivenessProbe = exec
+		p.Spec.Containers[0].ReadinessProbe = exec
+		p.Spec.Containers[0].StartupProbe = exec
+	}), qemu.ArchX86_64)
+	assert.Nil(t, rej)
 }

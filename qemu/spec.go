@@ -192,7 +192,14 @@ const (
 	UEFIVarsName      = "uefi-vars.fd"
 	// MigrateSocketName is the unix socket SaveState receives the state on.
 	MigrateSocketName = "migrate.sock"
+	// GuestAgentSocketName is the host end of the VM's qemu-guest-agent
+	// channel (qga.go).
+	GuestAgentSocketName = "qga.sock"
 )
+
+// GuestAgentChannel is the virtio-serial port name qemu-guest-agent opens
+// in the guest (/dev/virtio-ports/org.qemu.guest_agent.0).
+const GuestAgentChannel = "org.qemu.guest_agent.0"
 
 // maxSocketPath is sun_path's size minus the NUL.
 const maxSocketPath = 107
@@ -266,6 +273,8 @@ func (s Spec) Validate() error {
 	if s.StateDir == "" || !filepath.IsAbs(s.StateDir) {
 		bad("state dir %q: must be an absolute path", s.StateDir)
 	} else if l := len(filepath.Join(s.StateDir, ConsoleSocketName)); l > maxSocketPath {
+		bad("state dir %q: too long for unix sockets (%d > %d bytes)", s.StateDir, l, maxSocketPath)
+	} else if l := len(filepath.Join(s.StateDir, GuestAgentSocketName)); l > maxSocketPath {
 		bad("state dir %q: too long for unix sockets (%d > %d bytes)", s.StateDir, l, maxSocketPath)
 	}
 	for i, d := range s.AllowedDirs {
@@ -414,7 +423,11 @@ const sandboxArg = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcec
 // supervisor — or a later Adopt — can read why the guest stopped from QMP
 // before quitting QEMU; user-mode networking with forwards bound to
 // 127.0.0.1 only; the memory tuning (MemoryTuning) as configured, guest
-// RAM not mergeable by KSM unless asked.
+// RAM not mergeable by KSM unless asked; a virtio-serial port named
+// GuestAgentChannel on a unix socket in the state dir for qemu-guest-agent
+// (always present, same device ids every time: a guest without the agent
+// just never opens it, and a VM restored from a snapshot finds the same
+// devices).
 func Args(s Spec) []string {
 	s = s.withDefaults()
 	machine := s.Machine
@@ -517,6 +530,10 @@ func Args(s Spec) []string {
 	if s.Memory.FreePageReporting {
 		a = append(a, "-device", "virtio-balloon"+pciSuffix+",free-page-reporting=on")
 	}
+	a = append(a,
+		"-chardev", "socket,id=qga0,path="+s.Path(GuestAgentSocketName)+",server=on,wait=off",
+		"-device", "virtio-serial"+pciSuffix+",id=vser0,max_ports=2",
+		"-device", "virtserialport,bus=vser0.0,nr=1,chardev=qga0,name="+GuestAgentChannel)
 	if s.Incoming != "" {
 		a = append(a, "-incoming", fmt.Sprintf("fd:%d", IncomingFD))
 	}

@@ -55,6 +55,10 @@ type VM struct {
 	// closed by Detach.
 	qmpSlot  chan struct{}
 	detached chan struct{}
+
+	// agent is the guest-agent client (qga.go), made on first use.
+	agentOnce sync.Once
+	agent     *guestAgent
 }
 
 // Start launches QEMU for spec with its state in stateDir (created 0700;
@@ -88,7 +92,7 @@ func Start(ctx context.Context, spec Spec, stateDir string) (*VM, error) {
 	if pid, err := readPidfile(abs); err == nil && qemuAlive(pid, abs) {
 		return nil, fmt.Errorf("state dir %s: QEMU pid %d is still running there (use Adopt)", abs, pid)
 	}
-	for _, n := range []string{QMPSocketName, ConsoleSocketName, PidfileName, ExitFileName, MigrateSocketName} {
+	for _, n := range []string{QMPSocketName, ConsoleSocketName, GuestAgentSocketName, PidfileName, ExitFileName, MigrateSocketName} {
 		if err := os.Remove(spec.Path(n)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("remove stale %s: %w", n, err)
 		}

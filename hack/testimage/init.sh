@@ -64,6 +64,36 @@ IDLE
 chmod 0755 /www/cgi-bin/burn /www/cgi-bin/idle
 httpd -p 8080 -h /www
 
+# qemu-guest-agent (when the image has it and qk.noagent is not on the
+# kernel command line) on the virtio-serial port org.qemu.guest_agent.0:
+# without udev there is no /dev/virtio-ports link, so the port's vportNpM
+# device is found by name in sysfs (virtio_console, loaded above, makes it
+# appear asynchronously: wait up to ~10s when the VM has a virtio-serial
+# device, virtio device id 0x0003).
+case " $(cat /proc/cmdline) " in
+  *" qk.noagent "*) echo "QK-AGENT-OFF" ;;
+  *)
+    if [ -x /bin/qemu-ga ]; then
+      port=""
+      i=0
+      grep -qx 0x0003 /sys/bus/virtio/devices/*/device 2>/dev/null || i=100
+      while [ -z "$port" ] && [ $i -lt 100 ]; do
+        for n in /sys/class/virtio-ports/*/name; do
+          [ "$(cat "$n" 2>/dev/null)" = org.qemu.guest_agent.0 ] && port=$(basename "$(dirname "$n")")
+        done
+        [ -n "$port" ] || { usleep 100000; i=$((i+1)); }
+      done
+      if [ -n "$port" ] && [ -e "/dev/$port" ]; then
+        mkdir -p /run /var/run
+        qemu-ga -m virtio-serial -p "/dev/$port" -t /run -f /run/qemu-ga.pid -l /tmp/qemu-ga.log &
+        echo "QK-AGENT-OK port=$port"
+      else
+        echo "QK-AGENT-NOPORT (no org.qemu.guest_agent.0 virtio-serial port; virtio_console loaded: $(grep -c '^virtio_console ' /proc/modules))"
+      fi
+    fi
+    ;;
+esac
+
 if [ "$VARIANT" = acpi ]; then
   # busybox acpid's built-in tables map KEY_POWER to the event PWRF/00000080
   # and run ./PWRF/00000080 under the -c directory.
