@@ -51,11 +51,14 @@ test: deps verify
 	QK_CONTROL_PLANE_BIN=$$(hack/build-control-plane.sh) \
 	  $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
 	cd hack/benchplot && $(GO) test -count=1 ./...
+	$(MAKE) fuzz-short FUZZTIME=$(TEST_FUZZTIME)
 
-# check: make test plus the unit tests under -race and a short run of each
-# fuzz target (not yet in CI: their cold builds were not measured on a
-# quiet 2-core machine against the 60-minute budget).
-check: test unit-race fuzz-short
+# TEST_FUZZTIME: each fuzz target's run in make test (seed corpora always run
+# as unit tests; this explores beyond them).
+TEST_FUZZTIME ?= 5s
+
+# check: make test plus the unit tests under -race.
+check: test unit-race
 
 # unit: the fast inner loop. Tests that need QEMU (or qemu-img), a registry
 # or a control plane skip under -short (internal/testutil.SkipIfShort).
