@@ -40,9 +40,11 @@ var knownAnnotations = map[string]bool{
 	AnnotationMachine: true, AnnotationFirmware: true, AnnotationKernelCmdline: true, AnnotationRequireAccelerator: true,
 	v1alpha1.JumpstarterSecretAnnotation: true, // exporter.go
 	// The ExporterSet controller's: the parameters reach the guest through
-	// the QK_PARAMETERS env fieldRef (environment disk); the reclaim policy
-	// waits for state preservation; the removal mark is the controller's.
-	v1alpha1.ParametersAnnotation: true, v1alpha1.ReclaimPolicyAnnotation: true, v1alpha1.RemoveAnnotation: true,
+	// the QK_PARAMETERS env fieldRef (environment disk); the state and
+	// reclaim policies are the node's (state.go); the removal mark is the
+	// controller's.
+	v1alpha1.ParametersAnnotation: true, v1alpha1.RemoveAnnotation: true,
+	v1alpha1.StatePolicyAnnotation: true, v1alpha1.ReclaimPolicyAnnotation: true,
 }
 
 // DefaultMemory is the guest RAM of a pod that sets neither a memory limit
@@ -78,6 +80,9 @@ type Plan struct {
 	ExtraCmdline string
 	// Accelerator is a requirement: "" (any), "kvm" or "tcg".
 	Accelerator string
+	// StatePolicy says whether the VM's disk survives its restarts
+	// (state.go): Retain, else ("" or Disabled) a fresh disk every start.
+	StatePolicy v1alpha1.StatePolicy
 }
 
 // Rejection says why a pod is not started: a kubelet-style reason and a
@@ -326,6 +331,19 @@ func translateAnnotations(ann map[string]string, arch qemu.Arch, bad func(field,
 			if errs := validation.IsDNS1123Subdomain(v); len(errs) > 0 {
 				bad(f, "secret name %q: %s", v, strings.Join(errs, "; "))
 			}
+		case v1alpha1.StatePolicyAnnotation:
+			switch v1alpha1.StatePolicy(v) {
+			case v1alpha1.StatePolicyDisabled, v1alpha1.StatePolicyRetain:
+				plan.StatePolicy = v1alpha1.StatePolicy(v)
+			default:
+				bad(f, "state policy %q: want Disabled or Retain", v)
+			}
+		case v1alpha1.ReclaimPolicyAnnotation:
+			switch v1alpha1.ReclaimPolicy(v) {
+			case v1alpha1.ReclaimPolicyDelete, v1alpha1.ReclaimPolicyRetain:
+			default:
+				bad(f, "reclaim policy %q: want Delete or Retain", v)
+			}
 		case AnnotationRequireAccelerator:
 			switch v {
 			case "kvm", "tcg":
@@ -342,6 +360,7 @@ func translateAnnotations(ann map[string]string, arch qemu.Arch, bad func(field,
 	if plan.Firmware == "" {
 		plan.Firmware = qemu.FirmwareBIOS
 	}
+
 	if plan.Machine == "microvm" && plan.Firmware == qemu.FirmwareUEFI {
 		bad("metadata.annotations["+AnnotationFirmware+"]", "uefi is not available with machine microvm")
 	}
