@@ -55,7 +55,9 @@ func TestDecideOverlay(t *testing.T) {
 }
 
 func TestPolicyAnnotations(t *testing.T) {
-	pod := func(ann map[string]string) *corev1.Pod { return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Annotations: ann}} }
+	pod := func(ann map[string]string) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Annotations: ann}}
+	}
 	assert.Equal(t, v1alpha1.StatePolicyDisabled, StatePolicyOf(pod(nil)))
 	assert.Equal(t, v1alpha1.StatePolicyDisabled, StatePolicyOf(pod(map[string]string{v1alpha1.StatePolicyAnnotation: "Disabled"})))
 	assert.Equal(t, v1alpha1.StatePolicyRetain, StatePolicyOf(pod(map[string]string{v1alpha1.StatePolicyAnnotation: "Retain"})))
