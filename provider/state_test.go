@@ -19,6 +19,7 @@ import (
 
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
+	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 )
 
@@ -238,4 +239,66 @@ func TestOverlayAndRetainWithQemuImg(t *testing.T) {
 	_, err = retainDisk(ctx, dir, dir3, pod3, st, now)
 	require.Error(t, err)
 	assert.FileExists(t, filepath.Join(dir3, OverlayFileName), "the source is untouched")
+}
+
+// TestRetainedDisksInNodeStatus: the host reading measures the retained
+// disks and the node's allocatable ephemeral-storage is capacity less the
+// configured reserve less them.
+func TestRetainedDisksInNodeStatus(t *testing.T) {
+	dir := t.TempDir()
+	state := filepath.Join(dir, "state")
+	d := filepath.Join(state, RetainedDirName, "ns_p_uid")
+	require.NoError(t, os.MkdirAll(d, 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(d, OverlayFileName), make([]byte, 256<<10), 0o600))
+	h, err := HostSource{StateDir: state, QEMUBinary: "sh"}.Read()
+	require.NoError(t, err)
+	want, err := RetainedBytes(state)
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, want, int64(256<<10))
+	assert.Equal(t, want, h.RetainedBytes)
+
+	cfg := resolve(t, "") // reserved ephemeral-storage 1Gi by default
+	host := healthyHost()
+	host.RetainedBytes = 3 * gi
+	st := Status(nil, facts(cfg), host, metav1.Now())
+	got := st.Allocatable[corev1.ResourceEphemeralStorage]
+	assert.Equal(t, int64(96*gi), got.Value(), "100Gi - 1Gi reserved - 3Gi retained")
+	assert.Equal(t, int64(100*gi), ptr.To(st.Capacity[corev1.ResourceEphemeralStorage]).Value(), "capacity is the file system")
+	host.RetainedBytes = 0
+	st = Status(nil, facts(cfg), host, metav1.Now())
+	assert.Equal(t, int64(99*gi), ptr.To(st.Allocatable[corev1.ResourceEphemeralStorage]).Value())
+}
+
+// TestFlashDropsTheDisk: installing a flashed image removes the pod's disk
+// before the flash is recorded, so even state policy Retain boots the new
+// image from a fresh disk, and the record never names a flash whose old
+// disk is still there.
+func TestFlashDropsTheDisk(t *testing.T) {
+	dir := t.TempDir()
+	p := NewVMs(context.Background(), VMsConfig{StateDir: dir})
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "u1",
+		Annotations: map[string]string{v1alpha1.StatePolicyAnnotation: "Retain"}}}
+	rec := newPodVM(pod.UID, filepath.Join(dir, "vms", "u1"), pod)
+	require.NoError(t, os.MkdirAll(rec.dir, 0o700))
+	ov := filepath.Join(rec.dir, OverlayFileName)
+	require.NoError(t, os.WriteFile(ov, []byte("old disk"), 0o600))
+	held := 0
+	req := vmRequest{op: opFlash, image: &oci.Image{Ref: "reg/os:2", Digest: "sha256:bb"}, hold: func() { held++ }}
+	require.NoError(t, p.installImage(rec, req))
+	assert.NoFileExists(t, ov)
+	var st VMState
+	b, err := os.ReadFile(filepath.Join(rec.dir, StatusFileName))
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(b, &st))
+	assert.Equal(t, "reg/os@sha256:bb", st.FlashedImage)
+	assert.Zero(t, held, "the image hold became the pod's")
+
+	// The old disk cannot be removed: nothing is recorded, the hold goes.
+	require.NoError(t, os.Remove(filepath.Join(rec.dir, StatusFileName)))
+	require.NoError(t, os.MkdirAll(filepath.Join(ov, "x"), 0o700)) // a non-empty directory where the disk is
+	err = p.installImage(rec, vmRequest{op: opFlash, image: &oci.Image{Ref: "reg/os:3", Digest: "sha256:cc"}, hold: func() { held++ }})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "remove the old disk")
+	assert.Equal(t, 1, held, "the refused request's image hold is released")
+	assert.NoFileExists(t, filepath.Join(rec.dir, StatusFileName), "no flash recorded")
 }
