@@ -313,6 +313,14 @@ func (p *VMs) reclaimDisk(ctx context.Context, rec *podVM, pod *corev1.Pod) bool
 	st := rec.state
 	rec.mu.Unlock()
 	log := p.log.WithValues("pod", klog.KObj(pod), "uid", rec.uid)
+	// The decision first: the intent record gets the pod as it is now (its
+	// reclaim annotation may have come after it was bound), so a retry
+	// after a crash mid-way keeps the disk too.
+	if err := writeJSONAtomic(filepath.Join(rec.dir, PodFileName), pod); err != nil {
+		log.Error(err, "Record the pod before keeping its disk; its state dir stays for a retry at the next start", "dir", rec.dir)
+		p.event(pod, corev1.EventTypeWarning, ReasonDiskRetainFailed, fmt.Sprintf("reclaim policy Retain: recording the pod failed: %v; the pod's state dir %s is left in place", err, rec.dir))
+		return false
+	}
 	dst, err := retainDisk(ctx, p.cfg.StateDir, rec.dir, pod, st, p.now())
 	if err != nil {
 		log.Error(err, "Keep the pod's disk (reclaim policy Retain); its state dir stays for a retry at the next start", "dir", rec.dir)

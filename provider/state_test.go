@@ -302,3 +302,31 @@ func TestFlashDropsTheDisk(t *testing.T) {
 	assert.Equal(t, 1, held, "the refused request's image hold is released")
 	assert.NoFileExists(t, filepath.Join(rec.dir, StatusFileName), "no flash recorded")
 }
+
+// TestReclaimDiskKeepsStateDirOnFailure: a disk that cannot be kept leaves
+// the pod's state dir (the caller does not remove it) with the pod recorded
+// as it was when deleted, reclaim annotation included, so the retry at the
+// next agent start keeps the disk too; Delete lets the dir go.
+func TestReclaimDiskKeepsStateDirOnFailure(t *testing.T) {
+	dir := t.TempDir()
+	p := NewVMs(context.Background(), VMsConfig{StateDir: dir, NodeName: "n"})
+	bound := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "u1"}}
+	rec := newPodVM(bound.UID, filepath.Join(dir, "vms", "u1"), bound)
+	require.NoError(t, os.MkdirAll(rec.dir, 0o700))
+	require.NoError(t, writeJSONAtomic(filepath.Join(rec.dir, PodFileName), bound))
+	require.NoError(t, os.WriteFile(filepath.Join(rec.dir, OverlayFileName), []byte("disk"), 0o600))
+
+	assert.True(t, p.reclaimDisk(context.Background(), rec, bound), "Delete: the dir may go")
+
+	// Annotated after binding; the retained area is blocked by a file.
+	deleted := bound.DeepCopy()
+	deleted.Annotations = map[string]string{v1alpha1.ReclaimPolicyAnnotation: "Retain"}
+	require.NoError(t, os.WriteFile(filepath.Join(dir, RetainedDirName), []byte("not a directory"), 0o600))
+	assert.False(t, p.reclaimDisk(context.Background(), rec, deleted), "the disk could not be kept: the dir stays")
+	assert.FileExists(t, filepath.Join(rec.dir, OverlayFileName))
+	var recorded corev1.Pod
+	b, err := os.ReadFile(filepath.Join(rec.dir, PodFileName))
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(b, &recorded))
+	assert.Equal(t, "Retain", recorded.Annotations[v1alpha1.ReclaimPolicyAnnotation], "a retry after a restart keeps the disk too")
+}
