@@ -49,6 +49,7 @@ verify: fmt-check vet
 test: deps verify
 	QK_CONTROL_PLANE_BIN=$$(hack/build-control-plane.sh) \
 	  $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
+	cd hack/benchplot && $(GO) test -count=1 ./...
 
 # check: make test plus the unit tests under -race and a short run of each
 # fuzz target (not yet in CI: their cold builds were not measured on a
@@ -78,11 +79,17 @@ run: deps build
 	$(GO) build -o $(BIN)/local-up ./hack/local-up
 	QK_CONTROL_PLANE_BIN=$$(hack/build-control-plane.sh) exec $(BIN)/local-up --bin-dir $(BIN)
 
+# bench: every benchmark once (each takes its own baseline in the same run),
+# then hack/benchplot appends a summary (every ratio beside its figures) to
+# $(BENCH_OUT) and draws BenchmarkBurst's create->Ready vs N into $(BENCH_PNG).
+BENCH_PNG ?= docs/performance-burst.png
 bench: deps
-	@echo "# qemu-kubelet benchmarks $$(date -u +%FT%TZ) $$(git rev-parse --short HEAD 2>/dev/null)" > $(BENCH_OUT)
-	QK_CONTROL_PLANE_BIN=$$(hack/build-control-plane.sh) \
-	  $(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -benchmem -timeout 60m ./... 2>&1 | tee -a $(BENCH_OUT)
-	@echo "results: $(BENCH_OUT)"
+	@echo "# qemu-kubelet benchmarks $$(date -u +%FT%TZ) $$(git rev-parse --short HEAD 2>/dev/null) load $$(cut -d' ' -f1-3 /proc/loadavg)" > $(BENCH_OUT)
+	bash -o pipefail -c 'QK_CONTROL_PLANE_BIN=$$(hack/build-control-plane.sh) \
+	  $(GO) test -run "^$$" -bench . -benchtime $(BENCHTIME) -benchmem -timeout 60m ./... 2>&1 | tee -a $(BENCH_OUT)'
+	@echo "# summary $$(date -u +%FT%TZ) load $$(cut -d' ' -f1-3 /proc/loadavg)" >> $(BENCH_OUT)
+	cd hack/benchplot && $(GO) run . -in ../../$(BENCH_OUT) -png ../../$(BENCH_PNG) >> ../../$(BENCH_OUT)
+	@echo "results: $(BENCH_OUT), plot: $(BENCH_PNG)"
 
 clean:
 	rm -rf $(BIN) $(BENCH_OUT)

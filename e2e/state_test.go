@@ -19,7 +19,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
@@ -108,8 +107,7 @@ func (e *podEnv) testStatePolicy(t *testing.T) {
 		return podRunning(p) && p.Status.ContainerStatuses[0].RestartCount == 1
 	})
 	assert.Equal(t, int32(1), p.Status.ContainerStatuses[0].RestartCount)
-	ev := waitEvent(t, e, retain, provider.ReasonStateRestored)
-	assert.Contains(t, ev.Message, "Retain")
+	waitEvent(t, e.c, retain.Name, provider.ReasonStateRestored, "state policy Retain") // features_test.go
 
 	// Disabled: the same two boots per run, but each run from a fresh disk.
 	waitBoots("the Disabled pod's second VM run", 5*time.Minute, func() bool { return len(prev(fdir)) == 2 && len(cur(fdir)) >= 1 })
@@ -185,21 +183,4 @@ func (e *podEnv) testStatePolicy(t *testing.T) {
 		a := n.Status.Allocatable[corev1.ResourceEphemeralStorage]
 		return a.Cmp(alloc0) == 0
 	})
-}
-
-// waitEvent waits for an event of reason about pod.
-func waitEvent(t *testing.T, e *podEnv, pod *corev1.Pod, reason string) corev1.Event {
-	t.Helper()
-	var found corev1.Event
-	sel := fields.Set{"involvedObject.uid": string(pod.UID), "reason": reason}.AsSelector().String()
-	err := wait.PollUntilContextTimeout(context.Background(), 500*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		l, err := e.c.Client().CoreV1().Events(pod.Namespace).List(ctx, metav1.ListOptions{FieldSelector: sel})
-		if err != nil || len(l.Items) == 0 {
-			return false, nil
-		}
-		found = l.Items[0]
-		return true, nil
-	})
-	require.NoError(t, err, "event %s of pod %s", reason, pod.Name)
-	return found
 }

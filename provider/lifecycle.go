@@ -11,10 +11,12 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
 	"github.com/virtual-kubelet/virtual-kubelet/node"
@@ -95,9 +97,15 @@ type VMsConfig struct {
 	// Memory is the node's memory tuning, given to every VM (vmMemory in
 	// the node configuration).
 	Memory qemu.MemoryTuning
+	// VMNice is the nice value of every QEMU (vmNice in the node
+	// configuration).
+	VMNice int
 	// VMOverhead is QEMU's own memory per VM in bytes, counted by
 	// admission next to the pod's memory request (admission.go).
 	VMOverhead int64
+	// Features in force at start (nil: the defaults); SetFeatures swaps
+	// them on a reload (features.go).
+	Features *config.FeatureConfig
 }
 
 // VMs is the pod side of the provider: every pod bound to the node becomes
@@ -110,11 +118,20 @@ type VMs struct {
 	log  klog.Logger
 	now  func() time.Time
 
+	// features are the features in force: written by SetFeatures (the
+	// reload's owner), read anywhere (features.go).
+	features atomic.Pointer[config.FeatureConfig]
+
 	mu     sync.Mutex
 	pods   map[types.UID]*podVM
 	notify func(*corev1.Pod)
+	// featuresChanged is closed (and replaced) by SetFeatures: it wakes
+	// the pods held for features.
+	featuresChanged chan struct{}
 	// pump delivers statuses to notify, per pod, newest only (statuspump.go).
 	pump statusPump
+	// snaps: who creates which memory snapshot (snapshots.go).
+	snaps snapshotStore
 }
 
 // podVM is one pod and its VM. Its worker goroutine owns the VM; other
@@ -138,6 +155,13 @@ type podVM struct {
 	// probes is the readiness of the current run (probes.go); nil: no
 	// readiness probe.
 	probes *probeState
+	// Snapshot start (snapshots.go), set by the worker: snapClaim is the
+	// snapshot this run saves at readiness (taken by captureSnapshot);
+	// snapUsed the snapshot the run was restored from; snapRestoreFailed
+	// makes the next decision boot.
+	snapClaim         *snapshotClaim
+	snapUsed          *snapshotUse
+	snapRestoreFailed bool
 
 	// apiResourceVersion: the resourceVersion of the API server's copy
 	// whose status disagreed with the node's (statusresync.go); sent with
@@ -187,7 +211,9 @@ func NewVMs(ctx context.Context, cfg VMsConfig) *VMs {
 	if cfg.DefaultGrace <= 0 {
 		cfg.DefaultGrace = 30 * time.Second
 	}
-	return &VMs{cfg: cfg, base: ctx, log: klog.FromContext(ctx).WithName("vms"), now: time.Now, pods: map[types.UID]*podVM{}}
+	p := &VMs{cfg: cfg, base: ctx, log: klog.FromContext(ctx).WithName("vms"), now: time.Now, pods: map[types.UID]*podVM{}, featuresChanged: make(chan struct{})}
+	p.features.Store(cfg.Features)
+	return p
 }
 
 func (p *VMs) vmsDir() string { return filepath.Join(p.cfg.StateDir, VMsDirName) }
@@ -630,6 +656,13 @@ func (p *VMs) run(rec *podVM) {
 			case <-ctx.Done():
 				return
 			}
+			// A pod needing a disabled feature waits (features.go).
+			if !p.holdForFeatures(ctx, rec) {
+				if ctx.Err() != nil {
+					return
+				}
+				continue
+			}
 			var ok bool
 			vm, ok = p.pullAndStart(ctx, rec)
 			if !ok {
@@ -694,6 +727,7 @@ func (p *VMs) run(rec *podVM) {
 				}
 				rec.vm = nil
 				rec.mu.Unlock()
+				p.dropSnapshotClaim(rec)
 				term := TerminatedFromExit(ex, started, ContainerIDPrefix+string(rec.uid))
 				log.Info("VM exited", "exitCode", ex.ExitCode, "class", ex.Class, "reason", ex.Reason)
 				p.cfg.Telemetry.vmExited(rec.uid, ex)
@@ -805,7 +839,9 @@ func (p *VMs) afterExit(ctx context.Context, rec *podVM, crashes *int) bool {
 // terminated run).
 func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (*qemu.VM, bool) {
 	log := klog.FromContext(ctx)
+	p.dropSnapshotClaim(rec) // an earlier run's, unused
 	rec.mu.Lock()
+	rec.snapUsed, rec.snapRestoreFailed = nil, false
 	pod := rec.pod.DeepCopy()
 	plan := rec.plan
 	if rec.state.FlashedImage != "" {
@@ -918,6 +954,15 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (*qemu.VM, bool) {
 	sctx, scancel := context.WithTimeout(pctx, p.cfg.StartTimeout)
 	vm, err := qemu.Start(sctx, spec, rec.dir)
 	scancel()
+	if err != nil && spec.Incoming != "" && pctx.Err() == nil {
+		// The snapshot cannot be loaded: discard it and boot (snapshots.go).
+		spec, err = p.restoreFailed(ctx, rec, pod, plan, img, err)
+		if err == nil {
+			sctx, scancel := context.WithTimeout(pctx, p.cfg.StartTimeout)
+			vm, err = qemu.Start(sctx, spec, rec.dir)
+			scancel()
+		}
+	}
 	att.qemuStarted(err)
 	if err != nil {
 		if pctx.Err() != nil {
@@ -935,8 +980,12 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (*qemu.VM, bool) {
 	rec.mu.Lock()
 	rec.vm = vm
 	rec.mu.Unlock()
-	log.Info("VM started", "pid", vm.Pid(), "accelerator", spec.Accelerator)
-	p.event(pod, corev1.EventTypeNormal, "Started", fmt.Sprintf("Started VM (QEMU pid %d, %s, %d vCPU, %d MiB)", vm.Pid(), spec.Accelerator, spec.CPUs, spec.MemoryMiB))
+	from := ""
+	if spec.Incoming != "" {
+		from = ", restored from a memory snapshot"
+	}
+	log.Info("VM started", "pid", vm.Pid(), "accelerator", spec.Accelerator, "fromSnapshot", spec.Incoming != "")
+	p.event(pod, corev1.EventTypeNormal, "Started", fmt.Sprintf("Started VM (QEMU pid %d, %s, %d vCPU, %d MiB%s)", vm.Pid(), spec.Accelerator, spec.CPUs, spec.MemoryMiB, from))
 	p.update(rec, func(st *VMState) { st.SetRunning(p.now()) })
 	return vm, true
 }
@@ -982,9 +1031,13 @@ func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan Plan
 		AllowedDirs: []string{p.cfg.ImageDir},
 		StateDir:    rec.dir,
 		Memory:      p.cfg.Memory,
+		Nice:        p.cfg.VMNice,
+		// features.consoleLogSize in force when the VM starts.
+		ConsoleCapBytes: p.Features().ConsoleLogSize,
 	}
 	if img.Kernel != "" {
 		spec.Cmdline = KernelCmdline(p.arch(), img.Cmdline, plan.ExtraCmdline) // cmdline.go: the arch's console unless one is named
+		spec.Cmdline = EmulatedKernelCmdline(p.arch(), spec.Accelerator, spec.Cmdline)
 	}
 	if plan.Firmware == qemu.FirmwareUEFI {
 		spec.UEFICode, spec.UEFIVarsTemplate = p.cfg.UEFICode, p.cfg.UEFIVars
@@ -1005,11 +1058,15 @@ func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan Plan
 		return spec, err
 	}
 	spec.Disks = append(spec.Disks, guest...)
+	base, baseFormat := img.Disk, qemu.DiskFormat(img.DiskFormat)
+	if b := p.prepareSnapshotStart(ctx, rec, pod, plan, img, &spec); b != "" { // snapshots.go
+		base, baseFormat = b, qemu.FormatQCOW2
+	}
 	if err := spec.Validate(); err != nil {
 		return spec, invalidSpec{fmt.Errorf("VM spec for image %s: %w", plan.Image, err)}
 	}
 	if img.Disk != "" {
-		reason, msg, err := prepareOverlay(ctx, plan.StatePolicy, overlay, img.Disk, qemu.DiskFormat(img.DiskFormat)) // state.go
+		reason, msg, err := prepareOverlay(ctx, plan.StatePolicy, overlay, base, baseFormat) // state.go
 		if err != nil {
 			return spec, err
 		}
@@ -1096,6 +1153,7 @@ func (p *VMs) finishDelete(rec *podVM, vm *qemu.VM) {
 	ctx := context.WithoutCancel(p.base)
 	// The exporter unregisters first: no lease lands on a VM going away.
 	rec.stopExporter()
+	p.dropSnapshotClaim(rec)
 
 	if !rejected {
 		if vm != nil {

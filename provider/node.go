@@ -5,6 +5,7 @@ import (
 	"maps"
 	"runtime"
 	"strconv"
+	"strings"
 
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
 	corev1 "k8s.io/api/core/v1"
@@ -24,6 +25,19 @@ const (
 	// ConditionKVM is True when VMs run under KVM, False (with the probe's
 	// reason) when they run under TCG or not at all.
 	ConditionKVM corev1.NodeConditionType = "KVMAccelerated"
+
+	// AnnotationFeatures is the effective features section, in the form of
+	// --feature-gates ("attach=true,...,consoleLogSize=8Mi").
+	AnnotationFeatures = "qemu-kubelet.io/features"
+	// ConditionConfigOK is True when the configuration file on disk is the
+	// one in force (the kubelet's former KubeletConfigOk): False with
+	// ReasonConfigInvalid when a reload rejected it (the previous
+	// configuration stays), or ReasonRestartRequired when it changed
+	// settings only a restart applies.
+	ConditionConfigOK     corev1.NodeConditionType = "ConfigOK"
+	ReasonConfigApplied                            = "ConfigApplied"
+	ReasonConfigInvalid                            = "ConfigInvalid"
+	ReasonRestartRequired                          = "RestartRequired"
 )
 
 // Reasons of the Ready condition.
@@ -48,13 +62,56 @@ type Accelerator struct {
 }
 
 // Facts are what is fixed for the life of the process: the configuration,
-// versions, host info and the accelerator probe result.
+// versions, host info and the accelerator probe result; and the outcome of
+// the last configuration (re)load (NodeStatus.SetConfigState changes it).
 type Facts struct {
 	Config      *config.Node
 	Version     string // qemu-kubelet version
 	QEMUVersion string // "" when unknown
 	Host        HostInfo
 	Accelerator Accelerator
+	ConfigState ConfigState
+}
+
+// ConfigState is the outcome of the last load of the configuration file, as
+// the node shows it (ConditionConfigOK, AnnotationFeatures). Plain data.
+type ConfigState struct {
+	// Features in force (nil: Config.Features).
+	Features *config.FeatureConfig
+	// Source is the file ("" for the default configuration).
+	Source string
+	// Error: the last reload was rejected (the previous features stay).
+	Error string
+	// RestartRequired lists the changed fields only a restart applies.
+	RestartRequired []string
+}
+
+func (f Facts) features() *config.FeatureConfig {
+	if f.ConfigState.Features != nil {
+		return f.ConfigState.Features
+	}
+	if f.Config.Features != nil {
+		return f.Config.Features
+	}
+	return config.DefaultFeatures()
+}
+
+// configCondition is ConditionConfigOK of a ConfigState.
+func configCondition(cs ConfigState) corev1.NodeCondition {
+	src := "config file " + cs.Source
+	if cs.Source == "" {
+		src = "default configuration (no --config file)"
+	}
+	c := corev1.NodeCondition{Type: ConditionConfigOK, Status: corev1.ConditionTrue, Reason: ReasonConfigApplied, Message: src + " in force"}
+	switch {
+	case cs.Error != "":
+		c.Status, c.Reason = corev1.ConditionFalse, ReasonConfigInvalid
+		c.Message = src + " rejected, the previous configuration stays in force: " + cs.Error
+	case len(cs.RestartRequired) > 0:
+		c.Status, c.Reason = corev1.ConditionFalse, ReasonRestartRequired
+		c.Message = src + ": features applied; changed settings take effect after a restart: " + strings.Join(cs.RestartRequired, ", ")
+	}
+	return c
 }
 
 // Capacity computes the node capacity: cpu = host CPUs * cpu overcommit,
@@ -123,10 +180,10 @@ func guestArch(cfg *config.Node) string {
 	return runtime.GOARCH
 }
 
-// Annotations carry the accelerator reason in full and how maxVMs was
-// chosen.
+// Annotations carry the accelerator reason in full, how maxVMs was chosen
+// and the features in force.
 func Annotations(f Facts) map[string]string {
-	a := map[string]string{AnnotationAccelerator: acceleratorSummary(f.Accelerator)}
+	a := map[string]string{AnnotationAccelerator: acceleratorSummary(f.Accelerator), AnnotationFeatures: f.features().String()}
 	if f.Config.MaxVMsReason != "" {
 		a[AnnotationMaxVMs] = f.Config.MaxVMsReason
 	}
@@ -186,6 +243,7 @@ func Conditions(prev []corev1.NodeCondition, f Facts, h HostReadings, now metav1
 			"KubeletHasSufficientPID", fmt.Sprintf("kubelet has sufficient PID available (threshold %s)", cfg.PIDAvailable)),
 		readyCondition(f, h),
 		kvmCondition(f),
+		configCondition(f.ConfigState),
 	}
 	for i := range conds {
 		conds[i].LastHeartbeatTime = now

@@ -180,7 +180,7 @@ func TestConditions(t *testing.T) {
 				tt.mutate(&f, &h)
 			}
 			got := condMap(Conditions(nil, f, h, now))
-			require.Len(t, got, 5)
+			require.Len(t, got, 6) // the pressures, Ready, KVMAccelerated, ConfigOK
 			for typ, w := range tt.want {
 				c := got[typ]
 				assert.Equal(t, w.status, c.Status, "%s status", typ)

@@ -39,6 +39,15 @@ func (s *NodeStatus) SetImages(f func() []corev1.ContainerImage) {
 	s.mu.Unlock()
 }
 
+// SetConfigState records the outcome of a configuration (re)load and
+// pushes the node's ConfigOK condition and features annotation at once.
+func (s *NodeStatus) SetConfigState(ctx context.Context, cs ConfigState) {
+	s.mu.Lock()
+	s.facts.ConfigState = cs
+	s.mu.Unlock()
+	s.Refresh(ctx)
+}
+
 // Allocatable is the node's allocatable from the last sample (admission).
 func (s *NodeStatus) Allocatable() corev1.ResourceList {
 	s.mu.Lock()

@@ -428,6 +428,9 @@ func (p *VMs) startProbes(ctx context.Context, rec *podVM, vm *qemu.VM) {
 		go p.runProbe(ctx, rec, vm, c, "Readiness", c.ReadinessProbe, false, stop, afterStart(started, runStart), func(ok bool, msg string) bool {
 			if state.set(ok, msg) {
 				p.push(rec)
+				if ok {
+					p.captureSnapshot(ctx, rec, vm) // snapshots.go: a creator saves it now
+				}
 			}
 			return true
 		})

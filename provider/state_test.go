@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
@@ -329,4 +330,26 @@ func TestReclaimDiskKeepsStateDirOnFailure(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, json.Unmarshal(b, &recorded))
 	assert.Equal(t, "Retain", recorded.Annotations[v1alpha1.ReclaimPolicyAnnotation], "a retry after a restart keeps the disk too")
+}
+
+// TestTranslateRetainWithSnapshotStart: a memory snapshot restores the
+// guest with the image's disk, so state policy Retain and snapshot start
+// are refused together; each alone is fine.
+func TestTranslateRetainWithSnapshotStart(t *testing.T) {
+	pod := func(ann map[string]string) *corev1.Pod {
+		p := podFor("u", "img", corev1.RestartPolicyAlways, ann)
+		p.Spec.Containers[0].ReadinessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(22)}}}
+		return p
+	}
+	_, rej := Translate(pod(map[string]string{AnnotationStartFromSnapshot: "true", v1alpha1.StatePolicyAnnotation: "Retain"}), qemu.ArchX86_64)
+	require.NotNil(t, rej)
+	assert.Equal(t, ReasonUnsupportedPodSpec, rej.Reason)
+	assert.Contains(t, rej.Message, "metadata.annotations[qemu-kubelet.io/state-policy]: Retain cannot be combined with qemu-kubelet.io/start-from-snapshot")
+	for _, ann := range []map[string]string{
+		{AnnotationStartFromSnapshot: "true", v1alpha1.StatePolicyAnnotation: "Disabled"},
+		{AnnotationStartFromSnapshot: "false", v1alpha1.StatePolicyAnnotation: "Retain"},
+	} {
+		_, rej := Translate(pod(ann), qemu.ArchX86_64)
+		assert.Nil(t, rej, "%v", ann)
+	}
 }

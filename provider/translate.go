@@ -33,11 +33,18 @@ const (
 	// AnnotationRequireAccelerator requires an accelerator: kvm, tcg, or any
 	// (default: whatever the node probed).
 	AnnotationRequireAccelerator = AnnotationPrefix + "accelerator"
+	// AnnotationStartFromSnapshot "true" starts the VM from a memory
+	// snapshot of the same image and VM shape taken at its readiness
+	// point, instead of booting (snapshots.go, docs/pods.md). Needs a
+	// readinessProbe: its first success is the point the snapshot is
+	// taken at.
+	AnnotationStartFromSnapshot = AnnotationPrefix + "start-from-snapshot"
 )
 
 // knownAnnotations is the closed set of annotation keys under the prefix.
 var knownAnnotations = map[string]bool{
 	AnnotationMachine: true, AnnotationFirmware: true, AnnotationKernelCmdline: true, AnnotationRequireAccelerator: true,
+	AnnotationStartFromSnapshot:          true,
 	v1alpha1.JumpstarterSecretAnnotation: true, // exporter.go
 	// The ExporterSet controller's: the parameters reach the guest through
 	// the QK_PARAMETERS env fieldRef (environment disk); the state and
@@ -83,6 +90,8 @@ type Plan struct {
 	// StatePolicy says whether the VM's disk survives its restarts
 	// (state.go): Retain, else ("" or Disabled) a fresh disk every start.
 	StatePolicy v1alpha1.StatePolicy
+	// SnapshotStart: start from a memory snapshot (AnnotationStartFromSnapshot).
+	SnapshotStart bool
 }
 
 // Rejection says why a pod is not started: a kubelet-style reason and a
@@ -162,6 +171,14 @@ func Translate(pod *corev1.Pod, arch qemu.Arch) (Plan, *Rejection) {
 		plan.PullSecrets = append(plan.PullSecrets, s.Name)
 	}
 	translateAnnotations(pod.Annotations, arch, bad, &plan)
+	if plan.SnapshotStart {
+		validateSnapshotStart(spec, pod.Annotations[v1alpha1.JumpstarterSecretAnnotation], bad) // snapshots.go
+		if plan.StatePolicy == v1alpha1.StatePolicyRetain {
+			// A snapshot's memory belongs with the snapshot's disk: restored
+			// over a disk the guest changed since, it corrupts the guest.
+			bad("metadata.annotations["+v1alpha1.StatePolicyAnnotation+"]", "Retain cannot be combined with %s: a memory snapshot restores the guest with the image's disk, not the pod's kept one", AnnotationStartFromSnapshot)
+		}
+	}
 
 	if len(problems) > 0 {
 		return Plan{}, &Rejection{Reason: ReasonUnsupportedPodSpec, Message: strings.Join(problems, "; ")}
@@ -351,6 +368,14 @@ func translateAnnotations(ann map[string]string, arch qemu.Arch, bad func(field,
 			case "any", "":
 			default:
 				bad(f, "accelerator %q: want kvm, tcg or any", v)
+			}
+		case AnnotationStartFromSnapshot:
+			switch v {
+			case "true":
+				plan.SnapshotStart = true
+			case "false":
+			default:
+				bad(f, "%q: want \"true\" or \"false\"", v)
 			}
 		}
 	}

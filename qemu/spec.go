@@ -119,6 +119,31 @@ type Spec struct {
 	// Memory tunes what the VM costs the host beyond the guest's RAM.
 	Memory MemoryTuning
 
+	// Nice is the nice value every QEMU thread (vCPUs included) runs its
+	// guest at, 0 to 19. A positive value keeps busy guests from starving
+	// the node agent, the API server and etcd on the same host: guests
+	// compete with each other as before, but below the control path. Such
+	// a VM is launched paused (-S) at the caller's priority and Start
+	// lowers its threads before starting the vCPUs, so QEMU's own start-up
+	// is not slowed by busy guests either.
+	Nice int
+
+	// MAC is the NIC's MAC address (a locally administered unicast
+	// address); empty derives one from Name. VMs restored from one saved
+	// state must all use the MAC it was saved with (the NIC's state
+	// carries it).
+	MAC string
+
+	// Incoming restores the VM from a state saved by VM.SaveState (memory
+	// and device state) instead of booting it: QEMU starts with
+	// -incoming fd:3 reading this file, and Start returns once the state
+	// is loaded and the guest runs again. Every other field must describe
+	// the same VM as the saved one (same Args but for Name, StateDir,
+	// Forwards and disk paths), and its disks must hold what they held
+	// when the state was saved. An unreadable or incompatible file fails
+	// Start (QEMU exits during the load).
+	Incoming string
+
 	// ConsoleCapBytes bounds the kept console output (console.log plus
 	// console.log.1); 0 means DefaultConsoleCap.
 	ConsoleCapBytes int64
@@ -149,6 +174,9 @@ type MemoryTuning struct {
 	MemMerge bool
 }
 
+// MaxNice is the largest Spec.Nice (Linux's lowest priority).
+const MaxNice = 19
+
 // MaxTCGTranslationBufferMiB bounds MemoryTuning.TCGTranslationBufferMiB.
 const MaxTCGTranslationBufferMiB = 4096
 
@@ -162,6 +190,8 @@ const (
 	SpecFileName      = "spec.json"
 	ExitFileName      = "exit.json"
 	UEFIVarsName      = "uefi-vars.fd"
+	// MigrateSocketName is the unix socket SaveState receives the state on.
+	MigrateSocketName = "migrate.sock"
 )
 
 // maxSocketPath is sun_path's size minus the NUL.
@@ -327,8 +357,21 @@ func (s Spec) Validate() error {
 		}
 		hostPorts[f.HostPort], guestPorts[f.GuestPort] = i, i
 	}
+	if s.Nice < 0 || s.Nice > MaxNice {
+		bad("nice %d: must be between 0 and %d (QEMU never runs above the agent's priority)", s.Nice, MaxNice)
+	}
 	if tb := s.Memory.TCGTranslationBufferMiB; tb < 0 || tb > MaxTCGTranslationBufferMiB {
 		bad("memory tcg translation buffer %d MiB: must be 0 (QEMU's default) or between 1 and %d MiB", tb, MaxTCGTranslationBufferMiB)
+	}
+	if s.MAC != "" {
+		if hw, err := net.ParseMAC(s.MAC); err != nil || len(hw) != 6 || hw[0]&1 != 0 || hw[0]&2 == 0 || hw.String() != s.MAC {
+			bad("mac %q: want a locally administered unicast MAC in lower case (e.g. 52:54:00:12:34:56)", s.MAC)
+		} else if !s.Network {
+			bad("mac: needs network enabled")
+		}
+	}
+	if s.Incoming != "" {
+		checkPath("incoming state", s.Incoming)
 	}
 	if s.ConsoleCapBytes < 0 || (s.ConsoleCapBytes > 0 && s.ConsoleCapBytes < 64<<10) {
 		bad("console cap %d bytes: must be 0 (default) or at least 64 KiB", s.ConsoleCapBytes)
@@ -417,6 +460,9 @@ func Args(s Spec) []string {
 		"-action", "shutdown=pause,panic=pause,reboot=reset",
 		"-pidfile", s.Path(PidfileName),
 	}
+	if s.Nice > 0 {
+		a = append(a, "-S") // Start lowers the threads, then sends cont
+	}
 	switch s.Machine {
 	case "microvm":
 	case "virt":
@@ -462,13 +508,24 @@ func Args(s Spec) []string {
 		for _, f := range s.Forwards {
 			netdev += fmt.Sprintf(",hostfwd=tcp:127.0.0.1:%d-:%d", f.HostPort, f.GuestPort)
 		}
-		a = append(a, "-netdev", netdev, "-device", "virtio-net"+pciSuffix+",netdev=net0,mac="+macFor(s.Name))
+		mac := s.MAC
+		if mac == "" {
+			mac = macFor(s.Name)
+		}
+		a = append(a, "-netdev", netdev, "-device", "virtio-net"+pciSuffix+",netdev=net0,mac="+mac)
 	}
 	if s.Memory.FreePageReporting {
 		a = append(a, "-device", "virtio-balloon"+pciSuffix+",free-page-reporting=on")
 	}
+	if s.Incoming != "" {
+		a = append(a, "-incoming", fmt.Sprintf("fd:%d", IncomingFD))
+	}
 	return a
 }
+
+// IncomingFD is the descriptor Start hands Spec.Incoming to QEMU on (the
+// first of exec.Cmd.ExtraFiles).
+const IncomingFD = 3
 
 // macFor derives a stable locally administered MAC from the VM name.
 func macFor(name string) string {

@@ -127,6 +127,11 @@ func TestValidateRejects(t *testing.T) {
 		{"port out of range", func(s *Spec) { s.Network = true; s.Forwards = []PortForward{{HostPort: 70000, GuestPort: 80}} }, "host port 70000"},
 		{"forward without network", func(s *Spec) { s.Forwards = []PortForward{{HostPort: 2000, GuestPort: 80}} }, "need network"},
 		{"bad name", func(s *Spec) { s.Name = "a b;rm" }, "name"},
+		{"multicast mac", func(s *Spec) { s.Network = true; s.MAC = "53:54:00:12:34:56" }, `mac "53:54:00:12:34:56"`},
+		{"global mac", func(s *Spec) { s.Network = true; s.MAC = "00:54:00:12:34:56" }, "locally administered"},
+		{"upper-case mac", func(s *Spec) { s.Network = true; s.MAC = "52:54:00:AB:34:56" }, "lower case"},
+		{"mac without network", func(s *Spec) { s.MAC = "52:54:00:12:34:56" }, "mac: needs network"},
+		{"incoming outside allowed", func(s *Spec) { s.Incoming = "/etc/state" }, `incoming state "/etc/state": outside the allowed dirs`},
 		{"arch", func(s *Spec) { s.Arch = "riscv64" }, `arch "riscv64"`},
 		{"machine", func(s *Spec) { s.Machine = "isapc" }, `machine "isapc"`},
 		{"microvm under tcg", func(s *Spec) { s.Machine = "microvm" }, "machine microvm: needs accelerator kvm"},
@@ -135,6 +140,8 @@ func TestValidateRejects(t *testing.T) {
 		{"long state dir", func(s *Spec) { s.StateDir = "/" + strings.Repeat("x", 120) }, "too long for unix sockets"},
 		{"console cap too small", func(s *Spec) { s.ConsoleCapBytes = 10 }, "console cap 10 bytes"},
 		{"bad user", func(s *Spec) { s.RunAsUser = "root;x" }, "run-as user"},
+		{"negative nice", func(s *Spec) { s.Nice = -5 }, "nice -5: must be between 0 and 19"},
+		{"nice out of range", func(s *Spec) { s.Nice = 20 }, "nice 20: must be between 0 and 19"},
 		{"negative tb size", func(s *Spec) { s.Memory.TCGTranslationBufferMiB = -1 }, "memory tcg translation buffer -1 MiB"},
 		{"huge tb size", func(s *Spec) { s.Memory.TCGTranslationBufferMiB = 1 << 20 }, "memory tcg translation buffer 1048576 MiB"},
 		{"uefi without code", func(s *Spec) { s.Firmware = FirmwareUEFI }, "uefi code: path is empty"},
@@ -220,5 +227,27 @@ func TestArgsMemoryTuning(t *testing.T) {
 				t.Errorf("balloon devices %v, want %v", balloon, tc.balloon)
 			}
 		})
+	}
+}
+
+func TestArgsMACAndIncoming(t *testing.T) {
+	s := baseSpec()
+	s.Network = true
+	s.MAC = "52:54:00:ab:cd:ef"
+	s.Incoming = "/images/snap/state"
+	if err := s.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	a := strings.Join(Args(s), " ")
+	if !strings.Contains(a, "virtio-net-pci,netdev=net0,mac=52:54:00:ab:cd:ef") {
+		t.Errorf("MAC not used: %s", a)
+	}
+	if !strings.HasSuffix(a, " -incoming fd:3") {
+		t.Errorf("no -incoming fd:3 at the end: %s", a)
+	}
+	s.MAC, s.Incoming = "", ""
+	a = strings.Join(Args(s), " ")
+	if !strings.Contains(a, "mac="+macFor("vm1")) || strings.Contains(a, "-incoming") {
+		t.Errorf("default MAC / no incoming expected: %s", a)
 	}
 }

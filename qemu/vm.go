@@ -19,6 +19,7 @@ import (
 
 	"github.com/digitalocean/go-qemu/qmp"
 	"github.com/go-logr/logr"
+	"golang.org/x/sys/unix"
 )
 
 // VM is one supervised QEMU process. It is created by Start or Adopt; QEMU
@@ -87,7 +88,7 @@ func Start(ctx context.Context, spec Spec, stateDir string) (*VM, error) {
 	if pid, err := readPidfile(abs); err == nil && qemuAlive(pid, abs) {
 		return nil, fmt.Errorf("state dir %s: QEMU pid %d is still running there (use Adopt)", abs, pid)
 	}
-	for _, n := range []string{QMPSocketName, ConsoleSocketName, PidfileName, ExitFileName} {
+	for _, n := range []string{QMPSocketName, ConsoleSocketName, PidfileName, ExitFileName, MigrateSocketName} {
 		if err := os.Remove(spec.Path(n)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("remove stale %s: %w", n, err)
 		}
@@ -124,6 +125,16 @@ func Start(ctx context.Context, spec Spec, stateDir string) (*VM, error) {
 	// Not CommandContext: QEMU must outlive ctx.
 	cmd := exec.Command(spec.QEMUBinary, args...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, qlog, qlog
+	if spec.Incoming != "" {
+		// Opened by us and inherited as IncomingFD: QEMU (perhaps another
+		// user) needs no access to the file itself.
+		in, err := os.Open(spec.Incoming)
+		if err != nil {
+			return nil, fmt.Errorf("start VM %s: incoming state: %w", spec.Name, err)
+		}
+		defer in.Close()
+		cmd.ExtraFiles = []*os.File{in}
+	}
 	cmd.Dir = abs
 	// Own session and process group: no signal aimed at our group or
 	// terminal reaches QEMU, and it survives our death.
@@ -161,8 +172,19 @@ func Start(ctx context.Context, spec Spec, stateDir string) (*VM, error) {
 		close(vm.childDone)
 	}()
 
-	if err := vm.connect(ctx); err != nil {
+	err = vm.connect(ctx)
+	if err == nil && spec.Nice > 0 {
+		// Launched paused (-S): lower the threads before any guest code runs.
+		err = reniceProcess(vm.pid, spec.Nice)
+	}
+	if err == nil && spec.Incoming != "" {
+		err = vm.finishIncoming(ctx) // lets the restored guest run
+	}
+	if err != nil {
 		// Do not leave a half-started QEMU behind.
+		if vm.mon != nil {
+			vm.mon.Disconnect()
+		}
 		_ = signalPid(vm.pid, syscall.SIGKILL)
 		select {
 		case <-vm.childDone:
@@ -171,6 +193,17 @@ func Start(ctx context.Context, spec Spec, stateDir string) (*VM, error) {
 		return nil, fmt.Errorf("start VM %s: %w%s", spec.Name, err, qemuLogTail(spec.Path(QEMULogName)))
 	}
 	go vm.supervise()
+	if spec.Nice > 0 && spec.Incoming == "" {
+		if err := vm.QMP(ctx, "cont", nil, nil); err != nil {
+			err = fmt.Errorf("start the vCPUs (QMP cont): %w", err)
+			_ = signalPid(vm.pid, syscall.SIGKILL)
+			select {
+			case <-vm.done:
+			case <-time.After(10 * time.Second):
+			}
+			return nil, fmt.Errorf("start VM %s: %w", spec.Name, err)
+		}
+	}
 	return vm, nil
 }
 
@@ -214,10 +247,17 @@ func Adopt(ctx context.Context, stateDir string) (*VM, error) {
 	}
 	// What happened while nobody listened? Events are not replayed; the run
 	// state tells.
-	if st, err := vm.queryStatus(ctx); err == nil {
+	st, err := vm.queryStatus(ctx)
+	if err == nil {
 		vm.applyRunState(st)
 	}
 	go vm.supervise()
+	if st == "prelaunch" && spec.Nice > 0 {
+		// The agent died between launch and release: finish the start.
+		if err := vm.release(ctx); err != nil {
+			return nil, fmt.Errorf("adopt %s: %w", abs, err)
+		}
+	}
 	return vm, nil
 }
 
@@ -761,6 +801,7 @@ func checkFiles(s Spec) error {
 	}
 	check("kernel", s.Kernel)
 	check("initrd", s.Initrd)
+	check("incoming state", s.Incoming)
 	if s.Firmware == FirmwareUEFI {
 		check("uefi code", s.UEFICode)
 		check("uefi vars template", s.UEFIVarsTemplate)
@@ -883,3 +924,46 @@ func (vm *VM) RemoveForward(ctx context.Context, hostPort int) error {
 }
 
 func vmLogger(ctx context.Context) logr.Logger { return logr.FromContextOrDiscard(ctx) }
+
+// release lowers every QEMU thread to spec.Nice and starts the vCPUs. A VM
+// with a nice value is launched paused (-S) at the agent's priority: its
+// start-up (QEMU's init, the QMP handshake) is control path and is not
+// slowed by busy guests; only then does its guest run, at spec.Nice.
+func (vm *VM) release(ctx context.Context) error {
+	if err := reniceProcess(vm.pid, vm.spec.Nice); err != nil {
+		return err
+	}
+	if err := vm.QMP(ctx, "cont", nil, nil); err != nil {
+		return fmt.Errorf("start the vCPUs (QMP cont): %w", err)
+	}
+	return nil
+}
+
+// reniceProcess sets every thread of pid to nice n. Linux nice values are
+// per thread and a new thread inherits its creator's, so it goes over the
+// threads again until a pass finds none it has not set.
+func reniceProcess(pid, n int) error {
+	set := map[int]bool{}
+	for range 10 {
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+		if err != nil {
+			return fmt.Errorf("threads of QEMU %d: %w", pid, err)
+		}
+		fresh := false
+		for _, e := range tasks {
+			tid, err := strconv.Atoi(e.Name())
+			if err != nil || set[tid] {
+				continue
+			}
+			fresh = true
+			if err := unix.Setpriority(unix.PRIO_PROCESS, tid, n); err != nil && !errors.Is(err, unix.ESRCH) {
+				return fmt.Errorf("set nice %d on QEMU %d thread %d: %w", n, pid, tid, err)
+			}
+			set[tid] = true
+		}
+		if !fresh {
+			return nil
+		}
+	}
+	return fmt.Errorf("QEMU %d kept creating threads while its nice value was set", pid)
+}

@@ -2,6 +2,7 @@ package qemu
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -11,10 +12,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 )
 
 const (
@@ -627,4 +631,100 @@ func TestUEFIKernelBoot(t *testing.T) {
 	if ex, err := vm.Stop(ctx, StopOptions{Grace: 30 * time.Second}); err != nil || ex.Class != ExitGuestShutdown {
 		t.Fatalf("stop: %+v %v", ex, err)
 	}
+}
+
+// TestNiceAppliesToEveryThread: with Spec.Nice, QEMU is launched paused
+// and Start returns with every QEMU thread (main, vCPU, I/O) at that nice
+// value and the guest running: it boots to its marker.
+func TestNiceAppliesToEveryThread(t *testing.T) {
+	testutil.SkipIfShort(t, "QEMU")
+	spec := testSpec(t, "acpi")
+	spec.Nice = 7
+	vm := startVM(t, spec, newStateDir(t))
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", vm.Pid()))
+	if err != nil || len(tasks) < 2 {
+		t.Fatalf("threads of QEMU %d: %v %v (want the main thread and a vCPU thread at least)", vm.Pid(), tasks, err)
+	}
+	for _, f := range tasks {
+		if n := threadNice(t, f); n != 7 {
+			t.Errorf("%s: nice %d, want 7", f, n)
+		}
+	}
+	if n := threadNice(t, "/proc/self/stat"); n != 0 {
+		t.Errorf("the test process runs at nice %d: Start must change QEMU's threads only", n)
+	}
+	waitBoot(t, vm)
+}
+
+// threadNice reads the nice field (19th) of a /proc/.../stat file.
+func threadNice(t *testing.T, statFile string) int {
+	b, err := os.ReadFile(statFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Fields after the command name in parentheses (which may hold spaces).
+	rest := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+2:]))
+	n, err := strconv.Atoi(rest[16]) // field 19 overall; rest starts at field 3
+	if err != nil {
+		t.Fatalf("%s: nice field %q: %v", statFile, rest[16], err)
+	}
+	return n
+}
+
+// TestAdoptPrelaunchReleases: the supervisor died between launching a
+// niced VM (paused, -S) and releasing it; Adopt finishes the start: the
+// threads get the nice value and the guest boots.
+func TestAdoptPrelaunchReleases(t *testing.T) {
+	testutil.SkipIfShort(t, "QEMU")
+	dir := newStateDir(t)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	spec := testSpec(t, "acpi")
+	spec.Nice = 5
+	spec.StateDir = dir
+	spec = spec.withDefaults()
+	b, _ := json.Marshal(spec)
+	if err := os.WriteFile(spec.Path(SpecFileName), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// What Start does up to the release, then "dies".
+	cmd := exec.Command(spec.QEMUBinary, Args(spec)...)
+	cmd.Dir = dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go cmd.Wait() //nolint:errcheck // reaped; the VM is checked through Adopt
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := os.Stat(spec.Path(QMPSocketName)); err == nil {
+			if _, err := readPidfile(dir); err == nil {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("QEMU did not create its QMP socket and pidfile")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	vm, err := Adopt(ctx, dir)
+	if err != nil {
+		t.Fatalf("Adopt: %v", err)
+	}
+	t.Cleanup(func() { killVM(vm) })
+	if st, err := vm.RunState(ctx); err != nil || st != "running" {
+		t.Fatalf("run state after adopting a prelaunch VM: %q %v (want running: Adopt sends cont)", st, err)
+	}
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", vm.Pid()))
+	for _, f := range tasks {
+		if n := threadNice(t, f); n != 5 {
+			t.Errorf("%s: nice %d, want 5", f, n)
+		}
+	}
+	waitBoot(t, vm)
 }

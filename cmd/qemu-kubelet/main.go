@@ -67,6 +67,10 @@ func run() int {
 		fmt.Printf("qemu-kubelet %s\n", version)
 		return 0
 	}
+	// SIGHUP reloads the configuration file (reload.go), never stops us.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 
 	cfg, err := loadConfig(o)
 	if err != nil {
@@ -80,7 +84,7 @@ func run() int {
 	ctx = klog.NewContext(ctx, logger)
 	vklog.L = vklogklog.New(vklog.Fields{"node": cfg.NodeName})
 
-	if err := runNode(ctx, o, cfg); err != nil {
+	if err := runNode(ctx, o, cfg, hup); err != nil {
 		logger.Error(err, "qemu-kubelet failed")
 		klog.Flush()
 		return 1
@@ -212,6 +216,8 @@ type shared struct {
 	client, eventClient kubernetes.Interface
 	tlsConfig           *tls.Config
 	obs                 *observability
+	// reload owns configuration reloads and the features in force.
+	reload *configReloader
 }
 
 // clientsFor returns the API clients of node cfg: its own when it names a
@@ -231,7 +237,7 @@ func (sh *shared) clientsFor(cfg *config.Node) (client, eventClient kubernetes.I
 // (cfg.GuestArchitectures), each with its own node object and lease, pod
 // controller (pods bound to its name), state dir, image cache and kubelet
 // API port. The first node to fail stops them all.
-func runNode(ctx context.Context, o options, cfg *config.Node) error {
+func runNode(ctx context.Context, o options, cfg *config.Node, hup <-chan os.Signal) error {
 	logger := klog.FromContext(ctx)
 	if err := os.MkdirAll(cfg.StateDir, 0o750); err != nil {
 		return fmt.Errorf("create state directory: %w", err)
@@ -262,6 +268,8 @@ func runNode(ctx context.Context, o options, cfg *config.Node) error {
 
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	sh.reload = newConfigReloader(o.configFile, cfg, func() (*config.Node, error) { return loadConfig(o) }, hup)
+	go sh.reload.run(ctx)
 	nodes := append([]*config.Node{cfg}, cfg.GuestArchitectures...)
 	errs := make(chan error, len(nodes))
 	for i, n := range nodes {
@@ -313,6 +321,7 @@ func runOneNode(ctx context.Context, cfg *config.Node, sh *shared, main bool) er
 		logger.Info("KSM started for mergeable guest RAM", "dir", provider.KSMDir)
 	}
 	facts := probe(ctx, cfg)
+	facts.ConfigState = sh.reload.State()
 	host := provider.HostSource{StateDir: cfg.StateDir, QEMUBinary: cfg.QEMUBinary}
 	status := provider.NewNodeStatus(ctx, facts, host.Read)
 	images, imageDir, err := openImages(ctx, cfg)
@@ -347,7 +356,7 @@ func runOneNode(ctx context.Context, cfg *config.Node, sh *shared, main bool) er
 	if err != nil {
 		return fmt.Errorf("kubelet API authentication: %w", err)
 	}
-	v := &vkNode{cfg: cfg, client: client, eventClient: eventClient, status: status, pods: pods, auth: auth, tlsConfig: sh.tlsConfig, facts: facts,
+	v := &vkNode{reload: sh.reload, cfg: cfg, client: client, eventClient: eventClient, status: status, pods: pods, auth: auth, tlsConfig: sh.tlsConfig, facts: facts,
 		imageGC: provider.ImageGC{Store: images, Period: cfg.Images.GCPeriod,
 			Policy: oci.GCPolicy{MaxBytes: cfg.Images.GCMaxBytes, MaxAge: cfg.Images.GCMaxAge}}}
 

@@ -46,6 +46,8 @@ type vkNode struct {
 	imageGC     provider.ImageGC
 	auth        nodeutil.Auth
 	tlsConfig   *tls.Config
+	// reload applies configuration reloads to this node once it runs.
+	reload *configReloader
 }
 
 func (v *vkNode) run(ctx context.Context, ready func()) error {
@@ -96,7 +98,8 @@ func (v *vkNode) run(ctx context.Context, ready func()) error {
 	mux := http.NewServeMux()
 	// KubeletAPIHandler: PodHandler with the port-forward timeouts the
 	// right way round and kubelet streaming defaults (4h idle).
-	mux.Handle("/", provider.KubeletAPIHandler(api.PodHandlerConfig{
+	// GateFeatures: attach and port-forward only while their features are on.
+	mux.Handle("/", v.pods.GateFeatures(provider.KubeletAPIHandler(api.PodHandlerConfig{
 		RunInContainer:        v.pods.RunInContainer,
 		AttachToContainer:     v.pods.AttachToContainer,
 		GetContainerLogs:      v.pods.GetContainerLogs,
@@ -105,7 +108,7 @@ func (v *vkNode) run(ctx context.Context, ready func()) error {
 		GetStatsSummary:       v.pods.GetStatsSummary,
 		GetMetricsResource:    v.pods.GetMetricsResource,
 		PortForward:           v.pods.PortForward,
-	}, true))
+	}, true)))
 	listen := net.JoinHostPort(v.cfg.ListenAddress, fmt.Sprint(v.cfg.Port))
 	l, err := tls.Listen("tcp", listen, v.tlsConfig)
 	if err != nil {
@@ -154,7 +157,8 @@ func (v *vkNode) run(ctx context.Context, ready func()) error {
 	}
 }
 
-// nodeEvents records the node events: at start the accelerator in use (a
+// nodeEvents records the node events (and registers the node for
+// configuration reloads, reload.go): at start the accelerator in use (a
 // warning when KVM was not usable and VMs fall back to TCG), then what the
 // image cache garbage collection does (it runs until ctx ends).
 func (v *vkNode) nodeEvents(ctx context.Context, eb record.EventBroadcaster) {
@@ -164,6 +168,9 @@ func (v *vkNode) nodeEvents(ctx context.Context, eb record.EventBroadcaster) {
 	gc.Event = func(typ, reason, msg string) { rec.Event(ref, typ, reason, msg) }
 	if gc.Store != nil {
 		go gc.Run(ctx)
+	}
+	if v.reload != nil {
+		v.reload.register(ctx, reloadTarget{vms: v.pods, status: v.status, event: func(typ, reason, msg string) { rec.Event(ref, typ, reason, msg) }})
 	}
 	a := v.facts.Accelerator
 	switch {

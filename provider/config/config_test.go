@@ -88,6 +88,7 @@ func TestResolveDefaults(t *testing.T) {
 	assert.Equal(t, float32(50), n.EventRecordQPS)
 	assert.Equal(t, 100, n.EventBurst)
 	assert.Equal(t, 10, n.PodSyncWorkers, "virtual-kubelet's default, not the 2 of a bare PodController.Run")
+	assert.Equal(t, 10, n.VMNice, "guests below the agent by default")
 	assert.Equal(t, Threshold{Amount: 100 << 20}, n.MemoryAvailable)
 	assert.Equal(t, Threshold{Percent: 10, IsPercent: true}, n.DiskAvailable)
 	assert.Equal(t, Threshold{Percent: 5, IsPercent: true}, n.PIDAvailable)
@@ -179,6 +180,8 @@ func TestResolveValidation(t *testing.T) {
 		{"burst below qps", "kubeAPIQPS: 200", []string{"kubeAPIBurst", "at least kubeAPIQPS (200)"}},
 		{"event burst below qps", "eventRecordQPS: 10\neventBurst: 2", []string{"eventBurst", "at least eventRecordQPS (10)"}},
 		{"no pod sync workers", "podSyncWorkers: 0", []string{"podSyncWorkers", "between 1 and 1000"}},
+		{"negative vm nice", "vmNice: -5", []string{"vmNice", "between 0 and 19"}},
+		{"vm nice too large", "vmNice: 20", []string{"vmNice", "between 0 and 19"}},
 		{"bad percent", "pressure: {diskAvailable: 150%}", []string{"pressure.diskAvailable", "percentage"}},
 		{"bad threshold", "pressure: {memoryAvailable: plenty}", []string{"pressure.memoryAvailable"}},
 		{"several errors listed", "maxVMs: -1\nserver: {port: 0}", []string{"maxVMs", "server.port"}},

@@ -34,6 +34,7 @@ const (
 	DefaultEventRecordQPS                           = 50
 	DefaultEventBurst                               = 100
 	DefaultPodSyncWorkers                           = 10
+	DefaultVMNice                                   = 10
 	DefaultMemoryAvailable           QuantityString = "100Mi"
 	DefaultDiskAvailable             QuantityString = "10%"
 	DefaultPIDAvailable              QuantityString = "5%"
@@ -144,7 +145,9 @@ type Node struct {
 	EventRecordQPS float32
 	EventBurst     int
 	// PodSyncWorkers: workers of each pod controller queue.
-	PodSyncWorkers  int
+	PodSyncWorkers int
+	// VMNice: the nice value of every QEMU.
+	VMNice          int
 	MemoryAvailable Threshold
 	DiskAvailable   Threshold
 	PIDAvailable    Threshold
@@ -167,6 +170,12 @@ type Node struct {
 	// Kubeconfig is a guest-architecture node's own credentials ("": the
 	// agent's).
 	Kubeconfig string
+	// Features is the features section as resolved from the file (a
+	// reload swaps in a new one elsewhere: this stays the start's).
+	Features *FeatureConfig
+	// File is the defaulted file this Node was resolved from (reload
+	// planning compares it field by field).
+	File *NodeConfiguration
 }
 
 // VMMemoryConfig is the resolved vmMemory section.
@@ -240,6 +249,7 @@ func Default(c *NodeConfiguration, env Environment) {
 	defaultInt32(&c.EventRecordQPS, DefaultEventRecordQPS)
 	defaultInt32(&c.EventBurst, DefaultEventBurst)
 	defaultInt32(&c.PodSyncWorkers, DefaultPodSyncWorkers)
+	defaultInt32(&c.VMNice, DefaultVMNice)
 	if c.Pressure.MemoryAvailable == "" {
 		c.Pressure.MemoryAvailable = DefaultMemoryAvailable
 	}
@@ -264,6 +274,7 @@ func Default(c *NodeConfiguration, env Environment) {
 	defaultBool(&vm.PageMerging, DefaultPageMerging)
 	defaultBool(&vm.EnableKSM, DefaultEnableKSM)
 	defaultGuestArchitectures(c, env)
+	defaultFeatures(&c.Features)
 }
 
 func defaultBool(p **bool, v bool) {
@@ -291,6 +302,7 @@ func Resolve(c *NodeConfiguration, env Environment) (*Node, error) {
 		}
 		return nil, fmt.Errorf("invalid configuration:\n  %s", strings.Join(lines, "\n  "))
 	}
+	n.File = &cc
 	n.Hostname = env.Hostname
 	if n.Hostname == "" {
 		n.Hostname = n.NodeName
@@ -449,6 +461,11 @@ func validate(c *NodeConfiguration, env Environment) (*Node, field.ErrorList) {
 	} else {
 		n.PodSyncWorkers = int(w)
 	}
+	if v := *c.VMNice; v < 0 || v > maxNice {
+		errs = append(errs, field.Invalid(field.NewPath("vmNice"), v, fmt.Sprintf("must be between 0 and %d (QEMU never runs above the agent's priority)", maxNice)))
+	} else {
+		n.VMNice = int(v)
+	}
 
 	prPath := field.NewPath("pressure")
 	n.MemoryAvailable, errs = parseThreshold(prPath.Child("memoryAvailable"), c.Pressure.MemoryAvailable, errs)
@@ -456,6 +473,7 @@ func validate(c *NodeConfiguration, env Environment) (*Node, field.ErrorList) {
 	n.PIDAvailable, errs = parseThreshold(prPath.Child("pidAvailable"), c.Pressure.PIDAvailable, errs)
 	n.Images, errs = validateImages(c.Images, errs)
 	n.VMMemory, errs = validateVMMemory(c.VMMemory, errs)
+	n.Features, errs = validateFeatures(c.Features, errs)
 	if c.MaxVMs == nil && len(errs) == 0 {
 		n.MaxVMs, n.MaxVMsReason = DeriveMaxVMs(MaxVMsInput{
 			MemoryTotal:      env.MemoryTotal,
@@ -498,6 +516,9 @@ func validateVMMemory(v VMMemory, errs field.ErrorList) (VMMemoryConfig, field.E
 	}
 	return out, errs
 }
+
+// maxNice is qemu.MaxNice (config does not import qemu).
+const maxNice = 19
 
 // maxTBSizeMiB is qemu.MaxTCGTranslationBufferMiB (config does not import qemu).
 const maxTBSizeMiB = 4096

@@ -96,6 +96,11 @@ type NodeConfiguration struct {
 	// API server, deletes), as virtual-kubelet's --pod-sync-workers
 	// (default 10). Pod starts themselves run on a goroutine per pod.
 	PodSyncWorkers *int32 `json:"podSyncWorkers,omitempty"`
+	// VMNice is the nice value every QEMU process runs at, 0 to 19 (default
+	// 10): guests compete with each other as before, but below the agent,
+	// the API server and etcd, so a host full of busy guests keeps its node
+	// Ready and its pod statuses current (docs/node-config.md).
+	VMNice *int32 `json:"vmNice,omitempty"`
 	// Pressure holds the thresholds of the pressure conditions.
 	Pressure PressureThresholds `json:"pressure,omitempty"`
 	// Images configures the OS image cache and registries.
@@ -106,6 +111,9 @@ type NodeConfiguration struct {
 	// GuestArchitectures registers one more node per entry, for guests of
 	// another architecture run under TCG (arch.go, docs/node-config.md).
 	GuestArchitectures []GuestArchitecture `json:"guestArchitectures,omitempty"`
+	// Features switches what the node offers (features.go); the only
+	// section a reload applies at runtime.
+	Features Features `json:"features,omitempty"`
 }
 
 // VMMemory accounts and tunes the host memory of VMs.

@@ -1,0 +1,158 @@
+package provider
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
+	"github.com/qemu-kubelet/qemu-kubelet/qemu"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+)
+
+// ReasonFeatureDisabled is the waiting reason (and event reason) of a pod
+// held because it needs a feature the node's configuration disables.
+const ReasonFeatureDisabled = "FeatureDisabled"
+
+// featureNeeds says which features a pod needs before its VM may start:
+// one line per feature that pods ask for.
+var featureNeeds = []struct {
+	feature string
+	why     string
+	needs   func(pod *corev1.Pod, plan Plan) bool
+}{
+	{config.FeatureUEFI, "annotation " + AnnotationFirmware + "=uefi", func(_ *corev1.Pod, p Plan) bool { return p.Firmware == qemu.FirmwareUEFI }},
+	{config.FeatureJumpstarterExporter, "an exporter Secret (Jumpstarter)", func(pod *corev1.Pod, _ Plan) bool { return ExporterSecretName(pod) != "" }},
+}
+
+// Hold is why a pod waits for features.
+type Hold struct {
+	// Features the pod needs that are disabled, in featureNeeds order.
+	Features []string
+	Message  string
+}
+
+// DecideHold says whether a pod must wait before its first VM start
+// because it needs a disabled feature (nil: it may start). A pod whose VM
+// already started once is never held: configuration changes never touch
+// running VMs nor restarts of started pods. Pure.
+func DecideHold(pod *corev1.Pod, plan Plan, features *config.FeatureConfig, nodeName string, started bool) *Hold {
+	if started {
+		return nil
+	}
+	var off, why []string
+	for _, n := range featureNeeds {
+		if n.needs(pod, plan) && !features.Enabled(n.feature) {
+			off = append(off, n.feature)
+			why = append(why, n.why)
+		}
+	}
+	if len(off) == 0 {
+		return nil
+	}
+	fields := make([]string, len(off))
+	for i, f := range off {
+		fields[i] = "features." + f + ": false"
+	}
+	return &Hold{Features: off, Message: fmt.Sprintf(
+		"pod needs %s (%s), disabled on node %s (%s in its configuration); it starts once enabled and the configuration is reloaded",
+		strings.Join(off, ", "), strings.Join(why, "; "), nodeName, strings.Join(fields, ", "))}
+}
+
+// SetFeatures swaps in the features in force (a configuration reload) and
+// wakes the pods held for features, which start if nothing holds them any
+// more. Running VMs are not touched; console log sizes apply to VMs started
+// from now on. The caller owns reloads; f is never changed after this.
+func (p *VMs) SetFeatures(f *config.FeatureConfig) {
+	p.features.Store(f)
+	p.mu.Lock()
+	close(p.featuresChanged)
+	p.featuresChanged = make(chan struct{})
+	p.mu.Unlock()
+}
+
+// Features returns the features in force.
+func (p *VMs) Features() *config.FeatureConfig {
+	if f := p.features.Load(); f != nil {
+		return f
+	}
+	return config.DefaultFeatures()
+}
+
+// featureWatch returns the channel closed by the next SetFeatures and the
+// features in force, in that order, so no change is missed.
+func (p *VMs) featureWatch() (<-chan struct{}, *config.FeatureConfig) {
+	p.mu.Lock()
+	ch := p.featuresChanged
+	p.mu.Unlock()
+	return ch, p.Features()
+}
+
+// holdForFeatures keeps a pod that needs a disabled feature waiting
+// (Waiting/FeatureDisabled, a warning event) until the features it needs
+// are enabled. It returns true when the pod may start, false when it was
+// deleted or the provider stops (the worker checks which).
+func (p *VMs) holdForFeatures(ctx context.Context, rec *podVM) bool {
+	held := ""
+	for {
+		ch, features := p.featureWatch()
+		rec.mu.Lock()
+		pod, plan, started := rec.pod, rec.plan, rec.state.Started
+		rec.mu.Unlock()
+		h := DecideHold(pod, plan, features, p.cfg.NodeName, started)
+		if h == nil {
+			if held != "" {
+				klog.FromContext(ctx).Info("Features enabled; starting the pod", "features", held)
+				p.event(pod, corev1.EventTypeNormal, "FeatureEnabled", "feature(s) "+held+" enabled on node "+p.cfg.NodeName+"; starting the VM")
+				p.update(rec, func(st *VMState) { st.SetWaiting(ReasonContainerCreating, "") })
+			}
+			return true
+		}
+		if names := strings.Join(h.Features, ", "); names != held {
+			held = names
+			klog.FromContext(ctx).Info("Pod held: it needs a disabled feature", "features", held)
+			p.event(pod, corev1.EventTypeWarning, ReasonFeatureDisabled, h.Message)
+			p.update(rec, func(st *VMState) { st.SetWaiting(ReasonFeatureDisabled, h.Message) })
+		}
+		select {
+		case <-ch:
+		case <-rec.deleteReq:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// kubeletAPIFeatures maps kubelet API path prefixes to the feature that
+// serves them.
+var kubeletAPIFeatures = []struct{ prefix, feature, what string }{
+	{"/portForward/", config.FeaturePortForward, "port-forward"},
+	{"/attach/", config.FeatureAttach, "attach"},
+}
+
+// GatedFeature is the feature a kubelet API request path needs ("" for
+// none) and what it is called. Pure.
+func GatedFeature(path string) (feature, what string) {
+	for _, g := range kubeletAPIFeatures {
+		if strings.HasPrefix(path, g.prefix) {
+			return g.feature, g.what
+		}
+	}
+	return "", ""
+}
+
+// GateFeatures refuses kubelet API requests for disabled features (403,
+// naming the setting) and passes the others to h. The features are read
+// per request: a reload applies to the next request.
+func (p *VMs) GateFeatures(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if f, what := GatedFeature(r.URL.Path); f != "" && !p.Features().Enabled(f) {
+			http.Error(w, fmt.Sprintf("%s is disabled on node %s (features.%s: false in its configuration)", what, p.cfg.NodeName, f), http.StatusForbidden)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}

@@ -1,0 +1,242 @@
+package provider
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
+	"github.com/qemu-kubelet/qemu-kubelet/oci"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
+	"github.com/qemu-kubelet/qemu-kubelet/qemu"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+)
+
+func featuresWith(off ...string) *config.FeatureConfig {
+	f := config.DefaultFeatures()
+	for _, n := range off {
+		f.Gates[n] = false
+	}
+	return f
+}
+
+func TestDecideHold(t *testing.T) {
+	uefi := Plan{Firmware: qemu.FirmwareUEFI}
+	plain := Plan{Firmware: qemu.FirmwareBIOS}
+	exporterPod := vmPod(func(p *corev1.Pod) { p.Annotations = map[string]string{v1alpha1.JumpstarterSecretAnnotation: "js"} })
+	tests := []struct {
+		name     string
+		pod      *corev1.Pod
+		plan     Plan
+		features *config.FeatureConfig
+		started  bool
+		want     []string // held for; nil: starts
+	}{
+		{"defaults: nothing held", exporterPod, uefi, nil, false, nil},
+		{"uefi pod, uefi off", vmPod(), uefi, featuresWith(config.FeatureUEFI), false, []string{"uefi"}},
+		{"uefi pod, uefi on", vmPod(), uefi, featuresWith(config.FeatureAttach), false, nil},
+		{"bios pod, uefi off", vmPod(), plain, featuresWith(config.FeatureUEFI), false, nil},
+		{"exporter pod, exporter off", exporterPod, plain, featuresWith(config.FeatureJumpstarterExporter), false, []string{"jumpstarterExporter"}},
+		{"both off", exporterPod, uefi, featuresWith(config.FeatureJumpstarterExporter, config.FeatureUEFI), false, []string{"uefi", "jumpstarterExporter"}},
+		{"already started: never held", exporterPod, uefi, featuresWith(config.FeatureJumpstarterExporter, config.FeatureUEFI), true, nil},
+		{"port-forward off holds no pod", vmPod(), plain, featuresWith(config.FeaturePortForward, config.FeatureAttach), false, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := DecideHold(tt.pod, tt.plan, tt.features, "n1", tt.started)
+			if tt.want == nil {
+				assert.Nil(t, h)
+				return
+			}
+			require.NotNil(t, h)
+			assert.Equal(t, tt.want, h.Features)
+			for _, f := range tt.want {
+				assert.Contains(t, h.Message, "features."+f+": false")
+			}
+			assert.Contains(t, h.Message, "node n1")
+			assert.Contains(t, h.Message, "starts once enabled")
+		})
+	}
+}
+
+func TestGateFeatures(t *testing.T) {
+	vms := NewVMs(context.Background(), VMsConfig{NodeName: "n1", Features: featuresWith(config.FeaturePortForward)})
+	inner := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusTeapot) })
+	h := vms.GateFeatures(inner)
+	do := func(path string) (int, string) {
+		rr := httptest.NewRecorder()
+		h.ServeHTTP(rr, httptest.NewRequest(http.MethodPost, path, nil))
+		return rr.Code, rr.Body.String()
+	}
+	code, body := do("/portForward/default/p")
+	assert.Equal(t, http.StatusForbidden, code)
+	assert.Contains(t, body, "port-forward is disabled on node n1 (features.portForward: false")
+	code, _ = do("/attach/default/p/vm")
+	assert.Equal(t, http.StatusTeapot, code, "attach is on")
+	code, _ = do("/containerLogs/default/p/vm")
+	assert.Equal(t, http.StatusTeapot, code, "logs are not gated")
+
+	// A reload applies to the next request.
+	vms.SetFeatures(featuresWith(config.FeatureAttach))
+	code, _ = do("/portForward/default/p")
+	assert.Equal(t, http.StatusTeapot, code)
+	code, body = do("/attach/default/p/vm")
+	assert.Equal(t, http.StatusForbidden, code)
+	assert.Contains(t, body, "features.attach: false")
+
+	for _, tt := range []struct{ path, feature string }{
+		{"/portForward/ns/p", config.FeaturePortForward}, {"/attach/ns/p/c", config.FeatureAttach},
+		{"/exec/ns/p/c", ""}, {"/pods", ""}, {"/portForwardx", ""},
+	} {
+		f, _ := GatedFeature(tt.path)
+		assert.Equal(t, tt.feature, f, tt.path)
+	}
+}
+
+// TestHeldPodStartsWhenEnabled: a UEFI pod on a node with uefi disabled
+// waits (Pending, FeatureDisabled with the message, a warning event), stays
+// held across an agent restart (recovery), does not start on a reload that
+// leaves uefi off, and leaves the hold on the reload that enables it (its
+// image pull then fails: no registry, so no QEMU is needed). A second held
+// pod deleted while held goes away.
+func TestHeldPodStartsWhenEnabled(t *testing.T) {
+	root := t.TempDir()
+	imageDir := filepath.Join(root, "images")
+	store, err := oci.Open(imageDir, oci.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { store.Close() })
+	stateDir := filepath.Join(root, "state")
+	off := featuresWith(config.FeatureUEFI)
+	mutate := func(c *VMsConfig) {
+		c.UEFICode, c.UEFIVars = "/nonexistent/OVMF_CODE.fd", "/nonexistent/OVMF_VARS.fd"
+		c.Features = off
+	}
+	h := newHarnessWith(t, stateDir, store, imageDir, mutate)
+	ctx := context.Background()
+	uefiAnn := map[string]string{AnnotationFirmware: "uefi"}
+	pod := podFor("held", "127.0.0.1:1/none/img:v1", corev1.RestartPolicyAlways, uefiAnn)
+	gone := podFor("held-gone", "127.0.0.1:1/none/img:v1", corev1.RestartPolicyAlways, uefiAnn)
+	require.NoError(t, h.vms.CreatePod(ctx, pod))
+	require.NoError(t, h.vms.CreatePod(ctx, gone))
+	heldFor := func(p *corev1.Pod) bool {
+		w := lastState(p)
+		cs, ok := w.(corev1.ContainerStatus)
+		return ok && p.Status.Phase == corev1.PodPending && cs.State.Waiting != nil && cs.State.Waiting.Reason == ReasonFeatureDisabled
+	}
+	p := h.wait(pod.UID, 10*time.Second, "held", heldFor)
+	msg := p.Status.ContainerStatuses[0].State.Waiting.Message
+	assert.Contains(t, msg, "features.uefi: false")
+	h.wait(gone.UID, 10*time.Second, "held", heldFor)
+	events := strings.Join(h.drainEvents(), "\n")
+	assert.Contains(t, events, "Warning FeatureDisabled pod needs uefi")
+
+	// Deleted while held: terminated and forgotten, never started.
+	require.NoError(t, h.vms.DeletePod(ctx, deleting(gone)))
+	waitGoneDir(t, filepath.Join(stateDir, VMsDirName, string(gone.UID)), 10*time.Second)
+
+	// The agent restarts (same state dir, uefi still off): still held.
+	h.cancel()
+	h2 := newHarnessWith(t, stateDir, store, imageDir, mutate)
+	res, err := h2.vms.Recover(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 1, res.Pending)
+	_, err = h2.vms.GetPod(ctx, pod.Namespace, pod.Name) // the API server still has it
+	require.NoError(t, err)
+	h2.wait(pod.UID, 10*time.Second, "held after restart", heldFor)
+
+	// A reload that changes something else leaves it held.
+	other := featuresWith(config.FeatureUEFI, config.FeatureAttach)
+	h2.vms.SetFeatures(other)
+	time.Sleep(300 * time.Millisecond)
+	h2.wait(pod.UID, time.Second, "still held", heldFor)
+	assert.Same(t, other, h2.vms.Features())
+
+	// uefi enabled: the pod leaves the hold and starts (the pull fails).
+	h2.vms.SetFeatures(config.DefaultFeatures())
+	h2.wait(pod.UID, 30*time.Second, "pull attempted", func(p *corev1.Pod) bool {
+		cs, ok := lastState(p).(corev1.ContainerStatus)
+		return ok && cs.State.Waiting != nil && (cs.State.Waiting.Reason == ReasonErrImagePull || cs.State.Waiting.Reason == ReasonImagePullBackOff)
+	})
+	assert.Contains(t, h2.seenTags(pod.UID), "Pending/"+ReasonContainerCreating, "left the hold")
+	assert.Contains(t, strings.Join(h2.drainEvents(), "\n"), "Normal FeatureEnabled feature(s) uefi enabled on node n1")
+	require.NoError(t, h2.vms.DeletePod(ctx, deleting(pod)))
+	waitGoneDir(t, filepath.Join(stateDir, VMsDirName, string(pod.UID)), 10*time.Second)
+}
+
+func TestConfigConditionAndFeaturesAnnotation(t *testing.T) {
+	tests := []struct {
+		name    string
+		cs      ConfigState
+		status  corev1.ConditionStatus
+		reason  string
+		message []string
+	}{
+		{"default configuration", ConfigState{}, corev1.ConditionTrue, ReasonConfigApplied, []string{"default configuration (no --config file) in force"}},
+		{"file in force", ConfigState{Source: "/etc/n.yaml"}, corev1.ConditionTrue, ReasonConfigApplied, []string{"config file /etc/n.yaml in force"}},
+		{"rejected", ConfigState{Source: "/etc/n.yaml", Error: `unknown field "features.bogus"`}, corev1.ConditionFalse, ReasonConfigInvalid,
+			[]string{"config file /etc/n.yaml rejected, the previous configuration stays in force", `unknown field "features.bogus"`}},
+		{"restart required", ConfigState{Source: "/etc/n.yaml", RestartRequired: []string{"stateDir", "maxVMs"}}, corev1.ConditionFalse, ReasonRestartRequired,
+			[]string{"features applied", "after a restart: stateDir, maxVMs"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := configCondition(tt.cs)
+			assert.Equal(t, ConditionConfigOK, c.Type)
+			assert.Equal(t, tt.status, c.Status)
+			assert.Equal(t, tt.reason, c.Reason)
+			for _, m := range tt.message {
+				assert.Contains(t, c.Message, m)
+			}
+		})
+	}
+
+	// The node shows the features in force: the file's at start, the
+	// reloaded ones after SetConfigState, pushed at once.
+	cfg := resolve(t, "features: {uefi: false}\n")
+	f := facts(cfg)
+	f.ConfigState.Source = "/etc/n.yaml"
+	h := healthyHost()
+	s := NewNodeStatus(context.Background(), f, func() (HostReadings, error) { return h, nil })
+	reg := s.RegistrationNode()
+	assert.Equal(t, "attach=true,jumpstarterExporter=true,portForward=true,uefi=false,consoleLogSize=8Mi", reg.Annotations[AnnotationFeatures])
+	assert.Equal(t, ReasonConfigApplied, condMap(reg.Status.Conditions)[ConditionConfigOK].Reason)
+	var got []*corev1.Node
+	s.NotifyNodeStatus(context.Background(), func(n *corev1.Node) { got = append(got, n) })
+	s.SetConfigState(context.Background(), ConfigState{Source: "/etc/n.yaml", Features: config.DefaultFeatures(), RestartRequired: []string{"maxVMs"}})
+	require.Len(t, got, 1)
+	assert.Equal(t, "attach=true,jumpstarterExporter=true,portForward=true,uefi=true,consoleLogSize=8Mi", got[0].Annotations[AnnotationFeatures])
+	c := condMap(got[0].Status.Conditions)[ConditionConfigOK]
+	assert.Equal(t, corev1.ConditionFalse, c.Status)
+	assert.Equal(t, ReasonRestartRequired, c.Reason)
+}
+
+// TestVMSpecConsoleLogSize: features.consoleLogSize reaches the spec of VMs
+// started after it is set; the default is qemu's own cap (today's).
+func TestVMSpecConsoleLogSize(t *testing.T) {
+	dir := t.TempDir()
+	imageDir := filepath.Join(dir, "images")
+	p := NewVMs(context.Background(), VMsConfig{StateDir: dir, ImageDir: imageDir, Accelerator: "tcg"})
+	rec := &podVM{uid: "uid-c", dir: p.podDir("uid-c")}
+	img := &oci.Image{Ref: "r/os:1", Digest: "sha256:x", Kernel: filepath.Join(imageDir, "k", "vmlinuz")}
+	pod := vmPod()
+	plan, rej := Translate(pod, qemu.ArchX86_64)
+	require.Nil(t, rej)
+	spec, err := p.vmSpec(context.Background(), rec, pod, plan, img)
+	require.NoError(t, err)
+	assert.Equal(t, qemu.DefaultConsoleCap, spec.ConsoleCapBytes)
+
+	f := config.DefaultFeatures()
+	f.ConsoleLogSize = config.MinConsoleLogSize
+	p.SetFeatures(f)
+	spec, err = p.vmSpec(context.Background(), rec, pod, plan, img)
+	require.NoError(t, err)
+	assert.Equal(t, int64(config.MinConsoleLogSize), spec.ConsoleCapBytes)
+	spec.Disks = nil
+	assert.NoError(t, spec.Validate(), "the smallest size the config accepts is one qemu accepts")
+}
