@@ -992,8 +992,6 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (*qemu.VM, bool) {
 
 type invalidSpec struct{ error }
 
-// vmSpec builds the VM spec for a pulled image and makes a fresh overlay
-// (each run starts from the image, as a container starts from its image).
 // presentImage returns the cached image of plan when its pull policy lets
 // the node use it without asking the registry (IfNotPresent, Never), else
 // nil. It never contacts a registry.
@@ -1008,6 +1006,10 @@ func (p *VMs) presentImage(ctx context.Context, plan Plan) *oci.Image {
 	return img
 }
 
+// vmSpec builds the VM spec for a pulled image and readies the overlay:
+// a fresh one (each run starts from the image, as a container starts from
+// its image), or with state policy Retain the one the last run left
+// (state.go).
 func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan Plan, img *oci.Image) (qemu.Spec, error) {
 	accel := qemu.Accelerator(p.cfg.Accelerator)
 	if plan.Accelerator != "" {
@@ -1064,11 +1066,13 @@ func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan Plan
 		return spec, invalidSpec{fmt.Errorf("VM spec for image %s: %w", plan.Image, err)}
 	}
 	if img.Disk != "" {
-		if err := os.Remove(overlay); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return spec, fmt.Errorf("remove old overlay: %w", err)
-		}
-		if err := qemu.CreateOverlay(ctx, base, baseFormat, overlay, 0); err != nil {
+		reason, msg, err := prepareOverlay(ctx, plan.StatePolicy, overlay, base, baseFormat) // state.go
+		if err != nil {
 			return spec, err
+		}
+		if reason != "" {
+			klog.FromContext(ctx).Info("VM disk", "reason", reason, "message", msg)
+			p.event(pod, corev1.EventTypeNormal, reason, msg)
 		}
 	}
 	return spec, nil
@@ -1155,7 +1159,9 @@ func (p *VMs) finishDelete(rec *podVM, vm *qemu.VM) {
 		if vm != nil {
 			acpi := ACPIBudget(grace)
 			p.event(pod, corev1.EventTypeNormal, "Killing", fmt.Sprintf("Stopping VM (ACPI power button, %s before quit)", acpi.Round(time.Second)))
-			ex, err := vm.Stop(ctx, qemu.StopOptions{Grace: acpi, QuitGrace: 2 * time.Second})
+			// Everything is kept until the disk's reclaim policy is applied
+			// below.
+			ex, err := vm.Stop(ctx, qemu.StopOptions{Grace: acpi, QuitGrace: 2 * time.Second, Keep: []string{"*"}})
 			if err != nil {
 				log.Error(err, "Stop VM")
 			}
@@ -1178,8 +1184,10 @@ func (p *VMs) finishDelete(rec *podVM, vm *qemu.VM) {
 			}
 			rec.mu.Unlock()
 		}
-		if err := qemu.CleanStateDir(rec.dir, nil); err != nil {
-			log.Error(err, "Remove pod state dir")
+		if p.reclaimDisk(ctx, rec, pod) { // state.go: the disk kept first, if asked
+			if err := qemu.CleanStateDir(rec.dir, nil); err != nil {
+				log.Error(err, "Remove pod state dir")
+			}
 		}
 		p.releaseImage(rec)
 	}

@@ -47,9 +47,11 @@ var knownAnnotations = map[string]bool{
 	AnnotationStartFromSnapshot:          true,
 	v1alpha1.JumpstarterSecretAnnotation: true, // exporter.go
 	// The ExporterSet controller's: the parameters reach the guest through
-	// the QK_PARAMETERS env fieldRef (environment disk); the reclaim policy
-	// waits for state preservation; the removal mark is the controller's.
-	v1alpha1.ParametersAnnotation: true, v1alpha1.ReclaimPolicyAnnotation: true, v1alpha1.RemoveAnnotation: true,
+	// the QK_PARAMETERS env fieldRef (environment disk); the state and
+	// reclaim policies are the node's (state.go); the removal mark is the
+	// controller's.
+	v1alpha1.ParametersAnnotation: true, v1alpha1.RemoveAnnotation: true,
+	v1alpha1.StatePolicyAnnotation: true, v1alpha1.ReclaimPolicyAnnotation: true,
 }
 
 // DefaultMemory is the guest RAM of a pod that sets neither a memory limit
@@ -85,6 +87,9 @@ type Plan struct {
 	ExtraCmdline string
 	// Accelerator is a requirement: "" (any), "kvm" or "tcg".
 	Accelerator string
+	// StatePolicy says whether the VM's disk survives its restarts
+	// (state.go): Retain, else ("" or Disabled) a fresh disk every start.
+	StatePolicy v1alpha1.StatePolicy
 	// SnapshotStart: start from a memory snapshot (AnnotationStartFromSnapshot).
 	SnapshotStart bool
 }
@@ -168,6 +173,11 @@ func Translate(pod *corev1.Pod, arch qemu.Arch) (Plan, *Rejection) {
 	translateAnnotations(pod.Annotations, arch, bad, &plan)
 	if plan.SnapshotStart {
 		validateSnapshotStart(spec, pod.Annotations[v1alpha1.JumpstarterSecretAnnotation], bad) // snapshots.go
+		if plan.StatePolicy == v1alpha1.StatePolicyRetain {
+			// A snapshot's memory belongs with the snapshot's disk: restored
+			// over a disk the guest changed since, it corrupts the guest.
+			bad("metadata.annotations["+v1alpha1.StatePolicyAnnotation+"]", "Retain cannot be combined with %s: a memory snapshot restores the guest with the image's disk, not the pod's kept one", AnnotationStartFromSnapshot)
+		}
 	}
 
 	if len(problems) > 0 {
@@ -338,6 +348,19 @@ func translateAnnotations(ann map[string]string, arch qemu.Arch, bad func(field,
 			if errs := validation.IsDNS1123Subdomain(v); len(errs) > 0 {
 				bad(f, "secret name %q: %s", v, strings.Join(errs, "; "))
 			}
+		case v1alpha1.StatePolicyAnnotation:
+			switch v1alpha1.StatePolicy(v) {
+			case v1alpha1.StatePolicyDisabled, v1alpha1.StatePolicyRetain:
+				plan.StatePolicy = v1alpha1.StatePolicy(v)
+			default:
+				bad(f, "state policy %q: want Disabled or Retain", v)
+			}
+		case v1alpha1.ReclaimPolicyAnnotation:
+			switch v1alpha1.ReclaimPolicy(v) {
+			case v1alpha1.ReclaimPolicyDelete, v1alpha1.ReclaimPolicyRetain:
+			default:
+				bad(f, "reclaim policy %q: want Delete or Retain", v)
+			}
 		case AnnotationRequireAccelerator:
 			switch v {
 			case "kvm", "tcg":
@@ -362,6 +385,7 @@ func translateAnnotations(ann map[string]string, arch qemu.Arch, bad func(field,
 	if plan.Firmware == "" {
 		plan.Firmware = qemu.FirmwareBIOS
 	}
+
 	if plan.Machine == "microvm" && plan.Firmware == qemu.FirmwareUEFI {
 		bad("metadata.annotations["+AnnotationFirmware+"]", "uefi is not available with machine microvm")
 	}

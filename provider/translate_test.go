@@ -61,6 +61,14 @@ func TestTranslateAccepts(t *testing.T) {
 		{"ExporterSet controller annotations (parameters, reclaim policy, removal mark)", vmPod(func(p *corev1.Pod) {
 			p.Annotations = map[string]string{v1alpha1.ParametersAnnotation: `{"a":1}`, v1alpha1.ReclaimPolicyAnnotation: "Retain", v1alpha1.RemoveAnnotation: "true"}
 		}), Plan{Image: "127.0.0.1:5000/os/tiny:1", PullPolicy: oci.PullIfNotPresent, CPUs: 1, MemoryMiB: 512, Machine: "q35", Firmware: qemu.FirmwareBIOS}},
+		{"state policy Retain", vmPod(func(p *corev1.Pod) {
+			p.Annotations = map[string]string{v1alpha1.StatePolicyAnnotation: "Retain", v1alpha1.ReclaimPolicyAnnotation: "Delete"}
+		}), Plan{Image: "127.0.0.1:5000/os/tiny:1", PullPolicy: oci.PullIfNotPresent, CPUs: 1, MemoryMiB: 512, Machine: "q35", Firmware: qemu.FirmwareBIOS,
+			StatePolicy: v1alpha1.StatePolicyRetain}},
+		{"state policy Disabled", vmPod(func(p *corev1.Pod) {
+			p.Annotations = map[string]string{v1alpha1.StatePolicyAnnotation: "Disabled"}
+		}), Plan{Image: "127.0.0.1:5000/os/tiny:1", PullPolicy: oci.PullIfNotPresent, CPUs: 1, MemoryMiB: 512, Machine: "q35", Firmware: qemu.FirmwareBIOS,
+			StatePolicy: v1alpha1.StatePolicyDisabled}},
 		{"never, uefi, any", vmPod(func(p *corev1.Pod) {
 			p.Spec.Containers[0].ImagePullPolicy = corev1.PullNever
 			p.Annotations = map[string]string{AnnotationFirmware: "uefi", AnnotationRequireAccelerator: "any"}
@@ -110,6 +118,10 @@ func TestTranslateRejects(t *testing.T) {
 		{"bad annotation values", func(p *corev1.Pod) {
 			p.Annotations = map[string]string{AnnotationMachine: "virt", AnnotationFirmware: "coreboot", AnnotationRequireAccelerator: "hvf", AnnotationKernelCmdline: "a\nb"}
 		}, []string{`machine "virt": not a machine of this node's x86_64 guests (want q35, pc, microvm)`, `firmware "coreboot"`, `accelerator "hvf"`, "one line"}},
+		{"bad state and reclaim policies", func(p *corev1.Pod) {
+			p.Annotations = map[string]string{v1alpha1.StatePolicyAnnotation: "retain", v1alpha1.ReclaimPolicyAnnotation: "Keep"}
+		}, []string{`metadata.annotations[qemu-kubelet.io/state-policy]: state policy "retain": want Disabled or Retain`,
+			`metadata.annotations[qemu-kubelet.io/reclaim-policy]: reclaim policy "Keep": want Delete or Retain`}},
 		{"microvm uefi", func(p *corev1.Pod) {
 			p.Annotations = map[string]string{AnnotationMachine: "microvm", AnnotationFirmware: "uefi"}
 		},

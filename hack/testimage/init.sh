@@ -105,6 +105,38 @@ fi
 
 echo "QK-BOOT-OK variant=$VARIANT kernel=$(uname -r) arch=$(uname -m)"
 
+# qk.state on the kernel command line (state preservation tests): the
+# image's disk (the first virtio disk without a serial: the pod's overlay)
+# holds a record at 1 MiB, "QKSTATE <token> <boots>", written by the guest
+# with a fresh random token when the disk has none. Each boot counts itself
+# in it and prints "QK-STATE <token> <boots>"; boot 1 then reboots the
+# guest (QEMU resets, same process), boot 2 powers it off (a new VM start
+# under restartPolicy Always), later boots stay up.
+case " $(cat /proc/cmdline) " in
+  *" qk.state "*)
+    sdev=
+    for b in /sys/block/vd*; do
+      [ -e "$b" ] || continue
+      [ -n "$(cat "$b/serial" 2>/dev/null)" ] && continue
+      sdev=${b##*/}; break
+    done
+    if [ -z "$sdev" ]; then
+      echo "QK-STATE-NODISK"
+    else
+      set -- $(dd if="/dev/$sdev" bs=512 skip=2048 count=1 2>/dev/null | tr -d '\000' | head -n1)
+      case "$3" in ''|*[!0-9]*) set -- "$1" "$2" 0 ;; esac
+      if [ "$1" = QKSTATE ] && [ -n "$2" ]; then tok=$2; n=$(( $3 + 1 )); else
+        tok=$(head -c 16 /dev/urandom | md5sum | cut -c1-12); n=1; fi
+      printf 'QKSTATE %s %s\n' "$tok" "$n" | dd of="/dev/$sdev" bs=512 seek=2048 count=1 conv=notrunc,sync,fsync 2>/dev/null
+      sync
+      echo "QK-STATE $tok $n"
+      case "$n" in
+        1) echo "QK-STATE-REBOOT"; sleep 1; reboot -f ;;
+        2) echo "QK-STATE-POWEROFF"; sleep 1; poweroff -f ;;
+      esac
+    fi ;;
+esac
+
 # qk.poweroff on the kernel command line: power off once booted (exit 0),
 # as a guest whose work is done.
 case " $(cat /proc/cmdline) " in
