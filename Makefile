@@ -1,5 +1,5 @@
 # qemu-kubelet — common tasks. The first two are the README's quick start.
-#   make run    local control plane + a virtual node + the controller + a sample pool
+#   make run    local control plane + a virtual node (NODES=3: three) + the controller + a sample pool
 #   make test   everything CI runs (installs what a fresh machine lacks)
 #   make bench  benchmarks (each takes its own medians/ratios inside one iteration); results in $(BENCH_OUT)
 #   make soak   the chaos soak (not in CI; docs/operations.md "Chaos soak"); results in soak-results.txt
@@ -12,6 +12,7 @@ BIN       := bin
 BENCH_OUT ?= bench-results.txt
 BENCHTIME ?= 1x
 TEST_TIMEOUT ?= 45m
+NODES     ?= 1
 
 export GOFLAGS ?= -mod=mod
 export GOTOOLCHAIN ?= local
@@ -50,11 +51,15 @@ verify: fmt-check vet
 test: deps verify
 	QK_CONTROL_PLANE_BIN=$$(hack/build-control-plane.sh) \
 	  $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
+	cd hack/benchplot && $(GO) test -count=1 ./...
+	$(MAKE) fuzz-short FUZZTIME=$(TEST_FUZZTIME)
 
-# check: make test plus the unit tests under -race and a short run of each
-# fuzz target (not yet in CI: their cold builds were not measured on a
-# quiet 2-core machine against the 60-minute budget).
-check: test unit-race fuzz-short
+# TEST_FUZZTIME: each fuzz target's run in make test (seed corpora always run
+# as unit tests; this explores beyond them).
+TEST_FUZZTIME ?= 5s
+
+# check: make test plus the unit tests under -race.
+check: test unit-race
 
 # unit: the fast inner loop. Tests that need QEMU (or qemu-img), a registry
 # or a control plane skip under -short (internal/testutil.SkipIfShort).
@@ -77,13 +82,19 @@ fuzz-short:
 
 run: deps build
 	$(GO) build -o $(BIN)/local-up ./hack/local-up
-	QK_CONTROL_PLANE_BIN=$$(hack/build-control-plane.sh) exec $(BIN)/local-up --bin-dir $(BIN)
+	QK_CONTROL_PLANE_BIN=$$(hack/build-control-plane.sh) exec $(BIN)/local-up --bin-dir $(BIN) --nodes $(NODES)
 
+# bench: every benchmark once (each takes its own baseline in the same run),
+# then hack/benchplot appends a summary (every ratio beside its figures) to
+# $(BENCH_OUT) and draws BenchmarkBurst's create->Ready vs N into $(BENCH_PNG).
+BENCH_PNG ?= docs/performance-burst.png
 bench: deps
-	@echo "# qemu-kubelet benchmarks $$(date -u +%FT%TZ) $$(git rev-parse --short HEAD 2>/dev/null)" > $(BENCH_OUT)
-	QK_CONTROL_PLANE_BIN=$$(hack/build-control-plane.sh) \
-	  $(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -benchmem -timeout 60m ./... 2>&1 | tee -a $(BENCH_OUT)
-	@echo "results: $(BENCH_OUT)"
+	@echo "# qemu-kubelet benchmarks $$(date -u +%FT%TZ) $$(git rev-parse --short HEAD 2>/dev/null) load $$(cut -d' ' -f1-3 /proc/loadavg)" > $(BENCH_OUT)
+	bash -o pipefail -c 'QK_CONTROL_PLANE_BIN=$$(hack/build-control-plane.sh) \
+	  $(GO) test -run "^$$" -bench . -benchtime $(BENCHTIME) -benchmem -timeout 60m ./... 2>&1 | tee -a $(BENCH_OUT)'
+	@echo "# summary $$(date -u +%FT%TZ) load $$(cut -d' ' -f1-3 /proc/loadavg)" >> $(BENCH_OUT)
+	cd hack/benchplot && $(GO) run . -in ../../$(BENCH_OUT) -png ../../$(BENCH_PNG) >> ../../$(BENCH_OUT)
+	@echo "results: $(BENCH_OUT), plot: $(BENCH_PNG)"
 
 # soak: e2e TestSoak for SOAK_DURATION (Go duration) with random faults;
 # SOAK_SEED replays a run's choices. The test timeout is the duration plus

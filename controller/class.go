@@ -49,6 +49,8 @@ type Resolved struct {
 	Class *v1alpha1.ClassStatus
 	// BindingMode in effect (Immediate without a class).
 	BindingMode v1alpha1.BindingMode
+	// StatePolicy in effect: the set's, else the class's, else Disabled.
+	StatePolicy v1alpha1.StatePolicy
 }
 
 // Resolve applies class to a copy of set. class is the object set's
@@ -70,6 +72,10 @@ func Resolve(set *v1alpha1.ExporterSet, class *v1alpha1.VirtualTargetClass) (*Re
 			BindingMode: orDefault(cs.BindingMode, v1alpha1.BindingModeImmediate), ReclaimPolicy: orDefault(cs.ReclaimPolicy, v1alpha1.ReclaimPolicyDelete)}
 		res.BindingMode = res.Class.BindingMode
 	}
+	res.StatePolicy = EffectiveStatePolicy(set.Spec.StatePolicy, cs)
+	if res.Class != nil {
+		res.Class.StatePolicy = res.StatePolicy
+	}
 
 	var base []byte
 	if cs != nil && cs.Parameters != nil {
@@ -89,7 +95,11 @@ func Resolve(set *v1alpha1.ExporterSet, class *v1alpha1.VirtualTargetClass) (*Re
 	if cs != nil {
 		applyClassDefaults(t, cs)
 	}
-	if params != nil || (res.Class != nil && res.Class.ReclaimPolicy == v1alpha1.ReclaimPolicyRetain) {
+	// Only non-default values become annotations: a set that asks for
+	// nothing keeps the template hash it had before these existed.
+	reclaimRetain := res.Class != nil && res.Class.ReclaimPolicy == v1alpha1.ReclaimPolicyRetain
+	stateRetain := res.StatePolicy == v1alpha1.StatePolicyRetain
+	if params != nil || reclaimRetain || stateRetain {
 		ann := maps.Clone(t.Annotations)
 		if ann == nil {
 			ann = map[string]string{}
@@ -97,8 +107,11 @@ func Resolve(set *v1alpha1.ExporterSet, class *v1alpha1.VirtualTargetClass) (*Re
 		if params != nil {
 			ann[v1alpha1.ParametersAnnotation] = string(params)
 		}
-		if res.Class != nil && res.Class.ReclaimPolicy == v1alpha1.ReclaimPolicyRetain {
+		if reclaimRetain {
 			ann[v1alpha1.ReclaimPolicyAnnotation] = string(v1alpha1.ReclaimPolicyRetain)
+		}
+		if stateRetain {
+			ann[v1alpha1.StatePolicyAnnotation] = string(v1alpha1.StatePolicyRetain)
 		}
 		t.Annotations = ann
 	}
@@ -135,6 +148,18 @@ func Resolve(set *v1alpha1.ExporterSet, class *v1alpha1.VirtualTargetClass) (*Re
 			set.Spec.ClassName)}
 	}
 	return res, nil
+}
+
+// EffectiveStatePolicy is a set's state policy: its own (set), else its
+// class's (cs, nil without a class), else Disabled. Pure.
+func EffectiveStatePolicy(set v1alpha1.StatePolicy, cs *v1alpha1.VirtualTargetClassSpec) v1alpha1.StatePolicy {
+	if set != "" {
+		return set
+	}
+	if cs != nil && cs.StatePolicy != "" {
+		return cs.StatePolicy
+	}
+	return v1alpha1.StatePolicyDisabled
 }
 
 func orDefault[T ~string](v, def T) T {

@@ -157,8 +157,10 @@ func TestResolve(t *testing.T) {
 		assert.Equal(t, want, r.Set.Spec.Template.Annotations[v1alpha1.ParametersAnnotation])
 		assert.Equal(t, []corev1.EnvVar{{Name: v1alpha1.ParametersEnv, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{
 			APIVersion: "v1", FieldPath: "metadata.annotations['qemu-kubelet.io/parameters']"}}}}, c.Env)
-		assert.Equal(t, &v1alpha1.ClassStatus{Name: "c", Generation: 7, BindingMode: v1alpha1.BindingModeImmediate, ReclaimPolicy: v1alpha1.ReclaimPolicyDelete}, r.Class)
+		assert.Equal(t, &v1alpha1.ClassStatus{Name: "c", Generation: 7, BindingMode: v1alpha1.BindingModeImmediate, ReclaimPolicy: v1alpha1.ReclaimPolicyDelete,
+			StatePolicy: v1alpha1.StatePolicyDisabled}, r.Class)
 		assert.NotContains(t, r.Set.Spec.Template.Annotations, v1alpha1.ReclaimPolicyAnnotation)
+		assert.NotContains(t, r.Set.Spec.Template.Annotations, v1alpha1.StatePolicyAnnotation)
 	})
 	t.Run("a template without containers gets the class's VM container", func(t *testing.T) {
 		s := classSet(func(s *v1alpha1.ExporterSet) { s.Spec.ClassName, s.Spec.Template.Spec.Containers = "c", nil })
@@ -186,6 +188,50 @@ func TestResolve(t *testing.T) {
 		assert.Equal(t, "Retain", r.Set.Spec.Template.Annotations[v1alpha1.ReclaimPolicyAnnotation])
 		assert.Equal(t, v1alpha1.ReclaimPolicyRetain, r.Class.ReclaimPolicy)
 	})
+	t.Run("state policy: the set's, else the class's, else Disabled; Retain marks the pods", func(t *testing.T) {
+		for _, tc := range []struct {
+			name     string
+			set      v1alpha1.StatePolicy
+			class    *v1alpha1.StatePolicy // nil: no class
+			want     v1alpha1.StatePolicy
+			annotate bool
+		}{
+			{"no class, unset", "", nil, v1alpha1.StatePolicyDisabled, false},
+			{"no class, set Retain", v1alpha1.StatePolicyRetain, nil, v1alpha1.StatePolicyRetain, true},
+			{"class Retain, set unset", "", ptr.To(v1alpha1.StatePolicyRetain), v1alpha1.StatePolicyRetain, true},
+			{"class Retain, set Disabled wins", v1alpha1.StatePolicyDisabled, ptr.To(v1alpha1.StatePolicyRetain), v1alpha1.StatePolicyDisabled, false},
+			{"class Disabled, set Retain wins", v1alpha1.StatePolicyRetain, ptr.To(v1alpha1.StatePolicyDisabled), v1alpha1.StatePolicyRetain, true},
+			{"class unset, set unset", "", ptr.To(v1alpha1.StatePolicy("")), v1alpha1.StatePolicyDisabled, false},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				var c *v1alpha1.VirtualTargetClass
+				s := classSet(func(s *v1alpha1.ExporterSet) { s.Spec.StatePolicy = tc.set })
+				if tc.class != nil {
+					c = fullClass()
+					c.Spec.StatePolicy = *tc.class
+					s.Spec.ClassName = "c"
+				}
+				r, err := Resolve(s, c)
+				require.Nil(t, err)
+				assert.Equal(t, tc.want, r.StatePolicy)
+				if c != nil {
+					assert.Equal(t, tc.want, r.Class.StatePolicy, "status.class shows the policy in effect")
+				}
+				v, ok := r.Set.Spec.Template.Annotations[v1alpha1.StatePolicyAnnotation]
+				assert.Equal(t, tc.annotate, ok, "annotation present")
+				if tc.annotate {
+					assert.Equal(t, "Retain", v)
+				}
+			})
+		}
+		// Retain rolls the set; Disabled set explicitly hashes as unset
+		// (no annotation: sets that never asked keep their pods).
+		base, _ := Resolve(classSet(), nil)
+		dis, _ := Resolve(classSet(func(s *v1alpha1.ExporterSet) { s.Spec.StatePolicy = v1alpha1.StatePolicyDisabled }), nil)
+		ret, _ := Resolve(classSet(func(s *v1alpha1.ExporterSet) { s.Spec.StatePolicy = v1alpha1.StatePolicyRetain }), nil)
+		assert.Equal(t, setHash(base.Set), setHash(dis.Set))
+		assert.NotEqual(t, setHash(base.Set), setHash(ret.Set))
+	})
 	t.Run("Jumpstarter defaults merge: the set's endpoint and labels win", func(t *testing.T) {
 		c := fullClass()
 		c.Spec.Jumpstarter = &v1alpha1.ClassJumpstarter{Endpoint: "class:443", CABundle: "CA", ExporterLabels: map[string]string{"board": "rpi4", "lab": "x"}}
@@ -212,6 +258,7 @@ func TestResolve(t *testing.T) {
 			"image":      func(c *v1alpha1.VirtualTargetClass) { c.Spec.PodDefaults.Image = "reg/os:2" },
 			"toleration": func(c *v1alpha1.VirtualTargetClass) { c.Spec.Scheduling.Tolerations = nil },
 			"reclaim":    func(c *v1alpha1.VirtualTargetClass) { c.Spec.ReclaimPolicy = v1alpha1.ReclaimPolicyRetain },
+			"state":      func(c *v1alpha1.VirtualTargetClass) { c.Spec.StatePolicy = v1alpha1.StatePolicyRetain },
 			"endpoint":   func(c *v1alpha1.VirtualTargetClass) { c.Spec.Jumpstarter.Endpoint = "new:443" },
 		} {
 			c2 := c.DeepCopy()

@@ -127,13 +127,14 @@ func TestEnvtestClassResolution(t *testing.T) {
 	})
 	assert.JSONEq(t, `{"board":{"arch":"arm64","ram":"2G"},"owner":"ci","tags":["set"]}`, string(s.Status.Parameters.Raw))
 
-	// 4. Retain: the pods carry the annotation the node reads (and roll).
+	// 4. Retain (reclaim and, as the set's default, state): the pods carry
+	// the annotations the node reads (and roll).
 	second := uids(pods(t, ns, "cls"))
-	mustKubectl(t, "-n", ns, "patch", "vtc", "small", "--type=merge", "-p", `{"spec":{"reclaimPolicy":"Retain"}}`)
+	mustKubectl(t, "-n", ns, "patch", "vtc", "small", "--type=merge", "-p", `{"spec":{"reclaimPolicy":"Retain","statePolicy":"Retain"}}`)
 	eventually(t, "pods marked Retain", func() (bool, string) {
 		n := 0
 		for _, p := range pods(t, ns, "cls") {
-			if p.Annotations[v1alpha1.ReclaimPolicyAnnotation] == "Retain" {
+			if p.Annotations[v1alpha1.ReclaimPolicyAnnotation] == "Retain" && p.Annotations[v1alpha1.StatePolicyAnnotation] == "Retain" {
 				n++
 			}
 		}
@@ -141,14 +142,15 @@ func TestEnvtestClassResolution(t *testing.T) {
 	})
 	readyAll(t, pods(t, ns, "cls"))
 	waitStatus(t, ns, "cls", "Retain in status", func(st v1alpha1.ExporterSetStatus) bool {
-		return st.Class != nil && st.Class.ReclaimPolicy == v1alpha1.ReclaimPolicyRetain && st.UpdatedReplicas == 2 && st.AvailableReplicas == 2
+		return st.Class != nil && st.Class.ReclaimPolicy == v1alpha1.ReclaimPolicyRetain && st.Class.StatePolicy == v1alpha1.StatePolicyRetain &&
+			st.UpdatedReplicas == 2 && st.AvailableReplicas == 2
 	})
 	var third map[types.UID]string
 	eventually(t, "only the 2 Retain pods left", func() (bool, string) {
 		ps := pods(t, ns, "cls")
 		third = uids(ps)
 		for _, p := range ps {
-			if p.Annotations[v1alpha1.ReclaimPolicyAnnotation] != "Retain" {
+			if p.Annotations[v1alpha1.ReclaimPolicyAnnotation] != "Retain" || p.Annotations[v1alpha1.StatePolicyAnnotation] != "Retain" {
 				return false, fmt.Sprintf("%v", third)
 			}
 		}
@@ -179,6 +181,7 @@ func TestEnvtestClassValidation(t *testing.T) {
 	}{
 		{"unknown binding mode", `{"bindingMode":"Later"}`, `Unsupported value: "Later"`},
 		{"unknown reclaim policy", `{"reclaimPolicy":"Keep"}`, `Unsupported value: "Keep"`},
+		{"unknown state policy", `{"statePolicy":"Keep"}`, `Unsupported value: "Keep"`},
 		{"parameters not an object", `{"parameters":[1,2]}`, `spec.parameters: Invalid value: "array"`},
 		{"reserved exporter label", `{"jumpstarter":{"exporterLabels":{"qemu-kubelet.io/x":"y"}}}`, "must not use the qemu-kubelet.io/ prefix"},
 	}

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,7 +17,6 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 
 	"github.com/qemu-kubelet/qemu-kubelet/e2e/cluster"
@@ -47,26 +45,11 @@ type netns struct {
 // removes both when t ends, even on failure.
 func newNetns(t *testing.T) *netns {
 	t.Helper()
-	if addrs, err := net.InterfaceAddrs(); err == nil {
-		for _, a := range addrs {
-			if ipn, ok := a.(*net.IPNet); ok && ipn.IP.String() == aggHostIP {
-				t.Fatalf("%s is already assigned on this host (another aggregation test running?); it is reserved for the metrics-server netns", aggHostIP)
-			}
-		}
-	}
-	b := make([]byte, 3)
-	if _, err := rand.Read(b); err != nil {
-		t.Fatal(err)
-	}
-	id := hex.EncodeToString(b)
+	requireAddrFree(t, aggHostIP, "the metrics-server netns")
+	id := randomID(t)
 	n := &netns{name: "qk-agg-" + id, hostIf: "qkh" + id}
 	peer := "qkn" + id
-	ip := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
-		}
-	}
+	ip := ipCmd(t)
 	ip("netns", "add", n.name)
 	t.Cleanup(func() {
 		// Deleting the host end removes the pair; deleting the namespace
@@ -87,26 +70,45 @@ func newNetns(t *testing.T) *netns {
 	return n
 }
 
+// requireAddrFree fails t if addr is already assigned on this host: the
+// test reserves it for what.
+func requireAddrFree(t *testing.T, addr, what string) {
+	t.Helper()
+	if addrs, err := net.InterfaceAddrs(); err == nil {
+		for _, a := range addrs {
+			if ipn, ok := a.(*net.IPNet); ok && ipn.IP.String() == addr {
+				t.Fatalf("%s is already assigned on this host (the same test running elsewhere?); it is reserved for %s", addr, what)
+			}
+		}
+	}
+}
+
+// randomID is 6 hex digits, for interface and namespace names (interface
+// names are at most 15 characters).
+func randomID(t *testing.T) string {
+	t.Helper()
+	b := make([]byte, 3)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+// ipCmd returns a runner of ip(8) that fails t with ip's output.
+func ipCmd(t *testing.T) func(args ...string) {
+	return func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+}
+
 // kubeconfigVia writes a copy of the cluster's admin kubeconfig that
 // reaches the API server at host (same port), for clients in the netns.
 func kubeconfigVia(t *testing.T, c *cluster.Cluster, host string) string {
 	t.Helper()
-	cfg, err := clientcmd.LoadFromFile(c.AdminKubeconfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	u, err := url.Parse(c.ServerURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, cl := range cfg.Clusters {
-		cl.Server = "https://" + net.JoinHostPort(host, u.Port())
-	}
-	p := filepath.Join(t.TempDir(), "admin-via-"+host+".kubeconfig")
-	if err := clientcmd.WriteToFile(*cfg, p); err != nil {
-		t.Fatal(err)
-	}
-	return p
+	return rewriteServer(t, c.AdminKubeconfig(), host)
 }
 
 // startMetricsServer builds metrics-server (hack/build-metrics-server.sh),

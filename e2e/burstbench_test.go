@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,8 +28,9 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 )
 
-// burstSizes are the burst sizes of BenchmarkBurst (issue #20).
-var burstSizes = []int{30, 60}
+// burstSizes are the burst sizes of BenchmarkBurst: 30 and 60 (issue #20)
+// and 10 for the density and create->Ready curve (issue #16).
+var burstSizes = []int{10, 30, 60}
 
 // BenchmarkBurst: N VM pods (no readiness probe: Ready = VM running) created
 // at once through the API server of a real control plane on one node
@@ -46,6 +48,11 @@ var burstSizes = []int{30, 60}
 //     (target: grace-s + 2 s), vms-gone-ms: -> no QEMU left;
 //   - qemu-rss-MiB/vm, qemu-pss-MiB/vm: the node's
 //     qemu_kubelet_vms_memory_{rss,pss}_bytes / N once all are at the marker;
+//   - agent-rss-KiB/vm: growth of the agent's RSS (process_resident_memory_bytes
+//     on its /metrics) from before the first burst to all N at the marker, / N;
+//   - agent-idle-cpu-%, host-busy-cpu-%: the agent's CPU (process_cpu_seconds_total)
+//     and the host's (/proc/stat, all CPUs = 100%) over QK_BENCH_IDLE_WINDOW
+//     (default 60s) while the N guests idle after their marker;
 //   - throttle-waits-over-100ms, throttle-max-ms: the agent's client-side
 //     rate limiter waits during the burst (its log, client-go's
 //     "Waited before sending request" at -vmodule=request=3; target 0).
@@ -65,6 +72,15 @@ func BenchmarkBurst(b *testing.B) {
 	})
 	// Warm-up: the first pod pulls the image; the bursts find it cached.
 	env.podRun(b, "burst-warmup")
+	agentRSS0 := benchGauge(b, env.metricsURL, "process_resident_memory_bytes")
+	idleWindow := 60 * time.Second
+	if v := os.Getenv("QK_BENCH_IDLE_WINDOW"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < time.Second {
+			b.Fatalf("QK_BENCH_IDLE_WINDOW=%q: want a duration of at least 1s", v)
+		}
+		idleWindow = d
+	}
 	sizes := burstSizes
 	if v := os.Getenv("QK_BENCH_BURST_SIZES"); v != "" { // e.g. "200" or "10,50"
 		sizes = nil
@@ -81,7 +97,7 @@ func BenchmarkBurst(b *testing.B) {
 			round := 0
 			for b.Loop() {
 				qmp, bareMarker := env.bareBurst(b, n)
-				r := env.podBurst(b, n, fmt.Sprintf("n%d-r%d", n, round))
+				r := env.podBurst(b, n, fmt.Sprintf("n%d-r%d", n, round), idleWindow)
 				round++
 				b.ReportMetric(pbMs(qmp), "bare-qmp-ms")
 				b.ReportMetric(pbMs(bareMarker), "bare-marker-ms")
@@ -97,11 +113,15 @@ func BenchmarkBurst(b *testing.B) {
 				b.ReportMetric(pbMs(r.maxThrottle), "throttle-max-ms")
 				b.ReportMetric(r.rssPerVM/(1<<20), "qemu-rss-MiB/vm")
 				b.ReportMetric(r.pssPerVM/(1<<20), "qemu-pss-MiB/vm")
+				b.ReportMetric((r.agentRSS-agentRSS0)/float64(n)/(1<<10), "agent-rss-KiB/vm")
+				b.ReportMetric(r.agentIdleCPU*100, "agent-idle-cpu-%")
+				b.ReportMetric(r.hostIdleBusy*100, "host-busy-cpu-%")
 				for _, ph := range []string{provider.PhasePull, provider.PhaseOverlay, provider.PhaseQEMUStart} {
 					b.ReportMetric(r.phaseAvg[ph]*1000, "phase-"+ph+"-avg-ms")
 				}
-				b.Logf("N=%d bare: qmp %v marker %v; pods: bound %v ready %v marker %v gone %v (VMs %v); throttling waits >100ms: %d (max %v, all %d); start phases avg (s) %v",
-					n, qmp, bareMarker, r.bound, r.ready, r.marker, r.gone, r.vmsGone, r.throttled, r.maxThrottle, r.allWaits, r.phaseAvg)
+				b.Logf("N=%d bare: qmp %v marker %v; pods: bound %v ready %v marker %v gone %v (VMs %v); throttling waits >100ms: %d (max %v, all %d); start phases avg (s) %v; idle %v: agent RSS %.1f MiB (%.1f at 0 VMs), agent CPU %.2f%%, host busy %.1f%%",
+					n, qmp, bareMarker, r.bound, r.ready, r.marker, r.gone, r.vmsGone, r.throttled, r.maxThrottle, r.allWaits, r.phaseAvg,
+					idleWindow, r.agentRSS/(1<<20), agentRSS0/(1<<20), r.agentIdleCPU*100, r.hostIdleBusy*100)
 			}
 		})
 	}
@@ -218,11 +238,15 @@ type burstResult struct {
 	// rssPerVM, pssPerVM: the node's qemu_kubelet_vms_memory_{rss,pss}_bytes
 	// / N once all VMs are at their marker.
 	rssPerVM, pssPerVM float64
+	// agentRSS: the agent's RSS with all N at the marker; agentIdleCPU and
+	// hostIdleBusy: the agent's and the host's CPU (fraction of one CPU /
+	// of all CPUs) over the idle window after that.
+	agentRSS, agentIdleCPU, hostIdleBusy float64
 }
 
 // podBurst creates n VM pods at once, times them to bound, Ready and the
 // boot marker, then deletes them at once and times them to gone.
-func (e *podBenchEnv) podBurst(b *testing.B, n int, round string) burstResult {
+func (e *podBenchEnv) podBurst(b *testing.B, n int, round string, idleWindow time.Duration) burstResult {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute+time.Duration(n)*12*time.Second)
 	defer cancel()
@@ -311,6 +335,13 @@ func (e *podBenchEnv) podBurst(b *testing.B, n int, round string) burstResult {
 	for ph, s := range benchPhaseSums(b, e.metricsURL) {
 		r.phaseAvg[ph] = (s - phasesBefore[ph]) / float64(n)
 	}
+	// Idle: all N guests past their marker, nothing else asked of the node.
+	r.agentRSS = benchGauge(b, e.metricsURL, "process_resident_memory_bytes")
+	cpu0, busy0, at0 := benchCounter(b, e.metricsURL, "process_cpu_seconds_total"), hostBusy(b), time.Now()
+	time.Sleep(idleWindow)
+	cpu1, busy1, el := benchCounter(b, e.metricsURL, "process_cpu_seconds_total"), hostBusy(b), time.Since(at0)
+	r.agentIdleCPU = (cpu1 - cpu0) / el.Seconds()
+	r.hostIdleBusy = (busy1 - busy0).Seconds() / el.Seconds() / float64(runtime.NumCPU())
 
 	delStart := time.Now()
 	if err := pods.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: sel}); err != nil {
@@ -455,4 +486,40 @@ func burstConfig(extra string) string {
 		return extra
 	}
 	return "overcommit: {cpu: 8}\n" + extra
+}
+
+// benchCounter is the value of an unlabelled counter on the node's /metrics.
+func benchCounter(b *testing.B, url, name string) float64 {
+	b.Helper()
+	ms := benchScrape(b, url)[name].GetMetric()
+	if len(ms) != 1 {
+		b.Fatalf("metric %s: %d samples, want 1", name, len(ms))
+	}
+	return ms[0].GetCounter().GetValue()
+}
+
+// hostBusy is the host's CPU time not idle (all CPUs), from /proc/stat.
+func hostBusy(b *testing.B) time.Duration {
+	b.Helper()
+	raw, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		b.Fatal(err)
+	}
+	line, _, _ := strings.Cut(string(raw), "\n")
+	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal guest guest_nice
+	if len(f) < 9 || f[0] != "cpu" {
+		b.Fatalf("/proc/stat: first line %q", line)
+	}
+	var ticks int64
+	for i, v := range f[1:9] {
+		if i == 3 || i == 4 { // idle, iowait
+			continue
+		}
+		t, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			b.Fatalf("/proc/stat field %d %q: %v", i+1, v, err)
+		}
+		ticks += t
+	}
+	return time.Duration(ticks) * time.Second / 100 // USER_HZ
 }

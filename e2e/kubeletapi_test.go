@@ -91,11 +91,61 @@ func TestKubeletAPI(t *testing.T) {
 		waitPodGone(t, c, "default", "never", 60*time.Second)
 	})
 
-	t.Run("ExecNeedsGuestAgent", func(t *testing.T) {
+	t.Run("ExecThroughGuestAgent", func(t *testing.T) {
 		k.t = t
-		out, err := k.run("exec", "kapi", "--", "true")
+		out := k.ok("exec", "kapi", "--", "uname", "-m")
+		assert.Equal(t, "x86_64\n", out, "the guest's answer")
+
+		cmd := exec.Command(c.KubectlPath(), "--kubeconfig="+c.AdminKubeconfig(), "exec", "-i", "kapi", "--", "tr", "a-z", "A-Z")
+		cmd.Stdin = strings.NewReader("typed into stdin\n")
+		b, err := cmd.Output()
+		require.NoError(t, err)
+		assert.Equal(t, "TYPED INTO STDIN\n", string(b))
+
+		out, err = k.run("exec", "kapi", "--", "sh", "-c", "echo to-stderr >&2; exit 3")
+		var ee *exec.ExitError
+		require.ErrorAs(t, err, &ee, out)
+		assert.Equal(t, 3, ee.ExitCode(), "kubectl exits with the guest command's code: %s", out)
+		assert.Contains(t, out, "to-stderr")
+
+		// -it on a real terminal (a pty; without one kubectl drops -t).
+		master, slave := openPTY(t)
+		cmd = exec.Command(c.KubectlPath(), "--kubeconfig="+c.AdminKubeconfig(), "exec", "-it", "kapi", "--", "sh")
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+		require.NoError(t, cmd.Start())
+		slave.Close()
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		t.Cleanup(func() {
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			<-done
+		})
+		tty := &bgKubectl{cmd: cmd, done: done}
+		go func() { _, _ = io.Copy(tty, master) }()
+		tty.waitFor(t, "tty (kubectl exec -t) is not supported", 30*time.Second)
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("kubectl exec -it did not end after the refusal:\n%s", tail(tty.output(), 20))
+		}
+		assert.NotEqual(t, 0, cmd.ProcessState.ExitCode())
+	})
+
+	t.Run("ExecWithoutGuestAgentFailsClearly", func(t *testing.T) {
+		k.t = t
+		ctx := context.Background()
+		p := vmPodSpec("noagent", a.name, refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, map[string]string{"qemu-kubelet.io/kernel-cmdline": "qk.noagent"})
+		_, err := c.Client().CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{})
+		require.NoError(t, err)
+		waitPod(t, c, "default", "noagent", 120*time.Second, "Running", podRunning)
+		k.eventually(90*time.Second, "QK-AGENT-OFF", "logs", "noagent")
+		out, err := k.run("exec", "noagent", "--", "uname", "-m")
 		require.Error(t, err)
-		assert.Contains(t, out, "qemu-guest-agent")
+		assert.Contains(t, out, "guest agent not responding on VM")
+		assert.Contains(t, out, "the image runs no qemu-guest-agent")
+		require.NoError(t, c.Client().CoreV1().Pods("default").Delete(ctx, "noagent", metav1.DeleteOptions{}))
+		waitPodGone(t, c, "default", "noagent", 90*time.Second)
 	})
 
 	t.Run("StatsSummaryHasPodCPUAndMemory", func(t *testing.T) {

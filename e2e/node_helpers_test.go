@@ -55,6 +55,7 @@ type nodeAgent struct {
 	configPath string
 	kubeconfig string
 	logPath    string
+	netns      string // when set, the agent runs in this network namespace (ip netns exec)
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -122,7 +123,12 @@ func (a *nodeAgent) start() {
 	if err != nil {
 		a.t.Fatal(err)
 	}
-	cmd := exec.Command(a.bin, "--config", a.configPath, "--kubeconfig", a.kubeconfig, "-v", "2")
+	name, args := a.bin, []string{"--config", a.configPath, "--kubeconfig", a.kubeconfig, "-v", "2"}
+	if a.netns != "" {
+		// ip execs the agent after entering the namespace: same pid.
+		name, args = "ip", append([]string{"netns", "exec", a.netns, a.bin}, args...)
+	}
+	cmd := exec.Command(name, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {

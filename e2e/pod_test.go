@@ -58,6 +58,7 @@ func TestPods(t *testing.T) {
 	t.Run("KilledQEMURestarts", e.testKillRestart)
 	t.Run("RefusedPods", e.testRefused)
 	t.Run("JumpstarterExporter", e.testJumpstarter)
+	t.Run("StatePolicyRetainSurvivesRebootAndRestart", e.testStatePolicy) // state_test.go
 	t.Run("NodeRestartKeepsVMs", e.testNodeRestart)
 	t.Run("NoExecuteTaintAndDrainEvict", e.testEvict)
 }

@@ -250,7 +250,9 @@ func newPodBenchEnvWith(b *testing.B, o podBenchOptions) *podBenchEnv {
 	}
 	e := &podBenchEnv{c: c, node: "qk-bench", dir: b.TempDir(), ref: refs[vmtest.VariantACPI],
 		kernel: filepath.Join(imgDir, "vmlinuz"), initrd: filepath.Join(imgDir, "initramfs-"+vmtest.VariantACPI+".cpio.gz"),
-		cmdline: strings.TrimSpace(string(cmdline))}
+		// The command line the node gives this image on a TCG node.
+		cmdline: provider.EmulatedKernelCmdline(qemu.ArchX86_64, qemu.AccelTCG,
+			provider.KernelCmdline(qemu.ArchX86_64, strings.TrimSpace(string(cmdline)), ""))}
 	vmtest.ReapQEMU(b, e.dir)
 	ip := benchHostIP(b)
 	kc, err := c.NodeKubeconfig(e.node)

@@ -15,7 +15,12 @@
 #                              /cgi-bin/burn?SECS burns a vCPU for SECS s,
 #                              /cgi-bin/idle stops that), echoes
 #                              console lines back as "QK-ECHO: <line>", powers
-#                              off on the ACPI power button (busybox acpid)
+#                              off on the ACPI power button (busybox acpid);
+#                              on the host's architecture it runs
+#                              qemu-guest-agent (Debian's qemu-guest-agent
+#                              with the shared libraries ldd finds for it) on
+#                              the org.qemu.guest_agent.0 virtio-serial port,
+#                              unless the kernel command line has qk.noagent
 #   initramfs-noacpi.cpio.gz   same, but ignores the ACPI power button
 #   initramfs-panic.cpio.gz    prints the marker, then panics the kernel
 #                              (pvpanic reports it to QEMU)
@@ -41,7 +46,7 @@ set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 CACHE="${QK_CACHE_DIR:-$HOME/.cache/qemu-kubelet}/testimage"
-SCRIPT_REV=1
+SCRIPT_REV=2
 log() { echo "build-test-image: $*" >&2; }
 
 HOSTARCH="$(dpkg --print-architecture)"
@@ -98,13 +103,22 @@ else
   BBVER="$(candidate busybox-static)"
   [ -n "$BBVER" ] || { log "no candidate version for busybox-static:$ARCH"; exit 1; }
 fi
+# qemu-guest-agent: a dynamically linked binary; its libraries are found
+# with ldd, which only works for the host's architecture, so a foreign
+# architecture's image has no agent.
+QGAVER=""
+if [ "$ARCH" = "$HOSTARCH" ]; then
+  QGAVER="$(candidate qemu-guest-agent)"
+  [ -n "$QGAVER" ] || { log "no candidate version for qemu-guest-agent (apt-get update?)"; exit 1; }
+fi
 TOOLS="dpkg-deb cpio gzip qemu-img mkfs.vfat mcopy"
+[ -n "$QGAVER" ] && TOOLS="$TOOLS ldd"
 [ "$ARCH" = amd64 ] && TOOLS="$TOOLS syslinux"
 for tool in $TOOLS; do
   command -v "$tool" >/dev/null || { log "missing tool $tool (run hack/install-deps.sh)"; exit 1; }
 done
 INIT_SUM="$(cat "$HERE/testimage/init.sh" "$HERE/build-test-image.sh" | sha256sum | cut -c1-12)"
-VERSION="${KPKG#linux-image-}_${KVER}_bb${BBVER}_r${SCRIPT_REV}_${INIT_SUM}"
+VERSION="${KPKG#linux-image-}_${KVER}_bb${BBVER}${QGAVER:+_ga$QGAVER}_r${SCRIPT_REV}_${INIT_SUM}"
 [ "$ARCH" = amd64 ] || VERSION="${ARCH}_${VERSION}"
 VERSION="$(echo "$VERSION" | tr -c 'A-Za-z0-9._\n-' '_')"
 OUT="$CACHE/$VERSION"
@@ -140,6 +154,23 @@ if [ "$ARCH" != "$HOSTARCH" ]; then
   dpkg-deb -x "$(fetchdeb busybox-static "$BBVER")" "$TMP/busybox"
   BUSYBOX="$TMP/busybox/bin/busybox"
 fi
+QGAROOT=""
+if [ -n "$QGAVER" ]; then
+  # qemu-ga and what it links (the loader and libraries at the paths ldd
+  # prints), nothing else from the package.
+  QGAROOT="$TMP/qga"
+  mkdir -p "$TMP/qgadeb" "$QGAROOT/bin"
+  dpkg-deb -x "$(fetchdeb qemu-guest-agent "$QGAVER")" "$TMP/qgadeb"
+  cp "$TMP/qgadeb/usr/sbin/qemu-ga" "$QGAROOT/bin/qemu-ga"
+  LIBS="$(ldd "$QGAROOT/bin/qemu-ga")" || { log "ldd qemu-ga failed"; exit 1; }
+  if echo "$LIBS" | grep -q 'not found'; then
+    log "qemu-ga needs libraries the host lacks: $(echo "$LIBS" | grep 'not found' | tr -s ' \t\n' ' ')"; exit 1
+  fi
+  for lib in $(echo "$LIBS" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'); do
+    mkdir -p "$QGAROOT$(dirname "$lib")"
+    cp -L "$lib" "$QGAROOT$lib"
+  done
+fi
 mkdir -p "$TMP/kernel" "$TMP/img"
 dpkg-deb -x "$DEB" "$TMP/kernel"
 cp "$TMP/kernel/boot/vmlinuz-"* "$TMP/img/vmlinuz"
@@ -169,6 +200,7 @@ mkroot() { # $1 variant
     echo "$m" >> "$r/etc/qk-modules"
   done
   if [ "$1" = noacpi ]; then sed -i '/^button$/d;/^evdev$/d' "$r/etc/qk-modules"; fi
+  if [ -n "$QGAROOT" ] && [ "$1" != panic ]; then cp -a "$QGAROOT/." "$r/"; fi
   sed "s/@VARIANT@/$1/;s/@CONSOLE@/$CONSOLE/" "$HERE/testimage/init.sh" > "$r/init"
   chmod 0755 "$r/init"
   (cd "$r" && find . | LC_ALL=C sort | cpio -o -H newc --quiet --reproducible 2>/dev/null | gzip -6 -n) > "$TMP/img/initramfs-$1.cpio.gz"
@@ -227,6 +259,7 @@ qemu-img convert -q -f raw -O qcow2 "$TMP/disk.raw" "$TMP/img/disk.qcow2"
   echo "kernel_package=$KPKG"
   echo "kernel_version=$KVER"
   echo "busybox_static=$BBVER"
+  [ -n "$QGAVER" ] && echo "qemu_guest_agent=$QGAVER"
   echo "script_rev=$SCRIPT_REV"
   echo "boot_marker=QK-BOOT-OK"
   echo "http_port=8080"

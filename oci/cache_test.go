@@ -214,6 +214,17 @@ func TestGCKeepsInUseImages(t *testing.T) {
 	release, err := s.Acquire(a.Digest)
 	require.NoError(t, err)
 	require.Equal(t, 1, findCached(t, s, a.Digest).InUse)
+	// Derived data next to each image (AuxDir) lives and dies with it.
+	auxA, err := s.AuxDir(a.Digest, "snapshots")
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(auxA, "state"), []byte("a"), 0o400))
+	auxB, err := s.AuxDir(b.Digest, "snapshots")
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(auxB, "state"), []byte("b"), 0o400))
+	_, err = s.AuxDir(a.Digest, "../x")
+	require.ErrorContains(t, err, "want 1-63 characters")
+	_, err = s.AuxDir("sha256:"+strings.Repeat("0", 64), "snapshots")
+	require.ErrorContains(t, err, "is not cached")
 
 	res, err := s.GC(ctx, GCPolicy{MaxBytes: 1})
 	require.NoError(t, err)
@@ -222,6 +233,8 @@ func TestGCKeepsInUseImages(t *testing.T) {
 	require.Equal(t, b.Size, res.FreedBytes)
 	require.FileExists(t, a.Disk)
 	require.NoFileExists(t, b.Disk)
+	require.FileExists(t, filepath.Join(auxA, "state"))
+	require.NoDirExists(t, auxB, "GC removes an image's aux data with it")
 	require.Len(t, s.List(), 1)
 
 	// By age: the in-use image survives MaxAge too, until released.
@@ -236,6 +249,7 @@ func TestGCKeepsInUseImages(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{a.Digest}, res.Removed)
 	require.Empty(t, s.List())
+	require.NoDirExists(t, auxA)
 	_, err = s.Acquire(a.Digest)
 	require.ErrorIs(t, err, ErrNotFound)
 	var blobs int

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"sync"
@@ -528,4 +529,33 @@ func removeAll(p string) error {
 		return nil
 	})
 	return os.RemoveAll(p)
+}
+
+var auxNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+
+// AuxDir returns the directory <entry>/aux/<name> next to the cached image
+// dgst, created on demand, for data derived from the image that must live
+// and die with it (the provider keeps VM memory snapshots there): GC removes
+// it with the entry, and a new image digest has a new entry. It is not
+// counted in the entry's size. Hold the image (Acquire) while writing to
+// it, so GC cannot remove the entry underneath.
+func (s *Store) AuxDir(dgst, name string) (string, error) {
+	if !auxNameRE.MatchString(name) {
+		return "", fmt.Errorf("image aux dir %q: want 1-63 characters of [a-z0-9-]", name)
+	}
+	d, err := digest.Parse(dgst)
+	if err != nil {
+		return "", fmt.Errorf("image aux dir: %w", err)
+	}
+	s.mu.Lock()
+	_, ok := s.entries[d]
+	s.mu.Unlock()
+	if !ok {
+		return "", fmt.Errorf("image aux dir: image %s is not cached", dgst)
+	}
+	dir := filepath.Join(s.entryDir(d), "aux", name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("image aux dir: %w", err)
+	}
+	return dir, nil
 }

@@ -41,3 +41,29 @@ func hasConsoleArg(cmdline string) bool {
 	}
 	return false
 }
+
+// NoTimerCheck is added to an x86-64 kernel's command line under TCG: the
+// kernel's boot-time check of the IO-APIC timer needs timer ticks within a
+// wall-clock window that an emulated vCPU misses when the host is busy
+// (a burst of guests booting, guests below other work with vmNice), and
+// the boot then hangs after "..MP-BIOS bug: 8254 timer not connected to
+// IO-APIC". QEMU's emulated timer is always wired; the check only costs.
+const NoTimerCheck = "no_timer_check"
+
+// EmulatedKernelCmdline is cmdline with NoTimerCheck first when the guest
+// is an x86-64 kernel booted directly under TCG and the command line does
+// not already have it (before any "--"). Pure.
+func EmulatedKernelCmdline(arch qemu.Arch, accel qemu.Accelerator, cmdline string) string {
+	if arch != qemu.ArchX86_64 || accel != qemu.AccelTCG {
+		return cmdline
+	}
+	for _, f := range strings.Fields(cmdline) {
+		if f == "--" {
+			break
+		}
+		if f == NoTimerCheck {
+			return cmdline
+		}
+	}
+	return strings.TrimSpace(NoTimerCheck + " " + cmdline)
+}

@@ -35,6 +35,28 @@ func TestKernelCmdlineConsole(t *testing.T) {
 	assert.Equal(t, "console=hvc0", KernelCmdline(qemu.ArchAArch64, "console=hvc0", ""))
 }
 
+func TestEmulatedKernelCmdline(t *testing.T) {
+	cases := []struct {
+		name  string
+		arch  qemu.Arch
+		accel qemu.Accelerator
+		in    string
+		want  string
+	}{
+		{"x86 under tcg", qemu.ArchX86_64, qemu.AccelTCG, "console=ttyS0 quiet", "no_timer_check console=ttyS0 quiet"},
+		{"already there", qemu.ArchX86_64, qemu.AccelTCG, "quiet no_timer_check", "quiet no_timer_check"},
+		{"after -- is init's", qemu.ArchX86_64, qemu.AccelTCG, "quiet -- no_timer_check", "no_timer_check quiet -- no_timer_check"},
+		{"kvm keeps the check", qemu.ArchX86_64, qemu.AccelKVM, "quiet", "quiet"},
+		{"aarch64 has no 8254", qemu.ArchAArch64, qemu.AccelTCG, "console=ttyAMA0", "console=ttyAMA0"},
+		{"empty", qemu.ArchX86_64, qemu.AccelTCG, "", "no_timer_check"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, EmulatedKernelCmdline(tc.arch, tc.accel, tc.in))
+		})
+	}
+}
+
 // TestVMSpecKernelConsole: the spec of a directly booted kernel whose image
 // and pod name no console gets console=ttyS0 (kubectl logs is the serial
 // console); one that names a console keeps it; a disk boot gets no command
@@ -51,9 +73,10 @@ func TestVMSpecKernelConsole(t *testing.T) {
 		extra string
 		want  string
 	}{
-		{"kernel, no console anywhere", *kernel, "loglevel=3", "console=ttyS0 quiet loglevel=3"},
-		{"kernel, pod names the console", *kernel, "console=ttyS1", "quiet console=ttyS1"},
-		{"kernel, image names the console", func() oci.Image { i := *kernel; i.Cmdline = "console=hvc0"; return i }(), "", "console=hvc0"},
+		// (a TCG node: the timer check goes, see TestEmulatedKernelCmdline)
+		{"kernel, no console anywhere", *kernel, "loglevel=3", "no_timer_check console=ttyS0 quiet loglevel=3"},
+		{"kernel, pod names the console", *kernel, "console=ttyS1", "no_timer_check quiet console=ttyS1"},
+		{"kernel, image names the console", func() oci.Image { i := *kernel; i.Cmdline = "console=hvc0"; return i }(), "", "no_timer_check console=hvc0"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

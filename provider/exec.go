@@ -4,25 +4,104 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
+	"io"
+	"time"
 
+	"github.com/qemu-kubelet/qemu-kubelet/qemu"
+	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
 	"github.com/virtual-kubelet/virtual-kubelet/node/api"
+	"k8s.io/klog/v2"
+	utilexec "k8s.io/utils/exec"
 )
 
-// ErrExecNeedsGuestAgent: `kubectl exec` into a VM runs the command through
-// qemu-guest-agent on a virtio-serial channel; VMs are not given that
-// channel yet, so exec is refused with this error.
-var ErrExecNeedsGuestAgent = errors.New("kubectl exec into a VM pod needs qemu-guest-agent in the guest on a virtio-serial channel, which this VM does not have; use `kubectl attach -it` for the serial console or `kubectl port-forward` to reach a guest service (e.g. SSH)")
+// `kubectl exec` into a VM runs the command through qemu-guest-agent on the
+// VM's virtio-serial channel (qemu.VM.GuestExec): the command's argv is
+// guest-exec's path and args (no shell on either side), its stdin is read
+// whole first (at most qemu.MaxExecStdin bytes; kubectl exec -i ends it at
+// the end of its input), then it runs; its stdout and stderr (each at most
+// qemu.MaxExecOutput bytes) are written back once it exited, and its exit
+// code reaches kubectl. QGA's guest-exec is not interactive, so a tty
+// (kubectl exec -t) is refused.
 
-// execInVM serves RunInContainer: the pod must exist and the container be
-// its one container; then the command is refused with
-// ErrExecNeedsGuestAgent (an InvalidInput error, so the client sees a 4xx
-// naming the reason rather than a server failure).
-func (p *VMs) execInVM(_ context.Context, namespace, name, container string, cmd []string, _ api.AttachIO) error {
-	if _, err := p.view(namespace, name, container); err != nil {
+// ExecTimeout bounds one kubectl exec, reading stdin included. A command
+// still running then is left running in the guest (QGA cannot stop it).
+var ExecTimeout = 5 * time.Minute
+
+// ErrExecTTY: kubectl exec -t asks for an interactive terminal.
+var ErrExecTTY = errors.New("interactive exec with a tty (kubectl exec -t) is not supported by VM pods: commands run through qemu-guest-agent's guest-exec, which takes the whole stdin first and returns the output when the command exited; drop -t (kubectl exec -i works), or use kubectl attach -it for the serial console")
+
+// execInVM serves RunInContainer (see above).
+func (p *VMs) execInVM(ctx context.Context, namespace, name, container string, cmd []string, attach api.AttachIO) error {
+	v, err := p.view(namespace, name, container)
+	if err != nil {
 		return err
 	}
-	return invalidInput{fmt.Errorf("exec %q in pod %s/%s: %w", strings.Join(cmd, " "), namespace, name, ErrExecNeedsGuestAgent)}
+	if v.vm == nil {
+		return errdefs.InvalidInputf("exec in pod %s/%s: its VM is not running", namespace, name)
+	}
+	if len(cmd) == 0 || cmd[0] == "" {
+		return errdefs.InvalidInputf("exec in pod %s/%s: no command given", namespace, name)
+	}
+	if attach != nil && attach.TTY() {
+		return invalidInput{fmt.Errorf("exec in pod %s/%s: %w", namespace, name, ErrExecTTY)}
+	}
+	ctx, cancel := context.WithTimeout(ctx, ExecTimeout)
+	defer cancel()
+	klog.FromContext(ctx).V(2).Info("Exec in VM", "pod", klog.KRef(namespace, name), "command", cmd[0], "args", len(cmd)-1)
+
+	var stdin []byte
+	if attach != nil && attach.Stdin() != nil {
+		if stdin, err = readStdin(ctx, attach.Stdin()); err != nil {
+			return fmt.Errorf("exec %s in pod %s/%s: stdin: %w", cmd[0], namespace, name, err)
+		}
+	}
+	res, err := v.vm.GuestExec(ctx, qemu.ExecRequest{Path: cmd[0], Args: cmd[1:], Stdin: stdin})
+	if err != nil {
+		return fmt.Errorf("exec %s in pod %s/%s: %w", cmd[0], namespace, name, err)
+	}
+	if attach != nil {
+		if w := attach.Stdout(); w != nil {
+			_, _ = w.Write(res.Stdout)
+		}
+		if w := attach.Stderr(); w != nil {
+			_, _ = w.Write(res.Stderr)
+			if res.Truncated {
+				fmt.Fprintf(w, "[qemu-kubelet: the guest agent truncated the output]\n")
+			}
+		}
+	}
+	if res.ExitCode != 0 {
+		// Not wrapped: the kubelet API server type-asserts ExitError to send
+		// the exit code to kubectl.
+		return utilexec.CodeExitError{Err: fmt.Errorf("command %s terminated with exit code %d", cmd[0], res.ExitCode), Code: res.ExitCode}
+	}
+	return nil
+}
+
+// readStdin reads r to its end, at most qemu.MaxExecStdin bytes, or until
+// ctx ends.
+func readStdin(ctx context.Context, r io.Reader) ([]byte, error) {
+	type result struct {
+		b   []byte
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() { // ends when the stream ends (the connection closes with the exec)
+		b, err := io.ReadAll(io.LimitReader(r, qemu.MaxExecStdin+1))
+		ch <- result{b, err}
+	}()
+	select {
+	case res := <-ch:
+		if res.err != nil {
+			return nil, res.err
+		}
+		if len(res.b) > qemu.MaxExecStdin {
+			return nil, qemu.ErrExecStdinTooLarge
+		}
+		return res.b, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("still open when the exec timed out (the command runs once its stdin ended): %w", ctx.Err())
+	}
 }
 
 // invalidInput is an errdefs InvalidInput error that still unwraps (for

@@ -35,13 +35,13 @@ import (
 //     with the run's end as lastState, restartCount is unchanged and the
 //     restart policy does not apply;
 //   - power on: boots again from a fresh overlay (of the flashed image, if
-//     any);
+//     any), or with state policy Retain from the disk as it was (state.go);
 //   - console: the serial console kubectl attach uses (many readers, one
 //     writer: the same flock);
 //   - TCP to a guest port: the runtime forward kubectl port-forward uses;
 //   - flash: pull and verify through the node's image store (same errors as
 //     a pod's pull; nothing is touched on failure), power off, boot the new
-//     image from then on (kept in status.json: VM and agent restarts keep
+//     image from then on with a fresh disk (Retain too) (kept in status.json: VM and agent restarts keep
 //     it), power on again if it was on.
 //
 // The exporter runs from the pod's first worker start (recovery included)

@@ -25,6 +25,9 @@ type HostReadings struct {
 	// DiskTotal and DiskAvailable in bytes of the file system holding the
 	// state directory.
 	DiskTotal, DiskAvailable int64
+	// RetainedBytes is the space the retained disks of deleted pods take
+	// (<stateDir>/retained, state.go): reserved ephemeral-storage.
+	RetainedBytes int64
 	// PIDMax is kernel.pid_max; PIDsInUse the tasks currently running.
 	PIDMax, PIDsInUse int64
 	// StateDirError says why the state directory is unusable ("" = usable).
@@ -72,6 +75,11 @@ func (s HostSource) Read() (HostReadings, error) {
 	} else {
 		h.DiskTotal = int64(st.Blocks) * st.Bsize
 		h.DiskAvailable = int64(st.Bavail) * st.Bsize
+	}
+	n, err := RetainedBytes(s.StateDir)
+	h.RetainedBytes = n
+	if err != nil {
+		errs = append(errs, err.Error())
 	}
 
 	if b, err := os.ReadFile(filepath.Join(proc, "sys/kernel/pid_max")); err != nil {

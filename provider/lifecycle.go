@@ -131,6 +131,8 @@ type VMs struct {
 	featuresChanged chan struct{}
 	// pump delivers statuses to notify, per pod, newest only (statuspump.go).
 	pump statusPump
+	// snaps: who creates which memory snapshot (snapshots.go).
+	snaps snapshotStore
 }
 
 // podVM is one pod and its VM. Its worker goroutine owns the VM; other
@@ -154,6 +156,13 @@ type podVM struct {
 	// probes is the readiness of the current run (probes.go); nil: no
 	// readiness probe.
 	probes *probeState
+	// Snapshot start (snapshots.go), set by the worker: snapClaim is the
+	// snapshot this run saves at readiness (taken by captureSnapshot);
+	// snapUsed the snapshot the run was restored from; snapRestoreFailed
+	// makes the next decision boot.
+	snapClaim         *snapshotClaim
+	snapUsed          *snapshotUse
+	snapRestoreFailed bool
 
 	// apiResourceVersion: the resourceVersion of the API server's copy
 	// whose status disagreed with the node's (statusresync.go); sent with
@@ -735,6 +744,7 @@ func (p *VMs) run(rec *podVM) {
 				}
 				rec.vm = nil
 				rec.mu.Unlock()
+				p.dropSnapshotClaim(rec)
 				term := TerminatedFromExit(ex, started, ContainerIDPrefix+string(rec.uid))
 				log.Info("VM exited", "exitCode", ex.ExitCode, "class", ex.Class, "reason", ex.Reason)
 				p.cfg.Telemetry.vmExited(rec.uid, ex)
@@ -846,7 +856,9 @@ func (p *VMs) afterExit(ctx context.Context, rec *podVM, crashes *int) bool {
 // terminated run).
 func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (*qemu.VM, bool) {
 	log := klog.FromContext(ctx)
+	p.dropSnapshotClaim(rec) // an earlier run's, unused
 	rec.mu.Lock()
+	rec.snapUsed, rec.snapRestoreFailed = nil, false
 	pod := rec.pod.DeepCopy()
 	plan := rec.plan
 	if rec.state.FlashedImage != "" {
@@ -959,6 +971,15 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (*qemu.VM, bool) {
 	sctx, scancel := context.WithTimeout(pctx, p.cfg.StartTimeout)
 	vm, err := qemu.Start(sctx, spec, rec.dir)
 	scancel()
+	if err != nil && spec.Incoming != "" && pctx.Err() == nil {
+		// The snapshot cannot be loaded: discard it and boot (snapshots.go).
+		spec, err = p.restoreFailed(ctx, rec, pod, plan, img, err)
+		if err == nil {
+			sctx, scancel := context.WithTimeout(pctx, p.cfg.StartTimeout)
+			vm, err = qemu.Start(sctx, spec, rec.dir)
+			scancel()
+		}
+	}
 	att.qemuStarted(err)
 	if err != nil {
 		if pctx.Err() != nil {
@@ -976,16 +997,18 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (*qemu.VM, bool) {
 	rec.mu.Lock()
 	rec.vm = vm
 	rec.mu.Unlock()
-	log.Info("VM started", "pid", vm.Pid(), "accelerator", spec.Accelerator)
-	p.event(pod, corev1.EventTypeNormal, "Started", fmt.Sprintf("Started VM (QEMU pid %d, %s, %d vCPU, %d MiB)", vm.Pid(), spec.Accelerator, spec.CPUs, spec.MemoryMiB))
+	from := ""
+	if spec.Incoming != "" {
+		from = ", restored from a memory snapshot"
+	}
+	log.Info("VM started", "pid", vm.Pid(), "accelerator", spec.Accelerator, "fromSnapshot", spec.Incoming != "")
+	p.event(pod, corev1.EventTypeNormal, "Started", fmt.Sprintf("Started VM (QEMU pid %d, %s, %d vCPU, %d MiB%s)", vm.Pid(), spec.Accelerator, spec.CPUs, spec.MemoryMiB, from))
 	p.update(rec, func(st *VMState) { st.SetRunning(p.now()) })
 	return vm, true
 }
 
 type invalidSpec struct{ error }
 
-// vmSpec builds the VM spec for a pulled image and makes a fresh overlay
-// (each run starts from the image, as a container starts from its image).
 // presentImage returns the cached image of plan when its pull policy lets
 // the node use it without asking the registry (IfNotPresent, Never), else
 // nil. It never contacts a registry.
@@ -1000,6 +1023,10 @@ func (p *VMs) presentImage(ctx context.Context, plan Plan) *oci.Image {
 	return img
 }
 
+// vmSpec builds the VM spec for a pulled image and readies the overlay:
+// a fresh one (each run starts from the image, as a container starts from
+// its image), or with state policy Retain the one the last run left
+// (state.go).
 func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan Plan, img *oci.Image) (qemu.Spec, error) {
 	accel := qemu.Accelerator(p.cfg.Accelerator)
 	if plan.Accelerator != "" {
@@ -1027,6 +1054,7 @@ func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan Plan
 	}
 	if img.Kernel != "" {
 		spec.Cmdline = KernelCmdline(p.arch(), img.Cmdline, plan.ExtraCmdline) // cmdline.go: the arch's console unless one is named
+		spec.Cmdline = EmulatedKernelCmdline(p.arch(), spec.Accelerator, spec.Cmdline)
 	}
 	if plan.Firmware == qemu.FirmwareUEFI {
 		spec.UEFICode, spec.UEFIVarsTemplate = p.cfg.UEFICode, p.cfg.UEFIVars
@@ -1047,15 +1075,21 @@ func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan Plan
 		return spec, err
 	}
 	spec.Disks = append(spec.Disks, guest...)
+	base, baseFormat := img.Disk, qemu.DiskFormat(img.DiskFormat)
+	if b := p.prepareSnapshotStart(ctx, rec, pod, plan, img, &spec); b != "" { // snapshots.go
+		base, baseFormat = b, qemu.FormatQCOW2
+	}
 	if err := spec.Validate(); err != nil {
 		return spec, invalidSpec{fmt.Errorf("VM spec for image %s: %w", plan.Image, err)}
 	}
 	if img.Disk != "" {
-		if err := os.Remove(overlay); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return spec, fmt.Errorf("remove old overlay: %w", err)
-		}
-		if err := qemu.CreateOverlay(ctx, img.Disk, qemu.DiskFormat(img.DiskFormat), overlay, 0); err != nil {
+		reason, msg, err := prepareOverlay(ctx, plan.StatePolicy, overlay, base, baseFormat) // state.go
+		if err != nil {
 			return spec, err
+		}
+		if reason != "" {
+			klog.FromContext(ctx).Info("VM disk", "reason", reason, "message", msg)
+			p.event(pod, corev1.EventTypeNormal, reason, msg)
 		}
 	}
 	return spec, nil
@@ -1136,12 +1170,15 @@ func (p *VMs) finishDelete(rec *podVM, vm *qemu.VM) {
 	ctx := context.WithoutCancel(p.base)
 	// The exporter unregisters first: no lease lands on a VM going away.
 	rec.stopExporter()
+	p.dropSnapshotClaim(rec)
 
 	if !rejected {
 		if vm != nil {
 			acpi := ACPIBudget(grace)
 			p.event(pod, corev1.EventTypeNormal, "Killing", fmt.Sprintf("Stopping VM (ACPI power button, %s before quit)", acpi.Round(time.Second)))
-			ex, err := vm.Stop(ctx, qemu.StopOptions{Grace: acpi, QuitGrace: 2 * time.Second})
+			// Everything is kept until the disk's reclaim policy is applied
+			// below.
+			ex, err := vm.Stop(ctx, qemu.StopOptions{Grace: acpi, QuitGrace: 2 * time.Second, Keep: []string{"*"}})
 			if err != nil {
 				log.Error(err, "Stop VM")
 			}
@@ -1164,8 +1201,10 @@ func (p *VMs) finishDelete(rec *podVM, vm *qemu.VM) {
 			}
 			rec.mu.Unlock()
 		}
-		if err := qemu.CleanStateDir(rec.dir, nil); err != nil {
-			log.Error(err, "Remove pod state dir")
+		if p.reclaimDisk(ctx, rec, pod) { // state.go: the disk kept first, if asked
+			if err := qemu.CleanStateDir(rec.dir, nil); err != nil {
+				log.Error(err, "Remove pod state dir")
+			}
 		}
 		p.releaseImage(rec)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -212,11 +213,17 @@ func (p *VMs) powerOff(ctx context.Context, rec *podVM, vm *qemu.VM, why string)
 }
 
 // installImage makes the flashed image the one the VM boots from now on:
-// the next start makes a fresh overlay over it. The choice is written to
-// the state dir (status.json) before it is answered, so a VM restart and
-// an agent restart keep it. The request's image hold becomes the pod's.
-// Worker only, with no VM running.
+// the next start makes a fresh overlay over it (the old disk is removed
+// first, so state policy Retain does not keep it, even for the same
+// image; a crash in between leaves a fresh disk and no flash recorded).
+// The choice is written to the state dir (status.json) before it is
+// answered, so a VM restart and an agent restart keep it. The request's
+// image hold becomes the pod's. Worker only, with no VM running.
 func (p *VMs) installImage(rec *podVM, req vmRequest) error {
+	if err := os.Remove(filepath.Join(rec.dir, OverlayFileName)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		req.release()
+		return fmt.Errorf("flash: remove the old disk: %w", err)
+	}
 	img := req.image
 	ref := imageID(img)
 	rec.mu.Lock()

@@ -29,9 +29,10 @@ import (
 // server that accepts and closes at once without sending a byte counts as a
 // failure). httpGet succeeds on a status in [200, 400) (HTTPS without
 // certificate checks, as a kubelet). The probe's host field is ignored: a
-// probe always targets the guest. exec and grpc probes are refused by
-// Translate (exec needs a guest agent); check still fails them with a
-// message should one reach it.
+// probe always targets the guest. exec probes run their command through
+// qemu-guest-agent (qemu.VM.GuestExec, bounded by timeoutSeconds): exit code
+// 0 passes, anything else (including no agent answering) fails. grpc probes
+// are refused by Translate; check still fails them should one reach it.
 //
 // Timing follows the kubelet: initialDelaySeconds, periodSeconds,
 // timeoutSeconds, successThreshold, failureThreshold. Readiness starts
@@ -206,11 +207,39 @@ func (g *guestProber) check(ctx context.Context, timeout time.Duration) (bool, s
 		}
 		return httpCheck(ctx, h.HTTPGet, hp, timeout)
 	case h.Exec != nil:
-		return false, "exec probes need qemu-guest-agent in the guest, which this VM does not have"
+		return execCheck(ctx, g.vm, h.Exec.Command, timeout)
 	case h.GRPC != nil:
 		return false, "grpc probes are not supported for VM pods"
 	}
 	return false, "probe has no handler"
+}
+
+// maxProbeOutput bounds the command output quoted in a probe's message.
+const maxProbeOutput = 256
+
+// execCheck runs an exec probe's command in the guest through the guest
+// agent, within timeout.
+func execCheck(ctx context.Context, vm *qemu.VM, command []string, timeout time.Duration) (bool, string) {
+	if len(command) == 0 || command[0] == "" {
+		return false, "exec probe has no command"
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	res, err := vm.GuestExec(ctx, qemu.ExecRequest{Path: command[0], Args: command[1:]})
+	if errors.Is(err, context.DeadlineExceeded) {
+		return false, fmt.Sprintf("command %q timed out after %s", strings.Join(command, " "), timeout)
+	}
+	if err != nil {
+		return false, err.Error()
+	}
+	if res.ExitCode != 0 {
+		out := strings.TrimSpace(string(res.Stdout) + string(res.Stderr))
+		if len(out) > maxProbeOutput {
+			out = out[:maxProbeOutput] + "..."
+		}
+		return false, fmt.Sprintf("command %q exited with %d: %s", strings.Join(command, " "), res.ExitCode, out)
+	}
+	return true, ""
 }
 
 // forward returns the host port forwarded to guestPort, adding the forward
@@ -428,6 +457,9 @@ func (p *VMs) startProbes(ctx context.Context, rec *podVM, vm *qemu.VM) {
 		go p.runProbe(ctx, rec, vm, c, "Readiness", c.ReadinessProbe, false, stop, afterStart(started, runStart), func(ok bool, msg string) bool {
 			if state.set(ok, msg) {
 				p.push(rec)
+				if ok {
+					p.captureSnapshot(ctx, rec, vm) // snapshots.go: a creator saves it now
+				}
 			}
 			return true
 		})

@@ -33,16 +33,25 @@ const (
 	// AnnotationRequireAccelerator requires an accelerator: kvm, tcg, or any
 	// (default: whatever the node probed).
 	AnnotationRequireAccelerator = AnnotationPrefix + "accelerator"
+	// AnnotationStartFromSnapshot "true" starts the VM from a memory
+	// snapshot of the same image and VM shape taken at its readiness
+	// point, instead of booting (snapshots.go, docs/pods.md). Needs a
+	// readinessProbe: its first success is the point the snapshot is
+	// taken at.
+	AnnotationStartFromSnapshot = AnnotationPrefix + "start-from-snapshot"
 )
 
 // knownAnnotations is the closed set of annotation keys under the prefix.
 var knownAnnotations = map[string]bool{
 	AnnotationMachine: true, AnnotationFirmware: true, AnnotationKernelCmdline: true, AnnotationRequireAccelerator: true,
+	AnnotationStartFromSnapshot:          true,
 	v1alpha1.JumpstarterSecretAnnotation: true, // exporter.go
 	// The ExporterSet controller's: the parameters reach the guest through
-	// the QK_PARAMETERS env fieldRef (environment disk); the reclaim policy
-	// waits for state preservation; the removal mark is the controller's.
-	v1alpha1.ParametersAnnotation: true, v1alpha1.ReclaimPolicyAnnotation: true, v1alpha1.RemoveAnnotation: true,
+	// the QK_PARAMETERS env fieldRef (environment disk); the state and
+	// reclaim policies are the node's (state.go); the removal mark is the
+	// controller's.
+	v1alpha1.ParametersAnnotation: true, v1alpha1.RemoveAnnotation: true,
+	v1alpha1.StatePolicyAnnotation: true, v1alpha1.ReclaimPolicyAnnotation: true,
 }
 
 // DefaultMemory is the guest RAM of a pod that sets neither a memory limit
@@ -78,6 +87,11 @@ type Plan struct {
 	ExtraCmdline string
 	// Accelerator is a requirement: "" (any), "kvm" or "tcg".
 	Accelerator string
+	// StatePolicy says whether the VM's disk survives its restarts
+	// (state.go): Retain, else ("" or Disabled) a fresh disk every start.
+	StatePolicy v1alpha1.StatePolicy
+	// SnapshotStart: start from a memory snapshot (AnnotationStartFromSnapshot).
+	SnapshotStart bool
 }
 
 // Rejection says why a pod is not started: a kubelet-style reason and a
@@ -157,6 +171,14 @@ func Translate(pod *corev1.Pod, arch qemu.Arch) (Plan, *Rejection) {
 		plan.PullSecrets = append(plan.PullSecrets, s.Name)
 	}
 	translateAnnotations(pod.Annotations, arch, bad, &plan)
+	if plan.SnapshotStart {
+		validateSnapshotStart(spec, pod.Annotations[v1alpha1.JumpstarterSecretAnnotation], bad) // snapshots.go
+		if plan.StatePolicy == v1alpha1.StatePolicyRetain {
+			// A snapshot's memory belongs with the snapshot's disk: restored
+			// over a disk the guest changed since, it corrupts the guest.
+			bad("metadata.annotations["+v1alpha1.StatePolicyAnnotation+"]", "Retain cannot be combined with %s: a memory snapshot restores the guest with the image's disk, not the pod's kept one", AnnotationStartFromSnapshot)
+		}
+	}
 
 	if len(problems) > 0 {
 		return Plan{}, &Rejection{Reason: ReasonUnsupportedPodSpec, Message: strings.Join(problems, "; ")}
@@ -220,11 +242,11 @@ func translateContainer(c corev1.Container, bad func(field, format string, a ...
 			continue
 		}
 		// probes.go runs tcpSocket and httpGet probes through the VM's
-		// user network; exec needs a guest agent and grpc is not
-		// implemented, so such a probe could only ever fail (a liveness
-		// probe would restart the VM forever).
-		if pr.probe.Exec != nil {
-			bad(f+"."+pr.field+".exec", "exec probes are not supported by VM pods (no guest agent); use tcpSocket or httpGet")
+		// user network and exec probes through the guest agent (every VM
+		// has its channel); grpc is not implemented, so such a probe could
+		// only ever fail (a liveness probe would restart the VM forever).
+		if pr.probe.Exec != nil && (len(pr.probe.Exec.Command) == 0 || pr.probe.Exec.Command[0] == "") {
+			bad(f+"."+pr.field+".exec.command", "an exec probe needs a command")
 		}
 		if pr.probe.GRPC != nil {
 			bad(f+"."+pr.field+".grpc", "grpc probes are not supported by VM pods; use tcpSocket or httpGet")
@@ -326,6 +348,19 @@ func translateAnnotations(ann map[string]string, arch qemu.Arch, bad func(field,
 			if errs := validation.IsDNS1123Subdomain(v); len(errs) > 0 {
 				bad(f, "secret name %q: %s", v, strings.Join(errs, "; "))
 			}
+		case v1alpha1.StatePolicyAnnotation:
+			switch v1alpha1.StatePolicy(v) {
+			case v1alpha1.StatePolicyDisabled, v1alpha1.StatePolicyRetain:
+				plan.StatePolicy = v1alpha1.StatePolicy(v)
+			default:
+				bad(f, "state policy %q: want Disabled or Retain", v)
+			}
+		case v1alpha1.ReclaimPolicyAnnotation:
+			switch v1alpha1.ReclaimPolicy(v) {
+			case v1alpha1.ReclaimPolicyDelete, v1alpha1.ReclaimPolicyRetain:
+			default:
+				bad(f, "reclaim policy %q: want Delete or Retain", v)
+			}
 		case AnnotationRequireAccelerator:
 			switch v {
 			case "kvm", "tcg":
@@ -333,6 +368,14 @@ func translateAnnotations(ann map[string]string, arch qemu.Arch, bad func(field,
 			case "any", "":
 			default:
 				bad(f, "accelerator %q: want kvm, tcg or any", v)
+			}
+		case AnnotationStartFromSnapshot:
+			switch v {
+			case "true":
+				plan.SnapshotStart = true
+			case "false":
+			default:
+				bad(f, "%q: want \"true\" or \"false\"", v)
 			}
 		}
 	}
@@ -342,6 +385,7 @@ func translateAnnotations(ann map[string]string, arch qemu.Arch, bad func(field,
 	if plan.Firmware == "" {
 		plan.Firmware = qemu.FirmwareBIOS
 	}
+
 	if plan.Machine == "microvm" && plan.Firmware == qemu.FirmwareUEFI {
 		bad("metadata.annotations["+AnnotationFirmware+"]", "uefi is not available with machine microvm")
 	}

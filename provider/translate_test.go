@@ -61,6 +61,14 @@ func TestTranslateAccepts(t *testing.T) {
 		{"ExporterSet controller annotations (parameters, reclaim policy, removal mark)", vmPod(func(p *corev1.Pod) {
 			p.Annotations = map[string]string{v1alpha1.ParametersAnnotation: `{"a":1}`, v1alpha1.ReclaimPolicyAnnotation: "Retain", v1alpha1.RemoveAnnotation: "true"}
 		}), Plan{Image: "127.0.0.1:5000/os/tiny:1", PullPolicy: oci.PullIfNotPresent, CPUs: 1, MemoryMiB: 512, Machine: "q35", Firmware: qemu.FirmwareBIOS}},
+		{"state policy Retain", vmPod(func(p *corev1.Pod) {
+			p.Annotations = map[string]string{v1alpha1.StatePolicyAnnotation: "Retain", v1alpha1.ReclaimPolicyAnnotation: "Delete"}
+		}), Plan{Image: "127.0.0.1:5000/os/tiny:1", PullPolicy: oci.PullIfNotPresent, CPUs: 1, MemoryMiB: 512, Machine: "q35", Firmware: qemu.FirmwareBIOS,
+			StatePolicy: v1alpha1.StatePolicyRetain}},
+		{"state policy Disabled", vmPod(func(p *corev1.Pod) {
+			p.Annotations = map[string]string{v1alpha1.StatePolicyAnnotation: "Disabled"}
+		}), Plan{Image: "127.0.0.1:5000/os/tiny:1", PullPolicy: oci.PullIfNotPresent, CPUs: 1, MemoryMiB: 512, Machine: "q35", Firmware: qemu.FirmwareBIOS,
+			StatePolicy: v1alpha1.StatePolicyDisabled}},
 		{"never, uefi, any", vmPod(func(p *corev1.Pod) {
 			p.Spec.Containers[0].ImagePullPolicy = corev1.PullNever
 			p.Annotations = map[string]string{AnnotationFirmware: "uefi", AnnotationRequireAccelerator: "any"}
@@ -110,6 +118,10 @@ func TestTranslateRejects(t *testing.T) {
 		{"bad annotation values", func(p *corev1.Pod) {
 			p.Annotations = map[string]string{AnnotationMachine: "virt", AnnotationFirmware: "coreboot", AnnotationRequireAccelerator: "hvf", AnnotationKernelCmdline: "a\nb"}
 		}, []string{`machine "virt": not a machine of this node's x86_64 guests (want q35, pc, microvm)`, `firmware "coreboot"`, `accelerator "hvf"`, "one line"}},
+		{"bad state and reclaim policies", func(p *corev1.Pod) {
+			p.Annotations = map[string]string{v1alpha1.StatePolicyAnnotation: "retain", v1alpha1.ReclaimPolicyAnnotation: "Keep"}
+		}, []string{`metadata.annotations[qemu-kubelet.io/state-policy]: state policy "retain": want Disabled or Retain`,
+			`metadata.annotations[qemu-kubelet.io/reclaim-policy]: reclaim policy "Keep": want Delete or Retain`}},
 		{"microvm uefi", func(p *corev1.Pod) {
 			p.Annotations = map[string]string{AnnotationMachine: "microvm", AnnotationFirmware: "uefi"}
 		},
@@ -128,13 +140,13 @@ func TestTranslateRejects(t *testing.T) {
 			p.Spec.Containers[0].Resources = corev1.ResourceRequirements{Requests: rl("cpu", "-2", "memory", "-1Gi"), Limits: rl("cpu", "5000", "memory", "1Ei")}
 		}, []string{"resources.requests[cpu]: -2 must not be negative", "resources.requests[memory]: -1Gi must not be negative",
 			"resources.limits[cpu]: 5k is more than a VM can have", "resources.limits[memory]: 1Ei is more than a VM can have"}},
-		{"exec liveness probe", func(p *corev1.Pod) {
-			p.Spec.Containers[0].LivenessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"true"}}}}
-		}, []string{"spec.containers[0].livenessProbe.exec: exec probes are not supported"}},
-		{"exec readiness and grpc startup probes", func(p *corev1.Pod) {
+		{"exec liveness probe without a command", func(p *corev1.Pod) {
+			p.Spec.Containers[0].LivenessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{}}}
+		}, []string{"spec.containers[0].livenessProbe.exec.command: an exec probe needs a command"}},
+		{"grpc startup probe beside an exec readiness probe", func(p *corev1.Pod) {
 			p.Spec.Containers[0].ReadinessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"true"}}}}
 			p.Spec.Containers[0].StartupProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{GRPC: &corev1.GRPCAction{Port: 9000}}}
-		}, []string{"spec.containers[0].readinessProbe.exec", "spec.containers[0].startupProbe.grpc: grpc probes are not supported"}},
+		}, []string{"spec.containers[0].startupProbe.grpc: grpc probes are not supported"}},
 		{"grpc liveness probe", func(p *corev1.Pod) {
 			p.Spec.Containers[0].LivenessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{GRPC: &corev1.GRPCAction{Port: 9000}}}
 		}, []string{"spec.containers[0].livenessProbe.grpc"}},
@@ -171,4 +183,16 @@ func TestTranslateArch(t *testing.T) {
 	plan, rej = Translate(vmPod(), qemu.ArchX86_64)
 	require.Nil(t, rej)
 	assert.Equal(t, "q35", plan.Machine)
+}
+
+// Exec probes run through the guest agent every VM has a channel for:
+// admitted.
+func TestTranslateAdmitsExecProbes(t *testing.T) {
+	exec := &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"test", "-e", "/tmp/ready"}}}}
+	_, rej := Translate(vmPod(func(p *corev1.Pod) {
+		p.Spec.Containers[0].LivenessProbe = exec
+		p.Spec.Containers[0].ReadinessProbe = exec
+		p.Spec.Containers[0].StartupProbe = exec
+	}), qemu.ArchX86_64)
+	assert.Nil(t, rej)
 }

@@ -128,6 +128,22 @@ type Spec struct {
 	// is not slowed by busy guests either.
 	Nice int
 
+	// MAC is the NIC's MAC address (a locally administered unicast
+	// address); empty derives one from Name. VMs restored from one saved
+	// state must all use the MAC it was saved with (the NIC's state
+	// carries it).
+	MAC string
+
+	// Incoming restores the VM from a state saved by VM.SaveState (memory
+	// and device state) instead of booting it: QEMU starts with
+	// -incoming fd:3 reading this file, and Start returns once the state
+	// is loaded and the guest runs again. Every other field must describe
+	// the same VM as the saved one (same Args but for Name, StateDir,
+	// Forwards and disk paths), and its disks must hold what they held
+	// when the state was saved. An unreadable or incompatible file fails
+	// Start (QEMU exits during the load).
+	Incoming string
+
 	// ConsoleCapBytes bounds the kept console output (console.log plus
 	// console.log.1); 0 means DefaultConsoleCap.
 	ConsoleCapBytes int64
@@ -174,7 +190,16 @@ const (
 	SpecFileName      = "spec.json"
 	ExitFileName      = "exit.json"
 	UEFIVarsName      = "uefi-vars.fd"
+	// MigrateSocketName is the unix socket SaveState receives the state on.
+	MigrateSocketName = "migrate.sock"
+	// GuestAgentSocketName is the host end of the VM's qemu-guest-agent
+	// channel (qga.go).
+	GuestAgentSocketName = "qga.sock"
 )
+
+// GuestAgentChannel is the virtio-serial port name qemu-guest-agent opens
+// in the guest (/dev/virtio-ports/org.qemu.guest_agent.0).
+const GuestAgentChannel = "org.qemu.guest_agent.0"
 
 // maxSocketPath is sun_path's size minus the NUL.
 const maxSocketPath = 107
@@ -248,6 +273,8 @@ func (s Spec) Validate() error {
 	if s.StateDir == "" || !filepath.IsAbs(s.StateDir) {
 		bad("state dir %q: must be an absolute path", s.StateDir)
 	} else if l := len(filepath.Join(s.StateDir, ConsoleSocketName)); l > maxSocketPath {
+		bad("state dir %q: too long for unix sockets (%d > %d bytes)", s.StateDir, l, maxSocketPath)
+	} else if l := len(filepath.Join(s.StateDir, GuestAgentSocketName)); l > maxSocketPath {
 		bad("state dir %q: too long for unix sockets (%d > %d bytes)", s.StateDir, l, maxSocketPath)
 	}
 	for i, d := range s.AllowedDirs {
@@ -345,6 +372,16 @@ func (s Spec) Validate() error {
 	if tb := s.Memory.TCGTranslationBufferMiB; tb < 0 || tb > MaxTCGTranslationBufferMiB {
 		bad("memory tcg translation buffer %d MiB: must be 0 (QEMU's default) or between 1 and %d MiB", tb, MaxTCGTranslationBufferMiB)
 	}
+	if s.MAC != "" {
+		if hw, err := net.ParseMAC(s.MAC); err != nil || len(hw) != 6 || hw[0]&1 != 0 || hw[0]&2 == 0 || hw.String() != s.MAC {
+			bad("mac %q: want a locally administered unicast MAC in lower case (e.g. 52:54:00:12:34:56)", s.MAC)
+		} else if !s.Network {
+			bad("mac: needs network enabled")
+		}
+	}
+	if s.Incoming != "" {
+		checkPath("incoming state", s.Incoming)
+	}
 	if s.ConsoleCapBytes < 0 || (s.ConsoleCapBytes > 0 && s.ConsoleCapBytes < 64<<10) {
 		bad("console cap %d bytes: must be 0 (default) or at least 64 KiB", s.ConsoleCapBytes)
 	}
@@ -386,7 +423,11 @@ const sandboxArg = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcec
 // supervisor — or a later Adopt — can read why the guest stopped from QMP
 // before quitting QEMU; user-mode networking with forwards bound to
 // 127.0.0.1 only; the memory tuning (MemoryTuning) as configured, guest
-// RAM not mergeable by KSM unless asked.
+// RAM not mergeable by KSM unless asked; a virtio-serial port named
+// GuestAgentChannel on a unix socket in the state dir for qemu-guest-agent
+// (always present, same device ids every time: a guest without the agent
+// just never opens it, and a VM restored from a snapshot finds the same
+// devices).
 func Args(s Spec) []string {
 	s = s.withDefaults()
 	machine := s.Machine
@@ -480,13 +521,28 @@ func Args(s Spec) []string {
 		for _, f := range s.Forwards {
 			netdev += fmt.Sprintf(",hostfwd=tcp:127.0.0.1:%d-:%d", f.HostPort, f.GuestPort)
 		}
-		a = append(a, "-netdev", netdev, "-device", "virtio-net"+pciSuffix+",netdev=net0,mac="+macFor(s.Name))
+		mac := s.MAC
+		if mac == "" {
+			mac = macFor(s.Name)
+		}
+		a = append(a, "-netdev", netdev, "-device", "virtio-net"+pciSuffix+",netdev=net0,mac="+mac)
 	}
 	if s.Memory.FreePageReporting {
 		a = append(a, "-device", "virtio-balloon"+pciSuffix+",free-page-reporting=on")
 	}
+	a = append(a,
+		"-chardev", "socket,id=qga0,path="+s.Path(GuestAgentSocketName)+",server=on,wait=off",
+		"-device", "virtio-serial"+pciSuffix+",id=vser0,max_ports=2",
+		"-device", "virtserialport,bus=vser0.0,nr=1,chardev=qga0,name="+GuestAgentChannel)
+	if s.Incoming != "" {
+		a = append(a, "-incoming", fmt.Sprintf("fd:%d", IncomingFD))
+	}
 	return a
 }
+
+// IncomingFD is the descriptor Start hands Spec.Incoming to QEMU on (the
+// first of exec.Cmd.ExtraFiles).
+const IncomingFD = 3
 
 // macFor derives a stable locally administered MAC from the VM name.
 func macFor(name string) string {

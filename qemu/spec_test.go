@@ -127,6 +127,11 @@ func TestValidateRejects(t *testing.T) {
 		{"port out of range", func(s *Spec) { s.Network = true; s.Forwards = []PortForward{{HostPort: 70000, GuestPort: 80}} }, "host port 70000"},
 		{"forward without network", func(s *Spec) { s.Forwards = []PortForward{{HostPort: 2000, GuestPort: 80}} }, "need network"},
 		{"bad name", func(s *Spec) { s.Name = "a b;rm" }, "name"},
+		{"multicast mac", func(s *Spec) { s.Network = true; s.MAC = "53:54:00:12:34:56" }, `mac "53:54:00:12:34:56"`},
+		{"global mac", func(s *Spec) { s.Network = true; s.MAC = "00:54:00:12:34:56" }, "locally administered"},
+		{"upper-case mac", func(s *Spec) { s.Network = true; s.MAC = "52:54:00:AB:34:56" }, "lower case"},
+		{"mac without network", func(s *Spec) { s.MAC = "52:54:00:12:34:56" }, "mac: needs network"},
+		{"incoming outside allowed", func(s *Spec) { s.Incoming = "/etc/state" }, `incoming state "/etc/state": outside the allowed dirs`},
 		{"arch", func(s *Spec) { s.Arch = "riscv64" }, `arch "riscv64"`},
 		{"machine", func(s *Spec) { s.Machine = "isapc" }, `machine "isapc"`},
 		{"microvm under tcg", func(s *Spec) { s.Machine = "microvm" }, "machine microvm: needs accelerator kvm"},
@@ -222,5 +227,27 @@ func TestArgsMemoryTuning(t *testing.T) {
 				t.Errorf("balloon devices %v, want %v", balloon, tc.balloon)
 			}
 		})
+	}
+}
+
+func TestArgsMACAndIncoming(t *testing.T) {
+	s := baseSpec()
+	s.Network = true
+	s.MAC = "52:54:00:ab:cd:ef"
+	s.Incoming = "/images/snap/state"
+	if err := s.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	a := strings.Join(Args(s), " ")
+	if !strings.Contains(a, "virtio-net-pci,netdev=net0,mac=52:54:00:ab:cd:ef") {
+		t.Errorf("MAC not used: %s", a)
+	}
+	if !strings.HasSuffix(a, " -incoming fd:3") {
+		t.Errorf("no -incoming fd:3 at the end: %s", a)
+	}
+	s.MAC, s.Incoming = "", ""
+	a = strings.Join(Args(s), " ")
+	if !strings.Contains(a, "mac="+macFor("vm1")) || strings.Contains(a, "-incoming") {
+		t.Errorf("default MAC / no incoming expected: %s", a)
 	}
 }

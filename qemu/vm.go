@@ -55,6 +55,10 @@ type VM struct {
 	// closed by Detach.
 	qmpSlot  chan struct{}
 	detached chan struct{}
+
+	// agent is the guest-agent client (qga.go), made on first use.
+	agentOnce sync.Once
+	agent     *guestAgent
 }
 
 // Start launches QEMU for spec with its state in stateDir (created 0700;
@@ -88,7 +92,7 @@ func Start(ctx context.Context, spec Spec, stateDir string) (*VM, error) {
 	if pid, err := readPidfile(abs); err == nil && qemuAlive(pid, abs) {
 		return nil, fmt.Errorf("state dir %s: QEMU pid %d is still running there (use Adopt)", abs, pid)
 	}
-	for _, n := range []string{QMPSocketName, ConsoleSocketName, PidfileName, ExitFileName} {
+	for _, n := range []string{QMPSocketName, ConsoleSocketName, GuestAgentSocketName, PidfileName, ExitFileName, MigrateSocketName} {
 		if err := os.Remove(spec.Path(n)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("remove stale %s: %w", n, err)
 		}
@@ -125,6 +129,16 @@ func Start(ctx context.Context, spec Spec, stateDir string) (*VM, error) {
 	// Not CommandContext: QEMU must outlive ctx.
 	cmd := exec.Command(spec.QEMUBinary, args...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, qlog, qlog
+	if spec.Incoming != "" {
+		// Opened by us and inherited as IncomingFD: QEMU (perhaps another
+		// user) needs no access to the file itself.
+		in, err := os.Open(spec.Incoming)
+		if err != nil {
+			return nil, fmt.Errorf("start VM %s: incoming state: %w", spec.Name, err)
+		}
+		defer in.Close()
+		cmd.ExtraFiles = []*os.File{in}
+	}
 	cmd.Dir = abs
 	// Own session and process group: no signal aimed at our group or
 	// terminal reaches QEMU, and it survives our death.
@@ -162,8 +176,19 @@ func Start(ctx context.Context, spec Spec, stateDir string) (*VM, error) {
 		close(vm.childDone)
 	}()
 
-	if err := vm.connect(ctx); err != nil {
+	err = vm.connect(ctx)
+	if err == nil && spec.Nice > 0 {
+		// Launched paused (-S): lower the threads before any guest code runs.
+		err = reniceProcess(vm.pid, spec.Nice)
+	}
+	if err == nil && spec.Incoming != "" {
+		err = vm.finishIncoming(ctx) // lets the restored guest run
+	}
+	if err != nil {
 		// Do not leave a half-started QEMU behind.
+		if vm.mon != nil {
+			vm.mon.Disconnect()
+		}
 		_ = signalPid(vm.pid, syscall.SIGKILL)
 		select {
 		case <-vm.childDone:
@@ -172,8 +197,9 @@ func Start(ctx context.Context, spec Spec, stateDir string) (*VM, error) {
 		return nil, fmt.Errorf("start VM %s: %w%s", spec.Name, err, qemuLogTail(spec.Path(QEMULogName)))
 	}
 	go vm.supervise()
-	if spec.Nice > 0 {
-		if err := vm.release(ctx); err != nil {
+	if spec.Nice > 0 && spec.Incoming == "" {
+		if err := vm.QMP(ctx, "cont", nil, nil); err != nil {
+			err = fmt.Errorf("start the vCPUs (QMP cont): %w", err)
 			_ = signalPid(vm.pid, syscall.SIGKILL)
 			select {
 			case <-vm.done:
@@ -779,6 +805,7 @@ func checkFiles(s Spec) error {
 	}
 	check("kernel", s.Kernel)
 	check("initrd", s.Initrd)
+	check("incoming state", s.Incoming)
 	if s.Firmware == FirmwareUEFI {
 		check("uefi code", s.UEFICode)
 		check("uefi vars template", s.UEFIVarsTemplate)

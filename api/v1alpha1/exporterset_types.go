@@ -174,6 +174,16 @@ type ExporterSetSpec struct {
 	// +kubebuilder:validation:MaxLength=253
 	ClassName string `json:"className,omitempty"`
 
+	// StatePolicy says whether a pod's disk survives the restarts of its
+	// VM: Disabled (a fresh disk over the image at every VM start) or
+	// Retain (restarts, guest reboots, node agent restarts and, with
+	// recyclePolicy Reuse, leases keep the disk; it goes with the pod
+	// unless the class's reclaimPolicy is Retain). Unset: the class's
+	// statePolicy, else Disabled. Pods with Retain carry the annotation
+	// qemu-kubelet.io/state-policy=Retain; a change rolls the set.
+	// +optional
+	StatePolicy StatePolicy `json:"statePolicy,omitempty"`
+
 	// Parameters are deep-merged over the class's parameters (objects merge
 	// key by key, recursively; lists and scalars replace; null removes a
 	// key of the class). The merged object reaches each pod as the
@@ -357,6 +367,9 @@ type ClassStatus struct {
 	// ReclaimPolicy in effect.
 	// +optional
 	ReclaimPolicy ReclaimPolicy `json:"reclaimPolicy,omitempty"`
+	// StatePolicy in effect (the set's, else the class's, else Disabled).
+	// +optional
+	StatePolicy StatePolicy `json:"statePolicy,omitempty"`
 }
 
 // ExporterSet keeps a number of pods (virtual test targets) and a warm buffer

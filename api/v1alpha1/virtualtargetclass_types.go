@@ -19,9 +19,33 @@ const (
 	// ParametersAnnotation into the guest.
 	ParametersEnv = "QK_PARAMETERS"
 	// ReclaimPolicyAnnotation is on the pods of a set whose class has
-	// reclaimPolicy Retain (value "Retain"): what the node keeps of such a
-	// pod's disk when the pod goes. Absent means Delete.
+	// reclaimPolicy Retain (value "Retain"): the node keeps such a pod's
+	// disk when the pod goes (docs/pods.md, "State preservation"). Absent
+	// means Delete. Anyone may set it on a pod; the node reads it when the
+	// pod is deleted.
 	ReclaimPolicyAnnotation = "qemu-kubelet.io/reclaim-policy"
+	// StatePolicyAnnotation is on the pods of a set whose effective
+	// statePolicy is Retain (value "Retain"): the node keeps the pod's disk
+	// across VM restarts. Absent means Disabled. Anyone may set it on a
+	// pod; the node reads it when the pod is created.
+	StatePolicyAnnotation = "qemu-kubelet.io/state-policy"
+)
+
+// StatePolicy says whether a pod's disk (its writable overlay over the OS
+// image) survives the restarts of its VM.
+// +kubebuilder:validation:Enum=Disabled;Retain
+type StatePolicy string
+
+const (
+	// StatePolicyDisabled gives every VM start a fresh disk over the image,
+	// as a container starts from its image (the default).
+	StatePolicyDisabled StatePolicy = "Disabled"
+	// StatePolicyRetain keeps the pod's disk while the pod lives: VM
+	// restarts (restart policy, power off and on), guest reboots and node
+	// agent restarts boot from the disk as the guest left it, and so do
+	// leases of a set that recycles pods with Reuse. A flashed image, or an
+	// image whose digest changed, starts a fresh disk.
+	StatePolicyRetain StatePolicy = "Retain"
 )
 
 // BindingMode says when the pods of a set of the class are created.
@@ -44,13 +68,12 @@ const (
 type ReclaimPolicy string
 
 const (
-	// ReclaimPolicyDelete removes a pod's disk with the pod (today's
-	// behaviour: every VM start gets a fresh overlay).
+	// ReclaimPolicyDelete removes a pod's disk with the pod.
 	ReclaimPolicyDelete ReclaimPolicy = "Delete"
-	// ReclaimPolicyRetain asks the node to keep a pod's disk after the pod
-	// went. It takes effect with state preservation (a node feature not
-	// there yet): until then a Retain class's pods are marked
-	// (ReclaimPolicyAnnotation) and otherwise behave like Delete.
+	// ReclaimPolicyRetain has the node keep a pod's disk after the pod
+	// went: a standalone copy under the node's state dir
+	// (<stateDir>/retained/<namespace>_<pod>_<uid>/), counted against the
+	// node's ephemeral-storage until an admin removes it.
 	ReclaimPolicyRetain ReclaimPolicy = "Retain"
 )
 
@@ -90,13 +113,19 @@ type VirtualTargetClassSpec struct {
 	BindingMode BindingMode `json:"bindingMode,omitempty"`
 
 	// ReclaimPolicy says what happens to a pod's disk when the pod goes:
-	// Delete (default) or Retain. Retain takes effect with the node's state
-	// preservation, which is not there yet: until then the pods carry the
-	// annotation qemu-kubelet.io/reclaim-policy=Retain and their disks are
-	// deleted with them as with Delete.
+	// Delete (default) or Retain (the node keeps a standalone copy under
+	// its state dir's retained/ area; the pods carry the annotation
+	// qemu-kubelet.io/reclaim-policy=Retain).
 	// +optional
 	// +kubebuilder:default=Delete
 	ReclaimPolicy ReclaimPolicy `json:"reclaimPolicy,omitempty"`
+
+	// StatePolicy is the default of the class's sets for whether a pod's
+	// disk survives its VM's restarts: Disabled (a fresh disk at every VM
+	// start) or Retain. A set's own spec.statePolicy wins. Pods with
+	// Retain carry the annotation qemu-kubelet.io/state-policy=Retain.
+	// +optional
+	StatePolicy StatePolicy `json:"statePolicy,omitempty"`
 
 	// Jumpstarter, when set, makes every set of the class a pool of
 	// Jumpstarter exporters (as the set's own spec.jumpstarter does) and
@@ -183,6 +212,7 @@ type ClassJumpstarter struct {
 // +kubebuilder:resource:shortName=vtc,categories=all
 // +kubebuilder:printcolumn:name="Binding",type=string,JSONPath=`.spec.bindingMode`,description="When pods are created: Immediate or WaitForFirstConsumer"
 // +kubebuilder:printcolumn:name="Reclaim",type=string,JSONPath=`.spec.reclaimPolicy`,description="What happens to a pod's disk when it goes"
+// +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.spec.statePolicy`,priority=1,description="Whether a pod's disk survives VM restarts"
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type VirtualTargetClass struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -1,5 +1,6 @@
 // Command local-up is what `make run` runs: a local control plane (package
-// e2e/cluster), one qemu-kubelet virtual node, the exporterset-controller with
+// e2e/cluster), one qemu-kubelet virtual node (or --nodes of them, `make run
+// NODES=3`), the exporterset-controller with
 // its CRD, a local registry holding the test OS image (pushed with oras), and
 // a sample ExporterSet booting VMs from it. It prints how to reach the
 // cluster and a one-line `kubectl run` that boots a VM, stays in the
@@ -29,16 +30,43 @@ import (
 
 func main() {
 	binDir := flag.String("bin-dir", "bin", "directory holding the qemu-kubelet and exporterset-controller binaries")
-	nodeName := flag.String("node-name", "qemu-node-1", "name of the virtual node")
+	nodeName := flag.String("node-name", "qemu-node-1", "name of the virtual node (with --nodes > 1: its trailing -<number> counts up)")
+	nodes := flag.Int("nodes", 1, "number of virtual nodes, each a qemu-kubelet with its own port and state directory")
 	keep := flag.Bool("keep", false, "keep the state directory (logs, kubeconfigs) after exit")
 	flag.Parse()
-	if err := run(*binDir, *nodeName, *keep); err != nil {
+	names, err := nodeNames(*nodeName, *nodes)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "local-up: %v\n", err)
+		os.Exit(2)
+	}
+	if err := run(*binDir, names, *keep); err != nil {
 		fmt.Fprintf(os.Stderr, "local-up: %v\n", err)
 		os.Exit(1)
 	}
 }
 
-func run(binDir, nodeName string, keep bool) error {
+// nodeNames is base alone for n = 1, else base without its trailing
+// -<number>, then -1 ... -n.
+func nodeNames(base string, n int) ([]string, error) {
+	if n < 1 || n > 20 {
+		return nil, fmt.Errorf("--nodes %d: want 1 to 20", n)
+	}
+	if n == 1 {
+		return []string{base}, nil
+	}
+	stem := strings.TrimRight(base, "0123456789")
+	if stem == base || !strings.HasSuffix(stem, "-") {
+		stem = base + "-"
+	}
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("%s%d", stem, i+1)
+	}
+	return out, nil
+}
+
+func run(binDir string, names []string, keep bool) error {
+	nodeName := names[0]
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	binDir, err := filepath.Abs(binDir)
@@ -58,44 +86,32 @@ func run(binDir, nodeName string, keep bool) error {
 		}
 	}()
 
-	// The virtual node. Its kubelet API listens on the host's address: the
-	// API server refuses to proxy (logs, attach) to a loopback node address.
-	nodeKC, err := c.NodeKubeconfig(nodeName)
-	if err != nil {
-		return err
-	}
-	port, err := freePort()
-	if err != nil {
-		return err
-	}
+	// The virtual nodes. Their kubelet APIs listen on the host's address:
+	// the API server refuses to proxy (logs, attach) to a loopback node
+	// address. With several nodes each has its own port, state dir and log.
 	stateDir := filepath.Join(c.Dir(), "qemu-kubelet")
-	cfgPath := filepath.Join(c.Dir(), "qemu-kubelet.yaml")
-	cfg := fmt.Sprintf(`apiVersion: qemu-kubelet.io/v1alpha1
-kind: NodeConfiguration
-nodeName: %s
-stateDir: %s
-maxVMs: 8
-accelerator:
-  policy: prefer-kvm
-server:
-  port: %d
-  clientCAFile: %s
-`, nodeName, stateDir, port, c.CAFile())
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
-		return err
+	for _, name := range names {
+		nodeState, cfgPath, logName := stateDir, filepath.Join(c.Dir(), "qemu-kubelet.yaml"), "qemu-kubelet"
+		if len(names) > 1 {
+			nodeState = filepath.Join(stateDir, name)
+			cfgPath = filepath.Join(c.Dir(), "qemu-kubelet-"+name+".yaml")
+			logName = "qemu-kubelet-" + name
+		}
+		p, err := startNode(c, binDir, name, nodeState, cfgPath, logName)
+		if err != nil {
+			return err
+		}
+		procs = append(procs, p)
 	}
-	p, err := spawn(c, filepath.Join(binDir, "qemu-kubelet"), "qemu-kubelet", "--config="+cfgPath, "--kubeconfig="+nodeKC)
-	if err != nil {
-		return err
-	}
-	procs = append(procs, p)
-	fmt.Printf("local-up: waiting for node %s to be Ready...\n", nodeName)
-	if err := waitNodeReady(ctx, c, nodeName); err != nil {
-		return fmt.Errorf("%w (see %s)", err, filepath.Join(c.Dir(), "logs", "qemu-kubelet.log"))
+	for _, name := range names {
+		fmt.Printf("local-up: waiting for node %s to be Ready...\n", name)
+		if err := waitNodeReady(ctx, c, name); err != nil {
+			return fmt.Errorf("%w (see %s)", err, filepath.Join(c.Dir(), "logs"))
+		}
 	}
 
-	// VMs stop with their pods: delete them all before the node goes, so no
-	// QEMU outlives local-up.
+	// VMs stop with their pods: delete them all before the nodes go, so no
+	// QEMU outlives local-up (stateDir holds every node's).
 	defer stopVMs(c, stateDir)
 
 	root, err := cluster.RepoRoot()
@@ -123,7 +139,7 @@ server:
 	}); err != nil {
 		return fmt.Errorf("ExporterSet CRD not established: %w", err)
 	}
-	p, err = spawn(c, filepath.Join(binDir, "exporterset-controller"), "exporterset-controller",
+	p, err := spawn(c, filepath.Join(binDir, "exporterset-controller"), "exporterset-controller",
 		"--kubeconfig="+c.AdminKubeconfig(), "--metrics-bind-address=127.0.0.1:0", "--health-probe-bind-address=127.0.0.1:0")
 	if err != nil {
 		return err
@@ -146,6 +162,34 @@ server:
 	}
 	fmt.Println("local-up: stopping...")
 	return nil
+}
+
+// startNode writes node name's config (its state dir, a free port) and
+// starts its qemu-kubelet, logging to logs/<logName>.log.
+func startNode(c *cluster.Cluster, binDir, name, stateDir, cfgPath, logName string) (*exec.Cmd, error) {
+	nodeKC, err := c.NodeKubeconfig(name)
+	if err != nil {
+		return nil, err
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	cfg := fmt.Sprintf(`apiVersion: qemu-kubelet.io/v1alpha1
+kind: NodeConfiguration
+nodeName: %s
+stateDir: %s
+maxVMs: 8
+accelerator:
+  policy: prefer-kvm
+server:
+  port: %d
+  clientCAFile: %s
+`, name, stateDir, port, c.CAFile())
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+		return nil, err
+	}
+	return spawn(c, filepath.Join(binDir, "qemu-kubelet"), logName, "--config="+cfgPath, "--kubeconfig="+nodeKC)
 }
 
 // step is one command printed for the user to paste, with a comment.

@@ -36,3 +36,29 @@ func TestReadyText(t *testing.T) {
 		t.Errorf("the port-forward's comment names the chosen port:\n%s", out)
 	}
 }
+
+// TestNodeNames: one node keeps its name; several count up from the name's
+// stem; a bad count is refused.
+func TestNodeNames(t *testing.T) {
+	for _, tc := range []struct {
+		base string
+		n    int
+		want string
+	}{
+		{"qemu-node-1", 1, "qemu-node-1"},
+		{"qemu-node-1", 3, "qemu-node-1 qemu-node-2 qemu-node-3"},
+		{"lab", 2, "lab-1 lab-2"},
+		{"lab-x", 2, "lab-x-1 lab-x-2"},
+		{"node7", 2, "node7-1 node7-2"},
+	} {
+		got, err := nodeNames(tc.base, tc.n)
+		if err != nil || strings.Join(got, " ") != tc.want {
+			t.Errorf("nodeNames(%q, %d) = %v, %v; want %s", tc.base, tc.n, got, err, tc.want)
+		}
+	}
+	for _, n := range []int{0, -1, 21} {
+		if _, err := nodeNames("qemu-node-1", n); err == nil || !strings.Contains(err.Error(), "want 1 to 20") {
+			t.Errorf("nodeNames(_, %d): err %v, want a clear refusal", n, err)
+		}
+	}
+}

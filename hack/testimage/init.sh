@@ -64,6 +64,36 @@ IDLE
 chmod 0755 /www/cgi-bin/burn /www/cgi-bin/idle
 httpd -p 8080 -h /www
 
+# qemu-guest-agent (when the image has it and qk.noagent is not on the
+# kernel command line) on the virtio-serial port org.qemu.guest_agent.0:
+# without udev there is no /dev/virtio-ports link, so the port's vportNpM
+# device is found by name in sysfs (virtio_console, loaded above, makes it
+# appear asynchronously: wait up to ~10s when the VM has a virtio-serial
+# device, virtio device id 0x0003).
+case " $(cat /proc/cmdline) " in
+  *" qk.noagent "*) echo "QK-AGENT-OFF" ;;
+  *)
+    if [ -x /bin/qemu-ga ]; then
+      port=""
+      i=0
+      grep -qx 0x0003 /sys/bus/virtio/devices/*/device 2>/dev/null || i=100
+      while [ -z "$port" ] && [ $i -lt 100 ]; do
+        for n in /sys/class/virtio-ports/*/name; do
+          [ "$(cat "$n" 2>/dev/null)" = org.qemu.guest_agent.0 ] && port=$(basename "$(dirname "$n")")
+        done
+        [ -n "$port" ] || { usleep 100000; i=$((i+1)); }
+      done
+      if [ -n "$port" ] && [ -e "/dev/$port" ]; then
+        mkdir -p /run /var/run
+        qemu-ga -m virtio-serial -p "/dev/$port" -t /run -f /run/qemu-ga.pid -l /tmp/qemu-ga.log &
+        echo "QK-AGENT-OK port=$port"
+      else
+        echo "QK-AGENT-NOPORT (no org.qemu.guest_agent.0 virtio-serial port; virtio_console loaded: $(grep -c '^virtio_console ' /proc/modules))"
+      fi
+    fi
+    ;;
+esac
+
 if [ "$VARIANT" = acpi ]; then
   # busybox acpid's built-in tables map KEY_POWER to the event PWRF/00000080
   # and run ./PWRF/00000080 under the -c directory.
@@ -74,6 +104,38 @@ if [ "$VARIANT" = acpi ]; then
 fi
 
 echo "QK-BOOT-OK variant=$VARIANT kernel=$(uname -r) arch=$(uname -m)"
+
+# qk.state on the kernel command line (state preservation tests): the
+# image's disk (the first virtio disk without a serial: the pod's overlay)
+# holds a record at 1 MiB, "QKSTATE <token> <boots>", written by the guest
+# with a fresh random token when the disk has none. Each boot counts itself
+# in it and prints "QK-STATE <token> <boots>"; boot 1 then reboots the
+# guest (QEMU resets, same process), boot 2 powers it off (a new VM start
+# under restartPolicy Always), later boots stay up.
+case " $(cat /proc/cmdline) " in
+  *" qk.state "*)
+    sdev=
+    for b in /sys/block/vd*; do
+      [ -e "$b" ] || continue
+      [ -n "$(cat "$b/serial" 2>/dev/null)" ] && continue
+      sdev=${b##*/}; break
+    done
+    if [ -z "$sdev" ]; then
+      echo "QK-STATE-NODISK"
+    else
+      set -- $(dd if="/dev/$sdev" bs=512 skip=2048 count=1 2>/dev/null | tr -d '\000' | head -n1)
+      case "$3" in ''|*[!0-9]*) set -- "$1" "$2" 0 ;; esac
+      if [ "$1" = QKSTATE ] && [ -n "$2" ]; then tok=$2; n=$(( $3 + 1 )); else
+        tok=$(head -c 16 /dev/urandom | md5sum | cut -c1-12); n=1; fi
+      printf 'QKSTATE %s %s\n' "$tok" "$n" | dd of="/dev/$sdev" bs=512 seek=2048 count=1 conv=notrunc,sync,fsync 2>/dev/null
+      sync
+      echo "QK-STATE $tok $n"
+      case "$n" in
+        1) echo "QK-STATE-REBOOT"; sleep 1; reboot -f ;;
+        2) echo "QK-STATE-POWEROFF"; sleep 1; poweroff -f ;;
+      esac
+    fi ;;
+esac
 
 # qk.poweroff on the kernel command line: power off once booted (exit 0),
 # as a guest whose work is done.

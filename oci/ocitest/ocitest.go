@@ -42,7 +42,7 @@ func Oras(tb testing.TB) string {
 
 // Registry is a running docker-registry.
 type Registry struct {
-	Addr string // 127.0.0.1:port
+	Addr string // host:port (127.0.0.1 unless RegistryOptions.Host)
 	Root string // storage root directory
 	User string // set when auth is on
 	Pass string
@@ -53,16 +53,24 @@ type Registry struct {
 type RegistryOptions struct {
 	// User and Pass, when set, turn on htpasswd (bcrypt) auth.
 	User, Pass string
+	// Host is the IPv4 address to listen on; default 127.0.0.1. A
+	// non-loopback one serves clients in other network namespaces (they
+	// need plainHTTP for it in their registry settings).
+	Host string
 }
 
-// StartRegistry runs /usr/bin/docker-registry on a free loopback port until
-// the test ends.
+// StartRegistry runs /usr/bin/docker-registry on a free port of o.Host
+// (loopback by default) until the test ends.
 func StartRegistry(tb testing.TB, o RegistryOptions) *Registry {
 	tb.Helper()
 	testutil.SkipIfShort(tb, "a docker-registry")
 	dir := tb.TempDir()
 	r := &Registry{Root: filepath.Join(dir, "storage"), User: o.User, Pass: o.Pass, Log: filepath.Join(dir, "registry.log")}
-	r.Addr = freeAddr(tb)
+	host := o.Host
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	r.Addr = freeAddr(tb, host)
 	auth := ""
 	if o.User != "" {
 		out, err := exec.Command("htpasswd", "-Bbn", o.User, o.Pass).Output()
@@ -142,9 +150,9 @@ func (r *Registry) BlobPath(dgst string) string {
 	return filepath.Join(r.Root, "docker", "registry", "v2", "blobs", alg, hex[:2], hex, "data")
 }
 
-func freeAddr(tb testing.TB) string {
+func freeAddr(tb testing.TB, host string) string {
 	tb.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		tb.Fatal(err)
 	}

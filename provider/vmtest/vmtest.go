@@ -181,6 +181,42 @@ func PushVariant(tb testing.TB, addr, tag, variant, extra string) string {
 	return ref
 }
 
+// StateCmdline, on a pod's kernel command line (annotation
+// qemu-kubelet.io/kernel-cmdline) booting PushStateImage's image, has the
+// guest keep a boot record on its disk: each boot prints
+// "QK-STATE <token> <boots>" (the token is random, made by the guest the
+// first time its disk has none); boot 1 reboots the guest, boot 2 powers
+// it off, later boots stay up (hack/testimage/init.sh).
+const StateCmdline = "qk.state"
+
+// StateDiskBytes is the size of the blank disk of PushStateImage's image.
+const StateDiskBytes = 2 << 20
+
+// PushStateImage pushes variant (kernel, initrd, cmdline) with a blank
+// raw disk (state.raw, StateDiskBytes) as <addr>/<Repo>:<tag>: a VM of it
+// has a disk, the pod's overlay over the blank one, which the guest
+// writes with StateCmdline.
+func PushStateImage(tb testing.TB, addr, tag, variant string) string {
+	tb.Helper()
+	dir := BuildTestImages(tb)
+	oras := ocitest.Oras(tb)
+	work := tb.TempDir()
+	initrd := "initramfs-" + variant + ".cpio.gz"
+	for _, f := range []string{"vmlinuz", initrd, "cmdline"} {
+		if err := os.Symlink(filepath.Join(dir, f), filepath.Join(work, f)); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(work, "state.raw"), make([]byte, StateDiskBytes), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	ref := fmt.Sprintf("%s/%s:%s", addr, Repo, tag)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ocitest.Run(ctx, tb, work, oras, "push", "--plain-http", "--artifact-type", ArtifactType, ref, "vmlinuz", initrd, "cmdline", "state.raw")
+	return ref
+}
+
 // QEMUPids returns the pids of qemu-system processes whose command line
 // mentions dir.
 func QEMUPids(dir string) []int {
