@@ -96,10 +96,11 @@ type NodeConfiguration struct {
 	// API server, deletes), as virtual-kubelet's --pod-sync-workers
 	// (default 10). Pod starts themselves run on a goroutine per pod.
 	PodSyncWorkers *int32 `json:"podSyncWorkers,omitempty"`
-	// VMNice is the nice value every QEMU process runs at, 0 to 19 (default
-	// 10): guests compete with each other as before, but below the agent,
-	// the API server and etcd, so a host full of busy guests keeps its node
-	// Ready and its pod statuses current (docs/node-config.md).
+	// VMNice is the nice value every guest runs at, 0 to 19 (default 0:
+	// off). Guests then compete with each other as before, but below the
+	// agent, the API server and etcd. Off by default: a burst of 30 pods
+	// reached all-Ready slower with 10 and 19 than with 0
+	// (docs/performance.md).
 	VMNice *int32 `json:"vmNice,omitempty"`
 	// Pressure holds the thresholds of the pressure conditions.
 	Pressure PressureThresholds `json:"pressure,omitempty"`
