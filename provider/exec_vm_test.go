@@ -11,8 +11,6 @@ import (
 	"time"
 
 	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
-	"github.com/qemu-kubelet/qemu-kubelet/oci"
-	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
@@ -43,15 +41,9 @@ func (e *execIO) Resize() <-chan api.TermSize { return nil }
 // test image's qemu-guest-agent on real QEMU.
 func TestExecRealVM(t *testing.T) {
 	testutil.SkipIfShort(t, "boots QEMU VMs")
-	root := t.TempDir()
-	vmtest.ReapQEMU(t, root)
-	reg := ocitest.StartRegistry(t, ocitest.RegistryOptions{})
-	refs := vmtest.PushTestImages(t, reg.Addr)
-	imageDir := filepath.Join(root, "images")
-	store, err := oci.Open(imageDir, oci.Options{})
-	require.NoError(t, err)
-	t.Cleanup(func() { store.Close() })
-	h := newHarness(t, filepath.Join(root, "state"), store, imageDir)
+	env := newVMEnv(t)
+	root, refs := env.root, env.refs
+	h := newHarness(t, env.stateDir, env.store, env.imageDir)
 	ctx := context.Background()
 
 	// A readiness probe that passes once /tmp/ready exists in the guest.

@@ -176,19 +176,36 @@ func deleting(p *corev1.Pod) *corev1.Pod {
 	return p
 }
 
+// vmEnv is what a test booting VM pods needs: a registry holding the test
+// images, an image store and a state dir, under one temp root whose
+// QEMUs are reaped at the end.
+type vmEnv struct {
+	root, imageDir, stateDir string
+	reg                      *ocitest.Registry
+	refs                     map[string]string
+	store                    *oci.Store
+}
+
+func newVMEnv(t testing.TB) *vmEnv {
+	t.Helper()
+	e := &vmEnv{root: t.TempDir()}
+	vmtest.ReapQEMU(t, e.root)
+	e.reg = ocitest.StartRegistry(t, ocitest.RegistryOptions{})
+	e.refs = vmtest.PushTestImages(t, e.reg.Addr)
+	e.imageDir, e.stateDir = filepath.Join(e.root, "images"), filepath.Join(e.root, "state")
+	store, err := oci.Open(e.imageDir, oci.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { store.Close() })
+	e.store = store
+	return e
+}
+
 // TestVMLifecycle drives pods through the provider against a real
 // docker-registry holding the test OS images (pushed with oras), a real
 // image store and real QEMU under TCG.
 func TestVMLifecycle(t *testing.T) {
-	root := t.TempDir()
-	vmtest.ReapQEMU(t, root)
-	reg := ocitest.StartRegistry(t, ocitest.RegistryOptions{})
-	refs := vmtest.PushTestImages(t, reg.Addr)
-	imageDir := filepath.Join(root, "images")
-	store, err := oci.Open(imageDir, oci.Options{})
-	require.NoError(t, err)
-	t.Cleanup(func() { store.Close() })
-	stateDir := filepath.Join(root, "state")
+	env := newVMEnv(t)
+	root, refs, store, imageDir, stateDir := env.root, env.refs, env.store, env.imageDir, env.stateDir
 	h := newHarness(t, stateDir, store, imageDir)
 	ctx := context.Background()
 
@@ -227,7 +244,7 @@ func TestVMLifecycle(t *testing.T) {
 	})
 
 	t.Run("MissingImageBacksOff", func(t *testing.T) {
-		pod := podFor("u-missing", reg.Addr+"/qemu-kubelet/nope:1", corev1.RestartPolicyAlways, nil)
+		pod := podFor("u-missing", env.reg.Addr+"/qemu-kubelet/nope:1", corev1.RestartPolicyAlways, nil)
 		require.NoError(t, h.vms.CreatePod(ctx, pod))
 		p := h.wait(pod.UID, 30*time.Second, "ImagePullBackOff", func(p *corev1.Pod) bool {
 			w := p.Status.ContainerStatuses[0].State.Waiting

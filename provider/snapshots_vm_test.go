@@ -90,15 +90,8 @@ func countEvents(seen []string, want string) int {
 // of two pods starting at once saves a new snapshot (one creator).
 func TestSnapshotStart(t *testing.T) {
 	testutil.SkipIfShort(t, "boots VMs under QEMU")
-	root := t.TempDir()
-	vmtest.ReapQEMU(t, root)
-	reg := ocitest.StartRegistry(t, ocitest.RegistryOptions{})
-	refs := vmtest.PushTestImages(t, reg.Addr)
-	imageDir := filepath.Join(root, "images")
-	store, err := oci.Open(imageDir, oci.Options{})
-	require.NoError(t, err)
-	t.Cleanup(func() { store.Close() })
-	stateDir := filepath.Join(root, "state")
+	env := newVMEnv(t)
+	refs, store, imageDir, stateDir := env.refs, env.store, env.imageDir, env.stateDir
 	h := newHarness(t, stateDir, store, imageDir)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
