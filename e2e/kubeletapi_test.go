@@ -109,27 +109,14 @@ func TestKubeletAPI(t *testing.T) {
 		assert.Contains(t, out, "to-stderr")
 
 		// -it on a real terminal (a pty; without one kubectl drops -t).
-		master, slave := openPTY(t)
-		cmd = exec.Command(c.KubectlPath(), "--kubeconfig="+c.AdminKubeconfig(), "exec", "-it", "kapi", "--", "sh")
-		cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
-		require.NoError(t, cmd.Start())
-		slave.Close()
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		t.Cleanup(func() {
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			<-done
-		})
-		tty := &bgKubectl{cmd: cmd, done: done}
-		go func() { _, _ = io.Copy(tty, master) }()
+		tty, _ := k.startTTY("exec", "-it", "kapi", "--", "sh")
 		tty.waitFor(t, "tty (kubectl exec -t) is not supported", 30*time.Second)
 		select {
-		case <-done:
+		case <-tty.done:
 		case <-time.After(30 * time.Second):
 			t.Fatalf("kubectl exec -it did not end after the refusal:\n%s", tail(tty.output(), 20))
 		}
-		assert.NotEqual(t, 0, cmd.ProcessState.ExitCode())
+		assert.NotEqual(t, 0, tty.cmd.ProcessState.ExitCode())
 	})
 
 	t.Run("ExecWithoutGuestAgentFailsClearly", func(t *testing.T) {
@@ -338,20 +325,7 @@ func TestKubeletAPI(t *testing.T) {
 		k.t = t
 		// kubectl attach -it on a real terminal (a pty): kubectl puts it in
 		// raw mode and sends keystrokes as typed (Enter is CR).
-		master, slave := openPTY(t)
-		cmd := exec.Command(k.c.KubectlPath(), "--kubeconfig="+k.c.AdminKubeconfig(), "attach", "-it", "kapi")
-		cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
-		require.NoError(t, cmd.Start())
-		slave.Close()
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		t.Cleanup(func() {
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			<-done
-		})
-		out := &bgKubectl{cmd: cmd, done: done}
-		go func() { _, _ = io.Copy(out, master) }()
+		out, master := k.startTTY("attach", "-it", "kapi")
 		out.waitFor(t, "If you don't see a command prompt", 30*time.Second)
 		deadline := time.Now().Add(60 * time.Second)
 		for n := 0; !strings.Contains(out.output(), "QK-ECHO: hello-tty"); n++ {
@@ -699,6 +673,29 @@ func (k *kubectlEnv) start(stdin io.Reader, args ...string) *bgKubectl {
 	go func() { _ = b.cmd.Wait(); close(b.done) }()
 	k.t.Cleanup(b.stop)
 	return b
+}
+
+// startTTY runs kubectl with args on a real terminal (a pty, as its
+// controlling terminal in a session of its own): kubectl keeps -t only on
+// one. It returns the running kubectl (killed with its session at cleanup)
+// and the terminal's master side to type into.
+func (k *kubectlEnv) startTTY(args ...string) (*bgKubectl, *os.File) {
+	k.t.Helper()
+	t := k.t
+	master, slave := openPTY(t)
+	cmd := exec.Command(k.c.KubectlPath(), append([]string{"--kubeconfig=" + k.c.AdminKubeconfig()}, args...)...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	require.NoError(t, cmd.Start())
+	slave.Close()
+	b := &bgKubectl{cmd: cmd, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(b.done) }()
+	t.Cleanup(func() {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-b.done
+	})
+	go func() { _, _ = io.Copy(b, master) }()
+	return b, master
 }
 
 // osPipe is a kernel pipe: writes do not block on a reader that is gone
