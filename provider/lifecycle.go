@@ -61,8 +61,8 @@ type VMsConfig struct {
 	// Accelerator the node probed: "kvm" or "tcg".
 	Accelerator string
 	// Images is the image cache; ImageDir its root (VMs may open files
-	// under it read-only).
-	Images   *oci.Store
+	// under it read-only). nil: no store (flash is refused).
+	Images   ImageStore
 	ImageDir string
 	// Allocatable returns the node's current allocatable (admission).
 	Allocatable func() corev1.ResourceList
@@ -573,197 +573,318 @@ func writeJSONAtomic(path string, v any) error {
 //   - the exporter supervisor goroutine (exporter.go) owns the exporter
 //     and rec.exporter (the condition it shows).
 //
-// The worker is in one of these phases, chosen at the top of its loop from
-// the pod's state:
-//   - deleting: DeletePod was called: stop the VM, clean up, forget the pod;
-//   - finished: the VM will not run again (restart policy): wait for delete;
-//   - exited: a VM ended while nobody watched (recovery): apply the restart
-//     policy;
-//   - poweredOff: powered off on request (state.PoweredOff): nothing runs,
-//     the restart policy does not apply; wait for power on, flash or delete;
-//   - starting: pull the image and start QEMU;
-//   - running: wait for the VM's exit (restart policy), a request or delete.
+// The worker is a state machine (podworker.go): its states, events and
+// transitions are there; run only waits for events and does the actions.
+// The exporter (exporter.go) starts once the pod is first Ready (push) or
+// is found powered off, and then lives with the pod: a lease never lands on
+// a target still pulling its image or booting, and a powered-off VM still
+// answers power on.
+
+// worker is the executor of one pod's state machine: what the pure state
+// (podWorker) does not hold. Worker goroutine only.
+type worker struct {
+	p   *VMs
+	rec *podVM
+	ctx context.Context
+	log klog.Logger
+	pod *corev1.Pod
+	// vm is the running VM (nil: none).
+	vm *qemu.VM
+	// req is the request being served (evRequest, statePoweringOff,
+	// stateFlashing).
+	req vmRequest
+	// backoff fires at the end of the crash-loop back-off (nil: no wait).
+	backoff *time.Timer
+}
 
 // run owns one pod's VM until the pod is deleted or the provider stops.
 func (p *VMs) run(rec *podVM) {
 	defer close(rec.done)
-	ctx := p.base
 	rec.mu.Lock()
 	pod := rec.pod.DeepCopy()
+	f := recoveredFacts{final: rec.state.Final, vm: rec.vm != nil, pendingExit: rec.pendingExit, poweredOff: rec.state.PoweredOff}
+	w := &worker{p: p, rec: rec, pod: pod, vm: rec.vm}
+	rec.pendingExit = false
 	rec.mu.Unlock()
-	log := p.log.WithValues("pod", klog.KObj(pod), "uid", rec.uid)
-	ctx = klog.NewContext(ctx, log)
-	crashes := 0
-	// rec.waiter is a power on or flash request waiting for the result of
-	// the next start (answered once, by answer).
-	answer := func(err error) {
-		if rec.waiter != nil {
-			rec.waiter <- err
-			rec.waiter = nil
-		}
-	}
-	defer func() { answer(errWorkerGone) }()
-	// The exporter (exporter.go) starts once the pod is first Ready (push)
-	// or is found powered off by recovery, and then lives with the pod: a
-	// lease never lands on a target still pulling its image or booting, and
-	// a powered-off VM still answers power on.
+	w.log = p.log.WithValues("pod", klog.KObj(pod), "uid", rec.uid)
+	w.ctx = klog.NewContext(p.base, w.log)
+	defer w.answer(errWorkerGone)
+	defer w.stopBackOff()
 
+	st, acts := initialWorker(pod.Spec.RestartPolicy, f)
 	for {
-		if p.deleteRequested(rec) {
-			answer(errPodDeleted)
-			p.finishDelete(rec, nil)
+		w.do(acts)
+		if st.state.ended() {
 			return
 		}
-		rec.mu.Lock()
-		vm, final, pendingExit, off := rec.vm, rec.state.Final, rec.pendingExit, rec.state.PoweredOff
-		rec.pendingExit = false
-		rec.mu.Unlock()
-		if !final && vm == nil && off {
-			p.startExporter(ctx, rec) // idempotent
+		e := w.step(st.state)
+		from := st.state
+		st, acts = next(st, e)
+		if st.state != from {
+			w.log.V(2).Info("Pod worker", "from", from, "event", e.kind, "to", st.state, "actions", acts)
 		}
-		if final { // phase finished
-			answer(errPodFinished)
-			rec.stopExporter()
-			for {
-				select {
-				case <-rec.deleteReq:
-					p.finishDelete(rec, nil)
-					return
-				case req := <-rec.ctl:
-					req.refuse(errPodFinished) // decideRequest(phaseFinished, *)
-				case <-ctx.Done():
-					return
-				}
-			}
-		}
-		if vm == nil && pendingExit { // phase exited
-			if !p.afterExit(ctx, rec, &crashes) {
-				return
-			}
-			continue
-		}
-		if vm == nil && off { // phase poweredOff
-			select {
-			case <-rec.deleteReq:
-			case <-ctx.Done():
-				return
-			case req := <-rec.ctl:
-				switch decideRequest(phasePoweredOff, req.op) {
-				case actAnswer:
-					req.reply <- nil
-				case actStart:
-					log.Info("Powering on on request")
-					p.update(rec, func(st *VMState) { st.PoweredOff = false })
-					crashes = 0
-					rec.waiter = req.reply
-				case actInstall:
-					req.reply <- p.installImage(rec, req)
-				}
-			}
-			continue
-		}
-
-		if vm == nil { // phase starting
-			// A recovered pod whose VM must be (re)started waits until the
-			// library shows the pod still exists (or deletes it).
-			select {
-			case <-rec.confirmed:
-			case <-rec.deleteReq:
-				continue
-			case <-ctx.Done():
-				return
-			}
-			// A pod needing a disabled feature waits (features.go).
-			if !p.holdForFeatures(ctx, rec) {
-				if ctx.Err() != nil {
-					return
-				}
-				continue
-			}
-			var ok bool
-			vm, ok = p.pullAndStart(ctx, rec)
-			if !ok {
-				if ctx.Err() != nil {
-					return
-				}
-				if p.deleteRequested(rec) {
-					continue
-				}
-				answer(p.startError(rec))
-				// The start failed; recorded as a terminated run.
-				if !p.afterExit(ctx, rec, &crashes) {
-					return
-				}
-				continue
-			}
-			answer(nil)
-		}
-
-		// phase running
-		p.startProbes(ctx, rec, vm) // probes.go: end with this run
-		if podReady(p.snapshot(rec)) {
-			// Ready without a status change (no readiness probe, or a
-			// re-adopted VM): push has nothing new to deliver.
-			p.startExporter(ctx, rec) // exporter.go: idempotent
-		}
-	running:
-		for {
-			select {
-			case <-ctx.Done():
-				vm.Detach()
-				return
-			case <-rec.deleteReq:
-				p.finishDelete(rec, vm)
-				return
-			case req := <-rec.ctl:
-				switch decideRequest(phaseRunning, req.op) {
-				case actAnswer:
-					req.reply <- nil
-					continue
-				case actPowerOff:
-					req.reply <- p.powerOff(ctx, rec, vm, "on request")
-				case actReimage:
-					if err := p.powerOff(ctx, rec, vm, "to flash "+req.image.Ref); err != nil {
-						req.refuse(err)
-						break running
-					}
-					if err := p.installImage(rec, req); err != nil {
-						req.reply <- err
-						break running
-					}
-					p.update(rec, func(st *VMState) { st.PoweredOff = false })
-					rec.waiter = req.reply // answered by the start of the new image
-				}
-				break running
-			case <-vm.Done():
-				ex, _ := vm.Exit()
-				rec.mu.Lock()
-				started := time.Now()
-				if rec.state.Running != nil {
-					started = rec.state.Running.StartedAt.Time
-				}
-				rec.vm = nil
-				rec.mu.Unlock()
-				p.dropSnapshotClaim(rec)
-				term := TerminatedFromExit(ex, started, ContainerIDPrefix+string(rec.uid))
-				log.Info("VM exited", "exitCode", ex.ExitCode, "class", ex.Class, "reason", ex.Reason)
-				p.cfg.Telemetry.vmExited(rec.uid, ex)
-				typ := corev1.EventTypeNormal
-				if ex.ExitCode != 0 {
-					typ = corev1.EventTypeWarning
-				}
-				p.event(pod, typ, "VMExited", fmt.Sprintf("VM exited with code %d: %s", ex.ExitCode, ex.Reason))
-				if ex.At.Sub(started) >= CrashLoopResetAfter {
-					crashes = 0
-				}
-				p.update(rec, func(st *VMState) { st.SetTerminated(term) })
-				if !p.afterExit(ctx, rec, &crashes) {
-					return
-				}
-				break running
-			}
+		if st.state != stateBackOff {
+			w.stopBackOff()
 		}
 	}
+}
+
+// answer answers the request waiting for the next start (rec.waiter), once.
+func (w *worker) answer(err error) {
+	if w.rec.waiter != nil {
+		w.rec.waiter <- err
+		w.rec.waiter = nil
+	}
+}
+
+func (w *worker) stopBackOff() {
+	if w.backoff != nil {
+		w.backoff.Stop()
+		w.backoff = nil
+	}
+}
+
+// step waits in state s for its next event (and, in the states that work,
+// does the work).
+func (w *worker) step(s podState) workerEvent {
+	p, rec, ctx := w.p, w.rec, w.ctx
+	if s != stateTerminating && p.deleteRequested(rec) {
+		return workerEvent{kind: evDelete}
+	}
+	switch s {
+	case stateStarting:
+		return w.start()
+	case stateRunning:
+		return w.waitRunning()
+	case stateExited:
+		rec.mu.Lock()
+		term := rec.state.Terminated
+		rec.mu.Unlock()
+		if term == nil { // recovery always records it
+			return workerEvent{kind: evExited, reason: ReasonStartError, exitCode: 128}
+		}
+		return workerEvent{kind: evExited, exitCode: term.ExitCode, reason: term.Reason}
+	case stateBackOff:
+		if w.backoff == nil {
+			return workerEvent{kind: evBackOffDone}
+		}
+		return w.wait(w.backoff.C)
+	case statePoweredOff, stateFinished:
+		return w.wait(nil)
+	case statePoweringOff:
+		err := p.powerOff(ctx, rec, w.vm, "on request")
+		w.req.reply <- err
+		if err != nil {
+			return workerEvent{kind: evStopFailed}
+		}
+		w.vm = nil
+		return workerEvent{kind: evStopped}
+	case stateFlashing:
+		req := w.req
+		if err := p.powerOff(ctx, rec, w.vm, "to flash "+req.image.Ref); err != nil {
+			req.refuse(err)
+			return workerEvent{kind: evStopFailed}
+		}
+		w.vm = nil
+		if err := p.installImage(rec, req); err != nil {
+			req.reply <- err
+			return workerEvent{kind: evFlashFailed}
+		}
+		p.update(rec, func(st *VMState) { st.PoweredOff = false })
+		rec.waiter = req.reply // answered by the start of the new image
+		return workerEvent{kind: evFlashed}
+	case stateTerminating:
+		p.finishDelete(rec, w.vm)
+		w.vm = nil
+		return workerEvent{kind: evDeleted}
+	}
+	panic(fmt.Sprintf("pod worker: no step for state %s", s))
+}
+
+// wait waits for a delete, the shutdown, a request or the back-off timer
+// (nil: none).
+func (w *worker) wait(timer <-chan time.Time) workerEvent {
+	select {
+	case <-timer:
+		w.backoff = nil
+		return workerEvent{kind: evBackOffDone}
+	case <-w.rec.deleteReq:
+		return workerEvent{kind: evDelete}
+	case <-w.ctx.Done():
+		return workerEvent{kind: evShutdown}
+	case req := <-w.rec.ctl:
+		return w.request(req)
+	}
+}
+
+// request takes a request as the current one.
+func (w *worker) request(req vmRequest) workerEvent {
+	w.req = req
+	return workerEvent{kind: evRequest, op: req.op}
+}
+
+// start is stateStarting's step: wait for the pod to be confirmed and its
+// features, pull the image and start QEMU.
+func (w *worker) start() workerEvent {
+	p, rec, ctx := w.p, w.rec, w.ctx
+	// A recovered pod whose VM must be (re)started waits until the library
+	// shows the pod still exists (or deletes it).
+	select {
+	case <-rec.confirmed:
+	case <-rec.deleteReq:
+		return workerEvent{kind: evDelete}
+	case <-ctx.Done():
+		return workerEvent{kind: evShutdown}
+	}
+	// A pod needing a disabled feature waits (features.go).
+	if !p.holdForFeatures(ctx, rec) {
+		if ctx.Err() != nil {
+			return workerEvent{kind: evShutdown}
+		}
+		return workerEvent{kind: evDelete}
+	}
+	vm, ok := p.pullAndStart(ctx, rec)
+	if ok {
+		w.vm = vm
+		return workerEvent{kind: evStarted}
+	}
+	if ctx.Err() != nil {
+		return workerEvent{kind: evShutdown}
+	}
+	if p.deleteRequested(rec) {
+		return workerEvent{kind: evDelete}
+	}
+	// The start failed; recorded as a terminated run.
+	e := workerEvent{kind: evStartFailed, exitCode: 128, reason: ReasonStartError}
+	rec.mu.Lock()
+	if t := rec.state.Terminated; t != nil {
+		e.exitCode, e.reason = t.ExitCode, t.Reason
+	}
+	rec.mu.Unlock()
+	return e
+}
+
+// waitRunning is stateRunning's step: wait for the VM's exit (recorded
+// here), a request, a delete or the shutdown.
+func (w *worker) waitRunning() workerEvent {
+	p, rec, ctx, vm := w.p, w.rec, w.ctx, w.vm
+	select {
+	case <-ctx.Done():
+		return workerEvent{kind: evShutdown}
+	case <-rec.deleteReq:
+		return workerEvent{kind: evDelete}
+	case req := <-rec.ctl:
+		return w.request(req)
+	case <-vm.Done():
+	}
+	ex, _ := vm.Exit()
+	rec.mu.Lock()
+	started := time.Now()
+	if rec.state.Running != nil {
+		started = rec.state.Running.StartedAt.Time
+	}
+	rec.vm = nil
+	rec.mu.Unlock()
+	w.vm = nil
+	p.dropSnapshotClaim(rec)
+	term := TerminatedFromExit(ex, started, ContainerIDPrefix+string(rec.uid))
+	w.log.Info("VM exited", "exitCode", ex.ExitCode, "class", ex.Class, "reason", ex.Reason)
+	p.cfg.Telemetry.vmExited(rec.uid, ex)
+	typ := corev1.EventTypeNormal
+	if ex.ExitCode != 0 {
+		typ = corev1.EventTypeWarning
+	}
+	p.event(w.pod, typ, "VMExited", fmt.Sprintf("VM exited with code %d: %s", ex.ExitCode, ex.Reason))
+	p.update(rec, func(st *VMState) { st.SetTerminated(term) })
+	return workerEvent{kind: evExited, exitCode: term.ExitCode, reason: term.Reason,
+		ranLong: ex.At.Sub(started) >= CrashLoopResetAfter}
+}
+
+// do carries out the actions of a transition, in order.
+func (w *worker) do(acts []workerAction) {
+	p, rec, ctx := w.p, w.rec, w.ctx
+	for _, a := range acts {
+		switch a.kind {
+		case actReply:
+			w.req.reply <- nil
+		case actRefuseFinished:
+			w.req.refuse(errPodFinished)
+		case actInstallImage:
+			w.req.reply <- p.installImage(rec, w.req)
+		case actPowerOn:
+			w.log.Info("Powering on on request")
+			p.update(rec, func(st *VMState) { st.PoweredOff = false })
+		case actOffInBackOff:
+			p.update(rec, func(st *VMState) {
+				st.SetWaiting(ReasonPoweredOff, "powered off on request during the crash-loop back-off; power it on to boot again")
+				st.PoweredOff = true
+			})
+			w.req.reply <- nil
+		case actAwaitStart:
+			rec.waiter = w.req.reply
+		case actAnswerStarted:
+			w.answer(nil)
+		case actAnswerStartError:
+			w.answer(p.startError(rec))
+		case actAnswerFinished:
+			w.answer(errPodFinished)
+		case actAnswerDeleted:
+			w.answer(errPodDeleted)
+		case actBeginBackOff:
+			w.beginBackOff(a.crash)
+		case actCountRestart:
+			rec.mu.Lock()
+			rec.state.RestartCount++
+			rec.mu.Unlock()
+		case actMarkFinal:
+			p.update(rec, func(st *VMState) { st.Final = true })
+		case actReleaseImage:
+			p.releaseImage(rec)
+		case actStopExporter:
+			rec.stopExporter()
+		case actStartExporter:
+			p.startExporter(ctx, rec) // idempotent
+		case actStartProbes:
+			p.startProbes(ctx, rec, w.vm) // probes.go: end with this run
+		case actExporterIfReady:
+			if podReady(p.snapshot(rec)) {
+				// Ready without a status change (no readiness probe, or a
+				// re-adopted VM): push has nothing new to deliver.
+				p.startExporter(ctx, rec) // exporter.go: idempotent
+			}
+		case actDetach:
+			w.vm.Detach()
+		default:
+			panic(fmt.Sprintf("pod worker: unknown action %s", a))
+		}
+	}
+}
+
+// beginBackOff starts the crash-loop back-off before the restart after
+// crash number crash: CrashLoopBackOff with a timer, or, with no delay, the
+// ended run becomes the last state at once.
+func (w *worker) beginBackOff(crash int) {
+	p, rec := w.p, w.rec
+	delay := p.cfg.Backoff.RestartDelay(crash)
+	if delay <= 0 {
+		p.update(rec, func(st *VMState) { st.LastTerminated = st.Terminated })
+		return
+	}
+	name := "vm"
+	rec.mu.Lock()
+	if len(rec.pod.Spec.Containers) > 0 {
+		name = rec.pod.Spec.Containers[0].Name
+	}
+	pod := rec.pod.DeepCopy()
+	rec.mu.Unlock()
+	msg := crashLoopMessage(delay, name, string(rec.uid))
+	p.update(rec, func(st *VMState) {
+		st.LastTerminated = st.Terminated
+		st.SetWaiting(ReasonCrashLoopBackOff, msg)
+	})
+	p.event(pod, corev1.EventTypeWarning, "BackOff", "Back-off restarting failed VM")
+	w.stopBackOff()
+	w.backoff = time.NewTimer(delay)
 }
 
 func (p *VMs) deleteRequested(rec *podVM) bool {
@@ -773,81 +894,6 @@ func (p *VMs) deleteRequested(rec *podVM) bool {
 	default:
 		return false
 	}
-}
-
-// afterExit applies the restart policy to the run that just ended (the
-// state holds its Terminated). It returns false when the worker is done.
-func (p *VMs) afterExit(ctx context.Context, rec *podVM, crashes *int) bool {
-	rec.mu.Lock()
-	policy := rec.pod.Spec.RestartPolicy
-	term := rec.state.Terminated
-	name := "vm"
-	if len(rec.pod.Spec.Containers) > 0 {
-		name = rec.pod.Spec.Containers[0].Name
-	}
-	rec.mu.Unlock()
-	if term == nil {
-		return true
-	}
-	if !RestartDecision(policy, term.ExitCode) || term.Reason == ReasonInvalidVMSpec {
-		p.update(rec, func(st *VMState) { st.Final = true })
-		p.releaseImage(rec)
-		rec.stopExporter() // nothing to power on any more
-		// Keep the state dir (console log) until the pod is deleted.
-		select {
-		case <-rec.deleteReq:
-			p.finishDelete(rec, nil)
-		case <-ctx.Done():
-		}
-		return false
-	}
-	*crashes++
-	delay := p.cfg.Backoff.RestartDelay(*crashes)
-	if delay > 0 {
-		msg := crashLoopMessage(delay, name, string(rec.uid))
-		p.update(rec, func(st *VMState) {
-			st.LastTerminated = st.Terminated
-			st.SetWaiting(ReasonCrashLoopBackOff, msg)
-		})
-		rec.mu.Lock()
-		pod := rec.pod.DeepCopy()
-		rec.mu.Unlock()
-		p.event(pod, corev1.EventTypeWarning, "BackOff", "Back-off restarting failed VM")
-		t := time.NewTimer(delay)
-		defer t.Stop()
-	backoff:
-		for {
-			select {
-			case <-t.C:
-				break backoff
-			case <-rec.deleteReq:
-				return true
-			case <-ctx.Done():
-				return false
-			case req := <-rec.ctl:
-				switch decideRequest(phaseBackOff, req.op) {
-				case actStart: // power on: start now, not at the end of the back-off
-					rec.waiter = req.reply
-					break backoff
-				case actStayOff:
-					p.update(rec, func(st *VMState) {
-						st.SetWaiting(ReasonPoweredOff, "powered off on request during the crash-loop back-off; power it on to boot again")
-						st.PoweredOff = true
-					})
-					req.reply <- nil
-					return true
-				case actInstall:
-					req.reply <- p.installImage(rec, req)
-				}
-			}
-		}
-	} else {
-		p.update(rec, func(st *VMState) { st.LastTerminated = st.Terminated })
-	}
-	rec.mu.Lock()
-	rec.state.RestartCount++
-	rec.mu.Unlock()
-	return true
 }
 
 // pullAndStart pulls the image (retrying with back-off, showing

@@ -37,12 +37,12 @@ type harness struct {
 	seen map[types.UID][]string // waiting reasons / phases seen, in order
 }
 
-func newHarness(t testing.TB, stateDir string, store *oci.Store, imageDir string) *harness {
+func newHarness(t testing.TB, stateDir string, store ImageStore, imageDir string) *harness {
 	return newHarnessWith(t, stateDir, store, imageDir, nil)
 }
 
 // newHarnessWith lets mutate change the provider's configuration.
-func newHarnessWith(t testing.TB, stateDir string, store *oci.Store, imageDir string, mutate func(*VMsConfig)) *harness {
+func newHarnessWith(t testing.TB, stateDir string, store ImageStore, imageDir string, mutate func(*VMsConfig)) *harness {
 	ctx, cancel := context.WithCancel(context.Background())
 	h := &harness{t: t, cancel: cancel, last: map[types.UID]*corev1.Pod{}, seen: map[types.UID][]string{}, events: record.NewFakeRecorder(1000)}
 	cfg := VMsConfig{
