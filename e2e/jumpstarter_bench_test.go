@@ -89,7 +89,21 @@ func BenchmarkJumpstarterLease(b *testing.B) {
 			b.Fatalf("watch lease %s: %v", lease, err)
 		}
 		defer w.Stop()
+		pw, err := e.c.Client().CoreV1().Pods(e.ns).Watch(wctx, metav1.ListOptions{LabelSelector: "app=" + set.Name})
+		if err != nil {
+			b.Fatalf("watch pods of %s: %v", set.Name, err)
+		}
+		defer pw.Stop()
 		t0 := js.createLease(b, e.ns, lease, set.Spec.Jumpstarter.ExporterLabels)
+		stagesDone := make(chan podStages, 1)
+		go func() { stagesDone <- watchPodStages(pw.ResultChan(), t0) }()
+		defer func() {
+			pw.Stop()
+			if st := <-stagesDone; st.created > 0 { // a pod was made for the lease
+				b.Logf("%s: pod created +%s, scheduled +%s, Ready +%s; exporterRef +%s; first call +%s",
+					lease, msStr(st.created), msStr(st.bound), msStr(st.ready), msStr(r), msStr(c))
+			}
+		}()
 		var l *unstructured.Unstructured
 		for ev := range w.ResultChan() {
 			if u, ok := ev.Object.(*unstructured.Unstructured); ok && ev.Type != watch.Error && leaseReady(u) {
@@ -116,7 +130,8 @@ func BenchmarkJumpstarterLease(b *testing.B) {
 		if _, err := sess.Call(cctx, root.Uuid, "get_hostname"); err != nil {
 			b.Fatalf("lease %s: get_hostname: %v", lease, err)
 		}
-		return r, time.Since(t0), leaseExporter(l)
+		c = time.Since(t0)
+		return r, c, leaseExporter(l)
 	}
 
 	n := 0
@@ -186,3 +201,33 @@ func durList(d []time.Duration) string {
 	}
 	return "[" + strings.Join(f, " ") + "] ms"
 }
+
+// podStages are the times after a lease's creation at which a watch first
+// saw a pod of the set added, bound to the node, and Ready (0: not seen).
+type podStages struct{ created, bound, ready time.Duration }
+
+// watchPodStages reads pod events until ch closes. Pods the watch lists at
+// its start (those of a warm set) are ADDED events too: they were there
+// before the lease, so only pods created after t0 count.
+func watchPodStages(ch <-chan watch.Event, t0 time.Time) podStages {
+	var st podStages
+	for ev := range ch {
+		p, ok := ev.Object.(*corev1.Pod)
+		if !ok || p.CreationTimestamp.Time.Before(t0.Truncate(time.Second)) {
+			continue
+		}
+		d := time.Since(t0)
+		if st.created == 0 {
+			st.created = d
+		}
+		if st.bound == 0 && p.Spec.NodeName != "" {
+			st.bound = d
+		}
+		if st.ready == 0 && podReady(p) {
+			st.ready = d
+		}
+	}
+	return st
+}
+
+func msStr(d time.Duration) string { return d.Round(time.Millisecond).String() }
