@@ -227,7 +227,15 @@ func writeVMNodeConfig(tb testing.TB, c *cluster.Cluster, name, dir string) (cfg
 	}
 	// The node's kubelet API is not used here: loopback is enough.
 	ip, port := "127.0.0.1", testutil.FreePort(tb)
-	state := filepath.Join(dir, "node-state")
+	// Not under dir: tb.TempDir() is named after the test, and a long
+	// benchmark name makes <state>/vms/<uid>/console.sock longer than a
+	// unix socket path may be.
+	state, err := os.MkdirTemp("", "qk-node-")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	// Registered before the node starts: removed after it stopped.
+	tb.Cleanup(func() { _ = os.RemoveAll(state) })
 	cfgPath = filepath.Join(dir, "node.yaml")
 	cfg := fmt.Sprintf(`apiVersion: qemu-kubelet.io/v1alpha1
 kind: NodeConfiguration

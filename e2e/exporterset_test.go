@@ -36,6 +36,7 @@ func TestExporterSet(t *testing.T) {
 	t.Run("FailingGuestsBackOff", e.testFailingGuests)
 	t.Run("LeasePlugin", e.testLeasePlugin)
 	t.Run("JumpstarterFromZero", e.testJumpstarterFromZero)
+	t.Run("JumpstarterSnapshotStart", e.testJumpstarterSnapshot)
 	t.Run("ClassScaleInOldestExplicitPaused", e.testClassScaleInPaused)
 }
 

@@ -19,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/dynamic"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -26,6 +27,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/e2e/jsfake"
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/jstest"
+	"github.com/qemu-kubelet/qemu-kubelet/provider"
 )
 
 // jsEnv is the Jumpstarter side of an exsEnv: Jumpstarter's CRDs in the
@@ -90,6 +92,84 @@ func (e *exsEnv) jsSet(name string, replicas, minAvailable int32, js *jsEnv) *v1
 		ExporterLabels: map[string]string{"board": "qemu-" + name},
 	}
 	return set
+}
+
+// jsSnapSet is jsSet whose pods start from a memory snapshot
+// (provider.AnnotationStartFromSnapshot in the template; the template's
+// readiness probe gives the snapshot's ready point).
+func (e *exsEnv) jsSnapSet(name string, replicas, minAvailable int32, js *jsEnv) *v1alpha1.ExporterSet {
+	set := e.jsSet(name, replicas, minAvailable, js)
+	set.Spec.Template.Annotations = map[string]string{provider.AnnotationStartFromSnapshot: "true"}
+	return set
+}
+
+// makeSnapshot has the snapshot-start set name (at replicas 0) make its
+// snapshot: replicas 1 boots a VM that saves it at its first Ready (event
+// SnapshotSaved) and registers its exporter; back to replicas 0, the set
+// waits with no VM. Returns the SnapshotSaved message.
+func (e *exsEnv) makeSnapshot(tb testing.TB, js *jsEnv, name string) string {
+	tb.Helper()
+	e.scaleSet(tb, name, 1, 0)
+	_, pods := e.waitSet(tb, name, 2*vmBoot, "the snapshot creator Ready, its exporter Online", func(_ *v1alpha1.ExporterSet, ps []corev1.Pod) bool {
+		if len(ps) != 1 || !podReady(&ps[0]) {
+			return false
+		}
+		st, ok := js.ctl.ExporterState(e.ns, ps[0].Name)
+		return ok && st.Online
+	})
+	creator := pods[0]
+	saved := e.waitPodEvent(tb, creator.Name, provider.ReasonSnapshotSaved, "", time.Minute)
+	e.scaleSet(tb, name, 0, 0)
+	e.waitVMGone(tb, creator, 2*time.Minute)
+	e.waitSet(tb, name, time.Minute, "no VM", func(_ *v1alpha1.ExporterSet, ps []corev1.Pod) bool { return len(ps) == 0 })
+	return saved
+}
+
+// scaleSet patches the set's replicas and minAvailable.
+func (e *exsEnv) scaleSet(tb testing.TB, name string, replicas, minAvailable int32) {
+	tb.Helper()
+	err := e.cl.Patch(context.Background(), &v1alpha1.ExporterSet{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns}},
+		client.RawPatch("application/merge-patch+json", fmt.Appendf(nil, `{"spec":{"replicas":%d,"minAvailable":%d}}`, replicas, minAvailable)))
+	if err != nil {
+		tb.Fatalf("scale exporterset %s to replicas %d, minAvailable %d: %v", name, replicas, minAvailable, err)
+	}
+}
+
+// podEvents are the events about the pod named name, as "Reason: message".
+func (e *exsEnv) podEvents(ctx context.Context, name string) ([]string, error) {
+	l, err := e.c.Client().CoreV1().Events(e.ns).List(ctx, metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("involvedObject.name", name).String()})
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, ev := range l.Items {
+		out = append(out, ev.Reason+": "+ev.Message)
+	}
+	return out, nil
+}
+
+// waitPodEvent waits for an event about the pod named name with reason and
+// a message containing msg, and returns it as "Reason: message".
+func (e *exsEnv) waitPodEvent(tb testing.TB, name, reason, msg string, timeout time.Duration) string {
+	tb.Helper()
+	var seen []string
+	deadline := time.Now().Add(timeout)
+	for {
+		evs, err := e.podEvents(context.Background(), name)
+		if err == nil {
+			seen = evs
+			for _, ev := range evs {
+				if strings.HasPrefix(ev, reason+": ") && strings.Contains(ev, msg) {
+					return ev
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("pod %s: no event %s %q within %s; events %q", name, reason, msg, timeout, seen)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 func (js *jsEnv) createLease(tb testing.TB, ns, name string, sel map[string]string) time.Time {
@@ -315,6 +395,49 @@ spec:
 		}
 		return false
 	}, time.Minute, 250*time.Millisecond, "back to the cold exporter alone")
+}
+
+// testJumpstarterSnapshot: a Jumpstarter-mode set whose template asks for
+// snapshot start. Its first VM boots, saves the snapshot at its first Ready
+// and registers its exporter; at replicas 0 a Lease then makes the set
+// start a VM that is restored from the snapshot (not booted), whose exporter
+// registers (the exporter's Secret volume and annotation are per pod, on
+// the host, and do not stop the restore) and serves the lease: the driver
+// tree, the console both ways and the guest's HTTP port, through the
+// router. Release recycles it.
+func (e *exsEnv) testJumpstarterSnapshot(t *testing.T) {
+	js := e.jumpstarter(t)
+	const name = "jss"
+	set := e.jsSnapSet(name, 0, 0, js)
+	e.createSet(t, set)
+	saved := e.makeSnapshot(t, js, name)
+	t.Logf("creator: %s", saved)
+
+	t0 := js.createLease(t, e.ns, "s1", set.Spec.Jumpstarter.ExporterLabels)
+	l := js.waitLease(t, e.ns, "s1", 2*vmBoot, "Ready with an exporter", leaseReady)
+	ref := time.Since(t0)
+	exp := leaseExporter(l)
+	started := e.waitPodEvent(t, exp, "Started", "restored from a memory snapshot", 30*time.Second)
+	t.Logf("lease s1 -> exporterRef %s from zero with snapshot start in %s (%s)", exp, ref.Round(time.Millisecond), started)
+	evs, err := e.podEvents(context.Background(), exp)
+	require.NoError(t, err)
+	for _, ev := range evs {
+		assert.NotContains(t, ev, provider.ReasonSnapshotRestoreFailed, "pod %s", exp)
+		assert.NotContains(t, ev, provider.ReasonSnapshotSkipped, "pod %s", exp)
+		assert.NotContains(t, ev, provider.ReasonSnapshotSaved, "pod %s: a restored VM saves no snapshot", exp)
+	}
+	st, ok := js.ctl.ExporterState(e.ns, exp)
+	require.True(t, ok, "the restored VM's exporter registered")
+	assert.True(t, st.Online)
+	assert.Equal(t, "s1", st.Lease)
+
+	e.driveVM(t, js, "s1")
+
+	pod, err := e.c.Client().CoreV1().Pods(e.ns).Get(context.Background(), exp, metav1.GetOptions{})
+	require.NoError(t, err)
+	js.release(t, e.ns, "s1")
+	js.waitLease(t, e.ns, "s1", 30*time.Second, "ended", leaseEnded)
+	e.waitVMGone(t, *pod, 2*time.Minute)
 }
 
 // driveVM dials the lease through the router as jmp does and drives the

@@ -24,8 +24,11 @@
 //     duration) passed: status.ended, endTime, and jstest ends it.
 //
 // Access policies, spot access, priorities and the Client objects are not
-// mirrored. It polls (Interval) rather than watches: simple, and fast
-// enough for tests.
+// mirrored. It makes a pass every Interval, when jstest changes, and, when
+// Client can watch (client.WithWatch), at once on any change of a Lease or
+// an Exporter of the namespace, as upstream's controllers, which are
+// watch-driven, do: a Lease on an online exporter is assigned within one
+// pass, not within one Interval.
 package jsfake
 
 import (
@@ -74,6 +77,12 @@ func (f *Fake) Run(ctx context.Context) {
 	if iv == 0 {
 		iv = 100 * time.Millisecond
 	}
+	wake := make(chan struct{}, 1)
+	if wc, ok := f.Client.(client.WithWatch); ok {
+		for _, list := range []client.ObjectList{&jsv1.LeaseList{}, &jsv1.ExporterList{}} {
+			go f.watch(ctx, wc, list, wake)
+		}
+	}
 	for {
 		if err := f.Sync(ctx); err != nil && ctx.Err() == nil {
 			f.Log.Info("jsfake pass", "err", err.Error())
@@ -83,6 +92,33 @@ func (f *Fake) Run(ctx context.Context) {
 			return
 		case <-time.After(iv):
 		case <-f.Ctl.Changed():
+		case <-wake:
+		}
+	}
+}
+
+// watch signals wake (without blocking: one pending signal is enough) on
+// every event of list's kind in the namespace until ctx ends; a watch the
+// API server closes is opened again.
+func (f *Fake) watch(ctx context.Context, wc client.WithWatch, list client.ObjectList, wake chan<- struct{}) {
+	for ctx.Err() == nil {
+		w, err := wc.Watch(ctx, list, client.InNamespace(f.Namespace))
+		if err != nil {
+			if ctx.Err() == nil {
+				f.Log.Info("jsfake watch", "kind", fmt.Sprintf("%T", list), "err", err.Error())
+			}
+		} else {
+			for range w.ResultChan() {
+				select {
+				case wake <- struct{}{}:
+				default:
+				}
+			}
+			w.Stop()
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
 		}
 	}
 }

@@ -270,3 +270,55 @@ func TestFakeFollowsUpstreamLeaseRules(t *testing.T) {
 	st, _ = ctl.ExporterState(ns, "e1")
 	assert.Equal(t, "second", st.Lease)
 }
+
+// TestFakeWakesOnWatch: with a client that can watch, a pass follows every
+// change of an Exporter or a Lease: with an Interval of an hour, a new
+// Exporter still gets its credential and a new Lease its exporterRef.
+func TestFakeWakesOnWatch(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs the control plane")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	ns := namespace(t)
+	wc, err := client.NewWithWatch(env.cfg, client.Options{Scheme: env.scheme})
+	require.NoError(t, err)
+	ctl, err := jstest.Start(jstest.Options{Insecure: true})
+	require.NoError(t, err)
+	t.Cleanup(ctl.Close)
+	f := &Fake{Client: wc, Ctl: ctl, Namespace: ns, Interval: time.Hour, Log: logr.Discard()}
+	go f.Run(ctx)
+	time.Sleep(200 * time.Millisecond) // the first pass and the watches start
+
+	require.NoError(t, wc.Create(ctx, &jsv1.Exporter{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "w1", Labels: map[string]string{"board": "w"}}}))
+	var token string
+	eventually(t, "credential of w1 without an interval pass", func() (bool, string) {
+		var e jsv1.Exporter
+		if err := wc.Get(ctx, types.NamespacedName{Namespace: ns, Name: "w1"}, &e); err != nil || e.Status.Credential == nil {
+			return false, fmt.Sprint(err, e.Status)
+		}
+		var s corev1.Secret
+		if err := wc.Get(ctx, types.NamespacedName{Namespace: ns, Name: e.Status.Credential.Name}, &s); err != nil {
+			return false, err.Error()
+		}
+		token = string(s.Data["token"])
+		return token != "", ""
+	})
+	stop, err := goOnline(ctx, ctl.Endpoint(), token, ns, "w1")
+	require.NoError(t, err)
+	defer stop()
+	time.Sleep(300 * time.Millisecond) // the pass jstest's change triggers
+
+	start := time.Now()
+	require.NoError(t, wc.Create(ctx, &jsv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "l"},
+		Spec: jsv1.LeaseSpec{ClientRef: corev1.LocalObjectReference{Name: "ci"}, Selector: metav1.LabelSelector{MatchLabels: map[string]string{"board": "w"}},
+			Duration: &metav1.Duration{Duration: time.Hour}}}))
+	eventually(t, "lease l assigned without an interval pass", func() (bool, string) {
+		var l jsv1.Lease
+		if err := wc.Get(ctx, types.NamespacedName{Namespace: ns, Name: "l"}, &l); err != nil {
+			return false, err.Error()
+		}
+		return l.Status.ExporterRef != nil && l.Status.ExporterRef.Name == "w1", fmt.Sprint(l.Status)
+	})
+	t.Logf("lease -> exporterRef in %s with the watch (interval 1h)", time.Since(start).Round(time.Millisecond))
+}
