@@ -195,6 +195,8 @@ func TestResolveValidation(t *testing.T) {
 		{"tb size not whole MiB", "vmMemory: {tcgTranslationBuffer: 1500Ki}", []string{"vmMemory.tcgTranslationBuffer", "whole MiB"}},
 		{"tb size too big", "vmMemory: {tcgTranslationBuffer: 8Gi}", []string{"vmMemory.tcgTranslationBuffer", "4096Mi"}},
 		{"ksm without merging", "vmMemory: {enableKSM: true}", []string{"vmMemory.enableKSM", "pageMerging"}},
+		{"ksm rate without ksm", "vmMemory: {ksmPagesToScan: 1000}", []string{"vmMemory.ksmPagesToScan", "enableKSM"}},
+		{"ksm rate negative", "vmMemory: {pageMerging: true, enableKSM: true, ksmPagesToScan: -1}", []string{"vmMemory.ksmPagesToScan", "between 0 and 100000"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -223,6 +225,19 @@ func TestResolveEmulatedKernelArgs(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, want, n.EmulatedKernelArgs, "body %q", body)
 	}
+}
+
+func TestResolveKSMPagesToScan(t *testing.T) {
+	c, err := Decode([]byte(header + "vmMemory: {pageMerging: true, enableKSM: true, ksmPagesToScan: 1000}\n"))
+	require.NoError(t, err)
+	n, err := Resolve(c, env)
+	require.NoError(t, err)
+	assert.Equal(t, 1000, n.VMMemory.KSMPagesToScan)
+	c, err = Decode([]byte(header))
+	require.NoError(t, err)
+	n, err = Resolve(c, env)
+	require.NoError(t, err)
+	assert.Equal(t, 0, n.VMMemory.KSMPagesToScan, "absent: the kernel's rate")
 }
 
 func TestThreshold(t *testing.T) {

@@ -213,6 +213,9 @@ type VMMemoryConfig struct {
 	FreePageReporting       bool
 	PageMerging             bool
 	EnableKSM               bool
+	// KSMPagesToScan: written to the kernel's pages_to_scan with
+	// EnableKSM; 0 leaves the kernel's rate.
+	KSMPagesToScan int
 }
 
 // Default fills the absent fields of c (in place) with their defaults.
@@ -520,6 +523,10 @@ func validate(c *NodeConfiguration, env Environment) (*Node, field.ErrorList) {
 	return n, errs
 }
 
+// MaxKSMPagesToScan bounds vmMemory.ksmPagesToScan (the kernel takes any
+// 32-bit value; beyond this ksmd would take a whole CPU on any host).
+const MaxKSMPagesToScan = 100000
+
 // MaxMaxVMs bounds maxVMs.
 const MaxMaxVMs = 10000
 
@@ -545,6 +552,16 @@ func validateVMMemory(v VMMemory, errs field.ErrorList) (VMMemoryConfig, field.E
 			fmt.Sprintf("must be whole MiB between 0 (QEMU's default) and %dMi", maxTBSizeMiB)))
 	} else {
 		out.TCGTranslationBufferMiB = int(tb >> 20)
+	}
+	if v.KSMPagesToScan != nil {
+		switch n := *v.KSMPagesToScan; {
+		case n < 0 || n > MaxKSMPagesToScan:
+			errs = append(errs, field.Invalid(p.Child("ksmPagesToScan"), n, fmt.Sprintf("must be between 0 and %d", MaxKSMPagesToScan)))
+		case n > 0 && !out.EnableKSM:
+			errs = append(errs, field.Invalid(p.Child("ksmPagesToScan"), n, "applies only with vmMemory.enableKSM: true (the node sets it when it starts KSM)"))
+		default:
+			out.KSMPagesToScan = int(n)
+		}
 	}
 	if out.EnableKSM && !out.PageMerging {
 		errs = append(errs, field.Invalid(p.Child("enableKSM"), true, "needs vmMemory.pageMerging: true (guest RAM is not mergeable otherwise, KSM would only cost CPU)"))

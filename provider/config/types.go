@@ -152,6 +152,13 @@ type VMMemory struct {
 	// a writable /sys. Default false (KSM costs host CPU: see
 	// docs/node-config.md).
 	EnableKSM *bool `json:"enableKSM,omitempty"`
+	// KSMPagesToScan is written to /sys/kernel/mm/ksm/pages_to_scan (a
+	// host-wide setting) when the node starts KSM (enableKSM): pages ksmd
+	// scans per wake-up (every sleep_millisecs, 20 ms by default). Absent
+	// or 0 leaves the kernel's value (100: ~20 MiB/s, a full pass over 200
+	// 96-MiB guests in ~16 minutes); 1000 scans ~200 MiB/s and cost ksmd
+	// 5.4% of a CPU over 16 merged idle VMs (docs/performance.md).
+	KSMPagesToScan *int32 `json:"ksmPagesToScan,omitempty"`
 }
 
 // Overcommit ratios (>= 1 means more than the host has, < 1 holds back).
