@@ -21,6 +21,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	corev1 "k8s.io/api/core/v1"
@@ -252,7 +253,7 @@ func newPodBenchEnvWith(b *testing.B, o podBenchOptions) *podBenchEnv {
 		kernel: filepath.Join(imgDir, "vmlinuz"), initrd: filepath.Join(imgDir, "initramfs-"+vmtest.VariantACPI+".cpio.gz"),
 		// The command line the node gives this image on a TCG node.
 		cmdline: provider.EmulatedKernelCmdline(qemu.ArchX86_64, qemu.AccelTCG,
-			provider.KernelCmdline(qemu.ArchX86_64, strings.TrimSpace(string(cmdline)), ""))}
+			provider.KernelCmdline(qemu.ArchX86_64, strings.TrimSpace(string(cmdline)), ""), config.DefaultEmulatedKernelArgs)}
 	vmtest.ReapQEMU(b, e.dir)
 	ip := benchHostIP(b)
 	kc, err := c.NodeKubeconfig(e.node)

@@ -50,20 +50,41 @@ func hasConsoleArg(cmdline string) bool {
 // IO-APIC". QEMU's emulated timer is always wired; the check only costs.
 const NoTimerCheck = "no_timer_check"
 
-// EmulatedKernelCmdline is cmdline with NoTimerCheck first when the guest
-// is an x86-64 kernel booted directly under TCG and the command line does
-// not already have it (before any "--"). Pure.
-func EmulatedKernelCmdline(arch qemu.Arch, accel qemu.Accelerator, cmdline string) string {
+// EmulatedKernelCmdline is cmdline with NoTimerCheck and then idleArgs
+// (the node's emulatedKernelArgs) first when the guest is an x86-64 kernel
+// booted directly under TCG. An argument whose name (the part before "=")
+// the command line already has before any "--" is not added: the image's
+// or the pod's own choice wins. Pure.
+//
+// idleArgs cut what an idle emulated guest wakes up for (each wake-up of a
+// TCG vCPU also wakes QEMU's main loop): tsc=reliable drops the clocksource
+// watchdog (2 HPET reads and wake-ups a second; QEMU's emulated TSC follows
+// the host's monotonic clock), sysctl.vm.compaction_proactiveness=0 stops
+// kcompactd's proactive-compaction check (2 wake-ups a second). Measured in
+// docs/performance.md, "CPU of an idle VM".
+func EmulatedKernelCmdline(arch qemu.Arch, accel qemu.Accelerator, cmdline string, idleArgs []string) string {
 	if arch != qemu.ArchX86_64 || accel != qemu.AccelTCG {
 		return cmdline
 	}
+	has := map[string]bool{}
 	for _, f := range strings.Fields(cmdline) {
 		if f == "--" {
 			break
 		}
-		if f == NoTimerCheck {
-			return cmdline
+		has[argName(f)] = true
+	}
+	var add []string
+	for _, a := range append([]string{NoTimerCheck}, idleArgs...) {
+		if !has[argName(a)] {
+			has[argName(a)] = true
+			add = append(add, a)
 		}
 	}
-	return strings.TrimSpace(NoTimerCheck + " " + cmdline)
+	return strings.TrimSpace(strings.Join(add, " ") + " " + cmdline)
+}
+
+// argName is a kernel argument's name: the part before the first "=".
+func argName(arg string) string {
+	name, _, _ := strings.Cut(arg, "=")
+	return name
 }

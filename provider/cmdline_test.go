@@ -52,7 +52,34 @@ func TestEmulatedKernelCmdline(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			assert.Equal(t, tc.want, EmulatedKernelCmdline(tc.arch, tc.accel, tc.in))
+			assert.Equal(t, tc.want, EmulatedKernelCmdline(tc.arch, tc.accel, tc.in, nil))
+		})
+	}
+}
+
+// The node's emulatedKernelArgs reach an emulated x86-64 guest's command
+// line after no_timer_check, unless the command line names them already.
+func TestEmulatedKernelCmdlineIdleArgs(t *testing.T) {
+	idle := []string{"tsc=reliable", "sysctl.vm.compaction_proactiveness=0"}
+	cases := []struct {
+		name  string
+		arch  qemu.Arch
+		accel qemu.Accelerator
+		in    string
+		want  string
+	}{
+		{"x86 under tcg", qemu.ArchX86_64, qemu.AccelTCG, "console=ttyS0 quiet",
+			"no_timer_check tsc=reliable sysctl.vm.compaction_proactiveness=0 console=ttyS0 quiet"},
+		{"image chose its tsc", qemu.ArchX86_64, qemu.AccelTCG, "tsc=unstable quiet",
+			"no_timer_check sysctl.vm.compaction_proactiveness=0 tsc=unstable quiet"},
+		{"after -- is init's", qemu.ArchX86_64, qemu.AccelTCG, "quiet -- tsc=reliable",
+			"no_timer_check tsc=reliable sysctl.vm.compaction_proactiveness=0 quiet -- tsc=reliable"},
+		{"kvm: nothing", qemu.ArchX86_64, qemu.AccelKVM, "quiet", "quiet"},
+		{"aarch64: nothing", qemu.ArchAArch64, qemu.AccelTCG, "quiet", "quiet"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, EmulatedKernelCmdline(tc.arch, tc.accel, tc.in, idle))
 		})
 	}
 }
@@ -110,4 +137,22 @@ func TestVMSpecMemoryTuning(t *testing.T) {
 	for _, want := range []string{"-accel tcg,tb-size=32", "mem-merge=on", "-device virtio-balloon-pci,free-page-reporting=on"} {
 		assert.Contains(t, args, want)
 	}
+}
+
+// TestVMSpecEmulatedKernelArgs: the node's emulatedKernelArgs reach a
+// directly booted kernel's -append on a TCG node, after no_timer_check.
+func TestVMSpecEmulatedKernelArgs(t *testing.T) {
+	dir := t.TempDir()
+	imageDir := filepath.Join(dir, "images")
+	p := NewVMs(context.Background(), VMsConfig{StateDir: dir, ImageDir: imageDir, Accelerator: "tcg",
+		EmulatedKernelArgs: []string{"tsc=reliable", "sysctl.vm.compaction_proactiveness=0"}})
+	rec := &podVM{uid: "uid-k", dir: p.podDir("uid-k")}
+	img := &oci.Image{Ref: "r/os:1", Digest: "sha256:x", Kernel: filepath.Join(imageDir, "k", "vmlinuz"), Cmdline: "quiet"}
+	pod := vmPod()
+	plan, rej := Translate(pod, qemu.ArchX86_64)
+	require.Nil(t, rej)
+	spec, err := p.vmSpec(context.Background(), rec, pod, plan, img)
+	require.NoError(t, err)
+	assert.Contains(t, strings.Join(qemu.Args(spec), " "),
+		"-append no_timer_check tsc=reliable sysctl.vm.compaction_proactiveness=0 console=ttyS0 quiet")
 }

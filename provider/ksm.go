@@ -14,8 +14,16 @@ const KSMDir = "/sys/kernel/mm/ksm"
 // EnableKSM starts the kernel's same-page merging (writes 1 to <dir>/run)
 // unless it already runs; dir is KSMDir outside tests. It never stops KSM:
 // other users of the host may rely on it. Only guest RAM QEMU marked
-// mergeable (vmMemory.pageMerging) is scanned.
-func EnableKSM(dir string) error {
+// mergeable (vmMemory.pageMerging) is scanned. pagesToScan > 0 is written
+// to <dir>/pages_to_scan first (vmMemory.ksmPagesToScan: the pages ksmd
+// scans per wake-up, host-wide); 0 leaves the kernel's rate.
+func EnableKSM(dir string, pagesToScan int) error {
+	if pagesToScan > 0 {
+		p := filepath.Join(dir, "pages_to_scan")
+		if err := os.WriteFile(p, []byte(strconv.Itoa(pagesToScan)+"\n"), 0); err != nil {
+			return fmt.Errorf("vmMemory.ksmPagesToScan: cannot write %d to %s (needs root, a writable /sys and a kernel with KSM): %w", pagesToScan, p, err)
+		}
+	}
 	run := filepath.Join(dir, "run")
 	b, err := os.ReadFile(run)
 	if err != nil {

@@ -10,13 +10,13 @@ import (
 func TestEnableKSM(t *testing.T) {
 	dir := t.TempDir()
 	run := filepath.Join(dir, "run")
-	if err := EnableKSM(dir); err == nil || !strings.Contains(err.Error(), "cannot be read") {
+	if err := EnableKSM(dir, 0); err == nil || !strings.Contains(err.Error(), "cannot be read") {
 		t.Fatalf("no run file: want a read error, got %v", err)
 	}
 	if err := os.WriteFile(run, []byte("0\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := EnableKSM(dir); err != nil {
+	if err := EnableKSM(dir, 0); err != nil {
 		t.Fatal(err)
 	}
 	if b, _ := os.ReadFile(run); strings.TrimSpace(string(b)) != "1" {
@@ -26,15 +26,41 @@ func TestEnableKSM(t *testing.T) {
 	if err := os.Chmod(run, 0o444); err != nil {
 		t.Fatal(err)
 	}
-	if err := EnableKSM(dir); err != nil {
+	if err := EnableKSM(dir, 0); err != nil {
 		t.Fatalf("already running: %v", err)
 	}
 	if os.Geteuid() != 0 { // root writes through 0444
 		os.WriteFile(run, []byte("0\n"), 0o644)
 		os.Chmod(run, 0o444)
-		if err := EnableKSM(dir); err == nil || !strings.Contains(err.Error(), "cannot start KSM") {
+		if err := EnableKSM(dir, 0); err == nil || !strings.Contains(err.Error(), "cannot start KSM") {
 			t.Fatalf("read-only run: want a write error, got %v", err)
 		}
+	}
+}
+
+// ksmPagesToScan reaches pages_to_scan; 0 leaves it alone.
+func TestEnableKSMPagesToScan(t *testing.T) {
+	dir := t.TempDir()
+	run, pages := filepath.Join(dir, "run"), filepath.Join(dir, "pages_to_scan")
+	if err := EnableKSM(dir, 1000); err == nil || !strings.Contains(err.Error(), "cannot be read") {
+		t.Fatalf("no run file: want a read error, got %v", err)
+	}
+	os.WriteFile(run, []byte("0\n"), 0o644)
+	os.WriteFile(pages, []byte("100\n"), 0o644)
+	if err := EnableKSM(dir, 0); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(pages); strings.TrimSpace(string(b)) != "100" {
+		t.Fatalf("pagesToScan 0: pages_to_scan = %q, want 100 (untouched)", b)
+	}
+	if err := EnableKSM(dir, 1000); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(pages); strings.TrimSpace(string(b)) != "1000" {
+		t.Fatalf("pages_to_scan = %q, want 1000", b)
+	}
+	if err := EnableKSM(filepath.Join(dir, "missing"), 1000); err == nil || !strings.Contains(err.Error(), "ksmPagesToScan") {
+		t.Fatalf("unwritable pages_to_scan: want an error naming ksmPagesToScan, got %v", err)
 	}
 }
 

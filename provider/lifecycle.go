@@ -101,6 +101,10 @@ type VMsConfig struct {
 	// VMNice is the nice value of every QEMU (vmNice in the node
 	// configuration).
 	VMNice int
+	// EmulatedKernelArgs are added to the command line of an x86-64
+	// kernel booted directly under TCG (emulatedKernelArgs in the node
+	// configuration; EmulatedKernelCmdline).
+	EmulatedKernelArgs []string
 	// VMOverhead is QEMU's own memory per VM in bytes, counted by
 	// admission next to the pod's memory request (admission.go).
 	VMOverhead int64
@@ -1100,7 +1104,7 @@ func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan Plan
 	}
 	if img.Kernel != "" {
 		spec.Cmdline = KernelCmdline(p.arch(), img.Cmdline, plan.ExtraCmdline) // cmdline.go: the arch's console unless one is named
-		spec.Cmdline = EmulatedKernelCmdline(p.arch(), spec.Accelerator, spec.Cmdline)
+		spec.Cmdline = EmulatedKernelCmdline(p.arch(), spec.Accelerator, spec.Cmdline, p.cfg.EmulatedKernelArgs)
 	}
 	if plan.Firmware == qemu.FirmwareUEFI {
 		spec.UEFICode, spec.UEFIVarsTemplate = p.cfg.UEFICode, p.cfg.UEFIVars

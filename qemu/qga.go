@@ -178,6 +178,28 @@ func (a *guestAgent) connLocked(ctx context.Context) (net.Conn, error) {
 	return c, nil
 }
 
+// hold makes sure there is a connection (dials when there is none) and
+// keeps it: see VM.holdGuestAgent. A transaction in flight holds one
+// already; hold then returns at once.
+func (a *guestAgent) hold(ctx context.Context) error {
+	select {
+	case a.slot <- struct{}{}:
+	default:
+		return nil
+	}
+	defer func() { <-a.slot }()
+	_, err := a.connLocked(ctx)
+	return err
+}
+
+// redial, with the slot held, dials again after a transaction dropped the
+// connection, so that the port's host end stays open (VM.holdGuestAgent).
+func (a *guestAgent) redial() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_, _ = a.connLocked(ctx)
+}
+
 // call runs one command: handshake, command, reply (at most maxReply bytes)
 // decoded into out (may be nil).
 func (a *guestAgent) call(ctx context.Context, command string, args any, out any, maxReply int) error {
@@ -198,6 +220,7 @@ func (a *guestAgent) call(ctx context.Context, command string, args any, out any
 	var agentErr *GuestAgentError
 	if !stop() || (err != nil && !errors.As(err, &agentErr)) {
 		a.dropConn(c) // broken, or closed by the context's end
+		a.redial()
 	}
 	if err != nil && ctx.Err() != nil && !errors.As(err, &agentErr) {
 		return fmt.Errorf("guest agent of VM %s: %s: %w", a.name, command, ctx.Err())
@@ -440,6 +463,11 @@ func (vm *VM) GuestExec(ctx context.Context, req ExecRequest) (ExecResult, error
 		return ExecResult{}, fmt.Errorf("exec in VM %s: %w", vm.spec.Name, errVMDetached)
 	default:
 	}
+	return vm.guestAgent().exec(ctx, req)
+}
+
+// guestAgent returns the VM's guest-agent client, made on first use.
+func (vm *VM) guestAgent() *guestAgent {
 	vm.agentOnce.Do(func() {
 		vm.agent = newGuestAgent(vm.spec.Name, func(ctx context.Context) (net.Conn, error) {
 			var d net.Dialer
@@ -453,5 +481,19 @@ func (vm *VM) GuestExec(ctx context.Context, req ExecRequest) (ExecResult, error
 			vm.agent.close()
 		}()
 	})
-	return vm.agent.exec(ctx, req)
+	return vm.agent
+}
+
+// holdGuestAgent connects to the guest-agent channel now, without sending
+// anything, so that the host end of the virtio-serial port is open while
+// the VM idles: qemu-guest-agent (7.2) polls a port whose host end is
+// closed every 100 ms, which made an idle test-image VM cost about three
+// times the host CPU (docs/performance.md, "CPU of an idle VM"). A VM
+// whose QEMU has no channel (older state dirs) is left alone.
+func (vm *VM) holdGuestAgent() {
+	ctx, cancel := context.WithTimeout(context.Background(), DefaultGuestAgentHandshake)
+	defer cancel()
+	if err := vm.guestAgent().hold(ctx); err != nil {
+		vm.log.V(1).Info("guest agent channel not held", "err", err.Error())
+	}
 }

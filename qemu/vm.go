@@ -208,6 +208,7 @@ func Start(ctx context.Context, spec Spec, stateDir string) (*VM, error) {
 			return nil, fmt.Errorf("start VM %s: %w", spec.Name, err)
 		}
 	}
+	vm.holdGuestAgent()
 	return vm, nil
 }
 
@@ -262,6 +263,7 @@ func Adopt(ctx context.Context, stateDir string) (*VM, error) {
 			return nil, fmt.Errorf("adopt %s: %w", abs, err)
 		}
 	}
+	vm.holdGuestAgent()
 	return vm, nil
 }
 

@@ -315,10 +315,10 @@ func runOneNode(ctx context.Context, cfg *config.Node, sh *shared, main bool) er
 		return err
 	}
 	if main && cfg.VMMemory.EnableKSM {
-		if err := provider.EnableKSM(provider.KSMDir); err != nil {
+		if err := provider.EnableKSM(provider.KSMDir, cfg.VMMemory.KSMPagesToScan); err != nil {
 			return err
 		}
-		logger.Info("KSM started for mergeable guest RAM", "dir", provider.KSMDir)
+		logger.Info("KSM started for mergeable guest RAM", "dir", provider.KSMDir, "pagesToScan", cfg.VMMemory.KSMPagesToScan)
 	}
 	facts := probe(ctx, cfg)
 	facts.ConfigState = sh.reload.State()

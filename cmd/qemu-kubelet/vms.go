@@ -76,9 +76,10 @@ func newVMs(ctx context.Context, cfg *config.Node, facts provider.Facts, client 
 			FreePageReporting:       cfg.VMMemory.FreePageReporting,
 			MemMerge:                cfg.VMMemory.PageMerging,
 		},
-		VMNice:     cfg.VMNice,
-		VMOverhead: cfg.VMMemory.Overhead,
-		Features:   cfg.Features,
+		VMNice:             cfg.VMNice,
+		EmulatedKernelArgs: cfg.EmulatedKernelArgs,
+		VMOverhead:         cfg.VMMemory.Overhead,
+		Features:           cfg.Features,
 	})
 	res, err := vms.Recover(ctx)
 	if err != nil {

@@ -89,6 +89,7 @@ func TestResolveDefaults(t *testing.T) {
 	assert.Equal(t, 100, n.EventBurst)
 	assert.Equal(t, 10, n.PodSyncWorkers, "virtual-kubelet's default, not the 2 of a bare PodController.Run")
 	assert.Equal(t, 0, n.VMNice, "off by default: measured slower to all-Ready (docs/performance.md)")
+	assert.Equal(t, []string{"tsc=reliable", "sysctl.vm.compaction_proactiveness=0"}, n.EmulatedKernelArgs, "measured: idle QEMU CPU 0.58% -> 0.22% (docs/performance.md)")
 	assert.Equal(t, Threshold{Amount: 100 << 20}, n.MemoryAvailable)
 	assert.Equal(t, Threshold{Percent: 10, IsPercent: true}, n.DiskAvailable)
 	assert.Equal(t, Threshold{Percent: 5, IsPercent: true}, n.PIDAvailable)
@@ -182,6 +183,9 @@ func TestResolveValidation(t *testing.T) {
 		{"no pod sync workers", "podSyncWorkers: 0", []string{"podSyncWorkers", "between 1 and 1000"}},
 		{"negative vm nice", "vmNice: -5", []string{"vmNice", "between 0 and 19"}},
 		{"vm nice too large", "vmNice: 20", []string{"vmNice", "between 0 and 19"}},
+		{"kernel arg with a space", "emulatedKernelArgs: [tsc=reliable, 'a b']", []string{"emulatedKernelArgs[1]", "no spaces"}},
+		{"empty kernel arg", "emulatedKernelArgs: ['']", []string{"emulatedKernelArgs[0]", "empty"}},
+		{"kernel arg --", "emulatedKernelArgs: ['--']", []string{"emulatedKernelArgs[0]", "init"}},
 		{"bad percent", "pressure: {diskAvailable: 150%}", []string{"pressure.diskAvailable", "percentage"}},
 		{"bad threshold", "pressure: {memoryAvailable: plenty}", []string{"pressure.memoryAvailable"}},
 		{"several errors listed", "maxVMs: -1\nserver: {port: 0}", []string{"maxVMs", "server.port"}},
@@ -191,6 +195,8 @@ func TestResolveValidation(t *testing.T) {
 		{"tb size not whole MiB", "vmMemory: {tcgTranslationBuffer: 1500Ki}", []string{"vmMemory.tcgTranslationBuffer", "whole MiB"}},
 		{"tb size too big", "vmMemory: {tcgTranslationBuffer: 8Gi}", []string{"vmMemory.tcgTranslationBuffer", "4096Mi"}},
 		{"ksm without merging", "vmMemory: {enableKSM: true}", []string{"vmMemory.enableKSM", "pageMerging"}},
+		{"ksm rate without ksm", "vmMemory: {ksmPagesToScan: 1000}", []string{"vmMemory.ksmPagesToScan", "enableKSM"}},
+		{"ksm rate negative", "vmMemory: {pageMerging: true, enableKSM: true, ksmPagesToScan: -1}", []string{"vmMemory.ksmPagesToScan", "between 0 and 100000"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -203,6 +209,35 @@ func TestResolveValidation(t *testing.T) {
 			}
 		})
 	}
+}
+
+// emulatedKernelArgs: absent is the defaults, [] is none, a list is that
+// list.
+func TestResolveEmulatedKernelArgs(t *testing.T) {
+	for body, want := range map[string][]string{
+		"":                                  DefaultEmulatedKernelArgs,
+		"emulatedKernelArgs: []":            nil,
+		"emulatedKernelArgs: [highres=off]": {"highres=off"},
+	} {
+		c, err := Decode([]byte(header + body + "\n"))
+		require.NoError(t, err)
+		n, err := Resolve(c, env)
+		require.NoError(t, err)
+		assert.Equal(t, want, n.EmulatedKernelArgs, "body %q", body)
+	}
+}
+
+func TestResolveKSMPagesToScan(t *testing.T) {
+	c, err := Decode([]byte(header + "vmMemory: {pageMerging: true, enableKSM: true, ksmPagesToScan: 1000}\n"))
+	require.NoError(t, err)
+	n, err := Resolve(c, env)
+	require.NoError(t, err)
+	assert.Equal(t, 1000, n.VMMemory.KSMPagesToScan)
+	c, err = Decode([]byte(header))
+	require.NoError(t, err)
+	n, err = Resolve(c, env)
+	require.NoError(t, err)
+	assert.Equal(t, 0, n.VMMemory.KSMPagesToScan, "absent: the kernel's rate")
 }
 
 func TestThreshold(t *testing.T) {

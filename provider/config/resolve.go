@@ -57,6 +57,27 @@ const (
 	ProviderTaintKey = "virtual-kubelet.io/provider"
 )
 
+// DefaultEmulatedKernelArgs: what an idle emulated x86-64 guest wakes up
+// for, cut (provider.EmulatedKernelCmdline; docs/performance.md, "CPU of
+// an idle VM").
+var DefaultEmulatedKernelArgs = []string{"tsc=reliable", "sysctl.vm.compaction_proactiveness=0"}
+
+// badKernelArg says why a is not one kernel command-line argument ("" when
+// it is).
+func badKernelArg(a string) string {
+	switch {
+	case a == "":
+		return "must not be empty"
+	case a == "--":
+		return `must not be "--" (what follows it goes to init)`
+	case len(a) > 256:
+		return "longer than 256 characters"
+	case strings.ContainsFunc(a, func(r rune) bool { return r <= ' ' || r == '"' || r == 0x7f }):
+		return "one argument: no spaces, quotes or control characters"
+	}
+	return ""
+}
+
 // DefaultReserved is what is held back from capacity when reserved is absent.
 var DefaultReserved = map[string]QuantityString{"cpu": "0", "memory": "512Mi", "ephemeral-storage": "1Gi"}
 
@@ -147,10 +168,13 @@ type Node struct {
 	// PodSyncWorkers: workers of each pod controller queue.
 	PodSyncWorkers int
 	// VMNice: the nice value of every QEMU.
-	VMNice          int
-	MemoryAvailable Threshold
-	DiskAvailable   Threshold
-	PIDAvailable    Threshold
+	VMNice int
+	// EmulatedKernelArgs: added to directly booted x86-64 TCG guests'
+	// kernel command lines.
+	EmulatedKernelArgs []string
+	MemoryAvailable    Threshold
+	DiskAvailable      Threshold
+	PIDAvailable       Threshold
 	// Images is the image cache configuration.
 	Images ImageCache
 	// VMMemory is the resolved vmMemory section.
@@ -189,6 +213,9 @@ type VMMemoryConfig struct {
 	FreePageReporting       bool
 	PageMerging             bool
 	EnableKSM               bool
+	// KSMPagesToScan: written to the kernel's pages_to_scan with
+	// EnableKSM; 0 leaves the kernel's rate.
+	KSMPagesToScan int
 }
 
 // Default fills the absent fields of c (in place) with their defaults.
@@ -250,6 +277,10 @@ func Default(c *NodeConfiguration, env Environment) {
 	defaultInt32(&c.EventBurst, DefaultEventBurst)
 	defaultInt32(&c.PodSyncWorkers, DefaultPodSyncWorkers)
 	defaultInt32(&c.VMNice, DefaultVMNice)
+	if c.EmulatedKernelArgs == nil {
+		args := append([]string(nil), DefaultEmulatedKernelArgs...)
+		c.EmulatedKernelArgs = &args
+	}
 	if c.Pressure.MemoryAvailable == "" {
 		c.Pressure.MemoryAvailable = DefaultMemoryAvailable
 	}
@@ -466,6 +497,13 @@ func validate(c *NodeConfiguration, env Environment) (*Node, field.ErrorList) {
 	} else {
 		n.VMNice = int(v)
 	}
+	for i, a := range *c.EmulatedKernelArgs {
+		if msg := badKernelArg(a); msg != "" {
+			errs = append(errs, field.Invalid(field.NewPath("emulatedKernelArgs").Index(i), a, msg))
+		} else {
+			n.EmulatedKernelArgs = append(n.EmulatedKernelArgs, a)
+		}
+	}
 
 	prPath := field.NewPath("pressure")
 	n.MemoryAvailable, errs = parseThreshold(prPath.Child("memoryAvailable"), c.Pressure.MemoryAvailable, errs)
@@ -484,6 +522,10 @@ func validate(c *NodeConfiguration, env Environment) (*Node, field.ErrorList) {
 	}
 	return n, errs
 }
+
+// MaxKSMPagesToScan bounds vmMemory.ksmPagesToScan (the kernel takes any
+// 32-bit value; beyond this ksmd would take a whole CPU on any host).
+const MaxKSMPagesToScan = 100000
 
 // MaxMaxVMs bounds maxVMs.
 const MaxMaxVMs = 10000
@@ -510,6 +552,16 @@ func validateVMMemory(v VMMemory, errs field.ErrorList) (VMMemoryConfig, field.E
 			fmt.Sprintf("must be whole MiB between 0 (QEMU's default) and %dMi", maxTBSizeMiB)))
 	} else {
 		out.TCGTranslationBufferMiB = int(tb >> 20)
+	}
+	if v.KSMPagesToScan != nil {
+		switch n := *v.KSMPagesToScan; {
+		case n < 0 || n > MaxKSMPagesToScan:
+			errs = append(errs, field.Invalid(p.Child("ksmPagesToScan"), n, fmt.Sprintf("must be between 0 and %d", MaxKSMPagesToScan)))
+		case n > 0 && !out.EnableKSM:
+			errs = append(errs, field.Invalid(p.Child("ksmPagesToScan"), n, "applies only with vmMemory.enableKSM: true (the node sets it when it starts KSM)"))
+		default:
+			out.KSMPagesToScan = int(n)
+		}
 	}
 	if out.EnableKSM && !out.PageMerging {
 		errs = append(errs, field.Invalid(p.Child("enableKSM"), true, "needs vmMemory.pageMerging: true (guest RAM is not mergeable otherwise, KSM would only cost CPU)"))

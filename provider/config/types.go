@@ -102,6 +102,13 @@ type NodeConfiguration struct {
 	// reached all-Ready slower with 10 and 19 than with 0
 	// (docs/performance.md).
 	VMNice *int32 `json:"vmNice,omitempty"`
+	// EmulatedKernelArgs are added to the kernel command line of x86-64
+	// guests booted directly (-kernel) under TCG, unless the image's or
+	// the pod's command line names the argument already. Absent: the
+	// defaults (tsc=reliable, sysctl.vm.compaction_proactiveness=0), which
+	// took an idle test-image VM's QEMU from 0.58% to 0.22% of a CPU
+	// (docs/performance.md); [] adds none.
+	EmulatedKernelArgs *[]string `json:"emulatedKernelArgs,omitempty"`
 	// Pressure holds the thresholds of the pressure conditions.
 	Pressure PressureThresholds `json:"pressure,omitempty"`
 	// Images configures the OS image cache and registries.
@@ -145,6 +152,13 @@ type VMMemory struct {
 	// a writable /sys. Default false (KSM costs host CPU: see
 	// docs/node-config.md).
 	EnableKSM *bool `json:"enableKSM,omitempty"`
+	// KSMPagesToScan is written to /sys/kernel/mm/ksm/pages_to_scan (a
+	// host-wide setting) when the node starts KSM (enableKSM): pages ksmd
+	// scans per wake-up (every sleep_millisecs, 20 ms by default). Absent
+	// or 0 leaves the kernel's value (100: ~20 MiB/s, a full pass over 200
+	// 96-MiB guests in ~16 minutes); 1000 scans ~200 MiB/s and cost ksmd
+	// 5.4% of a CPU over 16 merged idle VMs (docs/performance.md).
+	KSMPagesToScan *int32 `json:"ksmPagesToScan,omitempty"`
 }
 
 // Overcommit ratios (>= 1 means more than the host has, < 1 holds back).
