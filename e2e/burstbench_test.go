@@ -67,8 +67,10 @@ func BenchmarkBurst(b *testing.B) {
 		// QK_BENCH_BURST_CONFIG adds node configuration lines (e.g.
 		// "podSyncWorkers: 2" to compare).
 		ExtraConfig: burstConfig(os.Getenv("QK_BENCH_BURST_CONFIG")),
-		// client-go logs every rate limiter wait over 50 ms at V(3).
-		AgentArgs: []string{"-vmodule=request=3"},
+		// client-go logs every rate limiter wait over 50 ms at V(3) and
+		// every response at V(6) (the status writes of the timeline); the
+		// provider its start timelines at V(2) (provider/timeline.go).
+		AgentArgs: []string{"-vmodule=request=3,round_trippers=6,timeline=2"},
 	})
 	// Warm-up: the first pod pulls the image; the bursts find it cached.
 	env.podRun(b, "burst-warmup")
@@ -119,6 +121,15 @@ func BenchmarkBurst(b *testing.B) {
 				for _, ph := range []string{provider.PhasePull, provider.PhaseOverlay, provider.PhaseQEMUStart} {
 					b.ReportMetric(r.phaseAvg[ph]*1000, "phase-"+ph+"-avg-ms")
 				}
+				b.ReportMetric(float64(r.conflicts), "status-conflicts")
+				for _, h := range r.hops {
+					if h.pods < n {
+						b.Errorf("timeline step %s seen for %d of %d pods (missing: %v)", h.step, h.pods, n, h.missing)
+					}
+					b.ReportMetric(h.meanMs, "tl-"+h.step+"-hop-avg-ms")
+					b.ReportMetric(h.lastMs, "tl-"+h.step+"-last-ms")
+				}
+				b.Logf("N=%d timeline (hop: from the step before, per pod; last-at: from the first Create call), %d status write conflicts:\n%s", n, r.conflicts, formatHops(r.hops))
 				b.Logf("N=%d bare: qmp %v marker %v; pods: bound %v ready %v marker %v gone %v (VMs %v); throttling waits >100ms: %d (max %v, all %d); start phases avg (s) %v; idle %v: agent RSS %.1f MiB (%.1f at 0 VMs), agent CPU %.2f%%, host busy %.1f%%",
 					n, qmp, bareMarker, r.bound, r.ready, r.marker, r.gone, r.vmsGone, r.throttled, r.maxThrottle, r.allWaits, r.phaseAvg,
 					idleWindow, r.agentRSS/(1<<20), agentRSS0/(1<<20), r.agentIdleCPU*100, r.hostIdleBusy*100)
@@ -235,6 +246,10 @@ type burstResult struct {
 	// phaseAvg: mean start phase durations (s) of the burst's pods, from
 	// the node's qemu_kubelet_vm_start_phase_duration_seconds.
 	phaseAvg map[string]float64
+	// hops: the per-pod timeline, step by step (burst_timeline_test.go);
+	// conflicts: status writes the API server refused as stale (409).
+	hops      []burstHop
+	conflicts int
 	// rssPerVM, pssPerVM: the node's qemu_kubelet_vms_memory_{rss,pss}_bytes
 	// / N once all VMs are at their marker.
 	rssPerVM, pssPerVM float64
@@ -263,8 +278,10 @@ func (e *podBenchEnv) podBurst(b *testing.B, n int, round string, idleWindow tim
 	var r burstResult
 	start := time.Now()
 	type created struct {
-		uid types.UID
-		err error
+		name string
+		uid  types.UID
+		at   time.Time
+		err  error
 	}
 	cr := make(chan created, n)
 	for j := range n {
@@ -279,16 +296,18 @@ func (e *podBenchEnv) podBurst(b *testing.B, n int, round string, idleWindow tim
 				cr <- created{err: err}
 				return
 			}
-			cr <- created{uid: c.UID}
+			cr <- created{name: c.Namespace + "/" + c.Name, uid: c.UID, at: time.Now()}
 		}()
 	}
 	var uids []types.UID
+	timeline := map[string]*burstPod{}
 	for range n {
 		c := <-cr
 		if c.err != nil {
 			b.Fatal(c.err)
 		}
 		uids = append(uids, c.uid)
+		timeline[c.name] = &burstPod{at: map[string]time.Time{"created": c.at}}
 	}
 	markerDone := make(chan time.Duration, 1)
 	go func() { markerDone <- waitMarkers(ctx, e.dir, uids, start) }()
@@ -307,14 +326,21 @@ func (e *podBenchEnv) podBurst(b *testing.B, n int, round string, idleWindow tim
 			if p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded {
 				b.Fatalf("pod %s ended %s: %+v", p.Name, p.Status.Phase, p.Status)
 			}
+			tp := timeline[p.Namespace+"/"+p.Name]
+			if tp == nil { // created, but its Create call not returned yet
+				tp = &burstPod{at: map[string]time.Time{}}
+				timeline[p.Namespace+"/"+p.Name] = tp
+			}
 			if p.Spec.NodeName != "" && !bound[p.Name] {
 				bound[p.Name] = true
 				r.bound = time.Since(start)
+				tp.at["bound"] = time.Now()
 			}
 			for _, c := range p.Status.Conditions {
 				if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue && !ready[p.Name] {
 					ready[p.Name] = true
 					r.ready = time.Since(start)
+					tp.at["ready"] = time.Now()
 				}
 			}
 		case <-ctx.Done():
@@ -376,6 +402,13 @@ func (e *podBenchEnv) podBurst(b *testing.B, n int, round string, idleWindow tim
 	}
 	burstLog := log[min(logFrom, int64(len(log))):]
 	r.allWaits, r.throttled, r.maxThrottle = throttleWaits(string(burstLog), 100*time.Millisecond)
+	if err := parseNodeTimeline(string(burstLog), start.Year(), timeline); err != nil {
+		b.Fatalf("timeline of the burst from the agent's log: %v", err)
+	}
+	r.hops = burstHops(timeline, start)
+	for _, p := range timeline {
+		r.conflicts += p.conflicts
+	}
 	if d := os.Getenv("QK_BENCH_BURST_LOG_DIR"); d != "" {
 		// Keep the agent's log of the burst for a closer look.
 		p := filepath.Join(d, "agent-"+round+".log")

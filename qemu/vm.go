@@ -59,7 +59,29 @@ type VM struct {
 	// agent is the guest-agent client (qga.go), made on first use.
 	agentOnce sync.Once
 	agent     *guestAgent
+
+	// starts: when Start reached its steps (zero for an adopted VM);
+	// written by Start before it returns the VM.
+	starts StartTimes
 }
+
+// StartTimes are the wall-clock steps of Start: where a slow start spent
+// its time (the burst benchmark's per-pod timeline). Begin is zero for a
+// VM Adopt found.
+type StartTimes struct {
+	// Begin: Start was called. Exec: the QEMU process was started (the
+	// state dir prepared, fork and exec done). Socket: the first dial of
+	// the QMP socket that succeeded (QEMU created its chardevs). QMP: the
+	// greeting was read and capabilities negotiated. Released: the vCPUs
+	// were released (renice and cont with a nice value, or the incoming
+	// snapshot loaded): Start returns right after.
+	Begin, Exec, Socket, QMP, Released time.Time
+	// Dials is the number of dials of the QMP socket (20 ms apart).
+	Dials int
+}
+
+// StartTimes returns the steps of the Start that made vm.
+func (vm *VM) StartTimes() StartTimes { return vm.starts }
 
 // Start launches QEMU for spec with its state in stateDir (created 0700;
 // must not hold a live VM) and returns once QMP is connected. The context
@@ -69,6 +91,7 @@ type VM struct {
 // An existing console.log is kept as console.previous.log (for "logs
 // --previous"); a stale exit record and sockets are removed.
 func Start(ctx context.Context, spec Spec, stateDir string) (*VM, error) {
+	begin := time.Now()
 	abs, err := filepath.Abs(stateDir)
 	if err != nil {
 		return nil, fmt.Errorf("state dir %q: %w", stateDir, err)
@@ -163,6 +186,7 @@ func Start(ctx context.Context, spec Spec, stateDir string) (*VM, error) {
 	}
 	log.V(2).Info("QEMU started", "pid", cmd.Process.Pid)
 	vm := newVM(spec, abs, cmd.Process.Pid, log)
+	vm.starts.Begin, vm.starts.Exec = begin, time.Now()
 	vm.childDone = make(chan struct{})
 	go func() {
 		err := cmd.Wait()
@@ -177,6 +201,7 @@ func Start(ctx context.Context, spec Spec, stateDir string) (*VM, error) {
 	}()
 
 	err = vm.connect(ctx)
+	vm.starts.QMP = time.Now()
 	if err == nil && spec.Nice > 0 {
 		// Launched paused (-S): lower the threads before any guest code runs.
 		err = reniceProcess(vm.pid, spec.Nice)
@@ -208,6 +233,7 @@ func Start(ctx context.Context, spec Spec, stateDir string) (*VM, error) {
 			return nil, fmt.Errorf("start VM %s: %w", spec.Name, err)
 		}
 	}
+	vm.starts.Released = time.Now()
 	return vm, nil
 }
 
@@ -303,7 +329,11 @@ func (vm *VM) connect(ctx context.Context) error {
 			}
 		}
 		mon, err := qmp.NewSocketMonitor("unix", sock, 2*time.Second)
+		vm.starts.Dials++
 		if err == nil {
+			if vm.starts.Socket.IsZero() {
+				vm.starts.Socket = time.Now()
+			}
 			if err = connectWithTimeout(mon, time.Until(deadline)); err == nil {
 				vm.mon = mon
 				if vm.pid == 0 {
