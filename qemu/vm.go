@@ -233,6 +233,11 @@ func Start(ctx context.Context, spec Spec, stateDir string) (*VM, error) {
 			return nil, fmt.Errorf("start VM %s: %w", spec.Name, err)
 		}
 	}
+	if spec.Nice > 0 {
+		// Last, so QEMU answered the handshake and cont at its session's
+		// full weight.
+		vm.lowerAutogroup()
+	}
 	vm.starts.Released = time.Now()
 	return vm, nil
 }
@@ -969,6 +974,44 @@ func (vm *VM) release(ctx context.Context) error {
 	}
 	if err := vm.QMP(ctx, "cont", nil, nil); err != nil {
 		return fmt.Errorf("start the vCPUs (QMP cont): %w", err)
+	}
+	vm.lowerAutogroup()
+	return nil
+}
+
+// lowerAutogroup gives QEMU's session the VM's nice value as well (see
+// setAutogroupNice); where the kernel does not let it, the VM runs with
+// its threads lowered only, which is logged.
+func (vm *VM) lowerAutogroup() {
+	if err := setAutogroupNice(vm.pid, vm.spec.Nice); err != nil {
+		vm.log.Error(err, "VM not lowered against other sessions: its threads are, which on a host with scheduler autogroups does not lower it against the agent")
+	}
+}
+
+// setAutogroupNice sets the nice value of the scheduler autogroup of pid's
+// session (/proc/<pid>/autogroup, Linux's CONFIG_SCHED_AUTOGROUP). With
+// autogroups on (kernel.sched_autogroup_enabled=1, the default of most
+// distributions) and the process in the root CPU cgroup, the kernel shares
+// the CPU between sessions first and between the threads of a session
+// only then. QEMU runs in a session of its own (Setsid): so every VM
+// weighs as much as the whole session of the agent (and, on a test host,
+// the API server and etcd next to it), whatever its threads' nice values;
+// 30 busy guests leave that session 1/31 of the CPU. The autogroup's nice
+// value lowers the VM's session as a whole. A kernel without autogroups has
+// no such file: nothing to do.
+func setAutogroupNice(pid, n int) error {
+	f, err := os.OpenFile(fmt.Sprintf("/proc/%d/autogroup", pid), os.O_WRONLY, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err == nil {
+		_, err = f.WriteString(strconv.Itoa(n))
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("set the autogroup nice value of QEMU %d to %d: %w", pid, n, err)
 	}
 	return nil
 }
