@@ -129,6 +129,8 @@ func BenchmarkBurst(b *testing.B) {
 					b.ReportMetric(h.meanMs, "tl-"+h.step+"-hop-avg-ms")
 					b.ReportMetric(h.lastMs, "tl-"+h.step+"-last-ms")
 				}
+				b.ReportMetric(r.loadStart, "load-at-start")
+				b.ReportMetric(r.loadReady, "load-at-ready")
 				b.Logf("N=%d timeline (hop: from the step before, per pod; last-at: from the first Create call), %d status write conflicts:\n%s", n, r.conflicts, formatHops(r.hops))
 				b.Logf("N=%d bare: qmp %v marker %v; pods: bound %v ready %v marker %v gone %v (VMs %v); throttling waits >100ms: %d (max %v, all %d); start phases avg (s) %v; idle %v: agent RSS %.1f MiB (%.1f at 0 VMs), agent CPU %.2f%%, host busy %.1f%%",
 					n, qmp, bareMarker, r.bound, r.ready, r.marker, r.gone, r.vmsGone, r.throttled, r.maxThrottle, r.allWaits, r.phaseAvg,
@@ -250,6 +252,9 @@ type burstResult struct {
 	// conflicts: status writes the API server refused as stale (409).
 	hops      []burstHop
 	conflicts int
+	// loadStart, loadReady: the host's 1-minute load average when the
+	// burst began and when all its pods were Ready.
+	loadStart, loadReady float64
 	// rssPerVM, pssPerVM: the node's qemu_kubelet_vms_memory_{rss,pss}_bytes
 	// / N once all VMs are at their marker.
 	rssPerVM, pssPerVM float64
@@ -276,6 +281,7 @@ func (e *podBenchEnv) podBurst(b *testing.B, n int, round string, idleWindow tim
 	phasesBefore := benchPhaseSums(b, e.metricsURL)
 
 	var r burstResult
+	r.loadStart = load1m(b)
 	start := time.Now()
 	type created struct {
 		name string
@@ -347,6 +353,7 @@ func (e *podBenchEnv) podBurst(b *testing.B, n int, round string, idleWindow tim
 			b.Fatalf("%d of %d pods Ready (%d bound): %v", len(ready), n, len(bound), ctx.Err())
 		}
 	}
+	r.loadReady = load1m(b)
 	if got := len(vmtest.QEMUPids(e.dir)); got != n {
 		b.Fatalf("%d QEMU processes for %d Ready pods", got, n)
 	}
@@ -419,6 +426,24 @@ func (e *podBenchEnv) podBurst(b *testing.B, n int, round string, idleWindow tim
 		}
 	}
 	return r
+}
+
+// load1m is the host's 1-minute load average (/proc/loadavg).
+func load1m(b *testing.B) float64 {
+	b.Helper()
+	raw, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		b.Fatal(err)
+	}
+	f := strings.Fields(string(raw))
+	if len(f) == 0 {
+		b.Fatalf("/proc/loadavg: %q", raw)
+	}
+	v, err := strconv.ParseFloat(f[0], 64)
+	if err != nil {
+		b.Fatalf("/proc/loadavg: %q: %v", raw, err)
+	}
+	return v
 }
 
 // waitMarkers polls the consoles of the pods' VMs (reading only what was
