@@ -204,9 +204,9 @@ func TestBurstTimeline(t *testing.T) {
 		fmt.Sprintf(`I%s 42 timeline.go:140] "Start timeline" logger="vms" pod="default/a" uid="u1" createPodUnixMicro=%d admittedMs=0.5 recordedMs=10 workerMs=10.2 imageMs=30 overlayMs=200 qemuExecMs=250 qmpSocketMs=900 qmpMs=1000 startedMs=1000.5 pushedMs=1100 deliveredMs=1100.25`,
 			klogTime(1600*time.Millisecond), origin.UnixMicro()),
 		// A PUT of an earlier status (began before pushed), a conflict, then the write of Ready.
-		fmt.Sprintf(`I%s 42 round_trippers.go:632] "Response" .*\bverb="PUT" url="https://10.0.0.1:6443/api/v1/namespaces/default/pods/a/status" status="200 OK" milliseconds=20`, klogTime(1610*time.Millisecond)),
-		fmt.Sprintf(`I%s 42 round_trippers.go:632] "Response" .*\bverb="PUT" url="https://10.0.0.1:6443/api/v1/namespaces/default/pods/a/status" status="409 Conflict" milliseconds=3`, klogTime(1700*time.Millisecond)),
-		fmt.Sprintf(`I%s 42 round_trippers.go:632] "Response" .*\bverb="PUT" url="https://10.0.0.1:6443/api/v1/namespaces/default/pods/a/status" status="200 OK" milliseconds=5`, klogTime(1900*time.Millisecond)),
+		fmt.Sprintf(`I%s 42 round_trippers.go:632] "Response" verb="PUT" url="https://10.0.0.1:6443/api/v1/namespaces/default/pods/a/status" status="200 OK" milliseconds=20`, klogTime(1610*time.Millisecond)),
+		fmt.Sprintf(`I%s 42 round_trippers.go:632] "Response" node="n1" verb="PUT" url="https://10.0.0.1:6443/api/v1/namespaces/default/pods/a/status" status="409 Conflict" milliseconds=3`, klogTime(1700*time.Millisecond)),
+		fmt.Sprintf(`I%s 42 round_trippers.go:632] "Response" verb="PUT" url="https://10.0.0.1:6443/api/v1/namespaces/default/pods/a/status" status="200 OK" milliseconds=5`, klogTime(1900*time.Millisecond)),
 		fmt.Sprintf(`I%s 42 round_trippers.go:632] "Response" verb="GET" url="https://10.0.0.1:6443/api/v1/namespaces/default/pods/a" status="200 OK" milliseconds=5`, klogTime(1950*time.Millisecond)),
 		// A pod the burst does not know.
 		fmt.Sprintf(`I%s 42 timeline.go:140] "Start timeline" logger="vms" pod="default/other" uid="u2" createPodUnixMicro=%d admittedMs=1`, klogTime(time.Second), origin.UnixMicro()),

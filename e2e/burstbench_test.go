@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -129,6 +130,14 @@ func BenchmarkBurst(b *testing.B) {
 					b.ReportMetric(h.meanMs, "tl-"+h.step+"-hop-avg-ms")
 					b.ReportMetric(h.lastMs, "tl-"+h.step+"-last-ms")
 				}
+				b.ReportMetric(r.hostBusyToReady*100, "host-busy-to-ready-%")
+				var named time.Duration
+				for _, name := range []string{"agent", "kube-apiserver", "etcd", "qemu"} {
+					b.ReportMetric(pbMs(r.cpu[name])/float64(n), "cpu-"+name+"-ms/pod")
+					named += r.cpu[name]
+				}
+				b.ReportMetric(pbMs(r.cpu["host"]-named)/float64(n), "cpu-rest-ms/pod")
+				b.Logf("N=%d CPU from the first Create to all Ready (%.0f%% of all CPUs busy), per pod: %s", n, r.hostBusyToReady*100, formatCPU(r.cpu, n))
 				b.ReportMetric(r.loadStart, "load-at-start")
 				b.ReportMetric(r.loadReady, "load-at-ready")
 				b.Logf("N=%d timeline (hop: from the step before, per pod; last-at: from the first Create call), %d status write conflicts:\n%s", n, r.conflicts, formatHops(r.hops))
@@ -252,6 +261,12 @@ type burstResult struct {
 	// conflicts: status writes the API server refused as stale (409).
 	hops      []burstHop
 	conflicts int
+	// cpu: CPU time from the first Create call to all Ready, by process
+	// (the agent, the control plane's components, "qemu": all the burst's
+	// QEMUs, "host": all CPUs busy); hostBusyToReady: host CPU busy over
+	// that window (all CPUs = 1).
+	cpu             map[string]time.Duration
+	hostBusyToReady float64
 	// loadStart, loadReady: the host's 1-minute load average when the
 	// burst began and when all its pods were Ready.
 	loadStart, loadReady float64
@@ -282,6 +297,9 @@ func (e *podBenchEnv) podBurst(b *testing.B, n int, round string, idleWindow tim
 
 	var r burstResult
 	r.loadStart = load1m(b)
+	procs := e.c.Pids()
+	procs["agent"] = e.agentPid
+	cpuStart, busyStart := procCPU(procs), hostBusy(b)
 	start := time.Now()
 	type created struct {
 		name string
@@ -354,7 +372,20 @@ func (e *podBenchEnv) podBurst(b *testing.B, n int, round string, idleWindow tim
 		}
 	}
 	r.loadReady = load1m(b)
-	if got := len(vmtest.QEMUPids(e.dir)); got != n {
+	// CPU from the first Create call to all Ready: the components', and
+	// the QEMUs' (all started in the window) since their start.
+	r.cpu = map[string]time.Duration{}
+	cpuReady, busyReady, window := procCPU(procs), hostBusy(b), time.Since(start)
+	for name, d := range cpuReady {
+		r.cpu[name] = d - cpuStart[name]
+	}
+	qemuPids := vmtest.QEMUPids(e.dir)
+	for _, pid := range qemuPids {
+		r.cpu["qemu"] += procCPU(map[string]int{"q": pid})["q"]
+	}
+	r.cpu["host"] = busyReady - busyStart
+	r.hostBusyToReady = (busyReady - busyStart).Seconds() / window.Seconds() / float64(runtime.NumCPU())
+	if got := len(qemuPids); got != n {
 		b.Fatalf("%d QEMU processes for %d Ready pods", got, n)
 	}
 	r.marker = <-markerDone
@@ -426,6 +457,45 @@ func (e *podBenchEnv) podBurst(b *testing.B, n int, round string, idleWindow tim
 		}
 	}
 	return r
+}
+
+// procCPU is the CPU time (user + system, all threads) of each named
+// process; a process gone is left out.
+func procCPU(pids map[string]int) map[string]time.Duration {
+	out := map[string]time.Duration{}
+	for name, pid := range pids {
+		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		// Fields after the command name in parentheses: state is field 3,
+		// utime and stime fields 14 and 15.
+		f := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+1:]))
+		if len(f) < 13 {
+			continue
+		}
+		ut, err1 := strconv.ParseInt(f[11], 10, 64)
+		st, err2 := strconv.ParseInt(f[12], 10, 64)
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		out[name] = time.Duration(ut+st) * time.Second / 100 // USER_HZ
+	}
+	return out
+}
+
+// formatCPU lists CPU times per pod, largest first.
+func formatCPU(cpu map[string]time.Duration, n int) string {
+	names := make([]string, 0, len(cpu))
+	for name := range cpu {
+		names = append(names, name)
+	}
+	sort.Slice(names, func(i, j int) bool { return cpu[names[i]] > cpu[names[j]] })
+	var parts []string
+	for _, name := range names {
+		parts = append(parts, fmt.Sprintf("%s %.0f ms", name, pbMs(cpu[name])/float64(n)))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // load1m is the host's 1-minute load average (/proc/loadavg).
