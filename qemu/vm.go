@@ -964,10 +964,11 @@ func (vm *VM) RemoveForward(ctx context.Context, hostPort int) error {
 
 func vmLogger(ctx context.Context) logr.Logger { return logr.FromContextOrDiscard(ctx) }
 
-// release lowers every QEMU thread to spec.Nice and starts the vCPUs. A VM
-// with a nice value is launched paused (-S) at the agent's priority: its
-// start-up (QEMU's init, the QMP handshake) is control path and is not
-// slowed by busy guests; only then does its guest run, at spec.Nice.
+// release lowers every QEMU thread to spec.Nice, starts the vCPUs, then
+// lowers QEMU's session. A VM with a nice value is launched paused (-S) at
+// the agent's priority: its start-up (QEMU's init, the QMP handshake) is
+// control path and is not slowed by busy guests; only then does its guest
+// run, at spec.Nice.
 func (vm *VM) release(ctx context.Context) error {
 	if err := reniceProcess(vm.pid, vm.spec.Nice); err != nil {
 		return err
