@@ -4,11 +4,14 @@ import (
 	"fmt"
 	"math"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/qemu-kubelet/qemu-kubelet/provider"
 )
 
 // The per-pod timeline of BenchmarkBurst: where a burst's time goes, from
@@ -254,5 +257,18 @@ func TestBurstTimeline(t *testing.T) {
 	}
 	if s := formatHops(hops); !strings.Contains(s, "qmpSocket") || !strings.Contains(s, "missing for 1") {
 		t.Errorf("table:\n%s", s)
+	}
+}
+
+// TestBurstStepsMatchProvider: the timeline's node steps are the ones the
+// provider logs, in its order.
+func TestBurstStepsMatchProvider(t *testing.T) {
+	var node []string
+	for s := provider.StepCreatePod; s.String() != "step"+strconv.Itoa(int(s)); s++ {
+		node = append(node, s.String())
+	}
+	from := slices.Index(burstSteps, provider.StepCreatePod.String())
+	if from < 0 || from+len(node) > len(burstSteps) || !slices.Equal(burstSteps[from:from+len(node)], node) {
+		t.Errorf("burstSteps %v do not hold the provider's steps %v in order", burstSteps, node)
 	}
 }
