@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -67,8 +68,10 @@ func BenchmarkBurst(b *testing.B) {
 		// QK_BENCH_BURST_CONFIG adds node configuration lines (e.g.
 		// "podSyncWorkers: 2" to compare).
 		ExtraConfig: burstConfig(os.Getenv("QK_BENCH_BURST_CONFIG")),
-		// client-go logs every rate limiter wait over 50 ms at V(3).
-		AgentArgs: []string{"-vmodule=request=3"},
+		// client-go logs every rate limiter wait over 50 ms at V(3) and
+		// every response at V(6) (the status writes of the timeline); the
+		// provider its start timelines at V(2) (provider/timeline.go).
+		AgentArgs: []string{"-vmodule=request=3,round_trippers=6,timeline=2"},
 	})
 	// Warm-up: the first pod pulls the image; the bursts find it cached.
 	env.podRun(b, "burst-warmup")
@@ -119,6 +122,25 @@ func BenchmarkBurst(b *testing.B) {
 				for _, ph := range []string{provider.PhasePull, provider.PhaseOverlay, provider.PhaseQEMUStart} {
 					b.ReportMetric(r.phaseAvg[ph]*1000, "phase-"+ph+"-avg-ms")
 				}
+				b.ReportMetric(float64(r.conflicts), "status-conflicts")
+				for _, h := range r.hops {
+					if h.pods < n {
+						b.Errorf("timeline step %s seen for %d of %d pods (missing: %v)", h.step, h.pods, n, h.missing)
+					}
+					b.ReportMetric(h.meanMs, "tl-"+h.step+"-hop-avg-ms")
+					b.ReportMetric(h.lastMs, "tl-"+h.step+"-last-ms")
+				}
+				b.ReportMetric(r.hostBusyToReady*100, "host-busy-to-ready-%")
+				var named time.Duration
+				for _, name := range []string{"agent", "kube-apiserver", "etcd", "qemu"} {
+					b.ReportMetric(pbMs(r.cpu[name])/float64(n), "cpu-"+name+"-ms/pod")
+					named += r.cpu[name]
+				}
+				b.ReportMetric(pbMs(r.cpu["host"]-named)/float64(n), "cpu-rest-ms/pod")
+				b.Logf("N=%d CPU from the first Create to all Ready (%.0f%% of all CPUs busy), per pod: %s", n, r.hostBusyToReady*100, formatCPU(r.cpu, n))
+				b.ReportMetric(r.loadStart, "load-at-start")
+				b.ReportMetric(r.loadReady, "load-at-ready")
+				b.Logf("N=%d timeline (hop: from the step before, per pod; last-at: from the first Create call), %d status write conflicts:\n%s", n, r.conflicts, formatHops(r.hops))
 				b.Logf("N=%d bare: qmp %v marker %v; pods: bound %v ready %v marker %v gone %v (VMs %v); throttling waits >100ms: %d (max %v, all %d); start phases avg (s) %v; idle %v: agent RSS %.1f MiB (%.1f at 0 VMs), agent CPU %.2f%%, host busy %.1f%%",
 					n, qmp, bareMarker, r.bound, r.ready, r.marker, r.gone, r.vmsGone, r.throttled, r.maxThrottle, r.allWaits, r.phaseAvg,
 					idleWindow, r.agentRSS/(1<<20), agentRSS0/(1<<20), r.agentIdleCPU*100, r.hostIdleBusy*100)
@@ -235,6 +257,19 @@ type burstResult struct {
 	// phaseAvg: mean start phase durations (s) of the burst's pods, from
 	// the node's qemu_kubelet_vm_start_phase_duration_seconds.
 	phaseAvg map[string]float64
+	// hops: the per-pod timeline, step by step (burst_timeline_test.go);
+	// conflicts: status writes the API server refused as stale (409).
+	hops      []burstHop
+	conflicts int
+	// cpu: CPU time from the first Create call to all Ready, by process
+	// (the agent, the control plane's components, "qemu": all the burst's
+	// QEMUs, "host": all CPUs busy); hostBusyToReady: host CPU busy over
+	// that window (all CPUs = 1).
+	cpu             map[string]time.Duration
+	hostBusyToReady float64
+	// loadStart, loadReady: the host's 1-minute load average when the
+	// burst began and when all its pods were Ready.
+	loadStart, loadReady float64
 	// rssPerVM, pssPerVM: the node's qemu_kubelet_vms_memory_{rss,pss}_bytes
 	// / N once all VMs are at their marker.
 	rssPerVM, pssPerVM float64
@@ -261,10 +296,16 @@ func (e *podBenchEnv) podBurst(b *testing.B, n int, round string, idleWindow tim
 	phasesBefore := benchPhaseSums(b, e.metricsURL)
 
 	var r burstResult
+	r.loadStart = load1m(b)
+	procs := e.c.Pids()
+	procs["agent"] = e.agentPid
+	cpuStart, busyStart := procCPU(procs), hostBusy(b)
 	start := time.Now()
 	type created struct {
-		uid types.UID
-		err error
+		name string
+		uid  types.UID
+		at   time.Time
+		err  error
 	}
 	cr := make(chan created, n)
 	for j := range n {
@@ -279,16 +320,18 @@ func (e *podBenchEnv) podBurst(b *testing.B, n int, round string, idleWindow tim
 				cr <- created{err: err}
 				return
 			}
-			cr <- created{uid: c.UID}
+			cr <- created{name: c.Namespace + "/" + c.Name, uid: c.UID, at: time.Now()}
 		}()
 	}
 	var uids []types.UID
+	timeline := map[string]*burstPod{}
 	for range n {
 		c := <-cr
 		if c.err != nil {
 			b.Fatal(c.err)
 		}
 		uids = append(uids, c.uid)
+		timeline[c.name] = &burstPod{at: map[string]time.Time{"created": c.at}}
 	}
 	markerDone := make(chan time.Duration, 1)
 	go func() { markerDone <- waitMarkers(ctx, e.dir, uids, start) }()
@@ -307,21 +350,42 @@ func (e *podBenchEnv) podBurst(b *testing.B, n int, round string, idleWindow tim
 			if p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded {
 				b.Fatalf("pod %s ended %s: %+v", p.Name, p.Status.Phase, p.Status)
 			}
+			tp := timeline[p.Namespace+"/"+p.Name]
+			if tp == nil { // created, but its Create call not returned yet
+				tp = &burstPod{at: map[string]time.Time{}}
+				timeline[p.Namespace+"/"+p.Name] = tp
+			}
 			if p.Spec.NodeName != "" && !bound[p.Name] {
 				bound[p.Name] = true
 				r.bound = time.Since(start)
+				tp.at["bound"] = time.Now()
 			}
 			for _, c := range p.Status.Conditions {
 				if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue && !ready[p.Name] {
 					ready[p.Name] = true
 					r.ready = time.Since(start)
+					tp.at["ready"] = time.Now()
 				}
 			}
 		case <-ctx.Done():
 			b.Fatalf("%d of %d pods Ready (%d bound): %v", len(ready), n, len(bound), ctx.Err())
 		}
 	}
-	if got := len(vmtest.QEMUPids(e.dir)); got != n {
+	r.loadReady = load1m(b)
+	// CPU from the first Create call to all Ready: the components', and
+	// the QEMUs' (all started in the window) since their start.
+	r.cpu = map[string]time.Duration{}
+	cpuReady, busyReady, window := procCPU(procs), hostBusy(b), time.Since(start)
+	for name, d := range cpuReady {
+		r.cpu[name] = d - cpuStart[name]
+	}
+	qemuPids := vmtest.QEMUPids(e.dir)
+	for _, pid := range qemuPids {
+		r.cpu["qemu"] += procCPU(map[string]int{"q": pid})["q"]
+	}
+	r.cpu["host"] = busyReady - busyStart
+	r.hostBusyToReady = (busyReady - busyStart).Seconds() / window.Seconds() / float64(runtime.NumCPU())
+	if got := len(qemuPids); got != n {
 		b.Fatalf("%d QEMU processes for %d Ready pods", got, n)
 	}
 	r.marker = <-markerDone
@@ -376,6 +440,13 @@ func (e *podBenchEnv) podBurst(b *testing.B, n int, round string, idleWindow tim
 	}
 	burstLog := log[min(logFrom, int64(len(log))):]
 	r.allWaits, r.throttled, r.maxThrottle = throttleWaits(string(burstLog), 100*time.Millisecond)
+	if err := parseNodeTimeline(string(burstLog), start.Year(), timeline); err != nil {
+		b.Fatalf("timeline of the burst from the agent's log: %v", err)
+	}
+	r.hops = burstHops(timeline, start)
+	for _, p := range timeline {
+		r.conflicts += p.conflicts
+	}
 	if d := os.Getenv("QK_BENCH_BURST_LOG_DIR"); d != "" {
 		// Keep the agent's log of the burst for a closer look.
 		p := filepath.Join(d, "agent-"+round+".log")
@@ -386,6 +457,63 @@ func (e *podBenchEnv) podBurst(b *testing.B, n int, round string, idleWindow tim
 		}
 	}
 	return r
+}
+
+// procCPU is the CPU time (user + system, all threads) of each named
+// process; a process gone is left out.
+func procCPU(pids map[string]int) map[string]time.Duration {
+	out := map[string]time.Duration{}
+	for name, pid := range pids {
+		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		// Fields after the command name in parentheses: state is field 3,
+		// utime and stime fields 14 and 15.
+		f := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+1:]))
+		if len(f) < 13 {
+			continue
+		}
+		ut, err1 := strconv.ParseInt(f[11], 10, 64)
+		st, err2 := strconv.ParseInt(f[12], 10, 64)
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		out[name] = time.Duration(ut+st) * time.Second / 100 // USER_HZ
+	}
+	return out
+}
+
+// formatCPU lists CPU times per pod, largest first.
+func formatCPU(cpu map[string]time.Duration, n int) string {
+	names := make([]string, 0, len(cpu))
+	for name := range cpu {
+		names = append(names, name)
+	}
+	sort.Slice(names, func(i, j int) bool { return cpu[names[i]] > cpu[names[j]] })
+	var parts []string
+	for _, name := range names {
+		parts = append(parts, fmt.Sprintf("%s %.0f ms", name, pbMs(cpu[name])/float64(n)))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// load1m is the host's 1-minute load average (/proc/loadavg).
+func load1m(b *testing.B) float64 {
+	b.Helper()
+	raw, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		b.Fatal(err)
+	}
+	f := strings.Fields(string(raw))
+	if len(f) == 0 {
+		b.Fatalf("/proc/loadavg: %q", raw)
+	}
+	v, err := strconv.ParseFloat(f[0], 64)
+	if err != nil {
+		b.Fatalf("/proc/loadavg: %q: %v", raw, err)
+	}
+	return v
 }
 
 // waitMarkers polls the consoles of the pods' VMs (reading only what was

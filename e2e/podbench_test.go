@@ -210,6 +210,7 @@ type podBenchEnv struct {
 	ref        string
 	metricsURL string
 	logPath    string // the agent's log
+	agentPid   int
 	kernel     string
 	initrd     string
 	cmdline    string
@@ -289,6 +290,7 @@ nodeLeaseDurationSeconds: 12
 	if err := agent.Start(); err != nil {
 		b.Fatalf("start qemu-kubelet: %v", err)
 	}
+	e.agentPid = agent.Process.Pid
 	// Cleanups run LIFO: pods are deleted (VMs stopped) before the agent
 	// is killed.
 	b.Cleanup(func() {

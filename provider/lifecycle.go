@@ -232,6 +232,7 @@ func (p *VMs) podDir(uid types.UID) string { return filepath.Join(p.vmsDir(), st
 // that is not admitted gets a Failed status naming why. Returns quickly: the
 // work is asynchronous.
 func (p *VMs) CreatePod(ctx context.Context, pod *corev1.Pod) error {
+	called := time.Now()
 	log := klog.FromContext(ctx).WithValues("pod", klog.KObj(pod), "uid", pod.UID)
 	rec := newPodVM(pod.UID, p.podDir(pod.UID), pod.DeepCopy())
 	rec.confirm.Do(func() { close(rec.confirmed) })
@@ -261,6 +262,10 @@ func (p *VMs) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	}
 	p.pods[pod.UID] = rec
 	p.mu.Unlock()
+	if rej == nil {
+		p.cfg.Telemetry.beginTimeline(pod.UID, called) // timeline.go
+		p.cfg.Telemetry.mark(pod.UID, StepAdmitted, time.Now())
+	}
 
 	if rej != nil {
 		log.Info("Pod not admitted", "reason", rej.Reason, "message", rej.Message)
@@ -289,6 +294,7 @@ func (p *VMs) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 		return fmt.Errorf("record pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
 	p.persist(rec)
+	p.cfg.Telemetry.mark(pod.UID, StepRecorded, time.Now())
 	log.Info("Pod admitted; creating VM", "image", plan.Image, "cpus", plan.CPUs, "memoryMiB", plan.MemoryMiB, "machine", plan.Machine)
 	p.push(rec)
 	go p.run(rec)
@@ -518,9 +524,11 @@ func (p *VMs) push(rec *podVM) {
 		cb := p.notify
 		p.mu.Unlock()
 		pod := p.snapshot(rec)
+		sent := time.Now()
 		if cb != nil {
 			cb(pod)
 		}
+		p.cfg.Telemetry.statusDelivered(p.log, pod, sent, time.Now()) // timeline.go
 		if podReady(pod) {
 			p.startExporter(p.base, rec) // exporter.go: first Ready; idempotent
 		}
@@ -1030,7 +1038,7 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (*qemu.VM, bool) {
 			scancel()
 		}
 	}
-	att.qemuStarted(err)
+	att.qemuStarted(vm, err)
 	if err != nil {
 		if pctx.Err() != nil {
 			return nil, false

@@ -38,7 +38,7 @@ func BenchmarkStartTelemetry(b *testing.B) {
 		a := tel.beginStart(ctx, pod.UID, pod, "registry.example/os:1")
 		a.pulled(time.Now(), nil)
 		a.overlaid(nil)
-		a.qemuStarted(nil)
+		a.qemuStarted(nil, nil)
 		if got := tel.takeBooting(pod.UID, nil); got != nil {
 			got.booted()
 		}

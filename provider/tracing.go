@@ -40,6 +40,9 @@ type Telemetry struct {
 	// booting: started VMs whose pod waits for its readiness probe; the
 	// boot span ends when the pod turns Ready or the VM ends.
 	booting map[types.UID]*startAttempt
+	// timelines: pods between CreatePod and their first Ready status
+	// (timeline.go).
+	timelines map[types.UID]*startTimeline
 }
 
 // NewTelemetry reports to m (nil: no metrics) and tp (nil: no spans).
@@ -47,7 +50,7 @@ func NewTelemetry(m *Metrics, tp trace.TracerProvider) *Telemetry {
 	if tp == nil {
 		tp = noop.NewTracerProvider()
 	}
-	return &Telemetry{metrics: m, tracer: tp.Tracer(TracerName), booting: map[types.UID]*startAttempt{}}
+	return &Telemetry{metrics: m, tracer: tp.Tracer(TracerName), booting: map[types.UID]*startAttempt{}, timelines: map[types.UID]*startTimeline{}}
 }
 
 // startAttempt follows one VM start: the pod.start span, its phase spans
@@ -87,6 +90,7 @@ func (t *Telemetry) beginStart(ctx context.Context, uid types.UID, pod *corev1.P
 			attribute.String("container.image.name", image),
 		))
 	a := &startAttempt{t: t, uid: uid, ctx: ctx, sctx: sctx, span: span, begin: now, mark: now}
+	t.mark(uid, StepWorker, now) // timeline.go
 	if len(pod.Spec.Containers) > 0 {
 		c := pod.Spec.Containers[0]
 		a.probe = c.ReadinessProbe != nil || c.StartupProbe != nil
@@ -127,6 +131,7 @@ func (a *startAttempt) pulled(t0 time.Time, err error) {
 	a.t.metrics.pulled(result, d.Seconds())
 	if err == nil {
 		a.t.metrics.phase(PhasePull, d.Seconds())
+		a.t.mark(a.uid, StepImage, t0.Add(d))
 	} else {
 		a.span.AddEvent("pull failed", trace.WithAttributes(attribute.String("result", result)))
 	}
@@ -149,16 +154,18 @@ func (a *startAttempt) overlaid(err error) {
 		return
 	}
 	a.t.metrics.phase(PhaseOverlay, d.Seconds())
+	a.t.mark(a.uid, StepOverlay, time.Now())
 }
 
-// qemuStarted records the QEMU start that returned err. A started VM ends
-// the pod.start span unless a probe gates Ready: then the boot span runs
-// until the pod turns Ready (observeReady) or the VM ends (vmExited).
-func (a *startAttempt) qemuStarted(err error) {
+// qemuStarted records the QEMU start that returned vm or err. A started VM
+// ends the pod.start span unless a probe gates Ready: then the boot span
+// runs until the pod turns Ready (observeReady) or the VM ends (vmExited).
+func (a *startAttempt) qemuStarted(vm *qemu.VM, err error) {
 	if a == nil {
 		return
 	}
 	d := a.phaseSpan(SpanQEMUStart, err)
+	a.t.markQEMU(a.uid, vm) // timeline.go
 	if err != nil {
 		if a.ctx.Err() == nil {
 			a.t.metrics.startFailed(ReasonStartError)

@@ -59,7 +59,29 @@ type VM struct {
 	// agent is the guest-agent client (qga.go), made on first use.
 	agentOnce sync.Once
 	agent     *guestAgent
+
+	// starts: when Start reached its steps (zero for an adopted VM);
+	// written by Start before it returns the VM.
+	starts StartTimes
 }
+
+// StartTimes are the wall-clock steps of Start: where a slow start spent
+// its time (the burst benchmark's per-pod timeline). Begin is zero for a
+// VM Adopt found.
+type StartTimes struct {
+	// Begin: Start was called. Exec: the QEMU process was started (the
+	// state dir prepared, fork and exec done). Socket: the first dial of
+	// the QMP socket that succeeded (QEMU created its chardevs). QMP: the
+	// greeting was read and capabilities negotiated. Released: the vCPUs
+	// were released (renice and cont with a nice value, or the incoming
+	// snapshot loaded): Start returns right after.
+	Begin, Exec, Socket, QMP, Released time.Time
+	// Dials is the number of dials of the QMP socket (20 ms apart).
+	Dials int
+}
+
+// StartTimes returns the steps of the Start that made vm.
+func (vm *VM) StartTimes() StartTimes { return vm.starts }
 
 // Start launches QEMU for spec with its state in stateDir (created 0700;
 // must not hold a live VM) and returns once QMP is connected. The context
@@ -69,6 +91,7 @@ type VM struct {
 // An existing console.log is kept as console.previous.log (for "logs
 // --previous"); a stale exit record and sockets are removed.
 func Start(ctx context.Context, spec Spec, stateDir string) (*VM, error) {
+	begin := time.Now()
 	abs, err := filepath.Abs(stateDir)
 	if err != nil {
 		return nil, fmt.Errorf("state dir %q: %w", stateDir, err)
@@ -163,6 +186,7 @@ func Start(ctx context.Context, spec Spec, stateDir string) (*VM, error) {
 	}
 	log.V(2).Info("QEMU started", "pid", cmd.Process.Pid)
 	vm := newVM(spec, abs, cmd.Process.Pid, log)
+	vm.starts.Begin, vm.starts.Exec = begin, time.Now()
 	vm.childDone = make(chan struct{})
 	go func() {
 		err := cmd.Wait()
@@ -177,6 +201,7 @@ func Start(ctx context.Context, spec Spec, stateDir string) (*VM, error) {
 	}()
 
 	err = vm.connect(ctx)
+	vm.starts.QMP = time.Now()
 	if err == nil && spec.Nice > 0 {
 		// Launched paused (-S): lower the threads before any guest code runs.
 		err = reniceProcess(vm.pid, spec.Nice)
@@ -209,6 +234,12 @@ func Start(ctx context.Context, spec Spec, stateDir string) (*VM, error) {
 		}
 	}
 	vm.holdGuestAgent()
+	if spec.Nice > 0 {
+		// Last, so QEMU answered the handshake and cont at its session's
+		// full weight.
+		vm.lowerAutogroup()
+	}
+	vm.starts.Released = time.Now()
 	return vm, nil
 }
 
@@ -305,7 +336,11 @@ func (vm *VM) connect(ctx context.Context) error {
 			}
 		}
 		mon, err := qmp.NewSocketMonitor("unix", sock, 2*time.Second)
+		vm.starts.Dials++
 		if err == nil {
+			if vm.starts.Socket.IsZero() {
+				vm.starts.Socket = time.Now()
+			}
 			if err = connectWithTimeout(mon, time.Until(deadline)); err == nil {
 				vm.mon = mon
 				if vm.pid == 0 {
@@ -931,16 +966,55 @@ func (vm *VM) RemoveForward(ctx context.Context, hostPort int) error {
 
 func vmLogger(ctx context.Context) logr.Logger { return logr.FromContextOrDiscard(ctx) }
 
-// release lowers every QEMU thread to spec.Nice and starts the vCPUs. A VM
-// with a nice value is launched paused (-S) at the agent's priority: its
-// start-up (QEMU's init, the QMP handshake) is control path and is not
-// slowed by busy guests; only then does its guest run, at spec.Nice.
+// release lowers every QEMU thread to spec.Nice, starts the vCPUs, then
+// lowers QEMU's session. A VM with a nice value is launched paused (-S) at
+// the agent's priority: its start-up (QEMU's init, the QMP handshake) is
+// control path and is not slowed by busy guests; only then does its guest
+// run, at spec.Nice.
 func (vm *VM) release(ctx context.Context) error {
 	if err := reniceProcess(vm.pid, vm.spec.Nice); err != nil {
 		return err
 	}
 	if err := vm.QMP(ctx, "cont", nil, nil); err != nil {
 		return fmt.Errorf("start the vCPUs (QMP cont): %w", err)
+	}
+	vm.lowerAutogroup()
+	return nil
+}
+
+// lowerAutogroup gives QEMU's session the VM's nice value as well (see
+// setAutogroupNice); where the kernel does not let it, the VM runs with
+// its threads lowered only, which is logged.
+func (vm *VM) lowerAutogroup() {
+	if err := setAutogroupNice(vm.pid, vm.spec.Nice); err != nil {
+		vm.log.Error(err, "VM not lowered against other sessions: its threads are, which on a host with scheduler autogroups does not lower it against the agent")
+	}
+}
+
+// setAutogroupNice sets the nice value of the scheduler autogroup of pid's
+// session (/proc/<pid>/autogroup, Linux's CONFIG_SCHED_AUTOGROUP). With
+// autogroups on (kernel.sched_autogroup_enabled=1, the default of most
+// distributions) and the process in the root CPU cgroup, the kernel shares
+// the CPU between sessions first and between the threads of a session
+// only then. QEMU runs in a session of its own (Setsid): so every VM
+// weighs as much as the whole session of the agent (and, on a test host,
+// the API server and etcd next to it), whatever its threads' nice values;
+// 30 busy guests leave that session 1/31 of the CPU. The autogroup's nice
+// value lowers the VM's session as a whole. A kernel without autogroups has
+// no such file: nothing to do.
+func setAutogroupNice(pid, n int) error {
+	f, err := os.OpenFile(fmt.Sprintf("/proc/%d/autogroup", pid), os.O_WRONLY, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err == nil {
+		_, err = f.WriteString(strconv.Itoa(n))
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("set the autogroup nice value of QEMU %d to %d: %w", pid, n, err)
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -653,7 +654,53 @@ func TestNiceAppliesToEveryThread(t *testing.T) {
 	if n := threadNice(t, "/proc/self/stat"); n != 0 {
 		t.Errorf("the test process runs at nice %d: Start must change QEMU's threads only", n)
 	}
+	checkAutogroupNice(t, vm.Pid(), 7)
 	waitBoot(t, vm)
+}
+
+// checkAutogroupNice: on a kernel with scheduler autogroups, pid's session
+// has nice value want and this process's session is untouched.
+func checkAutogroupNice(t *testing.T, pid, want int) {
+	t.Helper()
+	self, err := os.ReadFile("/proc/self/autogroup")
+	if errors.Is(err, os.ErrNotExist) {
+		t.Logf("kernel without scheduler autogroups: only the threads' nice values apply")
+		return
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/autogroup", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimSpace(string(b)); !strings.HasSuffix(got, fmt.Sprintf(" nice %d", want)) {
+		t.Errorf("autogroup of %d: %q, want nice %d", pid, got, want)
+	}
+	if got := strings.TrimSpace(string(self)); !strings.HasSuffix(got, " nice 0") {
+		t.Errorf("this process's autogroup: %q: only QEMU's session may be lowered", got)
+	}
+}
+
+// TestSetAutogroupNice: the nice value of a process's own session is set
+// (a child in a session of its own: this process's is untouched); a value
+// the kernel refuses is an error naming the process.
+func TestSetAutogroupNice(t *testing.T) {
+	cmd := exec.Command("sleep", "30")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	if err := setAutogroupNice(cmd.Process.Pid, 9); err != nil {
+		t.Fatal(err)
+	}
+	checkAutogroupNice(t, cmd.Process.Pid, 9)
+	if err := setAutogroupNice(cmd.Process.Pid, 25); err == nil {
+		t.Errorf("nice 25 accepted")
+	} else if !strings.Contains(err.Error(), fmt.Sprint(cmd.Process.Pid)) {
+		t.Errorf("error %q does not name the process", err)
+	}
 }
 
 // threadNice reads the nice field (19th) of a /proc/.../stat file.
@@ -726,5 +773,6 @@ func TestAdoptPrelaunchReleases(t *testing.T) {
 			t.Errorf("%s: nice %d, want 5", f, n)
 		}
 	}
+	checkAutogroupNice(t, vm.Pid(), 5)
 	waitBoot(t, vm)
 }

@@ -454,6 +454,20 @@ func (c *Cluster) spawn(name string, args ...string) error {
 	return nil
 }
 
+// Pids returns the process id of each component started (etcd,
+// kube-apiserver, ...), e.g. to read their CPU time.
+func (c *Cluster) Pids() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := map[string]int{}
+	for _, p := range c.procs {
+		if p.cmd.Process != nil {
+			out[p.name] = p.cmd.Process.Pid
+		}
+	}
+	return out
+}
+
 func (c *Cluster) proc(name string) *proc {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -88,7 +88,7 @@ func TestResolveDefaults(t *testing.T) {
 	assert.Equal(t, float32(50), n.EventRecordQPS)
 	assert.Equal(t, 100, n.EventBurst)
 	assert.Equal(t, 10, n.PodSyncWorkers, "virtual-kubelet's default, not the 2 of a bare PodController.Run")
-	assert.Equal(t, 0, n.VMNice, "off by default: measured slower to all-Ready (docs/performance.md)")
+	assert.Equal(t, 10, n.VMNice, "guests below the agent by default: a burst's control path is not starved (docs/performance.md)")
 	assert.Equal(t, []string{"tsc=reliable", "sysctl.vm.compaction_proactiveness=0"}, n.EmulatedKernelArgs, "measured: idle QEMU CPU 0.58% -> 0.22% (docs/performance.md)")
 	assert.Equal(t, Threshold{Amount: 100 << 20}, n.MemoryAvailable)
 	assert.Equal(t, Threshold{Percent: 10, IsPercent: true}, n.DiskAvailable)

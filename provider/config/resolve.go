@@ -34,7 +34,7 @@ const (
 	DefaultEventRecordQPS                           = 50
 	DefaultEventBurst                               = 100
 	DefaultPodSyncWorkers                           = 10
-	DefaultVMNice                                   = 0
+	DefaultVMNice                                   = 10
 	DefaultMemoryAvailable           QuantityString = "100Mi"
 	DefaultDiskAvailable             QuantityString = "10%"
 	DefaultPIDAvailable              QuantityString = "5%"
