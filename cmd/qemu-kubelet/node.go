@@ -74,7 +74,9 @@ func (v *vkNode) run(ctx context.Context, ready func()) error {
 	v.pods.SetRecorder(eb.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "qemu-kubelet", Host: v.cfg.NodeName}))
 
 	pc, err := node.NewPodController(node.PodControllerConfig{
-		PodClient:                 v.client.CoreV1(),
+		// StatusWriter: a status written over labels set since the
+		// provider copied the pod is retried with the stored ones.
+		PodClient:                 provider.StatusWriter(v.client.CoreV1()),
 		EventRecorder:             recorder,
 		Provider:                  v.pods,
 		PodInformer:               podInformer,
