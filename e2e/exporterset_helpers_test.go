@@ -468,9 +468,31 @@ func (e *exsEnv) waitVMGone(tb testing.TB, p corev1.Pod, timeout time.Duration) 
 // booted reports whether pod's guest printed the test image's boot marker
 // on its serial console.
 func (e *exsEnv) booted(p corev1.Pod) bool {
-	b, _ := os.ReadFile(filepath.Join(e.stateDir, "vms", string(p.UID), qemu.ConsoleLogName))
-	return strings.Contains(string(b), vmtest.BootMarker)
+	return consoleShowsBoot(filepath.Join(e.stateDir, "vms", string(p.UID), qemu.ConsoleLogName))
 }
+
+// consoleShowsBoot waits up to markerLag for the boot marker in a console
+// log. A readiness probe on the guest's HTTP port passes before the guest's
+// init prints the marker (it starts httpd, then waits up to 10 s for the
+// guest agent's port, then prints it), so Ready does not mean the marker
+// is already in the log.
+func consoleShowsBoot(path string) bool {
+	deadline := time.Now().Add(markerLag)
+	for {
+		b, _ := os.ReadFile(path)
+		if strings.Contains(string(b), vmtest.BootMarker) {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+// markerLag bounds the time from a Ready pod to its boot marker (init's
+// guest-agent wait of 10 s, on a loaded TCG guest).
+const markerLag = 45 * time.Second
 
 // vmRunning reports whether exactly one QEMU runs for pod.
 func (e *exsEnv) vmRunning(p corev1.Pod) bool {

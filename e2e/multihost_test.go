@@ -422,7 +422,7 @@ func (m *multiHost) testSpread(t *testing.T, set string) {
 		h := m.host(p.Spec.NodeName)
 		require.NotNil(t, h, "pod %s on %q", p.Name, p.Spec.NodeName)
 		assert.Len(t, h.qemuPids(p.UID), 1, "pod %s: one QEMU under %s's state dir", p.Name, h.name)
-		assert.True(t, strings.Contains(readTail(filepath.Join(h.vmDir(p.UID), qemu.ConsoleLogName), 200), vmtest.BootMarker), "pod %s booted", p.Name)
+		assert.True(t, consoleShowsBoot(filepath.Join(h.vmDir(p.UID), qemu.ConsoleLogName)), "pod %s booted", p.Name)
 		for _, o := range m.hosts {
 			if o != h {
 				_, err := os.Stat(o.vmDir(p.UID))
