@@ -53,13 +53,14 @@ test: deps verify
 	  $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
 	cd hack/benchplot && $(GO) test -count=1 ./...
 	$(MAKE) fuzz-short FUZZTIME=$(TEST_FUZZTIME)
+	$(MAKE) unit-race
 
 # TEST_FUZZTIME: each fuzz target's run in make test (seed corpora always run
 # as unit tests; this explores beyond them).
 TEST_FUZZTIME ?= 5s
 
-# check: make test plus the unit tests under -race.
-check: test unit-race
+# check: make test (which runs the unit tests under -race too).
+check: test
 
 # unit: the fast inner loop. Tests that need QEMU (or qemu-img), a registry
 # or a control plane skip under -short (internal/testutil.SkipIfShort).

@@ -78,9 +78,11 @@ func echoForward(_ context.Context, _, _ string, _ int32, stream io.ReadWriteClo
 // library's PodHandler swaps them (the baseline, cut after the creation
 // timeout).
 func TestKubeletAPIHandlerPortForwardTimeouts(t *testing.T) {
-	cfg := api.PodHandlerConfig{PortForward: echoForward, StreamIdleTimeout: 20 * time.Second, StreamCreationTimeout: 500 * time.Millisecond}
-	assert.NoError(t, forwardEcho(t, KubeletAPIHandler(cfg, false), 2*time.Second), "quiet for 2s < idle timeout 20s")
-	assert.Error(t, forwardEcho(t, api.PodHandler(cfg, false), 2*time.Second), "the library's handler uses the creation timeout as idle timeout")
+	// The creation timeout leaves room for a loaded machine (-race beside
+	// 175 booting VMs took more than 500 ms to create the error stream).
+	cfg := api.PodHandlerConfig{PortForward: echoForward, StreamIdleTimeout: 30 * time.Second, StreamCreationTimeout: 1500 * time.Millisecond}
+	assert.NoError(t, forwardEcho(t, KubeletAPIHandler(cfg, false), 3*time.Second), "quiet for 3s < idle timeout 30s")
+	assert.Error(t, forwardEcho(t, api.PodHandler(cfg, false), 3*time.Second), "the library's handler uses the creation timeout (1.5s) as idle timeout")
 }
 
 // TestKubeletAPIHandlerRoutes: the other routes are PodHandler's.
