@@ -35,51 +35,38 @@ func TestKernelCmdlineConsole(t *testing.T) {
 	assert.Equal(t, "console=hvc0", KernelCmdline(qemu.ArchAArch64, "console=hvc0", ""))
 }
 
+// TestEmulatedKernelCmdline: no_timer_check on emulated x86-64 guests,
+// then the node's emulatedKernelArgs (args), unless the command line names
+// them already; nothing after "--" (init's) counts, nothing on KVM or
+// aarch64.
 func TestEmulatedKernelCmdline(t *testing.T) {
-	cases := []struct {
-		name  string
-		arch  qemu.Arch
-		accel qemu.Accelerator
-		in    string
-		want  string
-	}{
-		{"x86 under tcg", qemu.ArchX86_64, qemu.AccelTCG, "console=ttyS0 quiet", "no_timer_check console=ttyS0 quiet"},
-		{"already there", qemu.ArchX86_64, qemu.AccelTCG, "quiet no_timer_check", "quiet no_timer_check"},
-		{"after -- is init's", qemu.ArchX86_64, qemu.AccelTCG, "quiet -- no_timer_check", "no_timer_check quiet -- no_timer_check"},
-		{"kvm keeps the check", qemu.ArchX86_64, qemu.AccelKVM, "quiet", "quiet"},
-		{"aarch64 has no 8254", qemu.ArchAArch64, qemu.AccelTCG, "console=ttyAMA0", "console=ttyAMA0"},
-		{"empty", qemu.ArchX86_64, qemu.AccelTCG, "", "no_timer_check"},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			assert.Equal(t, tc.want, EmulatedKernelCmdline(tc.arch, tc.accel, tc.in, nil))
-		})
-	}
-}
-
-// The node's emulatedKernelArgs reach an emulated x86-64 guest's command
-// line after no_timer_check, unless the command line names them already.
-func TestEmulatedKernelCmdlineIdleArgs(t *testing.T) {
 	idle := []string{"tsc=reliable", "sysctl.vm.compaction_proactiveness=0"}
 	cases := []struct {
 		name  string
 		arch  qemu.Arch
 		accel qemu.Accelerator
+		args  []string
 		in    string
 		want  string
 	}{
-		{"x86 under tcg", qemu.ArchX86_64, qemu.AccelTCG, "console=ttyS0 quiet",
+		{"x86 under tcg", qemu.ArchX86_64, qemu.AccelTCG, nil, "console=ttyS0 quiet", "no_timer_check console=ttyS0 quiet"},
+		{"already there", qemu.ArchX86_64, qemu.AccelTCG, nil, "quiet no_timer_check", "quiet no_timer_check"},
+		{"after -- is init's", qemu.ArchX86_64, qemu.AccelTCG, nil, "quiet -- no_timer_check", "no_timer_check quiet -- no_timer_check"},
+		{"kvm keeps the check", qemu.ArchX86_64, qemu.AccelKVM, nil, "quiet", "quiet"},
+		{"aarch64 has no 8254", qemu.ArchAArch64, qemu.AccelTCG, nil, "console=ttyAMA0", "console=ttyAMA0"},
+		{"empty", qemu.ArchX86_64, qemu.AccelTCG, nil, "", "no_timer_check"},
+		{"idle args, x86 under tcg", qemu.ArchX86_64, qemu.AccelTCG, idle, "console=ttyS0 quiet",
 			"no_timer_check tsc=reliable sysctl.vm.compaction_proactiveness=0 console=ttyS0 quiet"},
-		{"image chose its tsc", qemu.ArchX86_64, qemu.AccelTCG, "tsc=unstable quiet",
+		{"idle args, image chose its tsc", qemu.ArchX86_64, qemu.AccelTCG, idle, "tsc=unstable quiet",
 			"no_timer_check sysctl.vm.compaction_proactiveness=0 tsc=unstable quiet"},
-		{"after -- is init's", qemu.ArchX86_64, qemu.AccelTCG, "quiet -- tsc=reliable",
+		{"idle args, after -- is init's", qemu.ArchX86_64, qemu.AccelTCG, idle, "quiet -- tsc=reliable",
 			"no_timer_check tsc=reliable sysctl.vm.compaction_proactiveness=0 quiet -- tsc=reliable"},
-		{"kvm: nothing", qemu.ArchX86_64, qemu.AccelKVM, "quiet", "quiet"},
-		{"aarch64: nothing", qemu.ArchAArch64, qemu.AccelTCG, "quiet", "quiet"},
+		{"idle args, kvm: nothing", qemu.ArchX86_64, qemu.AccelKVM, idle, "quiet", "quiet"},
+		{"idle args, aarch64: nothing", qemu.ArchAArch64, qemu.AccelTCG, idle, "quiet", "quiet"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			assert.Equal(t, tc.want, EmulatedKernelCmdline(tc.arch, tc.accel, tc.in, idle))
+			assert.Equal(t, tc.want, EmulatedKernelCmdline(tc.arch, tc.accel, tc.in, tc.args))
 		})
 	}
 }
