@@ -677,7 +677,10 @@ func checkAutogroupNice(t *testing.T, pid, want int) {
 	if got := strings.TrimSpace(string(b)); !strings.HasSuffix(got, fmt.Sprintf(" nice %d", want)) {
 		t.Errorf("autogroup of %d: %q, want nice %d", pid, got, want)
 	}
-	if got := strings.TrimSpace(string(self)); !strings.HasSuffix(got, " nice 0") {
+	// A process of the boot session (no setsid in its ancestry, as under
+	// some CI runners) is in the kernel's default autogroup, the root task
+	// group, which reads as an empty file and has no nice value to lower.
+	if got := strings.TrimSpace(string(self)); got != "" && !strings.HasSuffix(got, " nice 0") {
 		t.Errorf("this process's autogroup: %q: only QEMU's session may be lowered", got)
 	}
 }
