@@ -23,10 +23,13 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
+	watchtools "k8s.io/client-go/tools/watch"
 )
 
 // burstSizes are the burst sizes of BenchmarkBurst: 30 and 60 (issue #20)
@@ -287,7 +290,19 @@ func (e *podBenchEnv) podBurst(b *testing.B, n int, round string, idleWindow tim
 	defer cancel()
 	pods := e.c.Client().CoreV1().Pods("default")
 	sel := "bench-burst=" + round
-	w, err := pods.Watch(ctx, metav1.ListOptions{LabelSelector: sel})
+	// A retrying watch: a starved API server closes slow watchers (its
+	// cacher's queue fills up under a burst of 60); this one resumes from
+	// the last resource version it saw, as an informer would.
+	list, err := pods.List(ctx, metav1.ListOptions{LabelSelector: sel})
+	if err != nil {
+		b.Fatal(err)
+	}
+	w, err := watchtools.NewRetryWatcherWithContext(ctx, list.ResourceVersion, &cache.ListWatch{
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.LabelSelector = sel
+			return pods.Watch(ctx, o)
+		},
+	})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -342,6 +357,9 @@ func (e *podBenchEnv) podBurst(b *testing.B, n int, round string, idleWindow tim
 		case ev, ok := <-w.ResultChan():
 			if !ok {
 				b.Fatalf("watch closed with %d of %d Ready", len(ready), n)
+			}
+			if ev.Type == watch.Error {
+				b.Fatalf("watch of the burst's pods failed with %d of %d Ready: %v", len(ready), n, apierrors.FromObject(ev.Object))
 			}
 			p, isPod := ev.Object.(*corev1.Pod)
 			if !isPod {
