@@ -63,12 +63,15 @@ TEST_FUZZTIME ?= 5s
 check: test
 
 # unit: the fast inner loop. Tests that need QEMU (or qemu-img), a registry
-# or a control plane skip under -short (internal/testutil.SkipIfShort).
+# or a control plane skip under -short (internal/testutil.SkipIfShort). It
+# proves that: the tools such tests start are shadowed on PATH by a shim
+# that records the call and fails, and unit fails if any was called.
+# -vet=off: make verify vets every package.
 unit:
-	$(GO) test -count=1 -short ./...
+	@hack/unit-shim.sh $(GO) test -vet=off -count=1 -short ./...
 
 unit-race:
-	$(GO) test -race -count=1 -short ./...
+	@hack/unit-shim.sh $(GO) test -vet=off -race -count=1 -short ./...
 
 # fuzz-short: each fuzz target for FUZZTIME (seed corpora in testdata/fuzz).
 FUZZTIME ?= 10s
@@ -97,7 +100,7 @@ bench: deps
 	bash -o pipefail -c 'QK_CONTROL_PLANE_BIN=$$(hack/build-control-plane.sh) \
 	  $(GO) test -p 1 -run "^$$" -bench . -benchtime $(BENCHTIME) -benchmem -timeout 60m ./... 2>&1 | tee -a $(BENCH_OUT)'
 	@echo "# summary $$(date -u +%FT%TZ) load $$(cut -d' ' -f1-3 /proc/loadavg) elapsed $$(( $$(date +%s) - $$(cat $(BENCH_OUT).start) ))s" >> $(BENCH_OUT); rm -f $(BENCH_OUT).start
-	cd hack/benchplot && $(GO) run . -in ../../$(BENCH_OUT) -png ../../$(BENCH_PNG) >> ../../$(BENCH_OUT)
+	cd hack/benchplot && $(GO) run . -in $(abspath $(BENCH_OUT)) -png $(abspath $(BENCH_PNG)) >> $(abspath $(BENCH_OUT))
 	@echo "results: $(BENCH_OUT), plot: $(BENCH_PNG)"
 
 # soak: e2e TestSoak for SOAK_DURATION (Go duration) with random faults;
