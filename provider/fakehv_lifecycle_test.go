@@ -189,6 +189,33 @@ func TestFakeVMCrashRestarts(t *testing.T) {
 	}
 }
 
+// A VM that fails to start is a terminated run (StartError, exit 128):
+// restarted at once, then after the back-off, until a start succeeds; the
+// failure stays as the last termination.
+func TestFakeVMStartFailsThenRuns(t *testing.T) {
+	const backoff = 100 * time.Millisecond
+	f := newFakeVMHarness(t, t.TempDir(), newFakeHypervisor(), backoff)
+	f.hv.failNextStarts(2, errors.New("fake: QEMU could not start"))
+	pod := podFor("u-nostart", "reg.example/os:1", corev1.RestartPolicyAlways, nil)
+	t0 := time.Now()
+	require.NoError(t, f.vms.CreatePod(context.Background(), pod))
+	vm := nextVM(t, f.hv)
+	assert.GreaterOrEqual(t, vm.startTimes.Begin.Sub(t0), backoff, "the third start waited for the back-off")
+	p := f.wait(pod.UID, 5*time.Second, "Running", func(p *corev1.Pod) bool { return running(p) && restarts(p) == 2 })
+	last := p.Status.ContainerStatuses[0].LastTerminationState.Terminated
+	require.NotNil(t, last)
+	assert.Equal(t, ReasonStartError, last.Reason)
+	assert.Equal(t, int32(128), last.ExitCode)
+	assert.Contains(t, last.Message, "fake: QEMU could not start")
+	assert.Contains(t, f.seenTags(pod.UID), "Running/CrashLoopBackOff")
+	evs := f.drainEvents()
+	assert.True(t, hasEvent(evs, "Warning Failed Error: fake: QEMU could not start"), "events %q", evs)
+	starts, _ := f.hv.counts()
+	assert.Equal(t, 1, starts, "one VM ran")
+	f.deleteFakePod(t, pod)
+	f.assertNoHolds(t)
+}
+
 // With restartPolicy Never a VM that ends is not restarted: a crash or a
 // guest panic fails the pod, a guest power off completes it; the image is
 // given up.

@@ -26,8 +26,9 @@ type fakeHypervisor struct {
 	// procs is the VM each state dir holds (the last one started there).
 	procs   map[string]*fakeVM
 	nextPid int
-	// startErr fails every start while set.
-	startErr error
+	// failStarts starts fail next, with startErr.
+	failStarts int
+	startErr   error
 	// adoptErr: dirs whose Adopt fails with this error.
 	adoptErr map[string]error
 	starts   int
@@ -50,7 +51,8 @@ func (h *fakeHypervisor) Start(ctx context.Context, spec qemu.Spec, dir string) 
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.startErr != nil {
+	if h.failStarts > 0 {
+		h.failStarts--
 		return nil, h.startErr
 	}
 	if old := h.procs[dir]; old != nil {
@@ -117,6 +119,13 @@ func (h *fakeHypervisor) runningVMs() []*fakeVM {
 		}
 	}
 	return out
+}
+
+// failNextStarts makes the next n starts fail with err.
+func (h *fakeHypervisor) failNextStarts(n int, err error) {
+	h.mu.Lock()
+	h.failStarts, h.startErr = n, err
+	h.mu.Unlock()
 }
 
 func (h *fakeHypervisor) setAdoptErr(dir string, err error) {
