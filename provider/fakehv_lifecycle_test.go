@@ -71,7 +71,7 @@ func nextVM(t *testing.T, hv *fakeHypervisor) *fakeVM {
 	case vm := <-hv.started:
 		return vm
 	case <-time.After(5 * time.Second):
-		t.Fatal("no VM started within 5s")
+		t.Fatal("no VM started within 10s")
 		return nil
 	}
 }
@@ -92,7 +92,7 @@ func waitWorkerDone(t *testing.T, rec *podVM) {
 	select {
 	case <-rec.done:
 	case <-time.After(5 * time.Second):
-		t.Fatalf("pod %s: worker still running after 5s", rec.uid)
+		t.Fatalf("pod %s: worker still running after 10s", rec.uid)
 	}
 }
 
@@ -147,13 +147,13 @@ func TestFakeVMCrashRestarts(t *testing.T) {
 			pod := podFor("u-crash", "reg.example/os:1", policy, nil)
 			require.NoError(t, f.vms.CreatePod(context.Background(), pod))
 			vm1 := nextVM(t, f.hv)
-			p := f.wait(pod.UID, 5*time.Second, "Running", running)
+			p := f.wait(pod.UID, 10*time.Second, "Running", running)
 			assert.Equal(t, int32(0), restarts(p))
 			f.drainEvents()
 
 			require.True(t, vm1.crash())
 			vm2 := nextVM(t, f.hv)
-			p = f.wait(pod.UID, 5*time.Second, "restarted", func(p *corev1.Pod) bool { return running(p) && restarts(p) == 1 })
+			p = f.wait(pod.UID, 10*time.Second, "restarted", func(p *corev1.Pod) bool { return running(p) && restarts(p) == 1 })
 			assert.NotEqual(t, vm1.pid, vm2.pid, "a new VM")
 			assert.Equal(t, vm1.dir, vm2.dir)
 			last := p.Status.ContainerStatuses[0].LastTerminationState.Terminated
@@ -172,7 +172,7 @@ func TestFakeVMCrashRestarts(t *testing.T) {
 			require.True(t, vm2.crash())
 			vm3 := nextVM(t, f.hv)
 			assert.GreaterOrEqual(t, vm3.startTimes.Begin.Sub(crashed), backoff, "restarted only after the back-off")
-			p = f.wait(pod.UID, 5*time.Second, "second restart", func(p *corev1.Pod) bool { return running(p) && restarts(p) == 2 })
+			p = f.wait(pod.UID, 10*time.Second, "second restart", func(p *corev1.Pod) bool { return running(p) && restarts(p) == 2 })
 			assert.Contains(t, f.seenTags(pod.UID), "Running/CrashLoopBackOff")
 			assert.Equal(t, ReasonError, p.Status.ContainerStatuses[0].LastTerminationState.Terminated.Reason)
 			evs = f.drainEvents()
@@ -201,7 +201,7 @@ func TestFakeVMStartFailsThenRuns(t *testing.T) {
 	require.NoError(t, f.vms.CreatePod(context.Background(), pod))
 	vm := nextVM(t, f.hv)
 	assert.GreaterOrEqual(t, vm.startTimes.Begin.Sub(t0), backoff, "the third start waited for the back-off")
-	p := f.wait(pod.UID, 5*time.Second, "Running", func(p *corev1.Pod) bool { return running(p) && restarts(p) == 2 })
+	p := f.wait(pod.UID, 10*time.Second, "Running", func(p *corev1.Pod) bool { return running(p) && restarts(p) == 2 })
 	last := p.Status.ContainerStatuses[0].LastTerminationState.Terminated
 	require.NotNil(t, last)
 	assert.Equal(t, ReasonStartError, last.Reason)
@@ -237,9 +237,9 @@ func TestFakeVMNeverRestarts(t *testing.T) {
 			pod := podFor("u-never", "reg.example/os:1", corev1.RestartPolicyNever, nil)
 			require.NoError(t, f.vms.CreatePod(context.Background(), pod))
 			vm := nextVM(t, f.hv)
-			f.wait(pod.UID, 5*time.Second, "Running", running)
+			f.wait(pod.UID, 10*time.Second, "Running", running)
 			require.True(t, vm.end(tc.exit))
-			p := f.wait(pod.UID, 5*time.Second, string(tc.phase), func(p *corev1.Pod) bool { return p.Status.Phase == tc.phase })
+			p := f.wait(pod.UID, 10*time.Second, string(tc.phase), func(p *corev1.Pod) bool { return p.Status.Phase == tc.phase })
 			term := terminated(p)
 			require.NotNil(t, term)
 			assert.Equal(t, tc.reason, term.Reason)
@@ -265,14 +265,14 @@ func TestFakeVMCrashDuringDelete(t *testing.T) {
 	pod := podFor("u-race", "reg.example/os:1", corev1.RestartPolicyAlways, nil)
 	require.NoError(t, f.vms.CreatePod(context.Background(), pod))
 	vm := nextVM(t, f.hv)
-	f.wait(pod.UID, 5*time.Second, "Running", running)
+	f.wait(pod.UID, 10*time.Second, "Running", running)
 	vm.setHoldStop(true) // the guest ignores the power button
 	rec := f.rec(pod.UID)
 	require.NoError(t, f.vms.DeletePod(context.Background(), deleting(pod)))
 	select {
 	case <-vm.stopCalled:
 	case <-time.After(5 * time.Second):
-		t.Fatal("the delete did not stop the VM within 5s")
+		t.Fatal("the delete did not stop the VM within 10s")
 	}
 	assert.NotNil(t, f.rec(pod.UID), "the pod is known while its VM stops")
 	assert.Zero(t, f.finalDeletes(pod.UID), "no final delete while the VM stops")
@@ -302,7 +302,7 @@ func TestFakeVMCrashAndDeleteTogether(t *testing.T) {
 		pod := podFor(fmt.Sprintf("u-both-%d", i), "reg.example/os:1", corev1.RestartPolicyAlways, nil)
 		require.NoError(t, f.vms.CreatePod(context.Background(), pod))
 		vm := nextVM(t, f.hv)
-		f.wait(pod.UID, 5*time.Second, "Running", running)
+		f.wait(pod.UID, 10*time.Second, "Running", running)
 		rec := f.rec(pod.UID)
 		var wg sync.WaitGroup
 		wg.Add(2)
@@ -345,7 +345,7 @@ func TestFakeVMRecovery(t *testing.T) {
 	for _, p := range []*corev1.Pod{keep, gone, died, stale} {
 		require.NoError(t, f1.vms.CreatePod(ctx, p))
 		vms[p.UID] = nextVM(t, hv)
-		f1.wait(p.UID, 5*time.Second, "Running", running)
+		f1.wait(p.UID, 10*time.Second, "Running", running)
 		recs = append(recs, f1.rec(p.UID))
 	}
 
@@ -434,14 +434,14 @@ func TestFakeVMRecovery(t *testing.T) {
 	require.NoError(t, err)
 	restarted := nextVM(t, hv)
 	assert.Equal(t, f1.dir(died.UID), restarted.dir)
-	p := f2.wait(died.UID, 5*time.Second, "restarted", func(p *corev1.Pod) bool { return running(p) && restarts(p) == 1 })
+	p := f2.wait(died.UID, 10*time.Second, "restarted", func(p *corev1.Pod) bool { return running(p) && restarts(p) == 1 })
 	assert.Equal(t, ReasonError, p.Status.ContainerStatuses[0].LastTerminationState.Terminated.Reason)
 
 	// The VM that could not be adopted: Never, so the pod fails and
 	// nothing starts.
 	_, err = f2.vms.GetPod(ctx, stale.Namespace, stale.Name)
 	require.NoError(t, err)
-	p = f2.wait(stale.UID, 5*time.Second, "Failed", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodFailed })
+	p = f2.wait(stale.UID, 10*time.Second, "Failed", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodFailed })
 	assert.Contains(t, terminated(p).Message, "could not re-adopt")
 	noVMStarted(t, hv, 100*time.Millisecond, "an unadoptable pod with restartPolicy Never")
 
@@ -453,7 +453,7 @@ func TestFakeVMRecovery(t *testing.T) {
 	require.NoError(t, err)
 	midVM := nextVM(t, hv)
 	assert.Equal(t, midDir, midVM.dir)
-	f2.wait(mid.UID, 5*time.Second, "Running", running)
+	f2.wait(mid.UID, 10*time.Second, "Running", running)
 	waitWorkerDone(t, goneRec)
 	_, err = os.Stat(f1.dir(gone.UID))
 	assert.True(t, os.IsNotExist(err), "deleted pod's state dir removed")
