@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"syscall"
 
-	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
 	"github.com/virtual-kubelet/virtual-kubelet/node/api"
 	"k8s.io/klog/v2"
@@ -47,7 +46,7 @@ func lockConsoleWriter(dir string) (func(), error) {
 // VM exits; the end of stdin gives up the writer role but keeps the output
 // flowing, as a kubelet does for a container without stdinOnce. Terminal
 // resizes are accepted and ignored (a serial line has no window size).
-func AttachConsole(ctx context.Context, vm *qemu.VM, dir string, attach api.AttachIO) error {
+func AttachConsole(ctx context.Context, vm VM, dir string, attach api.AttachIO) error {
 	log := klog.FromContext(ctx)
 	stdin := attach.Stdin()
 	release := func() {}

@@ -15,7 +15,7 @@ import (
 )
 
 // `kubectl exec` into a VM runs the command through qemu-guest-agent on the
-// VM's virtio-serial channel (qemu.VM.GuestExec): the command's argv is
+// VM's virtio-serial channel (VM.GuestExec): the command's argv is
 // guest-exec's path and args (no shell on either side), its stdin is read
 // whole first (at most qemu.MaxExecStdin bytes; kubectl exec -i ends it at
 // the end of its input), then it runs; its stdout and stderr (each at most

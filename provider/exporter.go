@@ -17,7 +17,6 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
-	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -480,7 +479,7 @@ func (t *vmTarget) Powered() bool {
 	return t.vm() != nil
 }
 
-func (t *vmTarget) vm() *qemu.VM {
+func (t *vmTarget) vm() VM {
 	t.rec.mu.Lock()
 	defer t.rec.mu.Unlock()
 	return t.rec.vm

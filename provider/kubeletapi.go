@@ -3,7 +3,6 @@ package provider
 import (
 	"time"
 
-	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
 	corev1 "k8s.io/api/core/v1"
 )
@@ -16,7 +15,7 @@ type podView struct {
 	// dir is the pod's state dir (console logs live there).
 	dir string
 	// vm is the running VM, nil when none runs (waiting, exited).
-	vm *qemu.VM
+	vm VM
 	// started is when the current (or last) run started; zero if none.
 	started time.Time
 	// container is the name of the pod's one container.

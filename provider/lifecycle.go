@@ -55,6 +55,9 @@ type VMsConfig struct {
 	// StateDir is the node's state dir; pods live under StateDir/vms/<uid>.
 	StateDir   string
 	QEMUBinary string
+	// Hypervisor starts and re-adopts the VMs (nil: QEMU{}, package
+	// qemu); tests pass fakes.
+	Hypervisor Hypervisor
 	// Arch is the guest architecture of the node's VMs (default the
 	// host's): machine types, the kernel console and the QEMU binary follow.
 	Arch qemu.Arch
@@ -149,7 +152,7 @@ type podVM struct {
 	pod      *corev1.Pod
 	plan     Plan
 	state    VMState
-	vm       *qemu.VM
+	vm       VM
 	release  func()
 	deleting bool
 	grace    time.Duration
@@ -215,6 +218,9 @@ func NewVMs(ctx context.Context, cfg VMsConfig) *VMs {
 	}
 	if cfg.DefaultGrace <= 0 {
 		cfg.DefaultGrace = 30 * time.Second
+	}
+	if cfg.Hypervisor == nil {
+		cfg.Hypervisor = QEMU{}
 	}
 	p := &VMs{cfg: cfg, base: ctx, log: klog.FromContext(ctx).WithName("vms"), now: time.Now, pods: map[types.UID]*podVM{}, featuresChanged: make(chan struct{})}
 	p.features.Store(cfg.Features)
@@ -579,9 +585,9 @@ func writeJSONAtomic(path string, v any) error {
 //     and answered on the request's reply channel, so power, flash, delete,
 //     restart and recovery never race;
 //   - the console and guest port forwards (kubectl attach/port-forward,
-//     the exporter's console and TCP drivers) use the running *qemu.VM
+//     the exporter's console and TCP drivers) use the running VM
 //     read from rec.vm under rec.mu; they never change its lifecycle
-//     (qemu.VM methods are safe for concurrent use);
+//     (VM methods are safe for concurrent use);
 //   - the exporter supervisor goroutine (exporter.go) owns the exporter
 //     and rec.exporter (the condition it shows).
 //
@@ -601,7 +607,7 @@ type worker struct {
 	log klog.Logger
 	pod *corev1.Pod
 	// vm is the running VM (nil: none).
-	vm *qemu.VM
+	vm VM
 	// req is the request being served (evRequest, statePoweringOff,
 	// stateFlashing).
 	req vmRequest
@@ -912,7 +918,7 @@ func (p *VMs) deleteRequested(rec *podVM) bool {
 // ErrImagePull / ImagePullBackOff) and starts the VM. ok is false when
 // interrupted (delete, shutdown) or when the start failed (recorded as a
 // terminated run).
-func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (*qemu.VM, bool) {
+func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (VM, bool) {
 	log := klog.FromContext(ctx)
 	p.dropSnapshotClaim(rec) // an earlier run's, unused
 	rec.mu.Lock()
@@ -1027,14 +1033,14 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (*qemu.VM, bool) {
 		return nil, false
 	}
 	sctx, scancel := context.WithTimeout(pctx, p.cfg.StartTimeout)
-	vm, err := qemu.Start(sctx, spec, rec.dir)
+	vm, err := p.cfg.Hypervisor.Start(sctx, spec, rec.dir)
 	scancel()
 	if err != nil && spec.Incoming != "" && pctx.Err() == nil {
 		// The snapshot cannot be loaded: discard it and boot (snapshots.go).
 		spec, err = p.restoreFailed(ctx, rec, pod, plan, img, err)
 		if err == nil {
 			sctx, scancel := context.WithTimeout(pctx, p.cfg.StartTimeout)
-			vm, err = qemu.Start(sctx, spec, rec.dir)
+			vm, err = p.cfg.Hypervisor.Start(sctx, spec, rec.dir)
 			scancel()
 		}
 	}
@@ -1215,7 +1221,7 @@ func (p *VMs) releaseImage(rec *podVM) {
 
 // finishDelete stops the VM (if any) within the grace period, removes the
 // state dir, pushes the terminal status and forgets the pod.
-func (p *VMs) finishDelete(rec *podVM, vm *qemu.VM) {
+func (p *VMs) finishDelete(rec *podVM, vm VM) {
 	rec.mu.Lock()
 	if vm == nil {
 		vm = rec.vm

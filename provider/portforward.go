@@ -12,7 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
 	"k8s.io/klog/v2"
 )
@@ -67,7 +66,7 @@ func guestAccepted(out string, hostPort int) bool {
 // usernetQuery returns QEMU's `info usernet` text.
 type usernetQuery func(ctx context.Context) (string, error)
 
-func vmUsernet(vm *qemu.VM) usernetQuery {
+func vmUsernet(vm VM) usernetQuery {
 	return func(ctx context.Context) (string, error) {
 		var out string
 		err := vm.QMP(ctx, "human-monitor-command", map[string]any{"command-line": "info usernet"}, &out)
@@ -120,7 +119,7 @@ func awaitGuest(ctx context.Context, query usernetQuery, conn net.Conn, hostPort
 // guestPort of the VM: a runtime forward 127.0.0.1:<free port> -> guest
 // port is added for this connection and removed when it ends. A guest port
 // nothing listens on gives ErrGuestPortClosed.
-func ForwardGuestPort(ctx context.Context, vm *qemu.VM, guestPort int32, stream io.ReadWriteCloser) error {
+func ForwardGuestPort(ctx context.Context, vm VM, guestPort int32, stream io.ReadWriteCloser) error {
 	defer stream.Close()
 	gc, first, err := dialGuest(ctx, vm, int(guestPort))
 	if err != nil {
@@ -153,7 +152,7 @@ func (c *guestConn) Close() error {
 // (the one kubectl port-forward uses) and waits until the guest accepted:
 // a port nothing listens on gives ErrGuestPortClosed. first holds bytes
 // the guest already sent.
-func dialGuest(ctx context.Context, vm *qemu.VM, guestPort int) (*guestConn, []byte, error) {
+func dialGuest(ctx context.Context, vm VM, guestPort int) (*guestConn, []byte, error) {
 	log := klog.FromContext(ctx)
 	hostPort, err := vm.ForwardPort(ctx, guestPort, 0)
 	if err != nil {

@@ -177,7 +177,7 @@ func (p *VMs) powerGrace(pod *corev1.Pod) time.Duration {
 // the pod's grace, then quit, then kill) but keeps the state dir and the
 // pod: the container shows Waiting/PoweredOff with this run's end as its
 // last state, and the restart policy does not apply. Worker only.
-func (p *VMs) powerOff(ctx context.Context, rec *podVM, vm *qemu.VM, why string) error {
+func (p *VMs) powerOff(ctx context.Context, rec *podVM, vm VM, why string) error {
 	rec.mu.Lock()
 	pod := rec.pod.DeepCopy()
 	started := time.Now()

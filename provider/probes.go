@@ -30,7 +30,7 @@ import (
 // failure). httpGet succeeds on a status in [200, 400) (HTTPS without
 // certificate checks, as a kubelet). The probe's host field is ignored: a
 // probe always targets the guest. exec probes run their command through
-// qemu-guest-agent (qemu.VM.GuestExec, bounded by timeoutSeconds): exit code
+// qemu-guest-agent (VM.GuestExec, bounded by timeoutSeconds): exit code
 // 0 passes, anything else (including no agent answering) fails. grpc probes
 // are refused by Translate; check still fails them should one reach it.
 //
@@ -175,7 +175,7 @@ func probePort(port intstr.IntOrString, c *corev1.Container) (int, error) {
 
 // guestProber runs one probe's checks against a VM.
 type guestProber struct {
-	vm    *qemu.VM
+	vm    VM
 	probe *corev1.Probe
 	c     *corev1.Container
 	// hostPorts: guest port -> forwarded host port (added on first use).
@@ -219,7 +219,7 @@ const maxProbeOutput = 256
 
 // execCheck runs an exec probe's command in the guest through the guest
 // agent, within timeout.
-func execCheck(ctx context.Context, vm *qemu.VM, command []string, timeout time.Duration) (bool, string) {
+func execCheck(ctx context.Context, vm VM, command []string, timeout time.Duration) (bool, string) {
 	if len(command) == 0 || command[0] == "" {
 		return false, "exec probe has no command"
 	}
@@ -280,7 +280,7 @@ func (g *guestProber) close() {
 // when it adopts the VM.
 const ProbeForwardsFileName = "probe-forwards"
 
-func recordProbeForward(vm *qemu.VM, hostPort int) {
+func recordProbeForward(vm VM, hostPort int) {
 	f, err := os.OpenFile(filepath.Join(vm.StateDir(), ProbeForwardsFileName), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return // best effort: at worst a forward outlives its prober
@@ -307,7 +307,7 @@ func staleProbeForwards(ledger []byte, pid int) []int {
 
 // removeStaleProbeForwards removes the forwards earlier probers of this
 // QEMU left behind and empties the ledger.
-func removeStaleProbeForwards(ctx context.Context, vm *qemu.VM) {
+func removeStaleProbeForwards(ctx context.Context, vm VM) {
 	path := filepath.Join(vm.StateDir(), ProbeForwardsFileName)
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -399,7 +399,7 @@ func httpCheck(ctx context.Context, hg *corev1.HTTPGetAction, hostPort int, time
 // startupProbe runs first and holds the others until it succeeded; its
 // failure kills the VM like a liveness failure. rec.probes carries the
 // results for the pod status (applyProbes).
-func (p *VMs) startProbes(ctx context.Context, rec *podVM, vm *qemu.VM) {
+func (p *VMs) startProbes(ctx context.Context, rec *podVM, vm VM) {
 	rec.mu.Lock()
 	if len(rec.pod.Spec.Containers) == 0 {
 		rec.mu.Unlock()
@@ -492,7 +492,7 @@ type probeGate struct {
 // check, and the message of the failing check when the result is a failure
 // (empty while failures are below the threshold); it returns whether to go
 // on.
-func (p *VMs) runProbe(ctx context.Context, rec *podVM, vm *qemu.VM, c *corev1.Container, kind string, probe *corev1.Probe, initial bool, stop <-chan struct{}, gate *probeGate, onResult func(ok bool, msg string) bool) {
+func (p *VMs) runProbe(ctx context.Context, rec *podVM, vm VM, c *corev1.Container, kind string, probe *corev1.Probe, initial bool, stop <-chan struct{}, gate *probeGate, onResult func(ok bool, msg string) bool) {
 	delay, period, timeout := probeDurations(probe)
 	g := &guestProber{vm: vm, probe: probe, c: c, hostPorts: map[int]int{}}
 	defer g.close()

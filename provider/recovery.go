@@ -35,7 +35,7 @@ type RecoveryResult struct {
 }
 
 // Recover re-adopts every pod found under <stateDir>/vms, before the pod
-// controller starts: running VMs keep running (qemu.Adopt) and report
+// controller starts: running VMs keep running (Hypervisor.Adopt) and report
 // Running; VMs that ended while qemu-kubelet was down report how they ended
 // and get their restart policy applied; pods whose creation was interrupted
 // resume it. Nothing new is started for a recovered pod until the library
@@ -95,7 +95,7 @@ func (p *VMs) recoverOne(ctx context.Context, dir string) (*podVM, string, error
 		// No usable intent record: nothing may run here.
 		log.Info("Removing orphaned VM state dir", "why", fmt.Sprint(err))
 		if _, serr := os.Stat(filepath.Join(dir, qemu.SpecFileName)); serr == nil {
-			if vm, aerr := qemu.Adopt(ctx, dir); aerr == nil {
+			if vm, aerr := p.cfg.Hypervisor.Adopt(ctx, dir); aerr == nil {
 				if _, exited := vm.Exit(); !exited {
 					vm.Kill()
 					<-vm.Done()
@@ -137,7 +137,7 @@ func (p *VMs) recoverOne(ctx context.Context, dir string) (*podVM, string, error
 		}
 		return rec, "pending", nil
 	}
-	vm, err := qemu.Adopt(ctx, dir)
+	vm, err := p.cfg.Hypervisor.Adopt(ctx, dir)
 	if err != nil {
 		// QEMU is alive but unreachable: do not leave it running unmanaged
 		// (and a restart could not start a new one next to it).

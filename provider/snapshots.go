@@ -388,7 +388,7 @@ func discardSnapshot(u *snapshotUse) error {
 // captureSnapshot saves the snapshot the run owes, now that it is ready
 // (the readiness probe's first success). Asynchronous; the claim is
 // released when it ends.
-func (p *VMs) captureSnapshot(ctx context.Context, rec *podVM, vm *qemu.VM) {
+func (p *VMs) captureSnapshot(ctx context.Context, rec *podVM, vm VM) {
 	rec.mu.Lock()
 	c := rec.snapClaim
 	rec.snapClaim = nil
@@ -413,7 +413,7 @@ func (p *VMs) captureSnapshot(ctx context.Context, rec *podVM, vm *qemu.VM) {
 	}()
 }
 
-func (p *VMs) saveSnapshot(ctx context.Context, rec *podVM, vm *qemu.VM, c *snapshotClaim) (snapshotMeta, error) {
+func (p *VMs) saveSnapshot(ctx context.Context, rec *podVM, vm VM, c *snapshotClaim) (snapshotMeta, error) {
 	m := c.meta
 	tmp := filepath.Join(c.dir, "."+c.key+".tmp-"+string(rec.uid))
 	if err := os.RemoveAll(tmp); err != nil {

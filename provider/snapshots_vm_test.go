@@ -38,7 +38,7 @@ func snapshotPod(uid, ref string) *corev1.Pod {
 func podReadyCond(p *corev1.Pod) bool { return running(p) && podReady(p) }
 
 // podVMOf returns the running VM of a pod (test helper).
-func (h *harness) podVMOf(uid types.UID) *qemu.VM {
+func (h *harness) podVMOf(uid types.UID) VM {
 	h.vms.mu.Lock()
 	rec := h.vms.pods[uid]
 	h.vms.mu.Unlock()

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
@@ -110,7 +109,7 @@ func (t *Telemetry) mark(uid types.UID, step TimelineStep, at time.Time) {
 }
 
 // markQEMU records the steps of a QEMU start (vm nil: the start failed).
-func (t *Telemetry) markQEMU(uid types.UID, vm *qemu.VM) {
+func (t *Telemetry) markQEMU(uid types.UID, vm VM) {
 	if t == nil || vm == nil {
 		return
 	}

@@ -160,7 +160,7 @@ func (a *startAttempt) overlaid(err error) {
 // qemuStarted records the QEMU start that returned vm or err. A started VM
 // ends the pod.start span unless a probe gates Ready: then the boot span
 // runs until the pod turns Ready (observeReady) or the VM ends (vmExited).
-func (a *startAttempt) qemuStarted(vm *qemu.VM, err error) {
+func (a *startAttempt) qemuStarted(vm VM, err error) {
 	if a == nil {
 		return
 	}

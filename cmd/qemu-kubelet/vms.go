@@ -56,6 +56,7 @@ func newVMs(ctx context.Context, cfg *config.Node, facts provider.Facts, client 
 		NodeIP:      cfg.NodeIP,
 		StateDir:    cfg.StateDir,
 		QEMUBinary:  cfg.QEMUBinary,
+		Hypervisor:  provider.QEMU{},
 		UEFICode:    cfg.UEFICode,
 		UEFIVars:    cfg.UEFIVars,
 		Accelerator: facts.Accelerator.Name,
