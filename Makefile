@@ -66,12 +66,11 @@ check: test
 # or a control plane skip under -short (internal/testutil.SkipIfShort). It
 # proves that: the tools such tests start are shadowed on PATH by a shim
 # that records the call and fails, and unit fails if any was called.
-# -vet=off: make verify vets every package.
 unit:
-	@hack/unit-shim.sh $(GO) test -vet=off -count=1 -short ./...
+	@hack/unit-shim.sh $(GO) test -count=1 -short ./...
 
 unit-race:
-	@hack/unit-shim.sh $(GO) test -vet=off -race -count=1 -short ./...
+	@hack/unit-shim.sh $(GO) test -race -count=1 -short ./...
 
 # fuzz-short: each fuzz target for FUZZTIME (seed corpora in testdata/fuzz).
 FUZZTIME ?= 10s
