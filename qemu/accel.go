@@ -158,7 +158,35 @@ func probeKVM(ctx context.Context, opts ProbeOptions) error {
 		return fmt.Errorf("open /dev/kvm: %w", err)
 	}
 	f.Close()
+	if opts.Arch == ArchX86_64 {
+		if err := kvmModuleError("/sys/module"); err != nil {
+			return err
+		}
+	}
 	return probeGuest(ctx, opts, AccelKVM)
+}
+
+// kvmModuleError says why the x86 KVM behind /dev/kvm cannot run the
+// node's guests, judged from the loaded modules under sysModule
+// (/sys/module): nil with kvm_intel or kvm_amd (hardware virtualization)
+// or when nothing tells. kvm_pvm alone is PVM, KVM without hardware
+// virtualization: only guest kernels built for PVM run under it. A stock
+// kernel hangs in its first instructions (the host logs "kvm-pvm:
+// INTERNAL_ERROR in batch emul"), while the probe's boot sector, which
+// never leaves low memory, runs; so the probe VM cannot tell and the
+// modules must.
+func kvmModuleError(sysModule string) error {
+	loaded := func(m string) bool {
+		_, err := os.Stat(filepath.Join(sysModule, m))
+		return err == nil
+	}
+	if loaded("kvm_intel") || loaded("kvm_amd") {
+		return nil
+	}
+	if loaded("kvm_pvm") {
+		return fmt.Errorf("/dev/kvm is kvm_pvm (KVM without hardware virtualization; neither kvm_intel nor kvm_amd is loaded): only PVM-enabled guest kernels run under it")
+	}
+	return nil
 }
 
 // probeArgs is the probe VM's command line for arch under accel: firmware

@@ -3,6 +3,7 @@ package qemu
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -100,5 +101,36 @@ func TestVersion(t *testing.T) {
 	}
 	if _, err := Version(context.Background(), "/nonexistent/qemu"); err == nil || !strings.Contains(err.Error(), "/nonexistent/qemu") {
 		t.Errorf("missing binary: %v", err)
+	}
+}
+
+// TestKVMModuleError: KVM backed by kvm_pvm alone (no hardware
+// virtualization; stock kernels hang under it while the probe's boot
+// sector runs) is refused with its reason; kvm_intel or kvm_amd, or no
+// module information, leaves the decision to the probe VM.
+func TestKVMModuleError(t *testing.T) {
+	for _, tc := range []struct {
+		modules []string
+		refused bool
+	}{
+		{[]string{"kvm", "kvm_pvm"}, true},
+		{[]string{"kvm", "kvm_intel"}, false},
+		{[]string{"kvm", "kvm_amd"}, false},
+		{[]string{"kvm", "kvm_intel", "kvm_pvm"}, false},
+		{nil, false},
+	} {
+		dir := t.TempDir()
+		for _, m := range tc.modules {
+			if err := os.Mkdir(filepath.Join(dir, m), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		err := kvmModuleError(dir)
+		if (err != nil) != tc.refused {
+			t.Errorf("modules %v: err %v, want refused %v", tc.modules, err, tc.refused)
+		}
+		if err != nil && !strings.Contains(err.Error(), "kvm_pvm") {
+			t.Errorf("modules %v: %v does not name kvm_pvm", tc.modules, err)
+		}
 	}
 }
