@@ -277,7 +277,7 @@ func TestTemplate(t *testing.T) {
 				assert.False(t, grants(agent, "", "nodes", "delete"), "agent deletes no nodes")
 				for _, want := range [][3]string{
 					{"", "nodes", "create"}, {"", "nodes/status", "patch"}, {"", "pods", "watch"},
-					{"", "pods/status", "update"}, {"", "events", "create"},
+					{"", "pods/status", "patch"}, {"", "events", "create"},
 					{"authentication.k8s.io", "tokenreviews", "create"},
 					{"authorization.k8s.io", "subjectaccessreviews", "create"},
 				} {

@@ -40,6 +40,16 @@ for b in /sys/block/vd*; do
     echo "QK-DISK $s $(cat "$b/size") sectors"
   fi
 done
+# acpid before httpd: the HTTP server is what readiness probes see, and a
+# pod deleted as soon as it is Ready must find the power button handled.
+if [ "$VARIANT" = acpi ]; then
+  # busybox acpid's built-in tables map KEY_POWER to the event PWRF/00000080
+  # and run ./PWRF/00000080 under the -c directory.
+  mkdir -p /etc/acpi/PWRF
+  printf '#!/bin/sh\necho QK-ACPI-POWERDOWN > /dev/%s\nexec poweroff -f\n' "$CONSOLE" > /etc/acpi/PWRF/00000080
+  chmod 0755 /etc/acpi/PWRF/00000080
+  acpid -c /etc/acpi -l /tmp/acpid.log
+fi
 echo "QK-HTTP-OK" > /www/index.html
 # GET /cgi-bin/burn?SECS keeps one vCPU busy for SECS seconds (default 60,
 # at most 3600) in the background, for CPU autoscaling tests; GET
@@ -93,15 +103,6 @@ case " $(cat /proc/cmdline) " in
     fi
     ;;
 esac
-
-if [ "$VARIANT" = acpi ]; then
-  # busybox acpid's built-in tables map KEY_POWER to the event PWRF/00000080
-  # and run ./PWRF/00000080 under the -c directory.
-  mkdir -p /etc/acpi/PWRF
-  printf '#!/bin/sh\necho QK-ACPI-POWERDOWN > /dev/%s\nexec poweroff -f\n' "$CONSOLE" > /etc/acpi/PWRF/00000080
-  chmod 0755 /etc/acpi/PWRF/00000080
-  acpid -c /etc/acpi -l /tmp/acpid.log
-fi
 
 echo "QK-BOOT-OK variant=$VARIANT kernel=$(uname -r) arch=$(uname -m)"
 
