@@ -54,7 +54,7 @@ func TestStatusWriterOnAPIServer(t *testing.T) {
 
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "sw", Labels: map[string]string{"app": "sw"}},
-		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "vm", Image: "example.test/os:1"}}},
+		Spec:       corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "vm", Image: "example.test/os:1"}}},
 	}
 	created, err := admin.Create(ctx, pod, metav1.CreateOptions{})
 	require.NoError(t, err)
