@@ -20,7 +20,7 @@ import (
 // (the watch saw Ready=True); the agent's log gives the node's steps (the
 // provider's "Start timeline" line, provider/timeline.go, at
 // -vmodule=timeline=2) and the status write (client-go's "Response" line of
-// the PUT .../pods/<name>/status that carried Ready, at
+// the PATCH (or PUT) .../pods/<name>/status that carried Ready, at
 // -vmodule=round_trippers=6). All on one host: one clock.
 
 // burstSteps are the timeline's steps in order. Those between bound and
@@ -57,11 +57,11 @@ var (
 	timelineKVRe   = regexp.MustCompile(`\b(\w+)=([0-9.]+)\b`)
 	// client-go's response line at V(6): the time, then the PUT of a pod's
 	// status with its HTTP status and duration.
-	statusPutRe = regexp.MustCompile(`^[IWE](\d{4} \d{2}:\d{2}:\d{2}\.\d{6}) .*"Response" .*\bverb="PUT" url="[^"]*/namespaces/([^/"]+)/pods/([^/"]+)/status[^"]*" status="(\d+)[^"]*" milliseconds=(\d+)`)
+	statusPutRe = regexp.MustCompile(`^[IWE](\d{4} \d{2}:\d{2}:\d{2}\.\d{6}) .*"Response" .*\bverb="(?:PATCH|PUT)" url="[^"]*/namespaces/([^/"]+)/pods/([^/"]+)/status[^"]*" status="(\d+)[^"]*" milliseconds=(\d+)`)
 )
 
 // parseNodeTimeline reads the agent's log of a burst: the provider's
-// start timelines and the status PUTs, into pods (keyed namespace/name;
+// start timelines and the status writes (PATCH or PUT), into pods (keyed namespace/name;
 // only pods already there are filled). year is the year of the burst
 // (klog's header has none); klog writes local time.
 func parseNodeTimeline(log string, year int, pods map[string]*burstPod) error {
@@ -122,7 +122,7 @@ func parseNodeTimeline(log string, year int, pods map[string]*burstPod) error {
 				p.conflicts++
 			}
 		}
-		// The write that carried Ready: the first successful PUT that began
+		// The write that carried Ready: the first successful write that began
 		// after the provider handed the Ready status over.
 		pushed := p.at["pushed"]
 		if pushed.IsZero() {
@@ -206,10 +206,11 @@ func TestBurstTimeline(t *testing.T) {
 	log := strings.Join([]string{
 		fmt.Sprintf(`I%s 42 timeline.go:140] "Start timeline" logger="vms" pod="default/a" uid="u1" createPodUnixMicro=%d admittedMs=0.5 recordedMs=10 workerMs=10.2 imageMs=30 overlayMs=200 qemuExecMs=250 qmpSocketMs=900 qmpMs=1000 startedMs=1000.5 pushedMs=1100 deliveredMs=1100.25`,
 			klogTime(1600*time.Millisecond), origin.UnixMicro()),
-		// A PUT of an earlier status (began before pushed), a conflict, then the write of Ready.
+		// A PUT of an earlier status (began before pushed), a conflict, then the write of Ready (a
+		// PATCH, as StatusWriter sends it).
 		fmt.Sprintf(`I%s 42 round_trippers.go:632] "Response" verb="PUT" url="https://10.0.0.1:6443/api/v1/namespaces/default/pods/a/status" status="200 OK" milliseconds=20`, klogTime(1610*time.Millisecond)),
 		fmt.Sprintf(`I%s 42 round_trippers.go:632] "Response" node="n1" verb="PUT" url="https://10.0.0.1:6443/api/v1/namespaces/default/pods/a/status" status="409 Conflict" milliseconds=3`, klogTime(1700*time.Millisecond)),
-		fmt.Sprintf(`I%s 42 round_trippers.go:632] "Response" verb="PUT" url="https://10.0.0.1:6443/api/v1/namespaces/default/pods/a/status" status="200 OK" milliseconds=5`, klogTime(1900*time.Millisecond)),
+		fmt.Sprintf(`I%s 42 round_trippers.go:632] "Response" verb="PATCH" url="https://10.0.0.1:6443/api/v1/namespaces/default/pods/a/status" status="200 OK" milliseconds=5`, klogTime(1900*time.Millisecond)),
 		fmt.Sprintf(`I%s 42 round_trippers.go:632] "Response" verb="GET" url="https://10.0.0.1:6443/api/v1/namespaces/default/pods/a" status="200 OK" milliseconds=5`, klogTime(1950*time.Millisecond)),
 		// A pod the burst does not know.
 		fmt.Sprintf(`I%s 42 timeline.go:140] "Start timeline" logger="vms" pod="default/other" uid="u2" createPodUnixMicro=%d admittedMs=1`, klogTime(time.Second), origin.UnixMicro()),
@@ -226,7 +227,7 @@ func TestBurstTimeline(t *testing.T) {
 		t.Errorf("qmp at %v, want %v", got, want)
 	}
 	if got, want := a.at["written"], start.Add(1900*time.Millisecond); !got.Equal(want) {
-		t.Errorf("written at %v, want %v (the first 2xx PUT begun after pushed)", got, want)
+		t.Errorf("written at %v, want %v (the first 2xx write begun after pushed)", got, want)
 	}
 	if a.conflicts != 1 {
 		t.Errorf("conflicts = %d, want 1", a.conflicts)

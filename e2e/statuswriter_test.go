@@ -35,7 +35,8 @@ func (c countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 // version is written in one request without a conflict and without
 // touching the labels; a field the new status lacks is cleared and a
 // container's state replaced whole; the status of a pod's previous
-// incarnation (same name, old UID) is refused and does not land.
+// incarnation (same name, old UID) is refused and does not land, and its
+// final delete (provider.FinalDelete) leaves the new pod alone.
 func TestStatusWriterOnAPIServer(t *testing.T) {
 	const node = "qk-status"
 	c := cluster.StartT(t, cluster.Options{})
@@ -119,4 +120,26 @@ func TestStatusWriterOnAPIServer(t *testing.T) {
 	assert.Equal(t, again.UID, got.UID)
 	assert.NotEqual(t, corev1.PodRunning, got.Status.Phase, "nothing of the old incarnation landed")
 	t.Logf("old incarnation's write refused with: %v", refused)
+
+	// The final delete of the old incarnation neither writes nor deletes
+	// the new pod; the new one's final delete writes its terminal status
+	// and removes it, in two requests.
+	oldFinal := running.DeepCopy()
+	oldFinal.Status.Phase = corev1.PodSucceeded
+	require.NoError(t, provider.FinalDelete(ctx, nodeClient.CoreV1(), oldFinal))
+	got, err = admin.Get(ctx, "sw", metav1.GetOptions{})
+	require.NoError(t, err, "the new pod is not deleted by the old one's final delete")
+	assert.Equal(t, again.UID, got.UID)
+	assert.NotEqual(t, corev1.PodSucceeded, got.Status.Phase)
+
+	final := again.DeepCopy()
+	final.Status = corev1.PodStatus{Phase: corev1.PodSucceeded, StartTime: &now,
+		ContainerStatuses: []corev1.ContainerStatus{{Name: "vm", Image: "example.test/os:1",
+			State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed"}}}}}
+	before = requests.Load()
+	require.NoError(t, provider.FinalDelete(ctx, nodeClient.CoreV1(), final))
+	assert.Equal(t, int64(2), requests.Load()-before, "a status patch and a delete")
+	_, err = admin.Get(ctx, "sw", metav1.GetOptions{})
+	assert.True(t, apierrors.IsNotFound(err), "deleted: %v", err)
+	require.NoError(t, provider.FinalDelete(ctx, nodeClient.CoreV1(), final), "a pod already gone is not an error")
 }

@@ -3,9 +3,11 @@ package provider
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -92,4 +94,46 @@ func statusPatch(pod *corev1.Pod) ([]byte, error) {
 		"metadata": map[string]any{"uid": pod.UID},
 		"status":   status,
 	})
+}
+
+// FinalDelete is what a kubelet does once a deleted pod's VM is gone: write
+// the terminal status, then delete the pod object with grace 0. Both carry
+// the pod's UID as a precondition (the status patch, the delete's
+// Preconditions): a newer pod of the same name is never written or
+// deleted. Two requests per pod, none retried (it read, wrote and re-read
+// each pod before: up to 5 requests per pod of a delete burst through the
+// node's client budget).
+func FinalDelete(ctx context.Context, pods corev1client.PodsGetter, pod *corev1.Pod) error {
+	_, err := StatusWriter(pods).Pods(pod.Namespace).UpdateStatus(ctx, pod, metav1.UpdateOptions{})
+	switch {
+	case apierrors.IsNotFound(err), uidMismatch(err):
+		return nil // gone, or the name is a newer pod's
+	}
+	// Any other failure of the status write (a status the API server
+	// refuses, a timeout) does not keep the pod object: the delete is what
+	// the user waits for.
+	zero := int64(0)
+	err = pods.Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero, Preconditions: metav1.NewUIDPreconditions(string(pod.UID))})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		return fmt.Errorf("delete pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	return nil
+}
+
+// uidMismatch reports whether err is the API server's refusal of a status
+// patch whose UID is not the stored pod's (422, metadata.uid immutable).
+func uidMismatch(err error) bool {
+	if !apierrors.IsInvalid(err) {
+		return false
+	}
+	var status apierrors.APIStatus
+	if !errors.As(err, &status) || status.Status().Details == nil {
+		return false
+	}
+	for _, c := range status.Status().Details.Causes {
+		if c.Field == "metadata.uid" {
+			return true
+		}
+	}
+	return false
 }

@@ -3,14 +3,19 @@ package provider
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 )
@@ -98,4 +103,15 @@ func TestStatusWriterPatchesStatusOnly(t *testing.T) {
 	assert.Equal(t, corev1.PodRunning, got.Status.Phase, "the status landed")
 	assert.Empty(t, got.Status.Message, "the message the new status lacks is cleared")
 	assert.Equal(t, stored.Labels, got.Labels, "the lease label is kept")
+}
+
+func TestUIDMismatch(t *testing.T) {
+	gk := schema.GroupKind{Kind: "Pod"}
+	uid := apierrors.NewInvalid(gk, "p", field.ErrorList{field.Invalid(field.NewPath("metadata", "uid"), "u0", "field is immutable")})
+	phase := apierrors.NewInvalid(gk, "p", field.ErrorList{field.Invalid(field.NewPath("status", "phase"), "Running", "may not go back")})
+	assert.True(t, uidMismatch(uid))
+	assert.True(t, uidMismatch(fmt.Errorf("wrapped: %w", uid)))
+	assert.False(t, uidMismatch(phase), "another invalid field: the delete still goes ahead")
+	assert.False(t, uidMismatch(apierrors.NewConflict(schema.GroupResource{Resource: "pods"}, "p", errors.New("x"))))
+	assert.False(t, uidMismatch(nil))
 }

@@ -11,7 +11,6 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
@@ -70,8 +69,10 @@ func newVMs(ctx context.Context, cfg *config.Node, facts provider.Facts, client 
 		ConfigMaps: func(ctx context.Context, ns, name string) (*corev1.ConfigMap, error) {
 			return client.CoreV1().ConfigMaps(ns).Get(ctx, name, metav1.GetOptions{})
 		},
-		ForceDelete: func(ctx context.Context, pod *corev1.Pod) error { return finalDelete(ctx, client, pod) },
-		Exporters:   provider.ExporterRunnerFunc(runExporter),
+		ForceDelete: func(ctx context.Context, pod *corev1.Pod) error {
+			return provider.FinalDelete(ctx, client.CoreV1(), pod)
+		},
+		Exporters: provider.ExporterRunnerFunc(runExporter),
 		Memory: qemu.MemoryTuning{
 			TCGTranslationBufferMiB: cfg.VMMemory.TCGTranslationBufferMiB,
 			FreePageReporting:       cfg.VMMemory.FreePageReporting,
@@ -98,30 +99,4 @@ func runExporter(ctx context.Context, cfg jumpstarter.Config) error {
 		return err
 	}
 	return e.Run(ctx)
-}
-
-// finalDelete is what a kubelet does once a deleted pod's containers are
-// gone: write the terminal status, then delete the pod object with grace 0
-// (UID precondition: never a newer pod of the same name).
-func finalDelete(ctx context.Context, client kubernetes.Interface, pod *corev1.Pod) error {
-	pods := client.CoreV1().Pods(pod.Namespace)
-	for i := 0; i < 3; i++ {
-		cur, err := pods.Get(ctx, pod.Name, metav1.GetOptions{})
-		if err != nil {
-			break
-		}
-		if cur.UID != pod.UID {
-			return nil
-		}
-		cur.Status = pod.Status
-		if _, err = pods.UpdateStatus(ctx, cur, metav1.UpdateOptions{}); err == nil || !apierrors.IsConflict(err) {
-			break
-		}
-	}
-	zero := int64(0)
-	err := pods.Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero, Preconditions: metav1.NewUIDPreconditions(string(pod.UID))})
-	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-		return fmt.Errorf("delete pod %s/%s: %w", pod.Namespace, pod.Name, err)
-	}
-	return nil
 }
