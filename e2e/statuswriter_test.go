@@ -115,6 +115,7 @@ func TestStatusWriterOnAPIServer(t *testing.T) {
 	require.NotEqual(t, created.UID, again.UID)
 	_, refused := w.UpdateStatus(ctx, running, metav1.UpdateOptions{})
 	require.Error(t, refused, "the old UID's status is refused")
+	assert.True(t, apierrors.IsNotFound(refused), "said as NotFound (the library drops those): %v", refused)
 	got, err = admin.Get(ctx, "sw", metav1.GetOptions{})
 	require.NoError(t, err)
 	assert.Equal(t, again.UID, got.UID)

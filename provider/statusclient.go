@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -36,7 +37,8 @@ import (
 // no longer has is sent as null so it is cleared (statusPatch). A pod
 // deleted and created again under the same name has a new UID: the patch's
 // UID does not match it and the API server refuses the write (the UID is
-// immutable), so an old incarnation's status never lands on the new pod.
+// immutable), so an old incarnation's status never lands on the new pod;
+// the writer returns that refusal as NotFound (the pod of that UID is gone).
 func StatusWriter(pods corev1client.PodsGetter) corev1client.PodsGetter {
 	return statusWriter{pods}
 }
@@ -56,8 +58,19 @@ func (p statusPods) UpdateStatus(ctx context.Context, pod *corev1.Pod, opts meta
 	if err != nil {
 		return nil, fmt.Errorf("status of pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
-	return p.Patch(ctx, pod.Name, types.MergePatchType, patch,
+	out, err := p.Patch(ctx, pod.Name, types.MergePatchType, patch,
 		metav1.PatchOptions{DryRun: opts.DryRun, FieldManager: opts.FieldManager}, "status")
+	if uidMismatch(err) {
+		// The pod this status is of is gone; the name is a newer pod's.
+		// Said as NotFound, which is what it is to the caller (the library
+		// drops a status whose pod was not found).
+		return nil, &apierrors.StatusError{ErrStatus: metav1.Status{
+			Status: metav1.StatusFailure, Code: http.StatusNotFound, Reason: metav1.StatusReasonNotFound,
+			Details: &metav1.StatusDetails{Kind: "pods", Name: pod.Name, UID: pod.UID},
+			Message: fmt.Sprintf("pod %s/%s with UID %s not found: the name is another pod's now (%v)", pod.Namespace, pod.Name, pod.UID, err),
+		}}
+	}
+	return out, err
 }
 
 // clearableStatusFields are the status fields the node writes that a newer
@@ -106,8 +119,8 @@ func statusPatch(pod *corev1.Pod) ([]byte, error) {
 func FinalDelete(ctx context.Context, pods corev1client.PodsGetter, pod *corev1.Pod) error {
 	_, err := StatusWriter(pods).Pods(pod.Namespace).UpdateStatus(ctx, pod, metav1.UpdateOptions{})
 	switch {
-	case apierrors.IsNotFound(err), uidMismatch(err):
-		return nil // gone, or the name is a newer pod's
+	case apierrors.IsNotFound(err):
+		return nil // gone, or the name is a newer pod's (UpdateStatus)
 	}
 	// Any other failure of the status write (a status the API server
 	// refuses, a timeout) does not keep the pod object: the delete is what
