@@ -474,3 +474,60 @@ func TestFakeVMRecovery(t *testing.T) {
 	f2.deleteFakePod(t, stale)
 	f2.assertNoHolds(t)
 }
+
+// A new pod's intent record is written by its worker, not by CreatePod
+// (the library's sync workers are not held by disk writes). A record that
+// cannot be written is retried while the pod waits: no VM starts before it
+// is recorded, CreatePod does not fail, and the pod starts once the disk
+// takes the record; a pod deleted while unrecorded goes without a VM.
+func TestFakeVMRecordRetried(t *testing.T) {
+	t.Run("retried until written", func(t *testing.T) {
+		stateDir := t.TempDir()
+		f := newFakeVMHarness(t, stateDir, newFakeHypervisor(), 50*time.Millisecond)
+		pod := podFor("u-rec", "reg.example/os:1", corev1.RestartPolicyAlways, nil)
+		// A file where the pod's state dir goes: MkdirAll fails.
+		require.NoError(t, os.MkdirAll(filepath.Dir(f.dir(pod.UID)), 0o700))
+		require.NoError(t, os.WriteFile(f.dir(pod.UID), []byte("in the way"), 0o600))
+
+		t0 := time.Now()
+		require.NoError(t, f.vms.CreatePod(context.Background(), pod), "CreatePod does not write the record")
+		assert.Less(t, time.Since(t0), 2*time.Second)
+		noVMStarted(t, f.hv, 400*time.Millisecond, "unrecorded pod")
+		p := f.wait(pod.UID, 5*time.Second, "waiting", func(p *corev1.Pod) bool { return waitingReason(p) == ReasonContainerCreating })
+		assert.Equal(t, corev1.PodPending, p.Status.Phase)
+		evs := f.drainEvents()
+		assert.True(t, hasEvent(evs, "Warning "+ReasonFailedToRecordState+" Could not record the pod on the node"), "events %q", evs)
+
+		require.NoError(t, os.Remove(f.dir(pod.UID)))
+		vm := nextVM(t, f.hv)
+		assert.Equal(t, f.dir(pod.UID), vm.dir)
+		f.wait(pod.UID, 5*time.Second, "Running", running)
+		b, err := os.ReadFile(filepath.Join(f.dir(pod.UID), PodFileName))
+		require.NoError(t, err, "the intent record is written before the VM")
+		var rec corev1.Pod
+		require.NoError(t, json.Unmarshal(b, &rec))
+		assert.Equal(t, pod.UID, rec.UID)
+		f.deleteFakePod(t, pod)
+	})
+	t.Run("deleted while unrecorded", func(t *testing.T) {
+		stateDir := t.TempDir()
+		f := newFakeVMHarness(t, stateDir, newFakeHypervisor(), 50*time.Millisecond)
+		pod := podFor("u-rec-del", "reg.example/os:1", corev1.RestartPolicyAlways, map[string]string{
+			"qemu-kubelet.io/reclaim-policy": "Retain", // nothing to keep: no disk was made
+		})
+		require.NoError(t, os.MkdirAll(filepath.Dir(f.dir(pod.UID)), 0o700))
+		require.NoError(t, os.WriteFile(f.dir(pod.UID), []byte("in the way"), 0o600))
+		require.NoError(t, f.vms.CreatePod(context.Background(), pod))
+		f.wait(pod.UID, 5*time.Second, "waiting", func(p *corev1.Pod) bool { return waitingReason(p) == ReasonContainerCreating })
+		rec := f.rec(pod.UID)
+		require.NotNil(t, rec)
+		require.NoError(t, f.vms.DeletePod(context.Background(), deleting(pod)))
+		waitWorkerDone(t, rec)
+		assert.Nil(t, f.rec(pod.UID), "forgotten")
+		assert.Equal(t, 1, f.finalDeletes(pod.UID))
+		starts, _ := f.hv.counts()
+		assert.Zero(t, starts, "no VM was started")
+		evs := f.drainEvents()
+		assert.False(t, hasEvent(evs, "Warning "+ReasonDiskRetainFailed), "no disk to keep: %q", evs)
+	})
+}

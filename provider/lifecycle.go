@@ -34,9 +34,9 @@ import (
 // Files of a pod's state dir (<stateDir>/vms/<pod uid>/), next to the
 // ones package qemu keeps there (spec.json, console.log, sockets...).
 const (
-	// PodFileName is the intent record: the pod as bound, written before
-	// anything else is created for it, so a restart finds every pod it had
-	// started to create.
+	// PodFileName is the intent record: the pod as bound, written by its
+	// worker before anything else is created for it, so a restart finds
+	// every pod it had started to create a VM for.
 	PodFileName = "pod.json"
 	// StatusFileName is the VMState, rewritten on every transition.
 	StatusFileName = "status.json"
@@ -196,6 +196,10 @@ type podVM struct {
 	// persistFailing: the last write failed (an event was sent).
 	persistMu      sync.Mutex
 	persistFailing bool
+	// unrecorded: the intent record (pod.json) is not written yet: the
+	// worker writes it before anything of the VM exists (record). Set by
+	// CreatePod before the worker starts; the worker's alone after.
+	unrecorded bool
 
 	deleteReq chan struct{} // closed by DeletePod
 	confirmed chan struct{} // closed once the pod is known to still exist
@@ -280,27 +284,10 @@ func (p *VMs) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 		return nil
 	}
 
-	// Intent record first: a crash from here on is reconciled at start.
-	// Until it is written the pod counts as admitted; if it cannot be, the
-	// pod is forgotten and the library retries the create.
-	forget := func() {
-		p.mu.Lock()
-		if p.pods[pod.UID] == rec {
-			delete(p.pods, pod.UID)
-		}
-		p.mu.Unlock()
-	}
-	if err := os.MkdirAll(rec.dir, 0o700); err != nil {
-		forget()
-		return fmt.Errorf("create state dir for pod %s/%s: %w", pod.Namespace, pod.Name, err)
-	}
-	if err := writeJSONAtomic(filepath.Join(rec.dir, PodFileName), pod); err != nil {
-		os.RemoveAll(rec.dir)
-		forget()
-		return fmt.Errorf("record pod %s/%s: %w", pod.Namespace, pod.Name, err)
-	}
-	p.persist(rec)
-	p.cfg.Telemetry.mark(pod.UID, StepRecorded, time.Now())
+	// The intent record is the worker's first step (worker.record): the
+	// library's pod sync workers are not held by disk writes, so a burst's
+	// pods reach their workers at once.
+	rec.unrecorded = true
 	log.Info("Pod admitted; creating VM", "image", plan.Image, "cpus", plan.CPUs, "memoryMiB", plan.MemoryMiB, "machine", plan.Machine)
 	p.push(rec)
 	go p.run(rec)
@@ -754,6 +741,12 @@ func (w *worker) start() workerEvent {
 	case <-ctx.Done():
 		return workerEvent{kind: evShutdown}
 	}
+	if rec.unrecorded {
+		if e, ok := w.record(); !ok {
+			return e
+		}
+		rec.unrecorded = false
+	}
 	// A pod needing a disabled feature waits (features.go).
 	if !p.holdForFeatures(ctx, rec) {
 		if ctx.Err() != nil {
@@ -780,6 +773,55 @@ func (w *worker) start() workerEvent {
 	}
 	rec.mu.Unlock()
 	return e
+}
+
+// record writes a new pod's intent record (pod.json, then status.json)
+// before anything of its VM exists: from here on a crash of the agent is
+// reconciled at the next start (recovery.go); before it, the next start
+// knows nothing of the pod and the library creates it again. A record that
+// cannot be written (a full disk) is retried with the back-off while the
+// pod waits in ContainerCreating with a FailedToRecordState event; a
+// delete or the agent's shutdown ends the wait (ok false, with its event).
+func (w *worker) record() (e workerEvent, ok bool) {
+	p, rec, ctx := w.p, w.rec, w.ctx
+	for attempt := 1; ; attempt++ {
+		err := p.writeIntent(rec)
+		if err == nil {
+			p.cfg.Telemetry.mark(rec.uid, StepRecorded, time.Now())
+			return workerEvent{}, true
+		}
+		delay := min(p.cfg.Backoff.Delay(attempt), ConfigRetryMax)
+		w.log.Error(err, "Pod not recorded on the node; retrying", "attempt", attempt, "in", delay)
+		p.event(w.pod, corev1.EventTypeWarning, ReasonFailedToRecordState,
+			fmt.Sprintf("Could not record the pod on the node (retrying in %s; its VM starts once it is recorded): %v", delay.Round(time.Second), err))
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-rec.deleteReq:
+			t.Stop()
+			return workerEvent{kind: evDelete}, false
+		case <-ctx.Done():
+			t.Stop()
+			return workerEvent{kind: evShutdown}, false
+		}
+	}
+}
+
+// writeIntent writes rec's state dir, pod.json (the pod as it is now) and
+// status.json; a failed pod.json leaves no dir behind.
+func (p *VMs) writeIntent(rec *podVM) error {
+	rec.mu.Lock()
+	pod := rec.pod.DeepCopy()
+	rec.mu.Unlock()
+	if err := os.MkdirAll(rec.dir, 0o700); err != nil {
+		return fmt.Errorf("create state dir for pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	if err := writeJSONAtomic(filepath.Join(rec.dir, PodFileName), pod); err != nil {
+		os.RemoveAll(rec.dir)
+		return fmt.Errorf("record pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	p.persist(rec)
+	return nil
 }
 
 // waitRunning is stateRunning's step: wait for the VM's exit (recorded

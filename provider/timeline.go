@@ -31,7 +31,8 @@ const (
 	// StepAdmitted: admission decided (under the handler's lock).
 	StepAdmitted
 	// StepRecorded: the intent record (pod.json) and status.json written
-	// and synced; the worker is started next.
+	// and synced by the pod's worker, its first step (CreatePod returned
+	// after admission).
 	StepRecorded
 	// StepWorker: the worker began the start (pull, overlay, QEMU).
 	StepWorker
