@@ -125,8 +125,9 @@ type Spec struct {
 	// compete with each other as before, but below the control path. Such
 	// a VM is launched paused (-S) at the caller's priority and Start
 	// lowers its threads before starting the vCPUs, so QEMU's own start-up
-	// is not slowed by busy guests either; then QEMU's session (its
-	// scheduler autogroup, where the kernel has them: setAutogroupNice).
+	// is not slowed by busy guests either. QEMU runs in the caller's
+	// session, so thread nice values apply against the caller's threads
+	// under scheduler autogroups too (lowerAutogroup).
 	Nice int
 
 	// MAC is the NIC's MAC address (a locally administered unicast

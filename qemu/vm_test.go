@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -20,6 +21,7 @@ import (
 	"time"
 
 	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
+	"golang.org/x/sys/unix"
 )
 
 const (
@@ -654,21 +656,109 @@ func TestNiceAppliesToEveryThread(t *testing.T) {
 	if n := threadNice(t, "/proc/self/stat"); n != 0 {
 		t.Errorf("the test process runs at nice %d: Start must change QEMU's threads only", n)
 	}
-	checkAutogroupNice(t, vm.Pid(), 7)
+	// QEMU runs in our session (so its lowered threads yield to ours under
+	// scheduler autogroups too), in a process group of its own (a signal
+	// to ours does not reach it), and our session was not lowered.
+	if own, err := ownSession(vm.Pid()); err != nil || own {
+		t.Errorf("QEMU in a session of its own: %v %v (want the caller's session)", own, err)
+	}
+	if pgid, err := unix.Getpgid(vm.Pid()); err != nil || pgid != vm.Pid() {
+		t.Errorf("QEMU's process group %d %v, want its own (%d)", pgid, err, vm.Pid())
+	}
+	checkOwnAutogroupUntouched(t)
 	waitBoot(t, vm)
+}
+
+// TestLowerVCPUsFirst: release's first step lowers the vCPU threads of a
+// paused QEMU and leaves its main thread at the caller's priority (it
+// answers the cont that follows); a process without named vCPU threads
+// gets every thread lowered.
+func TestLowerVCPUsFirst(t *testing.T) {
+	testutil.SkipIfShort(t, "QEMU")
+	dir := newStateDir(t)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	spec := testSpec(t, "acpi")
+	spec.Nice = 6
+	spec.StateDir = dir
+	spec = spec.withDefaults()
+	cmd := exec.Command(spec.QEMUBinary, Args(spec)...) // -S: paused
+	cmd.Dir = dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	// As Start does: QMP answers a command once QEMU's init (vCPU threads
+	// included) is done; the greeting comes before.
+	deadline := time.Now().Add(30 * time.Second)
+	var c net.Conn
+	for {
+		var err error
+		if c, err = net.Dial("unix", spec.Path(QMPSocketName)); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("QEMU's QMP socket: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(deadline)
+	r := bufio.NewReader(c)
+	if _, err := r.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(c, `{"execute":"qmp_capabilities"}`+"\n"); err != nil {
+		t.Fatal(err)
+	}
+	if line, err := r.ReadString('\n'); err != nil || !strings.HasPrefix(line, `{"return"`) {
+		t.Fatalf("qmp_capabilities: %q %v", line, err)
+	}
+	pid := cmd.Process.Pid
+	if err := lowerVCPUs(pid, 6); err != nil {
+		t.Fatal(err)
+	}
+	vcpus := 0
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", pid))
+	for _, task := range tasks {
+		comm, err := os.ReadFile(filepath.Join(task, "comm"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := 0
+		if strings.HasPrefix(string(comm), "CPU ") {
+			want = 6
+			vcpus++
+		}
+		if n := threadNice(t, filepath.Join(task, "stat")); n != want {
+			t.Errorf("QEMU thread %s (%s): nice %d, want %d", task, strings.TrimSpace(string(comm)), n, want)
+		}
+	}
+	if vcpus != spec.CPUs {
+		t.Errorf("%d vCPU threads named CPU n/..., want %d", vcpus, spec.CPUs)
+	}
+
+	sleep := exec.Command("sleep", "30")
+	if err := sleep.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sleep.Process.Kill(); _ = sleep.Wait() })
+	if err := lowerVCPUs(sleep.Process.Pid, 4); err != nil {
+		t.Fatal(err)
+	}
+	if n := threadNice(t, fmt.Sprintf("/proc/%d/stat", sleep.Process.Pid)); n != 4 {
+		t.Errorf("process without vCPU threads: nice %d, want 4 (all threads)", n)
+	}
 }
 
 // checkAutogroupNice: on a kernel with scheduler autogroups, pid's session
 // has nice value want and this process's session is untouched.
 func checkAutogroupNice(t *testing.T, pid, want int) {
 	t.Helper()
-	self, err := os.ReadFile("/proc/self/autogroup")
-	if errors.Is(err, os.ErrNotExist) {
-		t.Logf("kernel without scheduler autogroups: only the threads' nice values apply")
+	if !checkOwnAutogroupUntouched(t) {
 		return
-	}
-	if err != nil {
-		t.Fatal(err)
 	}
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/autogroup", pid))
 	if err != nil {
@@ -677,12 +767,27 @@ func checkAutogroupNice(t *testing.T, pid, want int) {
 	if got := strings.TrimSpace(string(b)); !strings.HasSuffix(got, fmt.Sprintf(" nice %d", want)) {
 		t.Errorf("autogroup of %d: %q, want nice %d", pid, got, want)
 	}
+}
+
+// checkOwnAutogroupUntouched: this process's session was not lowered;
+// false on a kernel without scheduler autogroups.
+func checkOwnAutogroupUntouched(t *testing.T) bool {
+	t.Helper()
+	self, err := os.ReadFile("/proc/self/autogroup")
+	if errors.Is(err, os.ErrNotExist) {
+		t.Logf("kernel without scheduler autogroups: only the threads' nice values apply")
+		return false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
 	// A process of the boot session (no setsid in its ancestry, as under
 	// some CI runners) is in the kernel's default autogroup, the root task
 	// group, which reads as an empty file and has no nice value to lower.
 	if got := strings.TrimSpace(string(self)); got != "" && !strings.HasSuffix(got, " nice 0") {
 		t.Errorf("this process's autogroup: %q: only QEMU's session may be lowered", got)
 	}
+	return true
 }
 
 // TestSetAutogroupNice: the nice value of a process's own session is set
@@ -723,7 +828,9 @@ func threadNice(t *testing.T, statFile string) int {
 
 // TestAdoptPrelaunchReleases: the supervisor died between launching a
 // niced VM (paused, -S) and releasing it; Adopt finishes the start: the
-// threads get the nice value and the guest boots.
+// threads get the nice value and the guest boots. The VM was launched in a
+// session of its own (as agents before 2026-11-25 did): Adopt lowers that
+// session, not ours.
 func TestAdoptPrelaunchReleases(t *testing.T) {
 	testutil.SkipIfShort(t, "QEMU")
 	dir := newStateDir(t)
