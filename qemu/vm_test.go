@@ -675,21 +675,7 @@ func TestNiceAppliesToEveryThread(t *testing.T) {
 // gets every thread lowered.
 func TestLowerVCPUsFirst(t *testing.T) {
 	testutil.SkipIfShort(t, "QEMU")
-	dir := newStateDir(t)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	spec := testSpec(t, "acpi")
-	spec.Nice = 6
-	spec.StateDir = dir
-	spec = spec.withDefaults()
-	cmd := exec.Command(spec.QEMUBinary, Args(spec)...) // -S: paused
-	cmd.Dir = dir
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	spec, cmd := launchPaused(t, 6, &syscall.SysProcAttr{Setpgid: true})
 	// As Start does: QMP answers a command once QEMU's init (vCPU threads
 	// included) is done; the greeting comes before.
 	deadline := time.Now().Add(30 * time.Second)
@@ -826,6 +812,33 @@ func threadNice(t *testing.T, statFile string) int {
 	return n
 }
 
+// launchPaused starts a niced test VM's QEMU as Start launches it (paused:
+// -S, spec.json written) with attr, without connecting or releasing it;
+// it is killed when the test ends.
+func launchPaused(t *testing.T, nice int, attr *syscall.SysProcAttr) (Spec, *exec.Cmd) {
+	t.Helper()
+	dir := newStateDir(t)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	spec := testSpec(t, "acpi")
+	spec.Nice = nice
+	spec.StateDir = dir
+	spec = spec.withDefaults()
+	b, _ := json.Marshal(spec)
+	if err := os.WriteFile(spec.Path(SpecFileName), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(spec.QEMUBinary, Args(spec)...)
+	cmd.Dir = dir
+	cmd.SysProcAttr = attr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	return spec, cmd
+}
+
 // TestAdoptPrelaunchReleases: the supervisor died between launching a
 // niced VM (paused, -S) and releasing it; Adopt finishes the start: the
 // threads get the nice value and the guest boots. The VM was launched in a
@@ -833,27 +846,9 @@ func threadNice(t *testing.T, statFile string) int {
 // session, not ours.
 func TestAdoptPrelaunchReleases(t *testing.T) {
 	testutil.SkipIfShort(t, "QEMU")
-	dir := newStateDir(t)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	spec := testSpec(t, "acpi")
-	spec.Nice = 5
-	spec.StateDir = dir
-	spec = spec.withDefaults()
-	b, _ := json.Marshal(spec)
-	if err := os.WriteFile(spec.Path(SpecFileName), b, 0o600); err != nil {
-		t.Fatal(err)
-	}
 	// What Start does up to the release, then "dies".
-	cmd := exec.Command(spec.QEMUBinary, Args(spec)...)
-	cmd.Dir = dir
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go cmd.Wait() //nolint:errcheck // reaped; the VM is checked through Adopt
-	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	spec, _ := launchPaused(t, 5, &syscall.SysProcAttr{Setsid: true})
+	dir := spec.StateDir
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		if _, err := os.Stat(spec.Path(QMPSocketName)); err == nil {
