@@ -1,0 +1,95 @@
+package provider
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
+	"github.com/qemu-kubelet/qemu-kubelet/oci"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/client-go/tools/record"
+)
+
+// TestHoldReadsPodWhileDeleteWritesIt: a pod held for a disabled feature
+// re-reads its pod on every reload while DeletePod takes the pod's current
+// labels and annotations. The record's pod is shared: a reader that took
+// it under the lock must never see it change (run with -race).
+func TestHoldReadsPodWhileDeleteWritesIt(t *testing.T) {
+	p, recs := pumpVMs(t, 1, record.NewFakeRecorder(1000))
+	p.cfg.Features = nil
+	p.features.Store(featuresWith(config.FeatureJumpstarterExporter))
+	rec := recs[0]
+	rec.pod.Annotations = map[string]string{v1alpha1.JumpstarterSecretAnnotation: "exp"}
+	rec.state = VMState{}
+
+	held := make(chan bool, 1)
+	go func() { held <- p.holdForFeatures(context.Background(), rec) }()
+	// Reloads that keep the feature off: the held pod reads its pod again
+	// each time, outside the record's lock.
+	for range 5 {
+		time.Sleep(20 * time.Millisecond)
+		p.SetFeatures(featuresWith(config.FeatureJumpstarterExporter, config.FeatureAttach))
+	}
+	time.Sleep(50 * time.Millisecond)
+
+	current := rec.pod.DeepCopy()
+	current.Annotations = map[string]string{v1alpha1.JumpstarterSecretAnnotation: "exp", "new": "1"}
+	require.NoError(t, p.DeletePod(context.Background(), current))
+	select {
+	case ok := <-held:
+		assert.False(t, ok, "a pod deleted while held does not start")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the held pod did not see its delete")
+	}
+	assert.Equal(t, "1", p.snapshot(rec).Annotations["new"], "the delete's annotations are the record's")
+}
+
+// TestFlashRecordOrderedWithStatusWrites: a flash records the new image in
+// status.json while other owners (the exporter supervisor, the status
+// resync) write the pod's state: the writes are serialized, none fails on
+// another's temporary file, and the file ends as the newest state.
+func TestFlashRecordOrderedWithStatusWrites(t *testing.T) {
+	p, recs := pumpVMs(t, 1, record.NewFakeRecorder(100000))
+	rec := recs[0]
+	require.NoError(t, os.MkdirAll(rec.dir, 0o700))
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var persistErrs []error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if err := rec.persist(); err != nil {
+				persistErrs = append(persistErrs, err)
+			}
+		}
+	}()
+	const flashes = 100
+	for i := range flashes {
+		img := &oci.Image{Ref: fmt.Sprintf("reg/img:v%d", i), Digest: fmt.Sprintf("sha256:%064d", i)}
+		require.NoError(t, p.installImage(rec, vmRequest{op: opFlash, image: img}), "flash %d", i)
+	}
+	close(stop)
+	wg.Wait()
+	assert.Empty(t, persistErrs, "status writes beside the flash's")
+
+	b, err := os.ReadFile(filepath.Join(rec.dir, StatusFileName))
+	require.NoError(t, err)
+	var st VMState
+	require.NoError(t, json.Unmarshal(b, &st))
+	assert.Equal(t, fmt.Sprintf("sha256:%064d", flashes-1), st.ImageDigest, "status.json holds the last flash")
+}
