@@ -148,7 +148,9 @@ type podVM struct {
 	uid types.UID
 	dir string
 
-	mu       sync.Mutex
+	mu sync.Mutex
+	// pod is the pod as bound, with its current metadata: replaced under
+	// mu, never changed in place, so a pointer read under mu stays valid.
 	pod      *corev1.Pod
 	plan     Plan
 	state    VMState
@@ -350,18 +352,22 @@ func (p *VMs) DeletePod(ctx context.Context, pod *corev1.Pod) error {
 		grace = time.Duration(*pod.Spec.TerminationGracePeriodSeconds) * time.Second
 	}
 	rec.mu.Lock()
+	// rec.pod is replaced, never changed in place: readers that took it
+	// under the lock (a held pod's features check) keep a stable pod.
+	cur := rec.pod.DeepCopy()
 	if pod.DeletionTimestamp != nil {
-		rec.pod.DeletionTimestamp = pod.DeletionTimestamp.DeepCopy()
-		rec.pod.DeletionGracePeriodSeconds = pod.DeletionGracePeriodSeconds
+		cur.DeletionTimestamp = pod.DeletionTimestamp.DeepCopy()
+		cur.DeletionGracePeriodSeconds = pod.DeletionGracePeriodSeconds
 	}
 	if pod.UID == rec.uid {
 		// The library calls UpdatePod only for pods not being deleted: a
 		// label changed just before the deletion (a lease released) arrives
 		// here. The terminal status carries the metadata, and the API
 		// server refuses a node's status update whose labels differ.
-		rec.pod.Labels = maps.Clone(pod.Labels)
-		rec.pod.Annotations = maps.Clone(pod.Annotations)
+		cur.Labels = maps.Clone(pod.Labels)
+		cur.Annotations = maps.Clone(pod.Annotations)
 	}
+	rec.pod = cur
 	rec.mu.Unlock()
 	klog.FromContext(ctx).Info("Deleting pod", "pod", klog.KObj(pod), "uid", rec.uid, "grace", grace)
 	p.requestDelete(rec, grace)

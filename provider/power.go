@@ -232,13 +232,14 @@ func (p *VMs) installImage(rec *podVM, req vmRequest) error {
 	rec.state.FlashedImage = ref
 	rec.state.ImageDigest = img.Digest
 	rec.state.ImageID = ref
-	st := rec.state
 	pod := rec.pod.DeepCopy()
 	rec.mu.Unlock()
 	if old != nil {
 		old()
 	}
-	if err := writeJSONAtomic(filepath.Join(rec.dir, StatusFileName), st); err != nil {
+	// Through the pod's status writer (persist.go): serialized with the
+	// other owners' writes, and the newest state is the last written.
+	if err := rec.persist(); err != nil {
 		return fmt.Errorf("flash: record the new image in the pod's state dir: %w", err)
 	}
 	p.push(rec)
