@@ -399,3 +399,22 @@ func sortedKeys(m map[string]bool) []string {
 	sort.Strings(out)
 	return out
 }
+
+// validateSnapshotStart: the snapshot is taken when the readiness probe
+// first passes, and per-pod data must not end up in memory other pods start
+// from: no volumes that become guest disks, no env (the environment disk).
+func validateSnapshotStart(spec *corev1.PodSpec, exporterSecret string, bad func(field, format string, a ...any)) {
+	f := "metadata.annotations[" + AnnotationStartFromSnapshot + "]"
+	if len(spec.Containers) == 0 || spec.Containers[0].ReadinessProbe == nil {
+		bad(f, "needs a readinessProbe on the container: the snapshot is taken when it first succeeds")
+	}
+	for _, v := range spec.Volumes {
+		if hostOnlyVolume(v, exporterSecret) || (v.Secret == nil && v.ConfigMap == nil && v.EmptyDir == nil) {
+			continue
+		}
+		bad(f, "not with volume %q: guest disks hold per-pod data, which would end up in a snapshot other pods start from", v.Name)
+	}
+	if len(spec.Containers) > 0 && (len(spec.Containers[0].Env) > 0 || len(spec.Containers[0].EnvFrom) > 0) {
+		bad(f, "not with env or envFrom: the environment disk holds per-pod data, which would end up in a snapshot other pods start from")
+	}
+}
