@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"sync"
@@ -15,13 +16,17 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/ptr"
 )
 
 // TestHoldReadsPodWhileDeleteWritesIt: a pod held for a disabled feature
-// re-reads its pod on every reload while DeletePod takes the pod's current
-// labels and annotations. The record's pod is shared: a reader that took
-// it under the lock must never see it change (run with -race).
+// re-reads its pod on every reload, outside the record's lock, while
+// DeletePod takes the pod's current labels and annotations. A pod read
+// under the lock must never change after: the race detector sees the
+// write only when it falls between the hold's unlock and its read, so the
+// test also holds the pod the hold read and checks it did not change.
 func TestHoldReadsPodWhileDeleteWritesIt(t *testing.T) {
 	p, recs := pumpVMs(t, 1, record.NewFakeRecorder(1000))
 	p.cfg.Features = nil
@@ -40,8 +45,15 @@ func TestHoldReadsPodWhileDeleteWritesIt(t *testing.T) {
 	}
 	time.Sleep(50 * time.Millisecond)
 
+	rec.mu.Lock()
+	read := rec.pod // as the hold reads it
+	rec.mu.Unlock()
+	readAnnotations := maps.Clone(read.Annotations)
+
 	current := rec.pod.DeepCopy()
 	current.Annotations = map[string]string{v1alpha1.JumpstarterSecretAnnotation: "exp", "new": "1"}
+	current.DeletionTimestamp = &metav1.Time{Time: time.Now().Add(30 * time.Second)}
+	current.DeletionGracePeriodSeconds = ptr.To[int64](30)
 	require.NoError(t, p.DeletePod(context.Background(), current))
 	select {
 	case ok := <-held:
@@ -50,6 +62,8 @@ func TestHoldReadsPodWhileDeleteWritesIt(t *testing.T) {
 		t.Fatal("the held pod did not see its delete")
 	}
 	assert.Equal(t, "1", p.snapshot(rec).Annotations["new"], "the delete's annotations are the record's")
+	assert.Equal(t, readAnnotations, read.Annotations, "the pod read under the lock was changed in place")
+	assert.Nil(t, read.DeletionTimestamp, "the pod read under the lock was changed in place")
 }
 
 // TestFlashRecordOrderedWithStatusWrites: a flash records the new image in
