@@ -29,6 +29,8 @@ type Config struct {
 	// drivers (besides the console and power drivers every target has).
 	Target Target
 	Ports  []Port
+	// Resources bound the files clients flash and dump (resource.go).
+	Resources ResourceOptions
 	// Hostname, Username, Password answer the root driver's get_hostname,
 	// get_username and get_password (upstream QemuClient).
 	Hostname, Username, Password string

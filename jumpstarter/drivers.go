@@ -70,7 +70,7 @@ func buildTree(ns, name string, ports []Port) ([]*driver, error) {
 	root := &driver{uuid: id(""), class: ClassQemu, kind: kindRoot, description: "QEMU virtual machine"}
 	ds := []*driver{root,
 		{uuid: id(DriverPower), parent: root.uuid, name: DriverPower, class: ClassPower, kind: kindPower, description: "VM power (ACPI power button, then stop)"},
-		{uuid: id(DriverFlasher), parent: root.uuid, name: DriverFlasher, class: ClassFlasher, kind: kindFlasher, description: "replace the VM's disk with an OCI image"},
+		{uuid: id(DriverFlasher), parent: root.uuid, name: DriverFlasher, class: ClassFlasher, kind: kindFlasher, description: "flash and dump the VM's disk and firmware (client files, presigned URLs, oci://)"},
 		{uuid: id(DriverConsole), parent: root.uuid, name: DriverConsole, class: ClassNetwork, kind: kindConsole, description: "VM serial console"},
 	}
 	seen := map[string]bool{DriverPower: true, DriverFlasher: true, DriverConsole: true}

@@ -56,6 +56,7 @@ type Exporter struct {
 
 	status     sessionStatus
 	endSession chan struct{} // EndSession -> Run: report AVAILABLE
+	res        *resources    // open client_stream resources (resource.go)
 
 	srv *grpc.Server
 	lis *streamconn.Listener
@@ -107,6 +108,7 @@ func New(cfg Config) (*Exporter, error) {
 		byUUID:     map[string]*driver{},
 		creds:      creds,
 		endSession: make(chan struct{}, 1),
+		res:        newResources(),
 		lis:        streamconn.NewListener(),
 	}
 	for _, d := range tree {

@@ -211,15 +211,20 @@ func (s *server) call(ctx context.Context, d *driver, method string, args []any)
 			return nil, fmt.Errorf("%w: a VM has no rescue mode (power off, flash, power on instead)", ErrUnsupported)
 		}
 	case kindFlasher:
-		if method == "flash" {
+		switch method {
+		case "flash":
 			// flash(source, partition): upstream's QemuFlasher hands oci://
-			// sources to flash_oci; other sources are client-side files
-			// uploaded as resource streams, which this exporter does not take.
-			src, _ := arg(args, 0).(string)
-			if !strings.HasPrefix(src, "oci://") {
-				return nil, fmt.Errorf("%w: flash: only oci:// image references can be flashed onto a VM (got %s)", ErrInvalidArgument, describeArg(arg(args, 0)))
+			// sources to flash_oci; other sources are resource handles
+			// (flasher.go).
+			if src, ok := arg(args, 0).(string); ok {
+				if !strings.HasPrefix(src, "oci://") {
+					return nil, fmt.Errorf("%w: flash: source %s is neither a resource handle nor an oci:// reference", ErrInvalidArgument, describeArg(src))
+				}
+				return nil, s.flashOCI(ctx, []any{src, arg(args, 1)}, func(any) error { return nil })
 			}
-			return nil, s.flashOCI(ctx, []any{src, arg(args, 1)}, func(any) error { return nil })
+			return nil, s.flashResource(ctx, d, args)
+		case "dump":
+			return nil, s.dump(ctx, d, args)
 		}
 	}
 	return nil, methodNotFound(d, method)
@@ -244,8 +249,12 @@ func (s *server) flashOCI(ctx context.Context, args []any, send func(any) error)
 	if !ok || !strings.HasPrefix(url, "oci://") {
 		return fmt.Errorf("%w: OCI URL must start with oci://, got: %s", ErrInvalidArgument, describeArg(arg(args, 0)))
 	}
-	if p := arg(args, 1); p != nil && p != "" && p != "root" {
-		return fmt.Errorf("%w: partition %s: a VM has one disk, flash it as partition root (or none)", ErrInvalidArgument, describeArg(p))
+	part := PartitionRoot
+	if p := arg(args, 1); p != nil && p != "" {
+		var err error
+		if part, err = partitionArg(p); err != nil {
+			return err
+		}
 	}
 	if u, p := arg(args, 2), arg(args, 3); (u != nil && u != "") || (p != nil && p != "") {
 		return fmt.Errorf("%w: registry credentials in the call are not supported: the node pulls with its own configuration", ErrInvalidArgument)
@@ -261,13 +270,22 @@ func (s *server) flashOCI(ctx context.Context, args []any, send func(any) error)
 	defer cancel()
 	lines := make(chan string, 16)
 	done := make(chan error, 1)
+	progress := func(line string) {
+		select {
+		case lines <- line:
+		case <-ctx.Done():
+		}
+	}
 	go func() {
-		done <- s.e.cfg.Target.Flash(ctx, ref, func(line string) {
-			select {
-			case lines <- line:
-			case <-ctx.Done():
+		if part != PartitionRoot { // flasher.go
+			dt, err := s.diskTarget()
+			if err == nil {
+				err = dt.FlashOCIPartition(ctx, ref, part, progress)
 			}
-		})
+			done <- err
+			return
+		}
+		done <- s.e.cfg.Target.Flash(ctx, ref, progress)
 	}()
 	for {
 		select {
@@ -343,12 +361,14 @@ func grpcError(d *driver, method string, err error) error {
 // streamRequest is the `request` metadata of a byte stream (upstream's
 // DriverStreamRequest / ResourceStreamRequest, pydantic JSON).
 type streamRequest struct {
-	Kind   string `json:"kind"`
-	UUID   string `json:"uuid"`
-	Method string `json:"method"`
+	Kind            string  `json:"kind"`
+	UUID            string  `json:"uuid"`
+	Method          string  `json:"method"`
+	ContentEncoding *string `json:"x_jmp_content_encoding"` // kind resource
 }
 
-// Stream serves a byte stream to a driver: the console or a guest port.
+// Stream serves a byte stream to a driver (the console or a guest port)
+// or a resource (resource.go).
 func (s *server) Stream(st pb.RouterService_StreamServer) error {
 	ctx := st.Context()
 	md, _ := metadata.FromIncomingContext(ctx)
@@ -360,8 +380,12 @@ func (s *server) Stream(st pb.RouterService_StreamServer) error {
 	if err := json.Unmarshal([]byte(vals[0]), &req); err != nil {
 		return status.Errorf(codes.InvalidArgument, "byte stream: `request` metadata is not JSON: %v", err)
 	}
-	if req.Kind != "driver" {
-		return status.Errorf(codes.Unimplemented, "byte stream kind %q is not supported (only driver streams; flash by oci:// reference)", req.Kind)
+	switch req.Kind {
+	case "driver":
+	case "resource":
+		return s.resourceStream(st, req) // resource.go
+	default:
+		return status.Errorf(codes.InvalidArgument, "byte stream kind %q: want driver or resource", req.Kind)
 	}
 	d, err := s.lookup(req.UUID)
 	if err != nil {

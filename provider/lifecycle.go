@@ -692,7 +692,7 @@ func (w *worker) step(s podState) workerEvent {
 		return workerEvent{kind: evStopped}
 	case stateFlashing:
 		req := w.req
-		if err := p.powerOff(ctx, rec, w.vm, "to flash "+req.image.Ref); err != nil {
+		if err := p.powerOff(ctx, rec, w.vm, "to flash "+req.what()); err != nil {
 			req.refuse(err)
 			return workerEvent{kind: evStopFailed}
 		}
@@ -992,8 +992,9 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (VM, bool) {
 	att := p.cfg.Telemetry.beginStart(pctx, rec.uid, pod, plan.Image) // tracing.go: pod.start span, start metrics
 	defer att.done()
 
-	var img *oci.Image
-	for attempt := 1; ; attempt++ {
+	// A flashed root (exporter_flash.go) boots instead of any image.
+	img := p.flashedRoot(rec)
+	for attempt := 1; img == nil; attempt++ {
 		t0 := time.Now()
 		if img = p.presentImage(pctx, plan); img != nil {
 			// As the kubelet: one Pulled event, no Pulling, for a cached image.
@@ -1035,6 +1036,8 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (VM, bool) {
 	rec.mu.Unlock()
 	if !haveRelease {
 		p.releaseImage(rec)
+	}
+	if !haveRelease && !isFlashedRoot(img) {
 		if rel, err := p.cfg.Images.Acquire(img.Digest); err == nil {
 			rec.mu.Lock()
 			rec.release = rel
@@ -1172,6 +1175,7 @@ func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan Plan
 		spec.UEFICode, spec.UEFIVarsTemplate = p.cfg.UEFICode, p.cfg.UEFIVars
 		spec.AllowedDirs = append(spec.AllowedDirs, filepath.Dir(p.cfg.UEFICode), filepath.Dir(p.cfg.UEFIVars))
 	}
+	p.applyFlashedFirmware(rec, &spec) // exporter_flash.go
 	if img.Kernel == "" && plan.ExtraCmdline != "" {
 		return spec, invalidSpec{fmt.Errorf("annotation %s: image %s has no kernel to pass a command line to", AnnotationKernelCmdline, plan.Image)}
 	}

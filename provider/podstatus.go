@@ -64,6 +64,10 @@ type VMState struct {
 	// Jumpstarter flash), as repo@digest; it survives VM and agent restarts
 	// and lasts as long as the pod.
 	FlashedImage string `json:"flashedImage,omitempty"`
+	// Flashed are the partitions flashed from files (root, bios,
+	// OVMF_CODE.fd, OVMF_VARS.fd; exporter_flash.go): the VM boots them
+	// from then on, across VM and agent restarts, as long as the pod lives.
+	Flashed map[string]FlashedPartition `json:"flashed,omitempty"`
 }
 
 // Waiting sets a waiting state.

@@ -49,7 +49,21 @@ type vmRequest struct {
 	// took the request).
 	image *oci.Image
 	hold  func()
+	// part (opFlash of a partition from a file, exporter_flash.go) is
+	// the verified image written aside; hold then removes it.
+	part  *partitionFlash
 	reply chan error
+}
+
+// what names what a flash request installs.
+func (r *vmRequest) what() string {
+	if r.part != nil {
+		return "partition " + r.part.name
+	}
+	if r.image != nil {
+		return r.image.Ref
+	}
+	return r.op.String()
 }
 
 // release gives up the request's image hold (idempotent per request).
@@ -220,6 +234,9 @@ func (p *VMs) powerOff(ctx context.Context, rec *podVM, vm VM, why string) error
 // answered, so a VM restart and an agent restart keep it. The request's
 // image hold becomes the pod's. Worker only, with no VM running.
 func (p *VMs) installImage(rec *podVM, req vmRequest) error {
+	if req.part != nil {
+		return p.installPartition(rec, req) // exporter_flash.go
+	}
 	if err := os.Remove(filepath.Join(rec.dir, OverlayFileName)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		req.release()
 		return fmt.Errorf("flash: remove the old disk: %w", err)
@@ -232,6 +249,7 @@ func (p *VMs) installImage(rec *podVM, req vmRequest) error {
 	rec.state.FlashedImage = ref
 	rec.state.ImageDigest = img.Digest
 	rec.state.ImageID = ref
+	flashedRoot := rec.dropFlashedRootLocked() // the image replaces a flashed root
 	pod := rec.pod.DeepCopy()
 	rec.mu.Unlock()
 	if old != nil {
@@ -241,6 +259,9 @@ func (p *VMs) installImage(rec *podVM, req vmRequest) error {
 	// other owners' writes, and the newest state is the last written.
 	if err := rec.persist(); err != nil {
 		return fmt.Errorf("flash: record the new image in the pod's state dir: %w", err)
+	}
+	if flashedRoot != "" {
+		os.Remove(flashedRoot)
 	}
 	p.push(rec)
 	p.event(pod, corev1.EventTypeNormal, "Flashed", fmt.Sprintf("VM disk replaced by image %s (%s); it boots from it from now on", img.Ref, img.Digest))

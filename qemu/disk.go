@@ -33,6 +33,12 @@ type ImageInfo struct {
 	VirtualSize int64  `json:"virtual-size"`
 	ActualSize  int64  `json:"actual-size"`
 	BackingFile string `json:"backing-filename"`
+	// FormatSpecific.Data.DataFile is a qcow2 image's external data file.
+	FormatSpecific struct {
+		Data struct {
+			DataFile string `json:"data-file"`
+		} `json:"data"`
+	} `json:"format-specific"`
 }
 
 // InspectImage runs qemu-img info (without following the backing chain).

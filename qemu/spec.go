@@ -89,6 +89,9 @@ type Spec struct {
 	Firmware         Firmware
 	UEFICode         string
 	UEFIVarsTemplate string
+	// BIOS is a firmware file loaded with -bios instead of QEMU's own
+	// SeaBIOS (FirmwareBIOS only; "" for QEMU's).
+	BIOS string
 
 	// Direct kernel boot: Kernel (+ Initrd, Cmdline). When Kernel is empty
 	// the firmware boots Disks[0].
@@ -303,7 +306,13 @@ func (s Spec) Validate() error {
 	}
 	switch s.Firmware {
 	case FirmwareBIOS:
+		if s.BIOS != "" {
+			checkPath("bios", s.BIOS)
+		}
 	case FirmwareUEFI:
+		if s.BIOS != "" {
+			bad("bios %q: only with firmware %q", s.BIOS, FirmwareBIOS)
+		}
 		if s.Machine == "microvm" {
 			bad("firmware uefi: not supported with machine microvm")
 		}
@@ -484,6 +493,9 @@ func Args(s Spec) []string {
 		a = append(a, "-device", "pvpanic-pci") // no ISA bus on virt
 	default:
 		a = append(a, "-device", "pvpanic")
+	}
+	if s.Firmware == FirmwareBIOS && s.BIOS != "" {
+		a = append(a, "-bios", s.BIOS)
 	}
 	if s.Firmware == FirmwareUEFI {
 		a = append(a,

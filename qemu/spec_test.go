@@ -42,6 +42,11 @@ func TestArgsGolden(t *testing.T) {
 				{Path: "/images/config.img", Format: FormatRaw, ReadOnly: true, Serial: "cidata"},
 			}
 		},
+		"disk-bios-file": func(s *Spec) {
+			s.Kernel, s.Initrd, s.Cmdline = "", "", ""
+			s.BIOS = "/run/qk/vm1/flash/bios-0123456789ab"
+			s.Disks = []Disk{{Path: "/run/qk/vm1/root.qcow2", Serial: "root"}}
+		},
 		"kernel-tcg-memory-tuned": func(s *Spec) {
 			s.Network = true
 			s.Memory = MemoryTuning{TCGTranslationBufferMiB: 32, FreePageReporting: true, MemMerge: true}
@@ -115,6 +120,10 @@ func TestValidateRejects(t *testing.T) {
 		{"same disk twice", func(s *Spec) {
 			s.Disks = []Disk{{Path: "/images/a.qcow2"}, {Path: "/images/a.qcow2"}}
 		}, "same file as disk[0]"},
+		{"bios outside allowed", func(s *Spec) { s.BIOS = "/etc/shadow" }, `bios "/etc/shadow": outside the allowed dirs`},
+		{"bios with uefi", func(s *Spec) {
+			s.Firmware, s.UEFICode, s.UEFIVarsTemplate, s.BIOS = FirmwareUEFI, "/images/c.fd", "/images/v.fd", "/images/bios.bin"
+		}, "only with firmware"},
 		{"bad format", func(s *Spec) { s.Disks = []Disk{{Path: "/images/a", Format: "vmdk"}} }, `format "vmdk"`},
 		{"host port collision", func(s *Spec) {
 			s.Network = true

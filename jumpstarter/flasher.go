@@ -1,0 +1,367 @@
+package jumpstarter
+
+import (
+	"bufio"
+	"bytes"
+	"compress/bzip2"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/klauspost/compress/gzip"
+	"github.com/klauspost/compress/zstd"
+	"github.com/ulikunitz/xz"
+)
+
+// Partitions of upstream's QEMU flasher (QemuFlasher, Qemu.validate_partition).
+const (
+	PartitionRoot     = "root"
+	PartitionBIOS     = "bios"
+	PartitionOVMFCode = "OVMF_CODE.fd"
+	PartitionOVMFVars = "OVMF_VARS.fd"
+)
+
+// Partitions lists every partition name flash, flash_oci and dump take.
+var Partitions = []string{PartitionRoot, PartitionBIOS, PartitionOVMFCode, PartitionOVMFVars}
+
+// DiskTarget is a Target whose partitions can be written from a byte
+// stream and read back: the flasher's flash(handle, partition) and
+// dump(handle, partition), and flash_oci onto a partition other than root.
+// The exporter asks Config.Target for it; a Target without it answers
+// those calls Unimplemented. Methods may be called concurrently; the
+// implementation serialises what must be.
+type DiskTarget interface {
+	// PartitionLimit is the most bytes partition may hold (the image as
+	// decompressed). A partition the target does not have fails with
+	// ErrInvalidArgument.
+	PartitionLimit(partition string) (int64, error)
+	// WritePartition makes everything read from img the partition's
+	// content. It writes aside and installs only once img returned io.EOF
+	// and the content passed the target's checks; any other error from img
+	// (the client stopped, a corrupt or oversized image, ctx) leaves the
+	// target exactly as it was: power state, what it boots, nothing
+	// half-written that a later boot would use. A running target is
+	// powered off for the switch and on again. progress gets
+	// human-readable lines.
+	WritePartition(ctx context.Context, partition string, img io.Reader, progress func(string)) error
+	// ReadPartition opens what the partition holds for reading (size
+	// bytes): what the target boots from, the node's default when nothing
+	// was flashed there.
+	ReadPartition(ctx context.Context, partition string) (rc io.ReadCloser, size int64, err error)
+	// FlashOCIPartition writes the disk of the OCI image ref (pulled and
+	// verified as Target.Flash does) onto partition, as WritePartition.
+	FlashOCIPartition(ctx context.Context, ref, partition string, progress func(string)) error
+}
+
+// partitionArg is a call's partition argument: null or "root" is root.
+func partitionArg(v any) (string, error) {
+	if v == nil {
+		return PartitionRoot, nil
+	}
+	p, ok := v.(string)
+	if ok {
+		for _, n := range Partitions {
+			if p == n {
+				return p, nil
+			}
+		}
+	}
+	return "", fmt.Errorf("%w: invalid partition name: %s (root, bios, OVMF_CODE.fd or OVMF_VARS.fd)", ErrInvalidArgument, describeArg(v))
+}
+
+func (s *server) diskTarget() (DiskTarget, error) {
+	dt, ok := s.e.cfg.Target.(DiskTarget)
+	if !ok {
+		return nil, fmt.Errorf("%w: this target cannot be flashed from a file or dumped", ErrUnsupported)
+	}
+	return dt, nil
+}
+
+// flashResource is flash(source, partition) with a resource handle: the
+// resource, decoded by its content encoding and then by signature (gzip,
+// xz, bz2, zstd, as upstream's AutoDecompressIterator), bounded by the
+// partition's limit, streamed into the target.
+func (s *server) flashResource(ctx context.Context, d *driver, args []any) error {
+	dt, err := s.diskTarget()
+	if err != nil {
+		return err
+	}
+	part, err := partitionArg(arg(args, 1))
+	if err != nil {
+		return err
+	}
+	limit, err := dt.PartitionLimit(part)
+	if err != nil {
+		return err
+	}
+	src, what, err := s.openSource(ctx, d, arg(args, 0))
+	if err != nil {
+		return fmt.Errorf("flash %s: %w", part, err)
+	}
+	defer src.Close()
+	img, format, err := autoDecompress(src)
+	if err != nil {
+		return fmt.Errorf("flash %s from %s: %w", part, what, err)
+	}
+	lr := &limitReader{r: img, left: limit, limit: limit, part: part}
+	s.e.log.Info("flashing", "partition", part, "source", what, "compression", format)
+	err = dt.WritePartition(ctx, part, lr, func(l string) { s.e.log.Info("flash: "+l, "partition", part) })
+	if err != nil {
+		if ferr := failure(src); ferr != nil {
+			err = ferr // the transfer's own words, not a decoder's
+		}
+		return fmt.Errorf("flash %s from %s: %w", part, what, err)
+	}
+	s.e.log.Info("flashed", "partition", part, "bytes", limit-lr.left)
+	return nil
+}
+
+// dump is dump(target, partition): the partition's bytes into the resource.
+func (s *server) dump(ctx context.Context, d *driver, args []any) error {
+	dt, err := s.diskTarget()
+	if err != nil {
+		return err
+	}
+	part, err := partitionArg(arg(args, 1))
+	if err != nil {
+		return err
+	}
+	rc, size, err := dt.ReadPartition(ctx, part)
+	if err != nil {
+		return fmt.Errorf("dump %s: %w", part, err)
+	}
+	defer rc.Close()
+	w, what, err := s.openSink(ctx, d, arg(args, 0), size)
+	if err != nil {
+		return fmt.Errorf("dump %s: %w", part, err)
+	}
+	n, err := io.Copy(w, rc)
+	if err == nil && n != size {
+		err = fmt.Errorf("the partition changed while it was read (%d bytes, expected %d)", n, size)
+	}
+	if err != nil {
+		w.Abort(err)
+		return fmt.Errorf("dump %s to %s: %w", part, what, err)
+	}
+	if err := w.Close(); err != nil {
+		return fmt.Errorf("dump %s to %s: %w", part, what, err)
+	}
+	s.e.log.Info("dumped", "partition", part, "bytes", n, "to", what)
+	return nil
+}
+
+// limitReader fails once more than limit bytes were read.
+type limitReader struct {
+	r           io.Reader
+	left, limit int64
+	part        string
+}
+
+func (l *limitReader) Read(p []byte) (int, error) {
+	if int64(len(p)) > l.left+1 {
+		p = p[:l.left+1]
+	}
+	n, err := l.r.Read(p)
+	if int64(n) > l.left {
+		l.left = -1
+		return 0, fmt.Errorf("%w: the image is larger than partition %s may hold (%d bytes)", ErrInvalidArgument, l.part, l.limit)
+	}
+	l.left -= int64(n)
+	return n, err
+}
+
+// Decoders bound what a hostile stream can make the exporter allocate.
+const (
+	zstdMaxWindow = 32 << 20
+	xzMaxDict     = 64 << 20
+)
+
+// decoder decodes enc (a content encoding the exporter accepted).
+func decoder(enc string, r io.Reader) (io.Reader, error) {
+	switch enc {
+	case EncodingGzip:
+		zr, err := gzip.NewReader(r)
+		if err != nil {
+			return nil, fmt.Errorf("gzip: %w", err)
+		}
+		return &decodeErrs{r: zr, name: enc}, nil
+	case EncodingXZ:
+		br := bufio.NewReaderSize(r, 64)
+		if err := checkXZDict(br); err != nil {
+			return nil, err
+		}
+		zr, err := xz.NewReader(br)
+		if err != nil {
+			return nil, fmt.Errorf("xz: %w", err)
+		}
+		return &decodeErrs{r: zr, name: enc}, nil
+	case EncodingBZ2:
+		return &decodeErrs{r: bzip2.NewReader(r), name: enc}, nil
+	case EncodingZstd:
+		zr, err := zstd.NewReader(r, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true), zstd.WithDecoderMaxWindow(zstdMaxWindow))
+		if err != nil {
+			return nil, fmt.Errorf("zstd: %w", err)
+		}
+		return &decodeErrs{r: zr, name: enc, close: zr.Close}, nil
+	}
+	return nil, fmt.Errorf("%w: content encoding %q", ErrInvalidArgument, enc)
+}
+
+// decodeErrs names the codec in errors and turns a truncated stream's
+// io.EOF-like end into an error (a decoder that ends early is corrupt
+// input, never a complete image).
+type decodeErrs struct {
+	r     io.Reader
+	name  string
+	close func()
+}
+
+func (d *decodeErrs) Read(p []byte) (int, error) {
+	n, err := d.r.Read(p)
+	var se *sourceError
+	switch {
+	case err == nil || errors.Is(err, io.EOF) || errors.As(err, &se):
+		return n, err
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return n, fmt.Errorf("%w: the %s stream is truncated", ErrInvalidArgument, d.name)
+	}
+	return n, fmt.Errorf("%w: the %s stream is corrupt: %v", ErrInvalidArgument, d.name, err)
+}
+
+func (d *decodeErrs) Close() error {
+	if d.close != nil {
+		d.close()
+	}
+	return nil
+}
+
+// sourceError is a failure of the resource transfer itself (the client
+// stopped, stalled, the HTTP request failed), as opposed to its content.
+type sourceError struct{ err error }
+
+func (e *sourceError) Error() string { return e.err.Error() }
+func (e *sourceError) Unwrap() error { return e.err }
+
+// failure is the transfer error a source recorded, if any: decoders may
+// replace it with their own words, the call reports the source's.
+func failure(r io.Reader) error {
+	if f, ok := r.(interface{ failure() error }); ok {
+		return f.failure()
+	}
+	return nil
+}
+
+// encoder encodes a dump in enc.
+func encoder(enc string, w io.Writer) (io.WriteCloser, error) {
+	switch enc {
+	case EncodingGzip:
+		return gzip.NewWriterLevel(w, gzip.BestSpeed)
+	case EncodingXZ:
+		return xz.NewWriter(w)
+	case EncodingZstd:
+		return zstd.NewWriter(w, zstd.WithEncoderConcurrency(1), zstd.WithEncoderLevel(zstd.SpeedFastest))
+	}
+	return nil, fmt.Errorf("%w: content encoding %q cannot be written", ErrInvalidArgument, enc)
+}
+
+// signatures are upstream's COMPRESSION_SIGNATURES.
+var signatures = []struct {
+	magic []byte
+	enc   string
+}{
+	{[]byte{0x1f, 0x8b, 0x08}, EncodingGzip},
+	{[]byte{0xfd, 0x37, 0x7a, 0x58, 0x5a, 0x00}, EncodingXZ},
+	{[]byte{0x42, 0x5a, 0x68}, EncodingBZ2},
+	{[]byte{0x28, 0xb5, 0x2f, 0xfd}, EncodingZstd},
+}
+
+// autoDecompress detects a compressed image by its first bytes and
+// decodes it; other bytes pass unchanged (format "raw"). An empty source
+// is refused.
+func autoDecompress(r io.Reader) (io.Reader, string, error) {
+	br := bufio.NewReaderSize(r, 64<<10)
+	head, err := br.Peek(8)
+	if len(head) == 0 {
+		if err == nil || errors.Is(err, io.EOF) {
+			return nil, "", fmt.Errorf("%w: the image is empty", ErrInvalidArgument)
+		}
+		return nil, "", err
+	}
+	for _, sg := range signatures {
+		if bytes.HasPrefix(head, sg.magic) {
+			d, err := decoder(sg.enc, br)
+			if err != nil {
+				return nil, "", err
+			}
+			return d, sg.enc, nil
+		}
+	}
+	return br, "raw", nil
+}
+
+// checkXZDict refuses an xz stream whose first block declares an LZMA2
+// dictionary beyond xzMaxDict (the decoder would allocate it). It peeks
+// the stream header (12 bytes) and the first block header.
+func checkXZDict(br *bufio.Reader) error {
+	head, err := br.Peek(12 + 2)
+	if err != nil {
+		return nil // too short: the decoder reports it
+	}
+	size := (int(head[12]) + 1) * 4
+	if head[12] == 0 { // an index, no block
+		return nil
+	}
+	bh, err := br.Peek(12 + size)
+	if err != nil {
+		return nil
+	}
+	bh = bh[12:]
+	flags := bh[1]
+	i := 2
+	varint := func() (uint64, bool) {
+		var v uint64
+		for sh := 0; i < len(bh) && sh < 63; sh += 7 {
+			b := bh[i]
+			i++
+			v |= uint64(b&0x7f) << sh
+			if b&0x80 == 0 {
+				return v, true
+			}
+		}
+		return 0, false
+	}
+	if flags&0x40 != 0 {
+		varint()
+	}
+	if flags&0x80 != 0 {
+		varint()
+	}
+	for f := 0; f <= int(flags&0x03); f++ {
+		id, ok := varint()
+		if !ok {
+			return nil
+		}
+		psize, ok := varint()
+		if !ok || i+int(psize) > len(bh) {
+			return nil
+		}
+		if id == 0x21 && psize == 1 { // LZMA2
+			c := bh[i] & 0x3f
+			if c > 40 {
+				return nil
+			}
+			var dict uint64
+			if c == 40 {
+				dict = 1<<32 - 1
+			} else {
+				dict = uint64(2|(c&1)) << (c/2 + 11)
+			}
+			if dict > xzMaxDict {
+				return fmt.Errorf("%w: xz stream needs a %d MiB dictionary (at most %d MiB: recompress with xz -6 or lower)", ErrInvalidArgument, dict>>20, xzMaxDict>>20)
+			}
+		}
+		i += int(psize)
+	}
+	return nil
+}

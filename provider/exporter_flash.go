@@ -1,0 +1,479 @@
+package provider
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter"
+	"github.com/qemu-kubelet/qemu-kubelet/oci"
+	"github.com/qemu-kubelet/qemu-kubelet/qemu"
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+)
+
+// The pod's partitions, as upstream's QEMU driver names them (flash, dump
+// and flash_oci of the exporter's flasher; jumpstarter.DiskTarget):
+//   - root: a whole disk image (raw or qcow2, no backing or data file). A
+//     flashed root is what the VM boots from then on, through its firmware
+//     and the image's own bootloader, whatever the pod's image was (a
+//     kernel+initrd artifact included); every start makes the pod's usual
+//     overlay over it (state policy Retain keeps that overlay), so the
+//     flashed file itself is never written by the guest and dump returns
+//     it byte for byte. Not flashed: the pod's image's disk.
+//   - bios: a raw firmware file QEMU loads with -bios. Not flashed: QEMU's
+//     SeaBIOS.
+//   - OVMF_CODE.fd, OVMF_VARS.fd: raw UEFI firmware and its variable store
+//     template; either one flashed makes the VM boot through UEFI (the
+//     node's OVMF file for the other). Not flashed: the node's OVMF.
+//
+// A flash writes the image aside (a temporary file in the pod's flash
+// dir), fsyncs it and checks it; only then does the pod's worker power the
+// VM off, rename it into place as <partition>-<digest>, record it in
+// status.json (VM and agent restarts keep it) and power the VM on again
+// if it was on. A failed flash removes its temporary file and touches
+// nothing else. The pod shows a flashed root as its container's imageID
+// (flash/root@sha256:...), and every flash as a Flashed event.
+
+// FlashDirName is the directory of a pod's state dir holding its flashed
+// partitions.
+const FlashDirName = "flash"
+
+// Partition size limits of the node.
+const (
+	// firmwareMaxBytes bounds bios and OVMF partitions.
+	firmwareMaxBytes = 16 << 20
+	// flashFreeReserve is left free on the state dir's filesystem by a
+	// root flash (the node's own reserved ephemeral-storage default).
+	flashFreeReserve = 1 << 30
+	// flashedRootRef is the image reference a flashed root shows as.
+	flashedRootRef = "flash/root"
+)
+
+// FlashedPartition is one partition flashed from a file (VMState.Flashed).
+type FlashedPartition struct {
+	// File is the partition's file in the pod's flash dir.
+	File string `json:"file"`
+	// Digest is sha256:<hex> of the content as flashed; Size its length.
+	Digest string `json:"digest"`
+	Size   int64  `json:"size"`
+	// Format is what qemu-img found: raw or qcow2.
+	Format string `json:"format"`
+}
+
+// partitionFlash is a flash request's verified image (vmRequest.part).
+type partitionFlash struct {
+	name string // partition
+	tmp  string // written aside in the flash dir
+	rec  FlashedPartition
+}
+
+var _ jumpstarter.DiskTarget = (*vmTarget)(nil)
+
+func validPartition(part string) error {
+	for _, n := range jumpstarter.Partitions {
+		if part == n {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: invalid partition name %q", jumpstarter.ErrInvalidArgument, part)
+}
+
+// PartitionLimit: root may hold what the state dir's filesystem has free
+// beyond a reserve; firmware partitions 16 MiB.
+func (t *vmTarget) PartitionLimit(part string) (int64, error) {
+	if err := validPartition(part); err != nil {
+		return 0, err
+	}
+	if part != jumpstarter.PartitionRoot {
+		return firmwareMaxBytes, nil
+	}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(t.rec.dir, &fs); err != nil {
+		return 0, fmt.Errorf("free space of the pod's state dir: %w", err)
+	}
+	free := int64(fs.Bavail) * int64(fs.Bsize)
+	if free <= flashFreeReserve {
+		return 0, fmt.Errorf("the node has no room for a root image (%d MiB free in its state dir, %d MiB kept in reserve)", free>>20, flashFreeReserve>>20)
+	}
+	return free - flashFreeReserve, nil
+}
+
+// WritePartition writes img aside, checks it and has the worker install it.
+func (t *vmTarget) WritePartition(ctx context.Context, part string, img io.Reader, progress func(string)) error {
+	if progress == nil {
+		progress = func(string) {}
+	}
+	limit, err := t.PartitionLimit(part)
+	if err != nil {
+		return err
+	}
+	dir := filepath.Join(t.rec.dir, FlashDirName)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("flash dir: %w", err)
+	}
+	f, err := os.CreateTemp(dir, "."+part+".tmp-")
+	if err != nil {
+		return fmt.Errorf("flash %s: %w", part, err)
+	}
+	tmp := f.Name()
+	fail := func(err error) error {
+		f.Close()
+		os.Remove(tmp)
+		return err
+	}
+	h := sha256.New()
+	n, err := writeSparse(f, img, h, limit)
+	if err != nil {
+		return fail(err)
+	}
+	if err := f.Sync(); err != nil {
+		return fail(fmt.Errorf("flash %s: sync: %w", part, err))
+	}
+	if err := f.Close(); err != nil {
+		return fail(fmt.Errorf("flash %s: %w", part, err))
+	}
+	digest := "sha256:" + hex.EncodeToString(h.Sum(nil))
+	format, err := checkPartitionImage(ctx, part, tmp, n, limit)
+	if err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	progress(fmt.Sprintf("received %d bytes (%s, %s)", n, format, digest))
+	pf := &partitionFlash{name: part, tmp: tmp, rec: FlashedPartition{
+		File: part + "-" + strings.TrimPrefix(digest, "sha256:")[:12], Digest: digest, Size: n, Format: format}}
+	if t.Powered() {
+		progress("powering off, installing and powering on")
+	}
+	rec := t.rec
+	rec.mu.Lock()
+	pod := rec.pod.DeepCopy()
+	rec.mu.Unlock()
+	err = t.p.request(ctx, rec, vmRequest{op: opFlash, part: pf, hold: func() { os.Remove(tmp) }})
+	if err != nil {
+		t.p.event(pod, corev1.EventTypeWarning, "FlashFailed", fmt.Sprintf("Flash of partition %s: %v", part, err))
+		return err
+	}
+	return nil
+}
+
+// writeSparse copies r into f (at most limit bytes), hashing every byte
+// and seeking over all-zero blocks so a mostly empty disk image stays
+// sparse. Errors of r are returned as they are (they say what the
+// transfer did); errors of f name the file.
+func writeSparse(f *os.File, r io.Reader, h hash.Hash, limit int64) (int64, error) {
+	const block = 1 << 20
+	buf := make([]byte, block)
+	var n int64
+	var zeros [4096]byte
+	for {
+		k, rerr := io.ReadFull(r, buf)
+		if k > 0 {
+			if n+int64(k) > limit {
+				return n, fmt.Errorf("%w: the image is larger than the partition may hold (%d bytes)", jumpstarter.ErrInvalidArgument, limit)
+			}
+			b := buf[:k]
+			h.Write(b)
+			for off := 0; off < len(b); {
+				end := min(off+len(zeros), len(b))
+				if bytes.Equal(b[off:end], zeros[:end-off]) {
+					off = end
+					continue
+				}
+				// a run of non-zero pages
+				run := end
+				for run < len(b) {
+					e := min(run+len(zeros), len(b))
+					if bytes.Equal(b[run:e], zeros[:e-run]) {
+						break
+					}
+					run = e
+				}
+				if _, err := f.WriteAt(b[off:run], n+int64(off)); err != nil {
+					return n, fmt.Errorf("write %s: %w", f.Name(), err)
+				}
+				off = run
+			}
+			n += int64(k)
+		}
+		if errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF) {
+			break
+		}
+		if rerr != nil {
+			return n, rerr
+		}
+	}
+	if n == 0 {
+		return 0, fmt.Errorf("%w: the image is empty", jumpstarter.ErrInvalidArgument)
+	}
+	if err := f.Truncate(n); err != nil {
+		return n, fmt.Errorf("write %s: %w", f.Name(), err)
+	}
+	return n, nil
+}
+
+// checkPartitionImage is the node's rule for what a partition may hold:
+// root a raw or qcow2 disk (qemu-img's view) with no backing or external
+// data file and a virtual size within the limit; firmware raw bytes.
+func checkPartitionImage(ctx context.Context, part, path string, size, limit int64) (string, error) {
+	info, err := qemu.InspectImage(ctx, path)
+	if err != nil {
+		return "", fmt.Errorf("%w: partition %s: qemu-img cannot read the image: %v", jumpstarter.ErrInvalidArgument, part, err)
+	}
+	if part != jumpstarter.PartitionRoot {
+		if info.Format != string(qemu.FormatRaw) {
+			return "", fmt.Errorf("%w: partition %s holds raw firmware, not a %s image", jumpstarter.ErrInvalidArgument, part, info.Format)
+		}
+		return info.Format, nil
+	}
+	switch qemu.DiskFormat(info.Format) {
+	case qemu.FormatRaw, qemu.FormatQCOW2:
+	default:
+		return "", fmt.Errorf("%w: partition root: format %s is not bootable here (raw or qcow2; convert with qemu-img convert -O qcow2)", jumpstarter.ErrInvalidArgument, info.Format)
+	}
+	if info.BackingFile != "" {
+		return "", fmt.Errorf("%w: partition root: the qcow2 image names a backing file (%q); flash a self-contained image", jumpstarter.ErrInvalidArgument, info.BackingFile)
+	}
+	if info.FormatSpecific.Data.DataFile != "" {
+		return "", fmt.Errorf("%w: partition root: the qcow2 image names an external data file; flash a self-contained image", jumpstarter.ErrInvalidArgument)
+	}
+	if info.VirtualSize > limit {
+		return "", fmt.Errorf("%w: partition root: the image's virtual size (%d bytes) is larger than the node can give it (%d bytes)", jumpstarter.ErrInvalidArgument, info.VirtualSize, limit)
+	}
+	return info.Format, nil
+}
+
+// installPartition makes a verified partition image the pod's (worker
+// only, no VM running): rename into place, record in status.json, then
+// drop the file it replaced. A flashed root gets a fresh disk (the old
+// overlay goes) and a fresh UEFI variable store, as do flashed OVMF files.
+func (p *VMs) installPartition(rec *podVM, req vmRequest) error {
+	pf := req.part
+	dir := filepath.Join(rec.dir, FlashDirName)
+	final := filepath.Join(dir, pf.rec.File)
+	if pf.name == jumpstarter.PartitionRoot {
+		if err := os.Remove(filepath.Join(rec.dir, OverlayFileName)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			req.release()
+			return fmt.Errorf("flash root: remove the old disk: %w", err)
+		}
+	}
+	if err := os.Remove(filepath.Join(rec.dir, qemu.UEFIVarsName)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		req.release()
+		return fmt.Errorf("flash %s: remove the old UEFI variables: %w", pf.name, err)
+	}
+	if err := os.Rename(pf.tmp, final); err != nil {
+		req.release()
+		return fmt.Errorf("flash %s: %w", pf.name, err)
+	}
+	req.hold = nil // the file is the pod's now
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
+	rec.mu.Lock()
+	old := rec.state.Flashed[pf.name]
+	// Copied, never changed in place: copies of the state share the map.
+	fl := make(map[string]FlashedPartition, len(rec.state.Flashed)+1)
+	for k, v := range rec.state.Flashed {
+		fl[k] = v
+	}
+	fl[pf.name] = pf.rec
+	rec.state.Flashed = fl
+	var release func()
+	if pf.name == jumpstarter.PartitionRoot {
+		// The pod's image is no longer what the VM boots: its hold goes.
+		release, rec.release = rec.release, nil
+		rec.state.FlashedImage = ""
+		rec.state.ImageDigest = pf.rec.Digest
+		rec.state.ImageID = flashedRootRef + "@" + pf.rec.Digest
+	}
+	pod := rec.pod.DeepCopy()
+	rec.mu.Unlock()
+	if release != nil {
+		release()
+	}
+	if err := rec.persist(); err != nil {
+		return fmt.Errorf("flash %s: record it in the pod's state dir: %w", pf.name, err)
+	}
+	if old.File != "" && old.File != pf.rec.File {
+		os.Remove(filepath.Join(dir, old.File))
+	}
+	p.push(rec)
+	p.event(pod, corev1.EventTypeNormal, "Flashed", fmt.Sprintf("Partition %s replaced by a flashed %s image (%s, %d bytes); the VM boots it from now on", pf.name, pf.rec.Format, pf.rec.Digest, pf.rec.Size))
+	return nil
+}
+
+// dropFlashedRootLocked forgets a flashed root (flash_oci onto root replaces
+// it). rec.mu held.
+func (rec *podVM) dropFlashedRootLocked() (file string) {
+	fr, ok := rec.state.Flashed[jumpstarter.PartitionRoot]
+	if !ok {
+		return ""
+	}
+	fl := make(map[string]FlashedPartition, len(rec.state.Flashed))
+	for k, v := range rec.state.Flashed {
+		if k != jumpstarter.PartitionRoot {
+			fl[k] = v
+		}
+	}
+	rec.state.Flashed = fl
+	return filepath.Join(rec.dir, FlashDirName, fr.File)
+}
+
+// flashedRoot is the image a flashed root boots as (nil: not flashed):
+// its disk is the flashed file, with no kernel.
+func (p *VMs) flashedRoot(rec *podVM) *oci.Image {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	fr, ok := rec.state.Flashed[jumpstarter.PartitionRoot]
+	if !ok {
+		return nil
+	}
+	return &oci.Image{Ref: flashedRootRef, Digest: fr.Digest, Disk: filepath.Join(rec.dir, FlashDirName, fr.File), DiskFormat: fr.Format}
+}
+
+// isFlashedRoot: img is a flashed root, not an image of the store.
+func isFlashedRoot(img *oci.Image) bool { return img.Ref == flashedRootRef }
+
+// applyFlashedFirmware boots through the flashed firmware partitions:
+// OVMF files make the VM UEFI (the node's OVMF for the one not flashed),
+// else a flashed bios is loaded with -bios.
+func (p *VMs) applyFlashedFirmware(rec *podVM, spec *qemu.Spec) {
+	rec.mu.Lock()
+	fl := rec.state.Flashed
+	rec.mu.Unlock()
+	path := func(part string) string {
+		if f, ok := fl[part]; ok {
+			return filepath.Join(rec.dir, FlashDirName, f.File)
+		}
+		return ""
+	}
+	code, vars := path(jumpstarter.PartitionOVMFCode), path(jumpstarter.PartitionOVMFVars)
+	if code != "" || vars != "" {
+		spec.Firmware = qemu.FirmwareUEFI
+		if code == "" {
+			code = p.cfg.UEFICode
+			spec.AllowedDirs = append(spec.AllowedDirs, filepath.Dir(code))
+		}
+		if vars == "" {
+			vars = p.cfg.UEFIVars
+			spec.AllowedDirs = append(spec.AllowedDirs, filepath.Dir(vars))
+		}
+		spec.UEFICode, spec.UEFIVarsTemplate = code, vars
+		return
+	}
+	if b := path(jumpstarter.PartitionBIOS); b != "" {
+		spec.Firmware, spec.BIOS = qemu.FirmwareBIOS, b
+		spec.UEFICode, spec.UEFIVarsTemplate = "", ""
+	}
+}
+
+// ReadPartition opens what the partition holds: the flashed file, or the
+// node's default (the pod's image's disk for root, the node's OVMF).
+func (t *vmTarget) ReadPartition(ctx context.Context, part string) (io.ReadCloser, int64, error) {
+	if err := validPartition(part); err != nil {
+		return nil, 0, err
+	}
+	rec := t.rec
+	rec.mu.Lock()
+	fp, flashed := rec.state.Flashed[part]
+	plan := rec.plan
+	if rec.state.FlashedImage != "" {
+		plan.Image, plan.PullPolicy = rec.state.FlashedImage, oci.PullIfNotPresent
+	}
+	rec.mu.Unlock()
+	var path string
+	switch {
+	case flashed:
+		path = filepath.Join(rec.dir, FlashDirName, fp.File)
+	case part == jumpstarter.PartitionRoot:
+		img := t.p.presentImage(ctx, plan)
+		if img == nil {
+			return nil, 0, fmt.Errorf("the VM's image %s is not on the node (power the VM on to pull it)", plan.Image)
+		}
+		if img.Disk == "" {
+			return nil, 0, fmt.Errorf("%w: the VM boots a kernel and initrd (%s): it has no root disk to dump", jumpstarter.ErrInvalidArgument, plan.Image)
+		}
+		path = img.Disk
+	case part == jumpstarter.PartitionBIOS:
+		return nil, 0, fmt.Errorf("%w: nothing was flashed onto bios: the VM boots QEMU's built-in SeaBIOS", jumpstarter.ErrInvalidArgument)
+	case part == jumpstarter.PartitionOVMFCode:
+		path = t.p.cfg.UEFICode
+	case part == jumpstarter.PartitionOVMFVars:
+		path = t.p.cfg.UEFIVars
+	}
+	if path == "" {
+		return nil, 0, fmt.Errorf("%w: nothing was flashed onto %s and the node has no OVMF", jumpstarter.ErrInvalidArgument, part)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, 0, fmt.Errorf("partition %s: %w", part, err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, 0, fmt.Errorf("partition %s: %w", part, err)
+	}
+	return f, fi.Size(), nil
+}
+
+// FlashOCIPartition pulls ref (as Flash does) and writes its disk onto a
+// firmware partition.
+func (t *vmTarget) FlashOCIPartition(ctx context.Context, ref, part string, progress func(string)) error {
+	if progress == nil {
+		progress = func(string) {}
+	}
+	if part == jumpstarter.PartitionRoot {
+		return t.Flash(ctx, ref, progress)
+	}
+	limit, err := t.PartitionLimit(part)
+	if err != nil {
+		return err
+	}
+	p, rec := t.p, t.rec
+	if p.cfg.Images == nil {
+		return errors.New("flash: this node has no image store")
+	}
+	ref = strings.TrimPrefix(strings.TrimSpace(ref), "oci://")
+	rec.mu.Lock()
+	pod := rec.pod.DeepCopy()
+	plan := rec.plan
+	rec.mu.Unlock()
+	policy := oci.PullAlways
+	if strings.Contains(ref, "@") {
+		policy = oci.PullIfNotPresent
+	}
+	progress(fmt.Sprintf("pulling %s", ref))
+	t0 := time.Now()
+	img, err := p.cfg.Images.Pull(ctx, ref, oci.PullOptions{Auth: p.pullSecrets(ctx, pod, plan.PullSecrets), Policy: policy})
+	if err != nil {
+		return fmt.Errorf("flash %s: %w", ref, err)
+	}
+	progress(fmt.Sprintf("pulled %s (%s) in %s", ref, img.Digest, time.Since(t0).Round(time.Millisecond)))
+	if img.Disk == "" {
+		return fmt.Errorf("%w: image %s has no disk to flash onto %s", jumpstarter.ErrInvalidArgument, ref, part)
+	}
+	hold, err := p.cfg.Images.Acquire(img.Digest)
+	if err != nil {
+		return fmt.Errorf("flash %s: hold the image: %w", ref, err)
+	}
+	defer hold()
+	f, err := os.Open(img.Disk)
+	if err != nil {
+		return fmt.Errorf("flash %s: %w", ref, err)
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err == nil && fi.Size() > limit {
+		return fmt.Errorf("%w: image %s's disk (%d bytes) is larger than partition %s may hold (%d bytes)", jumpstarter.ErrInvalidArgument, ref, fi.Size(), part, limit)
+	}
+	return t.WritePartition(ctx, part, f, progress)
+}
