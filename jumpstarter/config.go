@@ -61,7 +61,7 @@ type Observer interface {
 	// method and the gRPC status code name ("OK", "NotFound"...).
 	DriverCall(driver, method, code string)
 	// StreamOpened/StreamClosed bracket every byte stream; kind is
-	// "console" or "tcp".
+	// "console", "tcp" or "resource" (a file flashed or dumped).
 	StreamOpened(kind string)
 	StreamClosed(kind string)
 }

@@ -27,6 +27,10 @@
 //   - drivers.go, server.go: the driver tree upstream's QEMU driver reports
 //     (root QemuClient; power, flasher, console, one NetworkClient per
 //     Config.Ports entry) and the calls and byte streams it answers.
+//   - resource.go, flasher.go: resources (files a client flashes or
+//     dumps: client_stream handles over RouterService.Stream, presigned
+//     HTTP requests), their decoding by signature, and the flasher's
+//     flash/dump onto a DiskTarget's partitions.
 //   - jstest: an in-memory controller and router with upstream's semantics
 //     and a Go client doing what jmp/j do, for tests here and end to end.
 package jumpstarter

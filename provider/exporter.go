@@ -41,7 +41,9 @@ import (
 //   - flash: pull and verify through the node's image store (same errors as
 //     a pod's pull; nothing is touched on failure), power off, boot the new
 //     image from then on with a fresh disk (Retain too) (kept in status.json: VM and agent restarts keep
-//     it), power on again if it was on.
+//     it), power on again if it was on;
+//   - flash and dump of partitions from files: exporter_flash.go (the VM's
+//     jumpstarter.DiskTarget).
 //
 // The exporter runs from the pod's first worker start (recovery included)
 // to its deletion (it unregisters first), whether or not QEMU runs: a

@@ -155,7 +155,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Driver calls served by the node's Jumpstarter exporters, by driver name (root for the root driver), method and gRPC status code (OK, NotFound, ...)."},
 			[]string{"driver", "method", "code"}),
 		jsStreams: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricJumpstarterStreamsActive,
-			Help: "Byte streams (console, guest TCP) open through the node's Jumpstarter exporters, by kind."},
+			Help: "Byte streams (console, guest TCP, flashed or dumped files) open through the node's Jumpstarter exporters, by kind."},
 			[]string{"kind"}),
 	}
 	for _, c := range []prometheus.Collector{m.pulls, m.pullDuration, m.vmStarts, m.vmStartFailures, m.vmExits, m.startDuration, m.readyDuration, m.phaseDuration,
