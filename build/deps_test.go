@@ -11,7 +11,9 @@ import (
 // nothing of QEMU or OCI images; the jumpstarter protocol packages know
 // nothing of Kubernetes, QEMU, OCI, the provider or the controller; the
 // kubectl plugin (internal/exs) is an API client that speaks the label
-// protocol and knows nothing of the controller's or the node's code.
+// protocol and knows nothing of the controller's or the node's code; the
+// provider's leaf packages (docs/architecture.md) know nothing of the
+// provider package itself.
 func TestDependencyDirection(t *testing.T) {
 	const mod = "github.com/qemu-kubelet/qemu-kubelet/"
 	rules := []struct {
@@ -25,6 +27,10 @@ func TestDependencyDirection(t *testing.T) {
 		{"api/jumpstarter/v1alpha1", []string{mod + "qemu", mod + "oci", mod + "provider", mod + "controller", mod + "jumpstarter"}},
 		{"internal/exs", []string{mod + "qemu", mod + "oci", mod + "provider", mod + "controller", mod + "jumpstarter", "github.com/virtual-kubelet/"}},
 		{"cmd/kubectl-exs", []string{mod + "qemu", mod + "oci", mod + "provider", mod + "controller", mod + "jumpstarter", "github.com/virtual-kubelet/"}},
+		// The provider's leaves know nothing of the provider (its pod
+		// worker, pod record and kubelet entry points): "$" ends an exact
+		// package path.
+		{"provider/podspec", []string{mod + "provider$", "github.com/virtual-kubelet/", mod + "controller", mod + "jumpstarter"}},
 		{"jumpstarter/...", []string{"k8s.io/", "sigs.k8s.io/", "github.com/virtual-kubelet/", mod + "qemu", mod + "oci", mod + "provider", mod + "controller"}},
 	}
 	for _, r := range rules {
@@ -34,7 +40,7 @@ func TestDependencyDirection(t *testing.T) {
 		}
 		for _, dep := range strings.Fields(string(out)) {
 			for _, f := range r.forbidden {
-				if strings.HasPrefix(dep, f) {
+				if exact, ok := strings.CutSuffix(f, "$"); ok && dep == exact || !ok && strings.HasPrefix(dep, f) {
 					t.Errorf("package %s depends on %s (forbidden prefix %s)", r.pkg, dep, f)
 				}
 			}

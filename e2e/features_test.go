@@ -12,6 +12,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/e2e/cluster"
 	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -70,7 +71,7 @@ func TestNodeFeatures(t *testing.T) {
 	// A UEFI pod is held: Pending, FeatureDisabled with the reason, an
 	// event, no QEMU.
 	held := e2eCreate(t, c, vmPodSpec("feat-uefi", a.name, refs[vmtest.VariantACPI], corev1.RestartPolicyAlways,
-		map[string]string{provider.AnnotationFirmware: "uefi"}))
+		map[string]string{podspec.AnnotationFirmware: "uefi"}))
 	isHeld := func(p *corev1.Pod) bool {
 		return p.Status.Phase == corev1.PodPending && len(p.Status.ContainerStatuses) == 1 &&
 			p.Status.ContainerStatuses[0].State.Waiting != nil && p.Status.ContainerStatuses[0].State.Waiting.Reason == provider.ReasonFeatureDisabled

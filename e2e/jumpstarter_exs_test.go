@@ -28,6 +28,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/e2e/jsfake"
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/jstest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 )
 
 // jsEnv is the Jumpstarter side of an exsEnv: Jumpstarter's CRDs in the
@@ -99,7 +100,7 @@ func (e *exsEnv) jsSet(name string, replicas, minAvailable int32, js *jsEnv) *v1
 // readiness probe gives the snapshot's ready point).
 func (e *exsEnv) jsSnapSet(name string, replicas, minAvailable int32, js *jsEnv) *v1alpha1.ExporterSet {
 	set := e.jsSet(name, replicas, minAvailable, js)
-	set.Spec.Template.Annotations = map[string]string{provider.AnnotationStartFromSnapshot: "true"}
+	set.Spec.Template.Annotations = map[string]string{podspec.AnnotationStartFromSnapshot: "true"}
 	return set
 }
 

@@ -22,6 +22,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	corev1 "k8s.io/api/core/v1"
@@ -253,8 +254,8 @@ func newPodBenchEnvWith(b *testing.B, o podBenchOptions) *podBenchEnv {
 	e := &podBenchEnv{c: c, node: "qk-bench", dir: b.TempDir(), ref: refs[vmtest.VariantACPI],
 		kernel: filepath.Join(imgDir, "vmlinuz"), initrd: filepath.Join(imgDir, "initramfs-"+vmtest.VariantACPI+".cpio.gz"),
 		// The command line the node gives this image on a TCG node.
-		cmdline: provider.EmulatedKernelCmdline(qemu.ArchX86_64, qemu.AccelTCG,
-			provider.KernelCmdline(qemu.ArchX86_64, strings.TrimSpace(string(cmdline)), ""), config.DefaultEmulatedKernelArgs)}
+		cmdline: podspec.EmulatedKernelCmdline(qemu.ArchX86_64, qemu.AccelTCG,
+			podspec.KernelCmdline(qemu.ArchX86_64, strings.TrimSpace(string(cmdline)), ""), config.DefaultEmulatedKernelArgs)}
 	vmtest.ReapQEMU(b, e.dir)
 	ip := benchHostIP(b)
 	kc, err := c.NodeKubeconfig(e.node)

@@ -23,6 +23,7 @@ import (
 
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/provider"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 )
@@ -75,12 +76,12 @@ func (e *podEnv) testStatePolicy(t *testing.T) {
 	ctx := context.Background()
 	img := vmtest.PushStateImage(t, e.reg, "state", vmtest.VariantACPI)
 	retain := e.create(t, vmPodSpec("state-retain", e.a.name, img, corev1.RestartPolicyAlways, map[string]string{
-		provider.AnnotationKernelCmdline: vmtest.StateCmdline,
+		podspec.AnnotationKernelCmdline:  vmtest.StateCmdline,
 		v1alpha1.StatePolicyAnnotation:   string(v1alpha1.StatePolicyRetain),
 		v1alpha1.ReclaimPolicyAnnotation: string(v1alpha1.ReclaimPolicyRetain),
 	}))
 	fresh := e.create(t, vmPodSpec("state-fresh", e.a.name, img, corev1.RestartPolicyAlways, map[string]string{
-		provider.AnnotationKernelCmdline: vmtest.StateCmdline,
+		podspec.AnnotationKernelCmdline: vmtest.StateCmdline,
 	}))
 	rdir, fdir := e.a.vmDir(string(retain.UID)), e.a.vmDir(string(fresh.UID))
 	cur := func(dir string) []stateBoot { return stateBoots(filepath.Join(dir, qemu.ConsoleLogName)) }

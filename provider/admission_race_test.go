@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
@@ -69,7 +70,7 @@ func TestCreatePodConcurrentAdmission(t *testing.T) {
 	require.Len(t, pods, n)
 	for _, pod := range pods {
 		switch {
-		case pod.Status.Phase == corev1.PodFailed && pod.Status.Reason == ReasonOutOfPods:
+		case pod.Status.Phase == corev1.PodFailed && pod.Status.Reason == podspec.ReasonOutOfPods:
 			outOfPods++
 		case pod.Status.Phase == corev1.PodPending:
 			admitted++

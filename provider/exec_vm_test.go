@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
@@ -52,7 +53,7 @@ func TestExecRealVM(t *testing.T) {
 		ProbeHandler:  corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"test", "-e", "/tmp/ready"}}},
 		PeriodSeconds: 1, TimeoutSeconds: 10, FailureThreshold: 1, SuccessThreshold: 1,
 	}
-	off := podFor("u-noagent", refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, map[string]string{AnnotationKernelCmdline: "qk.noagent"})
+	off := podFor("u-noagent", refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, map[string]string{podspec.AnnotationKernelCmdline: "qk.noagent"})
 	require.NoError(t, h.vms.CreatePod(ctx, pod))
 	require.NoError(t, h.vms.CreatePod(ctx, off))
 	h.wait(pod.UID, 90*time.Second, "Running", running)

@@ -17,6 +17,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -87,12 +88,6 @@ var ErrVMPoweredOff = errors.New("the VM is not running (powered off, or not sta
 // take these names.
 var exporterDriverNames = map[string]bool{"power": true, "console": true, "flasher": true}
 
-// ExporterSecretName is the Secret the pod names for its exporter ("": the
-// pod is no exporter).
-func ExporterSecretName(pod *corev1.Pod) string {
-	return strings.TrimSpace(pod.Annotations[v1alpha1.JumpstarterSecretAnnotation])
-}
-
 // ExporterSettings builds the exporter configuration of pod from its
 // Secret: endpoint, token, namespace and name are required, ca.crt
 // optional; the labels sent with Register are the pod's jumpstarter.dev/
@@ -100,7 +95,7 @@ func ExporterSecretName(pod *corev1.Pod) string {
 // "tcp-<port>"); the hostname is the pod name. A missing or bad key is a
 // ConfigError naming it (never the token's value). Pure.
 func ExporterSettings(pod *corev1.Pod, secret *corev1.Secret) (jumpstarter.Config, error) {
-	name := ExporterSecretName(pod)
+	name := podspec.ExporterSecretName(pod)
 	where := fmt.Sprintf("Jumpstarter exporter secret %q (annotation %s)", name, v1alpha1.JumpstarterSecretAnnotation)
 	get := func(key string) (string, error) {
 		v := strings.TrimSpace(string(secret.Data[key]))
@@ -108,7 +103,7 @@ func ExporterSettings(pod *corev1.Pod, secret *corev1.Secret) (jumpstarter.Confi
 			v = strings.TrimSpace(secret.StringData[key])
 		}
 		if v == "" {
-			return "", &ConfigError{Msg: fmt.Sprintf("%s: key %q is missing or empty", where, key)}
+			return "", &podspec.ConfigError{Msg: fmt.Sprintf("%s: key %q is missing or empty", where, key)}
 		}
 		return v, nil
 	}
@@ -118,13 +113,13 @@ func ExporterSettings(pod *corev1.Pod, secret *corev1.Secret) (jumpstarter.Confi
 		return cfg, err
 	}
 	if err := validateEndpoint(cfg.Endpoint); err != nil {
-		return cfg, &ConfigError{Msg: fmt.Sprintf("%s: key %q: %v", where, v1alpha1.JumpstarterSecretEndpoint, err)}
+		return cfg, &podspec.ConfigError{Msg: fmt.Sprintf("%s: key %q: %v", where, v1alpha1.JumpstarterSecretEndpoint, err)}
 	}
 	if cfg.Token, err = get(v1alpha1.JumpstarterSecretToken); err != nil {
 		return cfg, err
 	}
 	if strings.ContainsAny(cfg.Token, " \t\r\n") {
-		return cfg, &ConfigError{Msg: fmt.Sprintf("%s: key %q holds white space inside the token", where, v1alpha1.JumpstarterSecretToken)}
+		return cfg, &podspec.ConfigError{Msg: fmt.Sprintf("%s: key %q holds white space inside the token", where, v1alpha1.JumpstarterSecretToken)}
 	}
 	if cfg.Namespace, err = get(v1alpha1.JumpstarterSecretNamespace); err != nil {
 		return cfg, err
@@ -134,7 +129,7 @@ func ExporterSettings(pod *corev1.Pod, secret *corev1.Secret) (jumpstarter.Confi
 	}
 	if ca := secret.Data[v1alpha1.JumpstarterSecretCA]; len(ca) > 0 {
 		if !x509.NewCertPool().AppendCertsFromPEM(ca) {
-			return cfg, &ConfigError{Msg: fmt.Sprintf("%s: key %q holds no PEM certificate", where, v1alpha1.JumpstarterSecretCA)}
+			return cfg, &podspec.ConfigError{Msg: fmt.Sprintf("%s: key %q holds no PEM certificate", where, v1alpha1.JumpstarterSecretCA)}
 		}
 		cfg.CABundle = append([]byte(nil), ca...)
 	}
@@ -209,18 +204,18 @@ func redact(msg, token string) string {
 // A missing Secret is a ConfigError (the VM waits in
 // CreateContainerConfigError, as for a volume's Secret).
 func (p *VMs) exporterConfig(ctx context.Context, pod *corev1.Pod) (jumpstarter.Config, error) {
-	name := ExporterSecretName(pod)
-	s, err := getSecret(ctx, ConfigSources{Secret: p.cfg.Secrets}, pod.Namespace, name)
+	name := podspec.ExporterSecretName(pod)
+	s, err := podspec.GetSecret(ctx, podspec.ConfigSources{Secret: p.cfg.Secrets}, pod.Namespace, name)
 	if apierrors.IsForbidden(err) {
 		// The Node authorizer lets a node read only the Secrets a pod's spec
 		// references; an annotation is not such a reference.
-		return jumpstarter.Config{}, &ConfigError{Msg: fmt.Sprintf("the node agent may not read secret %q of namespace %s (the Jumpstarter exporter secret): reference it from a secret volume of the pod (it stays on the host, the guest never sees it), or grant the node get on it by RBAC; %v", name, pod.Namespace, err)}
+		return jumpstarter.Config{}, &podspec.ConfigError{Msg: fmt.Sprintf("the node agent may not read secret %q of namespace %s (the Jumpstarter exporter secret): reference it from a secret volume of the pod (it stays on the host, the guest never sees it), or grant the node get on it by RBAC; %v", name, pod.Namespace, err)}
 	}
 	if err != nil {
 		return jumpstarter.Config{}, fmt.Errorf("jumpstarter exporter: %w", err)
 	}
 	if s == nil {
-		return jumpstarter.Config{}, &ConfigError{Msg: fmt.Sprintf("secret %q not found (the Jumpstarter exporter secret named by annotation %s)", name, v1alpha1.JumpstarterSecretAnnotation)}
+		return jumpstarter.Config{}, &podspec.ConfigError{Msg: fmt.Sprintf("secret %q not found (the Jumpstarter exporter secret named by annotation %s)", name, v1alpha1.JumpstarterSecretAnnotation)}
 	}
 	return ExporterSettings(pod, s)
 }
@@ -229,7 +224,7 @@ func (p *VMs) exporterConfig(ctx context.Context, pod *corev1.Pod) (jumpstarter.
 // exists and is valid (vmSpec): a pod that asked to be an exporter never
 // runs as something else.
 func (p *VMs) checkExporterConfig(ctx context.Context, pod *corev1.Pod) error {
-	if ExporterSecretName(pod) == "" {
+	if podspec.ExporterSecretName(pod) == "" {
 		return nil
 	}
 	_, err := p.exporterConfig(ctx, pod)
@@ -305,11 +300,11 @@ func (p *VMs) startExporter(ctx context.Context, rec *podVM) {
 	rec.mu.Lock()
 	pod := rec.pod.DeepCopy()
 	skip := rec.state.Rejection != nil || rec.state.Final || rec.deleting || rec.expStarted
-	if ExporterSecretName(pod) != "" && !skip {
+	if podspec.ExporterSecretName(pod) != "" && !skip {
 		rec.expStarted = true
 	}
 	rec.mu.Unlock()
-	if ExporterSecretName(pod) == "" || skip {
+	if podspec.ExporterSecretName(pod) == "" || skip {
 		return
 	}
 	if p.cfg.Exporters == nil {
@@ -355,7 +350,7 @@ func (rec *podVM) waitExporter(d time.Duration) {
 
 // exporterRecheck is how often a running exporter's Secret is read again:
 // a changed Secret (e.g. a fixed token) restarts the exporter with it.
-var exporterRecheck = ConfigRetryMax
+var exporterRecheck = podspec.ConfigRetryMax
 
 // superviseExporter runs the pod's exporter until ctx ends: it reads the
 // Secret (waiting for it, with back-off), runs the exporter, and restarts
@@ -375,7 +370,7 @@ func (p *VMs) superviseExporter(ctx context.Context, rec *podVM) {
 		if err != nil {
 			log.Info("Exporter not started", "err", err.Error())
 			p.setExporterState(rec, jumpstarter.StateFailed, err.Error())
-			if !sleepCtx(ctx, min(p.cfg.Backoff.Delay(attempt), ConfigRetryMax)) {
+			if !sleepCtx(ctx, min(p.cfg.Backoff.Delay(attempt), podspec.ConfigRetryMax)) {
 				p.setExporterState(rec, jumpstarter.StateStopped, "")
 				return
 			}
@@ -417,7 +412,7 @@ func (p *VMs) superviseExporter(ctx context.Context, rec *podVM) {
 			log.Info("Exporter ended", "err", msg)
 			p.setExporterState(rec, jumpstarter.StateFailed, msg)
 		}
-		if !sleepCtx(ctx, min(p.cfg.Backoff.Delay(attempt), ConfigRetryMax)) {
+		if !sleepCtx(ctx, min(p.cfg.Backoff.Delay(attempt), podspec.ConfigRetryMax)) {
 			p.setExporterState(rec, jumpstarter.StateStopped, "")
 			return
 		}

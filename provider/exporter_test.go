@@ -13,6 +13,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -80,7 +81,7 @@ func TestExporterSettings(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := ExporterSettings(pod, exporterSecret(tc.kv...))
 			require.Error(t, err)
-			assert.True(t, IsConfigError(err), "a config error (the pod waits): %v", err)
+			assert.True(t, podspec.IsConfigError(err), "a config error (the pod waits): %v", err)
 			assert.Contains(t, err.Error(), tc.want)
 			assert.Contains(t, err.Error(), `secret "js"`)
 			assert.NotContains(t, err.Error(), "s3cr3t-token")
@@ -335,10 +336,10 @@ func TestExporterLifecycleFake(t *testing.T) {
 
 func TestTranslateExporterAnnotation(t *testing.T) {
 	pod := podFor("u", "r/os:1", corev1.RestartPolicyAlways, map[string]string{v1alpha1.JumpstarterSecretAnnotation: "board-0-js"})
-	_, rej := Translate(pod, qemu.ArchX86_64)
+	_, rej := podspec.Translate(pod, qemu.ArchX86_64)
 	assert.Nil(t, rej, "a known annotation")
 	pod.Annotations[v1alpha1.JumpstarterSecretAnnotation] = "Not_A_Name"
-	_, rej = Translate(pod, qemu.ArchX86_64)
+	_, rej = podspec.Translate(pod, qemu.ArchX86_64)
 	require.NotNil(t, rej)
 	assert.Contains(t, rej.Message, "metadata.annotations["+v1alpha1.JumpstarterSecretAnnotation+"]: secret name \"Not_A_Name\"")
 }

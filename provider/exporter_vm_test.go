@@ -21,6 +21,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/pb"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
@@ -147,7 +148,7 @@ func TestJumpstarterExporterVM(t *testing.T) {
 	// The Secret does not exist yet: the VM waits in CreateContainerConfigError.
 	require.NoError(t, h.vms.CreatePod(ctx, pod))
 	p := h.wait(pod.UID, 60*time.Second, "CreateContainerConfigError", func(p *corev1.Pod) bool {
-		return waitingReason(p) == ReasonCreateContainerConfigError
+		return waitingReason(p) == podspec.ReasonCreateContainerConfigError
 	})
 	assert.Contains(t, p.Status.ContainerStatuses[0].State.Waiting.Message, `secret "js" not found`)
 	assert.Empty(t, vmtest.QEMUPids(dir), "no VM without its exporter secret")

@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -24,45 +24,6 @@ func featuresWith(off ...string) *config.FeatureConfig {
 		f.Gates[n] = false
 	}
 	return f
-}
-
-func TestDecideHold(t *testing.T) {
-	uefi := Plan{Firmware: qemu.FirmwareUEFI}
-	plain := Plan{Firmware: qemu.FirmwareBIOS}
-	exporterPod := vmPod(func(p *corev1.Pod) { p.Annotations = map[string]string{v1alpha1.JumpstarterSecretAnnotation: "js"} })
-	tests := []struct {
-		name     string
-		pod      *corev1.Pod
-		plan     Plan
-		features *config.FeatureConfig
-		started  bool
-		want     []string // held for; nil: starts
-	}{
-		{"defaults: nothing held", exporterPod, uefi, nil, false, nil},
-		{"uefi pod, uefi off", vmPod(), uefi, featuresWith(config.FeatureUEFI), false, []string{"uefi"}},
-		{"uefi pod, uefi on", vmPod(), uefi, featuresWith(config.FeatureAttach), false, nil},
-		{"bios pod, uefi off", vmPod(), plain, featuresWith(config.FeatureUEFI), false, nil},
-		{"exporter pod, exporter off", exporterPod, plain, featuresWith(config.FeatureJumpstarterExporter), false, []string{"jumpstarterExporter"}},
-		{"both off", exporterPod, uefi, featuresWith(config.FeatureJumpstarterExporter, config.FeatureUEFI), false, []string{"uefi", "jumpstarterExporter"}},
-		{"already started: never held", exporterPod, uefi, featuresWith(config.FeatureJumpstarterExporter, config.FeatureUEFI), true, nil},
-		{"port-forward off holds no pod", vmPod(), plain, featuresWith(config.FeaturePortForward, config.FeatureAttach), false, nil},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			h := DecideHold(tt.pod, tt.plan, tt.features, "n1", tt.started)
-			if tt.want == nil {
-				assert.Nil(t, h)
-				return
-			}
-			require.NotNil(t, h)
-			assert.Equal(t, tt.want, h.Features)
-			for _, f := range tt.want {
-				assert.Contains(t, h.Message, "features."+f+": false")
-			}
-			assert.Contains(t, h.Message, "node n1")
-			assert.Contains(t, h.Message, "starts once enabled")
-		})
-	}
 }
 
 func TestGateFeatures(t *testing.T) {
@@ -119,7 +80,7 @@ func TestHeldPodStartsWhenEnabled(t *testing.T) {
 	}
 	h := newHarnessWith(t, stateDir, store, imageDir, mutate)
 	ctx := context.Background()
-	uefiAnn := map[string]string{AnnotationFirmware: "uefi"}
+	uefiAnn := map[string]string{podspec.AnnotationFirmware: "uefi"}
 	pod := podFor("held", "127.0.0.1:1/none/img:v1", corev1.RestartPolicyAlways, uefiAnn)
 	gone := podFor("held-gone", "127.0.0.1:1/none/img:v1", corev1.RestartPolicyAlways, uefiAnn)
 	require.NoError(t, h.vms.CreatePod(ctx, pod))
@@ -225,7 +186,7 @@ func TestVMSpecConsoleLogSize(t *testing.T) {
 	rec := &podVM{uid: "uid-c", dir: p.podDir("uid-c")}
 	img := &oci.Image{Ref: "r/os:1", Digest: "sha256:x", Kernel: filepath.Join(imageDir, "k", "vmlinuz")}
 	pod := vmPod()
-	plan, rej := Translate(pod, qemu.ArchX86_64)
+	plan, rej := podspec.Translate(pod, qemu.ArchX86_64)
 	require.Nil(t, rej)
 	spec, err := p.vmSpec(context.Background(), rec, pod, plan, img)
 	require.NoError(t, err)

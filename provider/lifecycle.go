@@ -18,6 +18,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
 	"github.com/virtual-kubelet/virtual-kubelet/node"
@@ -109,7 +110,7 @@ type VMsConfig struct {
 	// configuration; EmulatedKernelCmdline).
 	EmulatedKernelArgs []string
 	// VMOverhead is QEMU's own memory per VM in bytes, counted by
-	// admission next to the pod's memory request (admission.go).
+	// admission next to the pod's memory request (podspec.Admit).
 	VMOverhead int64
 	// Features in force at start (nil: the defaults); SetFeatures swaps
 	// them on a reload (features.go).
@@ -152,7 +153,7 @@ type podVM struct {
 	// pod is the pod as bound, with its current metadata: replaced under
 	// mu, never changed in place, so a pointer read under mu stays valid.
 	pod      *corev1.Pod
-	plan     Plan
+	plan     podspec.Plan
 	state    VMState
 	vm       VM
 	release  func()
@@ -249,8 +250,8 @@ func (p *VMs) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	rec := newPodVM(pod.UID, p.podDir(pod.UID), pod.DeepCopy())
 	rec.confirm.Do(func() { close(rec.confirmed) })
 	rec.state.StartTime = p.now().UTC()
-	plan, rej := Translate(pod, p.arch())
-	node := NodeCapacity{Allocatable: p.allocatable(), Accelerator: p.cfg.Accelerator, UEFI: p.cfg.UEFICode != "",
+	plan, rej := podspec.Translate(pod, p.arch())
+	node := podspec.NodeCapacity{Allocatable: p.allocatable(), Accelerator: p.cfg.Accelerator, UEFI: p.cfg.UEFICode != "",
 		VMOverhead: *resource.NewQuantity(p.cfg.VMOverhead, resource.BinarySI)}
 
 	// Admit and insert under one lock: the library calls CreatePod from
@@ -262,7 +263,7 @@ func (p *VMs) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 		return nil // already known (e.g. recovered): nothing to create
 	}
 	if rej == nil {
-		rej = Admit(pod, plan, node, p.activePodsLocked())
+		rej = podspec.Admit(pod, plan, node, p.activePodsLocked())
 	}
 	if rej != nil {
 		rec.state.Rejection = rej
@@ -796,7 +797,7 @@ func (w *worker) record() (e workerEvent, ok bool) {
 			p.cfg.Telemetry.mark(rec.uid, StepRecorded, time.Now())
 			return workerEvent{}, true
 		}
-		delay := min(p.cfg.Backoff.Delay(attempt), ConfigRetryMax)
+		delay := min(p.cfg.Backoff.Delay(attempt), podspec.ConfigRetryMax)
 		w.log.Error(err, "Pod not recorded on the node; retrying", "attempt", attempt, "in", delay)
 		p.event(w.pod, corev1.EventTypeWarning, ReasonFailedToRecordState,
 			fmt.Sprintf("Could not record the pod on the node (retrying in %s; its VM starts once it is recorded): %v", delay.Round(time.Second), err))
@@ -1053,13 +1054,13 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (VM, bool) {
 	})
 
 	spec, err := p.vmSpec(ctx, rec, pod, plan, img)
-	for attempt := 1; err != nil && IsConfigError(err); attempt++ {
-		// A missing Secret/ConfigMap: wait for it, as a kubelet (volumes.go).
+	for attempt := 1; err != nil && podspec.IsConfigError(err); attempt++ {
+		// A missing Secret/ConfigMap: wait for it, as a kubelet (podspec.PrepareGuestDisks).
 		msg := err.Error()
 		log.Info("VM config not available", "err", msg)
 		p.event(pod, corev1.EventTypeWarning, "Failed", "Error: "+msg)
-		p.update(rec, func(st *VMState) { st.SetWaiting(ReasonCreateContainerConfigError, msg) })
-		if !sleepCtx(pctx, min(p.cfg.Backoff.Delay(attempt), ConfigRetryMax)) {
+		p.update(rec, func(st *VMState) { st.SetWaiting(podspec.ReasonCreateContainerConfigError, msg) })
+		if !sleepCtx(pctx, min(p.cfg.Backoff.Delay(attempt), podspec.ConfigRetryMax)) {
 			return nil, false
 		}
 		rec.mu.Lock()
@@ -1127,7 +1128,7 @@ type invalidSpec struct{ error }
 // presentImage returns the cached image of plan when its pull policy lets
 // the node use it without asking the registry (IfNotPresent, Never), else
 // nil. It never contacts a registry.
-func (p *VMs) presentImage(ctx context.Context, plan Plan) *oci.Image {
+func (p *VMs) presentImage(ctx context.Context, plan podspec.Plan) *oci.Image {
 	if plan.PullPolicy == oci.PullAlways {
 		return nil
 	}
@@ -1142,7 +1143,7 @@ func (p *VMs) presentImage(ctx context.Context, plan Plan) *oci.Image {
 // a fresh one (each run starts from the image, as a container starts from
 // its image), or with state policy Retain the one the last run left
 // (state.go).
-func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan Plan, img *oci.Image) (qemu.Spec, error) {
+func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan podspec.Plan, img *oci.Image) (qemu.Spec, error) {
 	accel := qemu.Accelerator(p.cfg.Accelerator)
 	if plan.Accelerator != "" {
 		accel = qemu.Accelerator(plan.Accelerator)
@@ -1168,8 +1169,8 @@ func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan Plan
 		ConsoleCapBytes: p.Features().ConsoleLogSize,
 	}
 	if img.Kernel != "" {
-		spec.Cmdline = KernelCmdline(p.arch(), img.Cmdline, plan.ExtraCmdline) // cmdline.go: the arch's console unless one is named
-		spec.Cmdline = EmulatedKernelCmdline(p.arch(), spec.Accelerator, spec.Cmdline, p.cfg.EmulatedKernelArgs)
+		spec.Cmdline = podspec.KernelCmdline(p.arch(), img.Cmdline, plan.ExtraCmdline) // the arch's console unless one is named
+		spec.Cmdline = podspec.EmulatedKernelCmdline(p.arch(), spec.Accelerator, spec.Cmdline, p.cfg.EmulatedKernelArgs)
 	}
 	if plan.Firmware == qemu.FirmwareUEFI {
 		spec.UEFICode, spec.UEFIVarsTemplate = p.cfg.UEFICode, p.cfg.UEFIVars
@@ -1177,7 +1178,7 @@ func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan Plan
 	}
 	p.applyFlashedFirmware(rec, &spec) // exporter_flash.go
 	if img.Kernel == "" && plan.ExtraCmdline != "" {
-		return spec, invalidSpec{fmt.Errorf("annotation %s: image %s has no kernel to pass a command line to", AnnotationKernelCmdline, plan.Image)}
+		return spec, invalidSpec{fmt.Errorf("annotation %s: image %s has no kernel to pass a command line to", podspec.AnnotationKernelCmdline, plan.Image)}
 	}
 	overlay := filepath.Join(rec.dir, OverlayFileName)
 	if img.Disk != "" {
@@ -1186,7 +1187,7 @@ func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan Plan
 	if err := p.checkExporterConfig(ctx, pod); err != nil {
 		return spec, err // exporter.go: the pod waits for its exporter Secret
 	}
-	guest, err := PrepareGuestDisks(ctx, rec.dir, pod, ConfigSources{Secret: p.cfg.Secrets, ConfigMap: p.cfg.ConfigMaps})
+	guest, err := podspec.PrepareGuestDisks(ctx, rec.dir, pod, podspec.ConfigSources{Secret: p.cfg.Secrets, ConfigMap: p.cfg.ConfigMaps})
 	if err != nil {
 		return spec, err
 	}

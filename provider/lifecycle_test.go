@@ -13,6 +13,7 @@ import (
 
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
@@ -271,7 +272,7 @@ func TestVMLifecycle(t *testing.T) {
 	})
 
 	t.Run("GuestPowerOffNeverCompletes", func(t *testing.T) {
-		pod := podFor("u-off", refs[vmtest.VariantACPI], corev1.RestartPolicyNever, map[string]string{AnnotationKernelCmdline: vmtest.PoweroffCmdline})
+		pod := podFor("u-off", refs[vmtest.VariantACPI], corev1.RestartPolicyNever, map[string]string{podspec.AnnotationKernelCmdline: vmtest.PoweroffCmdline})
 		h.drainEvents()
 		require.NoError(t, h.vms.CreatePod(ctx, pod))
 		h.wait(pod.UID, 90*time.Second, "started", func(p *corev1.Pod) bool { return p.Status.Phase != corev1.PodPending })
@@ -365,7 +366,7 @@ func TestVMLifecycle(t *testing.T) {
 		bad.Spec.InitContainers = []corev1.Container{{Name: "init", Image: "busybox"}}
 		require.NoError(t, h.vms.CreatePod(ctx, bad))
 		p = h.wait(bad.UID, 5*time.Second, "Failed", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodFailed })
-		assert.Equal(t, ReasonUnsupportedPodSpec, p.Status.Reason)
+		assert.Equal(t, podspec.ReasonUnsupportedPodSpec, p.Status.Reason)
 		assert.Contains(t, p.Status.Message, "spec.initContainers")
 		_, err := os.Stat(filepath.Join(stateDir, VMsDirName, "u-bad"))
 		assert.True(t, os.IsNotExist(err), "nothing created for a rejected pod")

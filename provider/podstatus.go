@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -39,7 +40,7 @@ type VMState struct {
 	// StartTime is when the pod was admitted.
 	StartTime time.Time `json:"startTime"`
 	// Rejection is set when the pod was not admitted (phase Failed).
-	Rejection *Rejection `json:"rejection,omitempty"`
+	Rejection *podspec.Rejection `json:"rejection,omitempty"`
 	// Exactly one of Waiting, Running, Terminated is set.
 	Waiting    *corev1.ContainerStateWaiting    `json:"waiting,omitempty"`
 	Running    *corev1.ContainerStateRunning    `json:"running,omitempty"`

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -106,7 +107,7 @@ func TestPodStatusPhases(t *testing.T) {
 			}
 		})
 	}
-	rej := PodStatus(pod, VMState{StartTime: now, Rejection: &Rejection{Reason: "OutOfcpu", Message: "m"}, Final: true}, "", now)
+	rej := PodStatus(pod, VMState{StartTime: now, Rejection: &podspec.Rejection{Reason: "OutOfcpu", Message: "m"}, Final: true}, "", now)
 	assert.Equal(t, corev1.PodFailed, rej.Phase)
 	assert.Equal(t, "OutOfcpu", rej.Reason)
 	require.NotNil(t, rej.ContainerStatuses[0].State.Terminated)

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -120,7 +121,7 @@ func (p *VMs) recoverOne(ctx context.Context, dir string) (*podVM, string, error
 	if rec.state.StartTime.IsZero() {
 		rec.state.StartTime = p.now().UTC()
 	}
-	plan, rej := Translate(&pod, p.arch())
+	plan, rej := podspec.Translate(&pod, p.arch())
 	if rej != nil {
 		rec.state.Rejection, rec.state.Final = rej, true
 	}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -263,7 +264,7 @@ type snapshotUse struct{ key, kdir string }
 // spec.Incoming and returns the overlay base (the snapshot's disk, "" for
 // the image's). Worker goroutine only. Problems are events, never errors:
 // the VM then boots.
-func (p *VMs) prepareSnapshotStart(ctx context.Context, rec *podVM, pod *corev1.Pod, plan Plan, img *oci.Image, spec *qemu.Spec) (overlayBase string) {
+func (p *VMs) prepareSnapshotStart(ctx context.Context, rec *podVM, pod *corev1.Pod, plan podspec.Plan, img *oci.Image, spec *qemu.Spec) (overlayBase string) {
 	if !plan.SnapshotStart {
 		return ""
 	}
@@ -489,7 +490,7 @@ func syncPath(p string) error {
 // restoreFailed handles a restore QEMU could not do (startErr): the
 // snapshot is discarded, an event says why, and the spec of a normal boot
 // is returned.
-func (p *VMs) restoreFailed(ctx context.Context, rec *podVM, pod *corev1.Pod, plan Plan, img *oci.Image, startErr error) (qemu.Spec, error) {
+func (p *VMs) restoreFailed(ctx context.Context, rec *podVM, pod *corev1.Pod, plan podspec.Plan, img *oci.Image, startErr error) (qemu.Spec, error) {
 	rec.mu.Lock()
 	u := rec.snapUsed
 	rec.snapUsed, rec.snapRestoreFailed = nil, true

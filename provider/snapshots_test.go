@@ -8,6 +8,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -171,36 +172,36 @@ func TestQEMUVersionCached(t *testing.T) {
 
 func TestTranslateSnapshotStart(t *testing.T) {
 	pod := func(mut func(*corev1.Pod)) *corev1.Pod {
-		p := podFor("u", "img", corev1.RestartPolicyAlways, map[string]string{AnnotationStartFromSnapshot: "true"})
+		p := podFor("u", "img", corev1.RestartPolicyAlways, map[string]string{podspec.AnnotationStartFromSnapshot: "true"})
 		p.Spec.Containers[0].ReadinessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(22)}}}
 		if mut != nil {
 			mut(p)
 		}
 		return p
 	}
-	plan, rej := Translate(pod(nil), qemu.ArchX86_64)
+	plan, rej := podspec.Translate(pod(nil), qemu.ArchX86_64)
 	require.Nil(t, rej)
 	assert.True(t, plan.SnapshotStart)
-	plan, rej = Translate(pod(func(p *corev1.Pod) { p.Annotations[AnnotationStartFromSnapshot] = "false" }), qemu.ArchX86_64)
+	plan, rej = podspec.Translate(pod(func(p *corev1.Pod) { p.Annotations[podspec.AnnotationStartFromSnapshot] = "false" }), qemu.ArchX86_64)
 	require.Nil(t, rej)
 	assert.False(t, plan.SnapshotStart)
 
-	_, rej = Translate(pod(func(p *corev1.Pod) { p.Annotations[AnnotationStartFromSnapshot] = "yes" }), qemu.ArchX86_64)
+	_, rej = podspec.Translate(pod(func(p *corev1.Pod) { p.Annotations[podspec.AnnotationStartFromSnapshot] = "yes" }), qemu.ArchX86_64)
 	require.NotNil(t, rej)
 	assert.Contains(t, rej.Message, `"yes": want "true" or "false"`)
-	_, rej = Translate(pod(func(p *corev1.Pod) { p.Spec.Containers[0].ReadinessProbe = nil }), qemu.ArchX86_64)
+	_, rej = podspec.Translate(pod(func(p *corev1.Pod) { p.Spec.Containers[0].ReadinessProbe = nil }), qemu.ArchX86_64)
 	require.NotNil(t, rej)
 	assert.Contains(t, rej.Message, "needs a readinessProbe")
-	_, rej = Translate(pod(func(p *corev1.Pod) {
+	_, rej = podspec.Translate(pod(func(p *corev1.Pod) {
 		p.Spec.Volumes = []corev1.Volume{{Name: "cfg", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: "c"}}}}}
 	}), qemu.ArchX86_64)
 	require.NotNil(t, rej)
 	assert.Contains(t, rej.Message, `not with volume "cfg"`)
-	_, rej = Translate(pod(func(p *corev1.Pod) { p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "A", Value: "b"}} }), qemu.ArchX86_64)
+	_, rej = podspec.Translate(pod(func(p *corev1.Pod) { p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "A", Value: "b"}} }), qemu.ArchX86_64)
 	require.NotNil(t, rej)
 	assert.Contains(t, rej.Message, "not with env or envFrom")
 	// The exporter's Secret volume stays on the host: allowed.
-	plan, rej = Translate(pod(func(p *corev1.Pod) {
+	plan, rej = podspec.Translate(pod(func(p *corev1.Pod) {
 		p.Annotations["qemu-kubelet.io/jumpstarter-exporter-secret"] = "js"
 		p.Spec.Volumes = []corev1.Volume{{Name: "js", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "js"}}}}
 	}), qemu.ArchX86_64)

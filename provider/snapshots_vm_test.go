@@ -14,6 +14,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
@@ -26,7 +27,7 @@ import (
 // snapshotPod is a pod of the test image that starts from a snapshot: its
 // readiness probe (the guest's HTTP server) is the ready point.
 func snapshotPod(uid, ref string) *corev1.Pod {
-	p := podFor(uid, ref, corev1.RestartPolicyAlways, map[string]string{AnnotationStartFromSnapshot: "true"})
+	p := podFor(uid, ref, corev1.RestartPolicyAlways, map[string]string{podspec.AnnotationStartFromSnapshot: "true"})
 	p.Spec.Containers[0].Resources.Limits = rl("cpu", "1", "memory", "128Mi")
 	p.Spec.Containers[0].ReadinessProbe = &corev1.Probe{
 		ProbeHandler:  corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/", Port: intstr.FromInt32(8080)}},
@@ -240,7 +241,7 @@ func BenchmarkSnapshotStart(b *testing.B) {
 		for j := 0; j < 3; j++ {
 			n++
 			boot := snapshotPod(fmt.Sprintf("boot-%d", n), e.ref)
-			delete(boot.Annotations, AnnotationStartFromSnapshot)
+			delete(boot.Annotations, podspec.AnnotationStartFromSnapshot)
 			if j%2 == 0 {
 				booted = append(booted, toReady(boot))
 			}

@@ -21,6 +21,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 )
 
@@ -341,15 +342,15 @@ func TestTranslateRetainWithSnapshotStart(t *testing.T) {
 		p.Spec.Containers[0].ReadinessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(22)}}}
 		return p
 	}
-	_, rej := Translate(pod(map[string]string{AnnotationStartFromSnapshot: "true", v1alpha1.StatePolicyAnnotation: "Retain"}), qemu.ArchX86_64)
+	_, rej := podspec.Translate(pod(map[string]string{podspec.AnnotationStartFromSnapshot: "true", v1alpha1.StatePolicyAnnotation: "Retain"}), qemu.ArchX86_64)
 	require.NotNil(t, rej)
-	assert.Equal(t, ReasonUnsupportedPodSpec, rej.Reason)
+	assert.Equal(t, podspec.ReasonUnsupportedPodSpec, rej.Reason)
 	assert.Contains(t, rej.Message, "metadata.annotations[qemu-kubelet.io/state-policy]: Retain cannot be combined with qemu-kubelet.io/start-from-snapshot")
 	for _, ann := range []map[string]string{
-		{AnnotationStartFromSnapshot: "true", v1alpha1.StatePolicyAnnotation: "Disabled"},
-		{AnnotationStartFromSnapshot: "false", v1alpha1.StatePolicyAnnotation: "Retain"},
+		{podspec.AnnotationStartFromSnapshot: "true", v1alpha1.StatePolicyAnnotation: "Disabled"},
+		{podspec.AnnotationStartFromSnapshot: "false", v1alpha1.StatePolicyAnnotation: "Retain"},
 	} {
-		_, rej := Translate(pod(ann), qemu.ArchX86_64)
+		_, rej := podspec.Translate(pod(ann), qemu.ArchX86_64)
 		assert.Nil(t, rej, "%v", ann)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/require"
@@ -46,7 +47,7 @@ func TestUEFIPodBoots(t *testing.T) {
 	h.vms.cfg.UEFICode, h.vms.cfg.UEFIVars = code, vars
 	ctx := context.Background()
 
-	pod := podFor("u-uefi", refs[vmtest.VariantACPI], corev1.RestartPolicyNever, map[string]string{AnnotationFirmware: "uefi"})
+	pod := podFor("u-uefi", refs[vmtest.VariantACPI], corev1.RestartPolicyNever, map[string]string{podspec.AnnotationFirmware: "uefi"})
 	require.NoError(t, h.vms.CreatePod(ctx, pod))
 	h.wait(pod.UID, 120*time.Second, "Running", running)
 	dir := filepath.Join(stateDir, VMsDirName, "u-uefi")

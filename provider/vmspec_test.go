@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -36,7 +37,7 @@ func TestVMSpecKernelConsole(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			pod := vmPod()
-			plan, rej := Translate(pod, qemu.ArchX86_64)
+			plan, rej := podspec.Translate(pod, qemu.ArchX86_64)
 			require.Nil(t, rej)
 			plan.ExtraCmdline = tc.extra
 			spec, err := p.vmSpec(context.Background(), rec, pod, plan, &tc.img)
@@ -56,7 +57,7 @@ func TestVMSpecMemoryTuning(t *testing.T) {
 	rec := &podVM{uid: "uid-m", dir: p.podDir("uid-m")}
 	img := &oci.Image{Ref: "r/os:1", Digest: "sha256:x", Kernel: filepath.Join(imageDir, "k", "vmlinuz")}
 	pod := vmPod()
-	plan, rej := Translate(pod, qemu.ArchX86_64)
+	plan, rej := podspec.Translate(pod, qemu.ArchX86_64)
 	require.Nil(t, rej)
 	spec, err := p.vmSpec(context.Background(), rec, pod, plan, img)
 	require.NoError(t, err)
@@ -77,7 +78,7 @@ func TestVMSpecEmulatedKernelArgs(t *testing.T) {
 	rec := &podVM{uid: "uid-k", dir: p.podDir("uid-k")}
 	img := &oci.Image{Ref: "r/os:1", Digest: "sha256:x", Kernel: filepath.Join(imageDir, "k", "vmlinuz"), Cmdline: "quiet"}
 	pod := vmPod()
-	plan, rej := Translate(pod, qemu.ArchX86_64)
+	plan, rej := podspec.Translate(pod, qemu.ArchX86_64)
 	require.Nil(t, rej)
 	spec, err := p.vmSpec(context.Background(), rec, pod, plan, img)
 	require.NoError(t, err)

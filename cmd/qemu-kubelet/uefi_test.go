@@ -7,6 +7,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/provider"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
@@ -27,7 +28,7 @@ func TestUEFIFirmwareWired(t *testing.T) {
 		wantReason string
 	}{
 		{"configured", "/usr/share/OVMF/OVMF_CODE_4M.fd", "/usr/share/OVMF/OVMF_VARS_4M.fd", corev1.PodPending, ""},
-		{"not configured", "", "", corev1.PodFailed, provider.ReasonFirmwareUnavailable},
+		{"not configured", "", "", corev1.PodFailed, podspec.ReasonFirmwareUnavailable},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
@@ -42,7 +43,7 @@ func TestUEFIFirmwareWired(t *testing.T) {
 			vms, err := newVMs(ctx, cfg, provider.Facts{Accelerator: provider.Accelerator{Name: "tcg"}}, fake.NewSimpleClientset(), store, t.TempDir(), alloc, nil)
 			require.NoError(t, err)
 			pod := &corev1.Pod{
-				ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "uefi", UID: "uid-uefi", Annotations: map[string]string{provider.AnnotationFirmware: "uefi"}},
+				ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "uefi", UID: "uid-uefi", Annotations: map[string]string{podspec.AnnotationFirmware: "uefi"}},
 				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "vm", Image: "127.0.0.1:1/os/absent:1", ImagePullPolicy: corev1.PullNever}}},
 			}
 			require.NoError(t, vms.CreatePod(ctx, pod))

@@ -1,4 +1,4 @@
-package provider
+package podspec
 
 import (
 	"context"
@@ -199,7 +199,7 @@ func planGuestDisks(ctx context.Context, pod *corev1.Pod, src ConfigSources) ([]
 func volumeData(ctx context.Context, ns string, v corev1.Volume, src ConfigSources) (map[string][]byte, bool, error) {
 	if v.Secret != nil {
 		optional := v.Secret.Optional != nil && *v.Secret.Optional
-		s, err := getSecret(ctx, src, ns, v.Secret.SecretName)
+		s, err := GetSecret(ctx, src, ns, v.Secret.SecretName)
 		if err != nil || s == nil {
 			if err == nil && optional {
 				return nil, true, nil
@@ -233,8 +233,8 @@ func volumeErr(err error, kind, name, vol string) error {
 	return err
 }
 
-// getSecret returns nil, nil for a missing secret.
-func getSecret(ctx context.Context, src ConfigSources, ns, name string) (*corev1.Secret, error) {
+// GetSecret returns nil, nil for a missing secret.
+func GetSecret(ctx context.Context, src ConfigSources, ns, name string) (*corev1.Secret, error) {
 	if src.Secret == nil {
 		return nil, fmt.Errorf("secret %q: this node reads no secrets", name)
 	}
@@ -311,7 +311,7 @@ func resolveEnv(ctx context.Context, pod *corev1.Pod, c *corev1.Container, src C
 	for _, ef := range c.EnvFrom {
 		switch {
 		case ef.SecretRef != nil:
-			s, err := getSecret(ctx, src, pod.Namespace, ef.SecretRef.Name)
+			s, err := GetSecret(ctx, src, pod.Namespace, ef.SecretRef.Name)
 			if err != nil {
 				return nil, err
 			}
@@ -355,7 +355,7 @@ func resolveEnv(ctx context.Context, pod *corev1.Pod, c *corev1.Container, src C
 		case vf.SecretKeyRef != nil:
 			ref := vf.SecretKeyRef
 			optional := ref.Optional != nil && *ref.Optional
-			s, err := getSecret(ctx, src, pod.Namespace, ref.Name)
+			s, err := GetSecret(ctx, src, pod.Namespace, ref.Name)
 			if err != nil {
 				return nil, err
 			}
