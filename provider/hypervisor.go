@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 
+	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 )
 
@@ -96,3 +97,17 @@ func (QEMU) Adopt(ctx context.Context, dir string) (VM, error) {
 	}
 	return vm, nil
 }
+
+// ImageStore is what the pods' workers need of the node's image cache
+// (*oci.Store, passed in by cmd; fakes in the fast worker tests).
+type ImageStore interface {
+	// Pull resolves ref and pulls it into the cache (with policy PullNever:
+	// only what is cached, no registry).
+	Pull(ctx context.Context, ref string, opts oci.PullOptions) (*oci.Image, error)
+	// Acquire holds the image of digest dgst against GC until release.
+	Acquire(dgst string) (release func(), err error)
+	// AuxDir is a directory kept with the image of dgst (memory snapshots).
+	AuxDir(dgst, name string) (string, error)
+}
+
+var _ ImageStore = (*oci.Store)(nil)

@@ -4,16 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 )
@@ -36,11 +33,6 @@ import (
 // the pod's state dir (which holds the source) is removed only after both,
 // so an agent that dies mid-way redoes the missing steps when the pod is
 // deleted again at its next start.
-
-// RetainedDirName is the directory under the node's state dir that holds
-// the disks of deleted pods whose reclaim policy is Retain, one directory
-// per pod: <namespace>_<name>_<uid>/ with disk.qcow2 and RetainedFileName.
-const RetainedDirName = "retained"
 
 // RetainedFileName is the record of a retained disk: which pod it was.
 const RetainedFileName = "retained.json"
@@ -241,64 +233,6 @@ func retainDisk(ctx context.Context, stateDir, dir string, pod *corev1.Pod, st V
 		return "", fmt.Errorf("retain disk: record: %w", err)
 	}
 	return dst, nil
-}
-
-// RetainedBytes is the disk space the retained disks under stateDir take
-// (allocated blocks, so sparse disks count what they use): the node counts
-// it as reserved ephemeral-storage. A missing directory is 0.
-func RetainedBytes(stateDir string) (int64, error) {
-	var total int64
-	root := filepath.Join(stateDir, RetainedDirName)
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			if errors.Is(err, os.ErrNotExist) {
-				return nil
-			}
-			return err
-		}
-		if !d.Type().IsRegular() {
-			return nil
-		}
-		info, err := d.Info()
-		if err != nil {
-			if errors.Is(err, os.ErrNotExist) {
-				return nil
-			}
-			return err
-		}
-		total += allocatedBytes(info)
-		return nil
-	})
-	if err != nil {
-		return total, fmt.Errorf("retained disks under %s: %w", root, err)
-	}
-	return total, nil
-}
-
-// allocatedBytes is the space a file takes on disk (its size when the file
-// system does not say).
-func allocatedBytes(info fs.FileInfo) int64 {
-	if st, ok := info.Sys().(*syscall.Stat_t); ok {
-		return st.Blocks * 512
-	}
-	return info.Size()
-}
-
-// reservedWithRetained is the node's reserved resources plus the space of
-// retained disks as ephemeral-storage: what a deleted pod's kept disk
-// takes is not allocatable to pods. Pure.
-func reservedWithRetained(reserved corev1.ResourceList, retained int64) corev1.ResourceList {
-	if retained <= 0 {
-		return reserved
-	}
-	out := reserved.DeepCopy()
-	if out == nil {
-		out = corev1.ResourceList{}
-	}
-	q := out[corev1.ResourceEphemeralStorage]
-	q.Add(*resource.NewQuantity(retained, resource.BinarySI))
-	out[corev1.ResourceEphemeralStorage] = q
-	return out
 }
 
 // reclaimDisk applies a deleted pod's reclaim policy to its disk (its VM
