@@ -12,6 +12,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/e2e/cluster"
 	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/nodestatus"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 	"github.com/stretchr/testify/assert"
@@ -43,13 +44,13 @@ func TestNodeFeatures(t *testing.T) {
 	waitNode(t, c, a.name, 90*time.Second, "Ready=True", readyIs(corev1.ConditionTrue))
 
 	n := waitNode(t, c, a.name, 30*time.Second, "features shown", func(n *corev1.Node) bool {
-		return n.Annotations[provider.AnnotationFeatures] != ""
+		return n.Annotations[nodestatus.AnnotationFeatures] != ""
 	})
-	assert.Equal(t, "attach=true,jumpstarterExporter=true,portForward=false,uefi=false,consoleLogSize=8Mi", n.Annotations[provider.AnnotationFeatures])
-	cond := condition(n, provider.ConditionConfigOK)
+	assert.Equal(t, "attach=true,jumpstarterExporter=true,portForward=false,uefi=false,consoleLogSize=8Mi", n.Annotations[nodestatus.AnnotationFeatures])
+	cond := condition(n, nodestatus.ConditionConfigOK)
 	require.NotNil(t, cond)
 	assert.Equal(t, corev1.ConditionTrue, cond.Status)
-	assert.Equal(t, provider.ReasonConfigApplied, cond.Reason)
+	assert.Equal(t, nodestatus.ReasonConfigApplied, cond.Reason)
 	out, err := c.Kubectl(ctx, "describe", "node", a.name)
 	require.NoError(t, err)
 	assert.Contains(t, out, "qemu-kubelet.io/features: attach=true,jumpstarterExporter=true,portForward=false,uefi=false")
@@ -95,12 +96,12 @@ func TestNodeFeatures(t *testing.T) {
 	rewrite(offLine, "features: {uefi: true, snapshotStart: true}\n")
 	a.signal(t, syscall.SIGHUP)
 	n = waitNode(t, c, a.name, 30*time.Second, "ConfigOK=False/ConfigInvalid", func(n *corev1.Node) bool {
-		c := condition(n, provider.ConditionConfigOK)
-		return c != nil && c.Reason == provider.ReasonConfigInvalid
+		c := condition(n, nodestatus.ConditionConfigOK)
+		return c != nil && c.Reason == nodestatus.ReasonConfigInvalid
 	})
-	assert.Contains(t, condition(n, provider.ConditionConfigOK).Message, `unknown field "features.snapshotStart"`)
-	assert.Contains(t, n.Annotations[provider.AnnotationFeatures], "uefi=false", "the previous features stay")
-	waitEvent(t, c, a.name, provider.ReasonConfigInvalid, "the previous configuration stays in force")
+	assert.Contains(t, condition(n, nodestatus.ConditionConfigOK).Message, `unknown field "features.snapshotStart"`)
+	assert.Contains(t, n.Annotations[nodestatus.AnnotationFeatures], "uefi=false", "the previous features stay")
+	waitEvent(t, c, a.name, nodestatus.ReasonConfigInvalid, "the previous configuration stays in force")
 	time.Sleep(3 * time.Second)
 	waitPod(t, c, "default", held.Name, time.Second, "still held", isHeld)
 
@@ -110,11 +111,11 @@ func TestNodeFeatures(t *testing.T) {
 	rewrite("maxVMs: 7\n", "maxVMs: 6\n")
 	a.signal(t, syscall.SIGHUP)
 	n = waitNode(t, c, a.name, 30*time.Second, "ConfigOK=False/RestartRequired", func(n *corev1.Node) bool {
-		c := condition(n, provider.ConditionConfigOK)
-		return c != nil && c.Reason == provider.ReasonRestartRequired
+		c := condition(n, nodestatus.ConditionConfigOK)
+		return c != nil && c.Reason == nodestatus.ReasonRestartRequired
 	})
-	assert.Contains(t, condition(n, provider.ConditionConfigOK).Message, "after a restart: maxVMs")
-	assert.Equal(t, "attach=true,jumpstarterExporter=true,portForward=true,uefi=true,consoleLogSize=8Mi", n.Annotations[provider.AnnotationFeatures])
+	assert.Contains(t, condition(n, nodestatus.ConditionConfigOK).Message, "after a restart: maxVMs")
+	assert.Equal(t, "attach=true,jumpstarterExporter=true,portForward=true,uefi=true,consoleLogSize=8Mi", n.Annotations[nodestatus.AnnotationFeatures])
 	assert.Equal(t, "7", n.Status.Capacity.Pods().String(), "maxVMs not half-applied")
 	held = waitPod(t, c, "default", held.Name, 120*time.Second, "Running after the reload", podRunning)
 	require.Len(t, vmtest.QEMUPids(a.vmDir(string(held.UID))), 1)
@@ -132,8 +133,8 @@ func TestNodeFeatures(t *testing.T) {
 	// signal (the file is checked every 10s); ConfigOK is True again.
 	rewrite("maxVMs: 6\n", "maxVMs: 7\n")
 	waitNode(t, c, a.name, 45*time.Second, "ConfigOK=True after a file change", func(n *corev1.Node) bool {
-		c := condition(n, provider.ConditionConfigOK)
-		return c != nil && c.Status == corev1.ConditionTrue && c.Reason == provider.ReasonConfigApplied
+		c := condition(n, nodestatus.ConditionConfigOK)
+		return c != nil && c.Status == corev1.ConditionTrue && c.Reason == nodestatus.ReasonConfigApplied
 	})
 	assert.Equal(t, runPids, vmtest.QEMUPids(a.vmDir(string(run.UID))))
 	require.NoError(t, a.alive(), "SIGHUP never stops the agent")

@@ -23,6 +23,7 @@ import (
 
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/provider"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/nodestatus"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
@@ -146,7 +147,7 @@ func (e *podEnv) testStatePolicy(t *testing.T) {
 		waitPodGone(t, e.c, "default", p.Name, 90*time.Second)
 		waitNoDir(t, e.a.vmDir(string(p.UID)), 30*time.Second)
 	}
-	kept := filepath.Join(stateDir, provider.RetainedDirName, "default_state-retain_"+string(retain.UID))
+	kept := filepath.Join(stateDir, nodestatus.RetainedDirName, "default_state-retain_"+string(retain.UID))
 	b, err := os.ReadFile(filepath.Join(kept, provider.RetainedFileName))
 	require.NoError(t, err, "the retained disk's record")
 	var rd provider.RetainedDisk
@@ -165,11 +166,11 @@ func (e *podEnv) testStatePolicy(t *testing.T) {
 	require.NoError(t, err)
 	require.Greater(t, len(disk), 1<<20+64)
 	assert.Equal(t, "QKSTATE "+tok+" 4\n", string(bytes.TrimRight(disk[1<<20:1<<20+64], "\x00")), "the kept disk holds the guest's last record")
-	ents, err := os.ReadDir(filepath.Join(stateDir, provider.RetainedDirName))
+	ents, err := os.ReadDir(filepath.Join(stateDir, nodestatus.RetainedDirName))
 	require.NoError(t, err)
 	assert.Len(t, ents, 1, "the Disabled pod (reclaim policy Delete) left nothing")
 
-	retained, err := provider.RetainedBytes(stateDir)
+	retained, err := nodestatus.RetainedBytes(stateDir)
 	require.NoError(t, err)
 	require.Positive(t, retained)
 	want := alloc0.DeepCopy()

@@ -13,6 +13,7 @@ import (
 
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/nodestatus"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
@@ -388,15 +389,15 @@ func TestVMLifecycle(t *testing.T) {
 		h.wait(pod.UID, 90*time.Second, "Running", running)
 		type ev struct{ typ, reason, msg string }
 		var events []ev
-		gc := ImageGC{Store: store, Policy: oci.GCPolicy{MaxBytes: 1}, Event: func(typ, reason, msg string) { events = append(events, ev{typ, reason, msg}) }}
+		gc := nodestatus.ImageGC{Store: store, Policy: oci.GCPolicy{MaxBytes: 1}, Event: func(typ, reason, msg string) { events = append(events, ev{typ, reason, msg}) }}
 		res, err := gc.Once(ctx)
 		require.NoError(t, err)
 		assert.Len(t, res.Removed, 2, "the two unused images go")
 		assert.Equal(t, 1, res.KeptInUse)
 		require.Len(t, events, 2)
-		assert.Equal(t, ReasonImagesRemoved, events[0].reason)
+		assert.Equal(t, nodestatus.ReasonImagesRemoved, events[0].reason)
 		assert.Contains(t, events[0].msg, "removed 2 unused image(s)")
-		assert.Equal(t, ReasonFreeDiskSpaceFailed, events[1].reason)
+		assert.Equal(t, nodestatus.ReasonFreeDiskSpaceFailed, events[1].reason)
 		assert.Equal(t, corev1.EventTypeWarning, events[1].typ)
 		imgs := store.List()
 		require.Len(t, imgs, 1)

@@ -20,6 +20,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/nodestatus"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 )
@@ -160,7 +161,7 @@ func TestOverlayAndRetainWithQemuImg(t *testing.T) {
 	st := VMState{ImageDigest: "sha256:aa", ImageID: "reg/os@sha256:aa"}
 	got, err := retainDisk(ctx, dir, podDir, pod, st, now)
 	require.NoError(t, err)
-	want := filepath.Join(dir, RetainedDirName, "lab_rpi4-x_uid-1")
+	want := filepath.Join(dir, nodestatus.RetainedDirName, "lab_rpi4-x_uid-1")
 	assert.Equal(t, want, got)
 	info, err := qemu.InspectImage(ctx, filepath.Join(want, OverlayFileName))
 	require.NoError(t, err)
@@ -173,7 +174,7 @@ func TestOverlayAndRetainWithQemuImg(t *testing.T) {
 	require.NoError(t, json.Unmarshal(b, &rd))
 	assert.Equal(t, RetainedDisk{Namespace: "lab", Name: "rpi4-x", UID: "uid-1", Owner: "ExporterSet/rpi4", Image: "reg/os@sha256:aa",
 		ImageDigest: "sha256:aa", StatePolicy: "Retain", Disk: OverlayFileName, RetainedAt: now}, rd)
-	n, err := RetainedBytes(dir)
+	n, err := nodestatus.RetainedBytes(dir)
 	require.NoError(t, err)
 	assert.Greater(t, n, int64(512))
 
@@ -192,7 +193,7 @@ func TestOverlayAndRetainWithQemuImg(t *testing.T) {
 	got, err = retainDisk(ctx, dir, filepath.Join(dir, "vms", "uid-2"), pod2, st, now)
 	require.NoError(t, err)
 	assert.Empty(t, got)
-	assert.NoDirExists(t, filepath.Join(dir, RetainedDirName, "lab_rpi4-x_uid-2"))
+	assert.NoDirExists(t, filepath.Join(dir, nodestatus.RetainedDirName, "lab_rpi4-x_uid-2"))
 
 	// A copy that cannot be written fails and writes no record (the
 	// caller then keeps the pod's state dir).
@@ -201,7 +202,7 @@ func TestOverlayAndRetainWithQemuImg(t *testing.T) {
 	dir3 := filepath.Join(dir, "vms", "uid-3")
 	require.NoError(t, os.MkdirAll(dir3, 0o700))
 	require.NoError(t, os.WriteFile(filepath.Join(dir3, OverlayFileName), []byte("x"), 0o600))
-	blocked := filepath.Join(dir, RetainedDirName, "lab_rpi4-x_uid-3")
+	blocked := filepath.Join(dir, nodestatus.RetainedDirName, "lab_rpi4-x_uid-3")
 	require.NoError(t, os.WriteFile(blocked, []byte("a file where the directory goes"), 0o600))
 	_, err = retainDisk(ctx, dir, dir3, pod3, st, now)
 	require.Error(t, err)
@@ -260,7 +261,7 @@ func TestReclaimDiskKeepsStateDirOnFailure(t *testing.T) {
 	// Annotated after binding; the retained area is blocked by a file.
 	deleted := bound.DeepCopy()
 	deleted.Annotations = map[string]string{v1alpha1.ReclaimPolicyAnnotation: "Retain"}
-	require.NoError(t, os.WriteFile(filepath.Join(dir, RetainedDirName), []byte("not a directory"), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, nodestatus.RetainedDirName), []byte("not a directory"), 0o600))
 	assert.False(t, p.reclaimDisk(context.Background(), rec, deleted), "the disk could not be kept: the dir stays")
 	assert.FileExists(t, filepath.Join(rec.dir, OverlayFileName))
 	var recorded corev1.Pod

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/nodestatus"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	statsv1alpha1 "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
@@ -122,7 +123,7 @@ func readHost() hostSample {
 	h.cpuErr = err
 	b, err = os.ReadFile("/proc/meminfo")
 	if err == nil {
-		h.memTotal, h.memAvail, err = ParseMeminfo(b)
+		h.memTotal, h.memAvail, err = nodestatus.ParseMeminfo(b)
 	}
 	h.memErr = err
 	return h

@@ -18,8 +18,8 @@ import (
 	"syscall"
 
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
-	"github.com/qemu-kubelet/qemu-kubelet/provider"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/nodestatus"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	vklog "github.com/virtual-kubelet/virtual-kubelet/log"
 	vklogklog "github.com/virtual-kubelet/virtual-kubelet/log/klogv2"
@@ -120,7 +120,7 @@ func loadConfig(o options) (*config.Node, error) {
 	hostname, _ := os.Hostname()
 	var memTotal int64
 	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
-		memTotal, _, _ = provider.ParseMeminfo(b) // unknown (0): maxVMs falls back to its fixed default
+		memTotal, _, _ = nodestatus.ParseMeminfo(b) // unknown (0): maxVMs falls back to its fixed default
 	}
 	n, err := config.Resolve(file, config.Environment{Hostname: hostname, HostIP: firstHostIPv4(), MemoryTotal: memTotal})
 	if err != nil {
@@ -182,9 +182,9 @@ func apiClients(rc *rest.Config, cfg *config.Node) (client, eventClient kubernet
 
 // probe gathers the facts fixed for the life of the process, for one node
 // (the main one or a guest-architecture one: cfg.GuestArch).
-func probe(ctx context.Context, cfg *config.Node) provider.Facts {
+func probe(ctx context.Context, cfg *config.Node) nodestatus.Facts {
 	logger := klog.FromContext(ctx)
-	f := provider.Facts{Config: cfg, Version: version, Host: provider.ReadHostInfo()}
+	f := nodestatus.Facts{Config: cfg, Version: version, Host: nodestatus.ReadHostInfo()}
 	if v, err := qemu.Version(ctx, cfg.QEMUBinary); err != nil {
 		logger.Error(err, "QEMU version unknown", "binary", cfg.QEMUBinary)
 	} else {
@@ -198,7 +198,7 @@ func probe(ctx context.Context, cfg *config.Node) provider.Facts {
 		Timeout:    cfg.ProbeTimeout,
 		WorkDir:    filepath.Join(cfg.StateDir, "probe"),
 	})
-	f.Accelerator = provider.Accelerator{Name: string(res.Accelerator), Reason: res.Reason, KVMError: res.KVMError}
+	f.Accelerator = nodestatus.Accelerator{Name: string(res.Accelerator), Reason: res.Reason, KVMError: res.KVMError}
 	if err != nil {
 		f.Accelerator.Name = ""
 		f.Accelerator.Error = err.Error()
@@ -315,21 +315,21 @@ func runOneNode(ctx context.Context, cfg *config.Node, sh *shared, main bool) er
 		return err
 	}
 	if main && cfg.VMMemory.EnableKSM {
-		if err := provider.EnableKSM(provider.KSMDir, cfg.VMMemory.KSMPagesToScan); err != nil {
+		if err := nodestatus.EnableKSM(nodestatus.KSMDir, cfg.VMMemory.KSMPagesToScan); err != nil {
 			return err
 		}
-		logger.Info("KSM started for mergeable guest RAM", "dir", provider.KSMDir, "pagesToScan", cfg.VMMemory.KSMPagesToScan)
+		logger.Info("KSM started for mergeable guest RAM", "dir", nodestatus.KSMDir, "pagesToScan", cfg.VMMemory.KSMPagesToScan)
 	}
 	facts := probe(ctx, cfg)
 	facts.ConfigState = sh.reload.State()
-	host := provider.HostSource{StateDir: cfg.StateDir, QEMUBinary: cfg.QEMUBinary}
-	status := provider.NewNodeStatus(ctx, facts, host.Read)
+	host := nodestatus.HostSource{StateDir: cfg.StateDir, QEMUBinary: cfg.QEMUBinary}
+	status := nodestatus.NewNodeStatus(ctx, facts, host.Read)
 	images, imageDir, err := openImages(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	defer images.Close()
-	status.SetImages(func() []corev1.ContainerImage { return provider.NodeImages(images.List()) })
+	status.SetImages(func() []corev1.ContainerImage { return nodestatus.NodeImages(images.List()) })
 	// Workers outlive nothing: on SIGTERM they detach and VMs keep running
 	// for the next start to adopt.
 	pods, err := newVMs(ctx, cfg, facts, client, images, imageDir, status.Allocatable, sh.obs.telemetry)
@@ -357,7 +357,7 @@ func runOneNode(ctx context.Context, cfg *config.Node, sh *shared, main bool) er
 		return fmt.Errorf("kubelet API authentication: %w", err)
 	}
 	v := &vkNode{reload: sh.reload, cfg: cfg, client: client, eventClient: eventClient, status: status, pods: pods, auth: auth, tlsConfig: sh.tlsConfig, facts: facts,
-		imageGC: provider.ImageGC{Store: images, Period: cfg.Images.GCPeriod,
+		imageGC: nodestatus.ImageGC{Store: images, Period: cfg.Images.GCPeriod,
 			Policy: oci.GCPolicy{MaxBytes: cfg.Images.GCMaxBytes, MaxAge: cfg.Images.GCMaxAge}}}
 
 	logger.Info("Starting node", "version", version, "guestArch", cfg.GuestArch, "accelerator", facts.Accelerator.Name, "qemu", facts.QEMUVersion, "leaseDuration", cfg.LeaseDuration)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/qemu-kubelet/qemu-kubelet/provider"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/nodestatus"
 	"github.com/virtual-kubelet/virtual-kubelet/node"
 	"github.com/virtual-kubelet/virtual-kubelet/node/api"
 	"github.com/virtual-kubelet/virtual-kubelet/node/nodeutil"
@@ -40,10 +41,10 @@ type vkNode struct {
 	client kubernetes.Interface
 	// eventClient has its own rate limit (eventRecordQPS/eventBurst).
 	eventClient kubernetes.Interface
-	status      *provider.NodeStatus
+	status      *nodestatus.NodeStatus
 	pods        *provider.VMs
-	facts       provider.Facts
-	imageGC     provider.ImageGC
+	facts       nodestatus.Facts
+	imageGC     nodestatus.ImageGC
 	auth        nodeutil.Auth
 	tlsConfig   *tls.Config
 	// reload applies configuration reloads to this node once it runs.

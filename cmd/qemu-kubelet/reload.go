@@ -8,8 +8,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/qemu-kubelet/qemu-kubelet/provider"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/nodestatus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 )
@@ -27,7 +27,7 @@ type reloadTarget struct {
 	}
 	// status shows them on the node (annotation, ConfigOK condition).
 	status interface {
-		SetConfigState(context.Context, provider.ConfigState)
+		SetConfigState(context.Context, nodestatus.ConfigState)
 	}
 	// event records a node event.
 	event func(typ, reason, msg string)
@@ -51,7 +51,7 @@ type configReloader struct {
 	plan    func(*config.Node, *config.FeatureConfig, *config.Node) config.ReloadPlan // config.PlanReload
 
 	mu       sync.Mutex
-	state    provider.ConfigState
+	state    nodestatus.ConfigState
 	reloads  int
 	targets  []reloadTarget
 	lastSeen []byte // file content of the last load
@@ -59,7 +59,7 @@ type configReloader struct {
 
 func newConfigReloader(file string, started *config.Node, load func() (*config.Node, error), hup <-chan os.Signal) *configReloader {
 	r := &configReloader{file: file, load: load, started: started, hup: hup, period: configCheckPeriod, read: os.ReadFile, plan: config.PlanReload,
-		state: provider.ConfigState{Source: file, Features: started.Features}}
+		state: nodestatus.ConfigState{Source: file, Features: started.Features}}
 	if file != "" {
 		r.lastSeen, _ = r.read(file)
 	}
@@ -67,7 +67,7 @@ func newConfigReloader(file string, started *config.Node, load func() (*config.N
 }
 
 // State is the outcome of the last load (what a node coming up shows).
-func (r *configReloader) State() provider.ConfigState {
+func (r *configReloader) State() nodestatus.ConfigState {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.state
@@ -127,7 +127,7 @@ func (r *configReloader) reload(ctx context.Context, trigger string) {
 	if err != nil {
 		log.Error(err, "Configuration reload rejected; the previous configuration stays in force")
 		r.state.Error = err.Error()
-		r.applyLocked(ctx, false, corev1.EventTypeWarning, provider.ReasonConfigInvalid,
+		r.applyLocked(ctx, false, corev1.EventTypeWarning, nodestatus.ReasonConfigInvalid,
 			"config file "+r.file+" rejected, the previous configuration stays in force: "+err.Error())
 		return
 	}
@@ -136,7 +136,7 @@ func (r *configReloader) reload(ctx context.Context, trigger string) {
 	for _, c := range plan.Changes {
 		changes = append(changes, c.String())
 	}
-	r.state = provider.ConfigState{Source: r.file, Features: plan.Features, RestartRequired: plan.RestartRequired}
+	r.state = nodestatus.ConfigState{Source: r.file, Features: plan.Features, RestartRequired: plan.RestartRequired}
 	log.Info("Configuration reloaded", "featureChanges", changes, "features", plan.Features.String(), "restartRequired", plan.RestartRequired)
 	msg := "config file " + r.file + " reloaded; features: " + plan.Features.String()
 	if len(changes) > 0 {
@@ -145,7 +145,7 @@ func (r *configReloader) reload(ctx context.Context, trigger string) {
 	r.applyLocked(ctx, true, corev1.EventTypeNormal, "ConfigReloaded", msg)
 	if len(plan.RestartRequired) > 0 {
 		for _, t := range r.targets {
-			t.event(corev1.EventTypeWarning, provider.ReasonRestartRequired,
+			t.event(corev1.EventTypeWarning, nodestatus.ReasonRestartRequired,
 				"config file "+r.file+": changed settings take effect after a restart: "+strings.Join(plan.RestartRequired, ", "))
 		}
 	}

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/qemu-kubelet/qemu-kubelet/provider"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/nodestatus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -18,7 +18,7 @@ import (
 type fakeNode struct {
 	mu       sync.Mutex
 	features []*config.FeatureConfig
-	states   []provider.ConfigState
+	states   []nodestatus.ConfigState
 	events   []string
 }
 
@@ -28,7 +28,7 @@ func (f *fakeNode) SetFeatures(fc *config.FeatureConfig) {
 	f.features = append(f.features, fc)
 }
 
-func (f *fakeNode) SetConfigState(_ context.Context, cs provider.ConfigState) {
+func (f *fakeNode) SetConfigState(_ context.Context, cs nodestatus.ConfigState) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.states = append(f.states, cs)
@@ -48,14 +48,14 @@ func (f *fakeNode) counts() (features, states, events int) {
 	return len(f.features), len(f.states), len(f.events)
 }
 
-func (f *fakeNode) last() (*config.FeatureConfig, provider.ConfigState, string) {
+func (f *fakeNode) last() (*config.FeatureConfig, nodestatus.ConfigState, string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var fc *config.FeatureConfig
 	if len(f.features) > 0 {
 		fc = f.features[len(f.features)-1]
 	}
-	var st provider.ConfigState
+	var st nodestatus.ConfigState
 	if len(f.states) > 0 {
 		st = f.states[len(f.states)-1]
 	}
@@ -90,7 +90,7 @@ func TestConfigReload(t *testing.T) {
 	r.register(ctx, n1.target())
 	f, s, e := n1.counts()
 	assert.Equal(t, [3]int{0, 0, 0}, [3]int{f, s, e}, "no reload yet: nothing to apply")
-	assert.Equal(t, provider.ConfigState{Source: path, Features: started.Features}, r.State())
+	assert.Equal(t, nodestatus.ConfigState{Source: path, Features: started.Features}, r.State())
 	go r.run(ctx)
 
 	waitFor := func(what string, ok func() bool) {

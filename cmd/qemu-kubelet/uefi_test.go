@@ -5,8 +5,8 @@ import (
 	"testing"
 
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
-	"github.com/qemu-kubelet/qemu-kubelet/provider"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/nodestatus"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -40,7 +40,7 @@ func TestUEFIFirmwareWired(t *testing.T) {
 			alloc := func() corev1.ResourceList {
 				return corev1.ResourceList{corev1.ResourcePods: resource.MustParse("10"), corev1.ResourceCPU: resource.MustParse("4"), corev1.ResourceMemory: resource.MustParse("4Gi")}
 			}
-			vms, err := newVMs(ctx, cfg, provider.Facts{Accelerator: provider.Accelerator{Name: "tcg"}}, fake.NewSimpleClientset(), store, t.TempDir(), alloc, nil)
+			vms, err := newVMs(ctx, cfg, nodestatus.Facts{Accelerator: nodestatus.Accelerator{Name: "tcg"}}, fake.NewSimpleClientset(), store, t.TempDir(), alloc, nil)
 			require.NoError(t, err)
 			pod := &corev1.Pod{
 				ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "uefi", UID: "uid-uefi", Annotations: map[string]string{podspec.AnnotationFirmware: "uefi"}},

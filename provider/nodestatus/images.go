@@ -1,4 +1,4 @@
-package provider
+package nodestatus
 
 import (
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
