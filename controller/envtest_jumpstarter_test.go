@@ -3,8 +3,6 @@ package controller
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -26,15 +24,6 @@ import (
 	jsv1 "github.com/qemu-kubelet/qemu-kubelet/api/jumpstarter/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 )
-
-// jumpstarterCRDs is the directory of Jumpstarter's CRDs:
-// $QK_JUMPSTARTER_CRDS, or ../shared/jumpstarter/crds next to the repository.
-func jumpstarterCRDs(root string) string {
-	if d := os.Getenv("QK_JUMPSTARTER_CRDS"); d != "" {
-		return d
-	}
-	return filepath.Join(root, "..", "shared", "jumpstarter", "crds")
-}
 
 const testEndpoint, testCA = "jumpstarter.example:8082", "-----BEGIN CERTIFICATE-----\ntest\n-----END CERTIFICATE-----\n"
 

@@ -107,9 +107,10 @@ func runTests(m *testing.M) int {
 	}
 	testEnv := &envtest.Environment{
 		BinaryAssetsDirectory: bin,
-		// Jumpstarter's CRDs (data from upstream, ../shared/jumpstarter/crds)
-		// make the apiserver serve the Exporters and Leases of Jumpstarter mode.
-		CRDDirectoryPaths:     []string{filepath.Join(root, "config", "crd"), jumpstarterCRDs(root)},
+		// The Jumpstarter CRDs generated from api/jumpstarter/v1alpha1 make
+		// the apiserver serve the Exporters and Leases of Jumpstarter mode
+		// (e2e/jsfake checks the same objects against upstream's schema).
+		CRDDirectoryPaths:     []string{filepath.Join(root, "config", "crd"), qktest.JumpstarterCRDs(root)},
 		ErrorIfCRDPathMissing: true,
 	}
 	cfg, err := testEnv.Start()

@@ -3,11 +3,14 @@
 # manifests in config/crd with controller-gen, which it builds at a pinned
 # version into the cache directory (not a go.mod dependency of the project).
 #
-# Usage: hack/gen-crds.sh [OUT_OBJECT_DIR OUT_CRD_DIR [OUT_JS_OBJECT_DIR]]
+# Usage: hack/gen-crds.sh [OUT_OBJECT_DIR OUT_CRD_DIR [OUT_JS_OBJECT_DIR [OUT_JS_CRD_DIR]]]
 #   With no arguments it writes api/v1alpha1/zz_generated.deepcopy.go,
-#   config/crd/*.yaml and api/jumpstarter/v1alpha1/zz_generated.deepcopy.go
-#   (Jumpstarter's Exporter/Lease Go types: deepcopy only, Jumpstarter owns
-#   their CRDs) in place; hack/verify-crds.sh passes temporary dirs.
+#   config/crd/*.yaml, api/jumpstarter/v1alpha1/zz_generated.deepcopy.go and
+#   config/jumpstarter/crd/*.yaml in place; hack/verify-crds.sh passes
+#   temporary dirs. config/jumpstarter/crd is the subset of Jumpstarter's
+#   Exporter and Lease schema that the project's types describe, for the
+#   tests only (Jumpstarter owns these CRDs and installs its own in a
+#   cluster; the chart never ships them).
 #   CONTROLLER_TOOLS_VERSION (default v0.20.1: k8s.io v0.35, like
 #                             controller-runtime v0.23)
 #   QK_CACHE_DIR             (default ${XDG_CACHE_HOME:-$HOME/.cache}/qemu-kubelet)
@@ -24,6 +27,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OBJ_DIR=${1:-$ROOT/api/v1alpha1}
 CRD_DIR=${2:-$ROOT/config/crd}
 JS_OBJ_DIR=${3:-$ROOT/api/jumpstarter/v1alpha1}
+JS_CRD_DIR=${4:-$ROOT/config/jumpstarter/crd}
 
 build() {
   [ -x "$BIN" ] && return 0
@@ -47,8 +51,9 @@ build() {
 }
 
 build
-mkdir -p "$OBJ_DIR" "$CRD_DIR" "$JS_OBJ_DIR"
+mkdir -p "$OBJ_DIR" "$CRD_DIR" "$JS_OBJ_DIR" "$JS_CRD_DIR"
 cd "$ROOT"
 "$BIN" object paths=./api/v1alpha1/... output:object:dir="$OBJ_DIR"
 "$BIN" object paths=./api/jumpstarter/v1alpha1/... output:object:dir="$JS_OBJ_DIR"
 "$BIN" crd:generateEmbeddedObjectMeta=true paths=./api/v1alpha1/... output:crd:dir="$CRD_DIR"
+"$BIN" crd paths=./api/jumpstarter/v1alpha1/... output:crd:dir="$JS_CRD_DIR"

@@ -31,7 +31,7 @@ func BenchmarkLeaseToExporterRef(b *testing.B) {
 	if testing.Short() {
 		b.Skip("needs the control plane")
 	}
-	ns := namespace(b)
+	ns := env.namespace(b)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ctl, err := jstest.Start(jstest.Options{Insecure: true})
@@ -43,7 +43,7 @@ func BenchmarkLeaseToExporterRef(b *testing.B) {
 	go fake.Run(ctx)
 	node := &fakeNode{c: env.client, ns: ns, app: "bench", running: map[types.UID]func(){}, booted: map[string]time.Time{}}
 	go node.run(ctx, b)
-	startController(b, ns)
+	startController(b, &env, ns)
 
 	set := &v1alpha1.ExporterSet{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "bench"},

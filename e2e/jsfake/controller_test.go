@@ -105,10 +105,10 @@ func (n *fakeNode) boot(ctx context.Context, t testing.TB, p *corev1.Pod) {
 	n.mu.Unlock()
 }
 
-func startController(t testing.TB, ns string) {
+func startController(t testing.TB, e *apiEnv, ns string) {
 	t.Helper()
-	mgr, err := ctrl.NewManager(env.cfg, ctrl.Options{
-		Scheme:                 env.scheme,
+	mgr, err := ctrl.NewManager(e.cfg, ctrl.Options{
+		Scheme:                 e.scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
 		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}}},
@@ -140,7 +140,11 @@ func TestExporterSetFromZeroThroughJumpstarter(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs the control plane")
 	}
-	ns := namespace(t)
+	exporterSetFromZeroThroughJumpstarter(t, &env)
+}
+
+func exporterSetFromZeroThroughJumpstarter(t *testing.T, env *apiEnv) {
+	ns := env.namespace(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ctl, err := jstest.Start(jstest.Options{Insecure: true})
@@ -150,7 +154,7 @@ func TestExporterSetFromZeroThroughJumpstarter(t *testing.T) {
 	go fake.Run(ctx)
 	node := &fakeNode{c: env.client, ns: ns, app: "vm", bootDelay: 300 * time.Millisecond, running: map[types.UID]func(){}, booted: map[string]time.Time{}}
 	go node.run(ctx, t)
-	startController(t, ns)
+	startController(t, env, ns)
 
 	set := &v1alpha1.ExporterSet{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vm"},

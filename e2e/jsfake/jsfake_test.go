@@ -37,13 +37,21 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/pb"
 )
 
-// env is the real apiserver (with Jumpstarter's CRDs) of this package's
-// tests; nil under -short.
-var env struct {
+// apiEnv is a real apiserver (etcd and kube-apiserver from envtest) with
+// Jumpstarter's CRDs and the project's own.
+type apiEnv struct {
 	cfg    *rest.Config
 	client client.Client
 	scheme *runtime.Scheme
 }
+
+// env is the apiserver of this package's tests, with the Jumpstarter CRDs
+// generated from the project's types (testutil.JumpstarterCRDs); zero
+// under -short. bin is the control plane's bin dir.
+var (
+	env apiEnv
+	bin string
+)
 
 func TestMain(m *testing.M) {
 	flag.Parse()
@@ -63,7 +71,7 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	bin := os.Getenv("KUBEBUILDER_ASSETS")
+	bin = os.Getenv("KUBEBUILDER_ASSETS")
 	if bin == "" {
 		out, err := exec.Command(filepath.Join(root, "hack", "build-control-plane.sh")).Output()
 		if err != nil {
@@ -73,39 +81,44 @@ func run(m *testing.M) int {
 		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 		bin = lines[len(lines)-1]
 	}
-	crds := os.Getenv("QK_JUMPSTARTER_CRDS")
-	if crds == "" {
-		crds = filepath.Join(root, "..", "shared", "jumpstarter", "crds")
-	}
-	te := &envtest.Environment{BinaryAssetsDirectory: bin, ErrorIfCRDPathMissing: true,
-		CRDDirectoryPaths: []string{crds, filepath.Join(root, "config", "crd")}}
-	cfg, err := te.Start()
+	e, stop, err := startAPI(testutil.JumpstarterCRDs(root), filepath.Join(root, "config", "crd"))
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "start envtest:", err)
-		_ = te.Stop() // Start leaves etcd and the API server running when the CRD install fails
+		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	stop := func() { _ = te.Stop() }
 	defer stop()
 	defer testutil.GuardCleanup("jsfake tests", stop)()
-	env.cfg = cfg
-	env.scheme = runtime.NewScheme()
-	if err := errors.Join(clientgoscheme.AddToScheme(env.scheme), jsv1.AddToScheme(env.scheme), v1alpha1.AddToScheme(env.scheme)); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	if env.client, err = client.New(cfg, client.Options{Scheme: env.scheme}); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
+	env = *e
 	return m.Run()
 }
 
+// startAPI starts an apiserver (control plane from bin) with the CRDs of
+// crdDirs installed.
+func startAPI(crdDirs ...string) (*apiEnv, func(), error) {
+	te := &envtest.Environment{BinaryAssetsDirectory: bin, ErrorIfCRDPathMissing: true, CRDDirectoryPaths: crdDirs}
+	cfg, err := te.Start()
+	if err != nil {
+		_ = te.Stop() // Start leaves etcd and the API server running when the CRD install fails
+		return nil, nil, fmt.Errorf("start envtest with the CRDs of %v: %w", crdDirs, err)
+	}
+	stop := func() { _ = te.Stop() }
+	e := &apiEnv{cfg: cfg, scheme: runtime.NewScheme()}
+	if err := errors.Join(clientgoscheme.AddToScheme(e.scheme), jsv1.AddToScheme(e.scheme), v1alpha1.AddToScheme(e.scheme)); err != nil {
+		stop()
+		return nil, nil, err
+	}
+	if e.client, err = client.New(cfg, client.Options{Scheme: e.scheme}); err != nil {
+		stop()
+		return nil, nil, err
+	}
+	return e, stop, nil
+}
+
 // namespace makes a namespace for one test.
-func namespace(t testing.TB) string {
+func (e *apiEnv) namespace(t testing.TB) string {
 	t.Helper()
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "jsfake-"}}
-	require.NoError(t, env.client.Create(context.Background(), ns))
+	require.NoError(t, e.client.Create(context.Background(), ns))
 	return ns.Name
 }
 
@@ -167,10 +180,14 @@ func TestFakeFollowsUpstreamLeaseRules(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs the control plane")
 	}
-	c := env.client
+	fakeFollowsUpstreamLeaseRules(t, &env)
+}
+
+func fakeFollowsUpstreamLeaseRules(t *testing.T, e *apiEnv) {
+	c := e.client
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	ns := namespace(t)
+	ns := e.namespace(t)
 
 	ctl, err := jstest.Start(jstest.Options{Insecure: true})
 	require.NoError(t, err)
@@ -280,7 +297,7 @@ func TestFakeWakesOnWatch(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	ns := namespace(t)
+	ns := env.namespace(t)
 	wc, err := client.NewWithWatch(env.cfg, client.Options{Scheme: env.scheme})
 	require.NoError(t, err)
 	ctl, err := jstest.Start(jstest.Options{Insecure: true})

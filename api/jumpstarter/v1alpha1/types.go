@@ -34,6 +34,7 @@ type ExporterSpec struct {
 	Username *string `json:"username,omitempty"`
 	// Enabled: a disabled exporter gets no new selector lease. Nil means
 	// true (the CRD defaults it).
+	// +kubebuilder:default=true
 	// +optional
 	Enabled *bool `json:"enabled,omitempty"`
 }
@@ -56,6 +57,7 @@ type ExporterStatus struct {
 	// +optional
 	Endpoint string `json:"endpoint,omitempty"`
 	// ExporterStatusValue is the status the exporter reports.
+	// +kubebuilder:validation:Enum=Unspecified;Offline;Available;BeforeLeaseHook;LeaseReady;AfterLeaseHook;BeforeLeaseHookFailed;AfterLeaseHookFailed
 	// +optional
 	ExporterStatusValue string `json:"exporterStatus,omitempty"`
 	// +optional
@@ -65,6 +67,8 @@ type ExporterStatus struct {
 // Exporter is a Jumpstarter exporter.
 //
 // +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Namespaced
 type Exporter struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
@@ -86,10 +90,13 @@ type ExporterList struct {
 }
 
 // LeaseSpec is the desired state of a Lease.
+//
+// +kubebuilder:validation:XValidation:rule="((has(self.selector.matchLabels) && size(self.selector.matchLabels) > 0) || (has(self.selector.matchExpressions) && size(self.selector.matchExpressions) > 0)) || (has(self.exporterRef) && has(self.exporterRef.name) && size(self.exporterRef.name) > 0)",message="one of selector or exporterRef.name is required"
 type LeaseSpec struct {
 	// ClientRef names the Client that asked for the lease.
 	ClientRef corev1.LocalObjectReference `json:"clientRef"`
 	// Selector selects the exporters the lease may land on.
+	// +kubebuilder:default={}
 	Selector metav1.LabelSelector `json:"selector"`
 	// ExporterRef, when set, asks for one exporter by name.
 	// +optional
@@ -125,6 +132,8 @@ type LeaseStatus struct {
 // Lease is a client's request for, and hold on, one exporter.
 //
 // +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Namespaced
 type Lease struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
