@@ -60,7 +60,7 @@ func schemaKeepsEveryField(t *testing.T, e *apiEnv) {
 	ctx := context.Background()
 	c := e.client
 	ns := e.namespace(t)
-	now := metav1.NewTime(time.Now().UTC().Truncate(time.Second))
+	now := metav1.NewTime(time.Now().Truncate(time.Second).Local()) // as the API server's answer decodes
 	later := metav1.NewTime(now.Add(time.Hour))
 	cond := func(typ string) []metav1.Condition {
 		return []metav1.Condition{{Type: typ, Status: metav1.ConditionTrue, Reason: "Seen", Message: "m", ObservedGeneration: 1, LastTransitionTime: now}}
