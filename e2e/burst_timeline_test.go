@@ -140,13 +140,18 @@ func parseNodeTimeline(log string, year int, pods map[string]*burstPod) error {
 
 // burstHops summarizes the pods' timelines step by step from start.
 func burstHops(pods map[string]*burstPod, start time.Time) []burstHop {
+	return hopsOf(burstSteps, pods, start)
+}
+
+// hopsOf summarizes the pods' timelines over steps (in order) from start.
+func hopsOf(steps []string, pods map[string]*burstPod, start time.Time) []burstHop {
 	names := make([]string, 0, len(pods))
 	for n := range pods {
 		names = append(names, n)
 	}
 	sort.Strings(names)
 	var hops []burstHop
-	for i, step := range burstSteps {
+	for i, step := range steps {
 		h := burstHop{step: step}
 		var sum float64
 		for _, n := range names {
@@ -162,7 +167,7 @@ func burstHops(pods map[string]*burstPod, start time.Time) []burstHop {
 			// The hop from the latest earlier step this pod reached.
 			prev := start
 			for j := i - 1; j >= 0; j-- {
-				if pt := p.at[burstSteps[j]]; !pt.IsZero() {
+				if pt := p.at[steps[j]]; !pt.IsZero() {
 					prev = pt
 					break
 				}
