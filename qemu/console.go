@@ -3,6 +3,7 @@ package qemu
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // The serial console is written by QEMU itself to console.log in the state
@@ -30,8 +33,11 @@ const (
 	// state dir (Start renames console.log to it).
 	ConsolePreviousLogName = "console.previous.log"
 	consoleRotatedSuffix   = ".1"
-	followPollInterval     = 200 * time.Millisecond
 )
+
+// followPollInterval is how often a follower looks at console.log where
+// inotify cannot tell it (a variable for tests).
+var followPollInterval = 200 * time.Millisecond
 
 // capConsoleLog rotates console.log when it exceeds capBytes/2.
 func capConsoleLog(stateDir string, capBytes int64) error {
@@ -111,11 +117,22 @@ func TailConsole(stateDir string, n int) ([]byte, error) {
 // until ctx ends or done is closed (then it drains what is left). It follows
 // rotations (skipping what was written between its last read and the
 // rotation).
+//
+// It is woken by the file growing (inotify on the state dir); where inotify
+// is not available it polls every followPollInterval.
 func FollowConsole(ctx context.Context, stateDir string, from int64, done <-chan struct{}, w io.Writer) error {
 	cur := filepath.Join(stateDir, ConsoleLogName)
 	off := from
-	tick := time.NewTicker(followPollInterval)
-	defer tick.Stop()
+	// Watch before the first read: nothing written after it is missed.
+	wake, stopWatch, err := watchFile(stateDir, ConsoleLogName)
+	var tick <-chan time.Time
+	if err != nil {
+		t := time.NewTicker(followPollInterval)
+		defer t.Stop()
+		tick = t.C
+	} else {
+		defer stopWatch()
+	}
 	final := false
 	for {
 		fi, err := os.Stat(cur)
@@ -155,9 +172,66 @@ func FollowConsole(ctx context.Context, stateDir string, from int64, done <-chan
 			return ctx.Err()
 		case <-done:
 			final = true
-		case <-tick.C:
+		case <-tick:
+		case <-wake:
 		}
 	}
+}
+
+// watchFile reports changes of the file name in dir (written, truncated,
+// created or renamed there) on the returned channel (one pending signal:
+// a reader looks at the file after each); stop ends the watch. An error
+// means inotify cannot watch dir (the caller polls instead).
+func watchFile(dir, name string) (<-chan struct{}, func(), error) {
+	fd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
+	if err != nil {
+		return nil, nil, fmt.Errorf("inotify: %w", err)
+	}
+	if _, err := unix.InotifyAddWatch(fd, dir, unix.IN_MODIFY|unix.IN_CREATE|unix.IN_MOVED_TO); err != nil {
+		unix.Close(fd)
+		return nil, nil, fmt.Errorf("inotify watch %s: %w", dir, err)
+	}
+	// Non-blocking: the runtime's poller waits on it, and Close ends a
+	// pending Read.
+	f := os.NewFile(uintptr(fd), "inotify:"+dir)
+	wake := make(chan struct{}, 1)
+	go func() {
+		buf := make([]byte, 16<<10)
+		for {
+			n, err := f.Read(buf)
+			if err != nil {
+				return // closed by stop
+			}
+			if inotifyNames(buf[:n], name) {
+				select {
+				case wake <- struct{}{}:
+				default:
+				}
+			}
+		}
+	}()
+	return wake, func() { f.Close() }, nil
+}
+
+// inotifyNames reports whether the inotify events in buf name name, or
+// overflowed (something may have been missed). Pure.
+func inotifyNames(buf []byte, name string) bool {
+	for len(buf) >= unix.SizeofInotifyEvent {
+		mask := binary.NativeEndian.Uint32(buf[4:8])
+		l := int(binary.NativeEndian.Uint32(buf[12:16]))
+		end := unix.SizeofInotifyEvent + l
+		if end > len(buf) {
+			return true // cut short: look at the file anyway
+		}
+		if mask&unix.IN_Q_OVERFLOW != 0 {
+			return true
+		}
+		if n := string(bytes.TrimRight(buf[unix.SizeofInotifyEvent:end], "\x00")); n == name {
+			return true
+		}
+		buf = buf[end:]
+	}
+	return false
 }
 
 // ConsoleSize is the current size of console.log (the offset for "follow
