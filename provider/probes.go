@@ -436,7 +436,7 @@ func (p *VMs) startProbes(ctx context.Context, rec *podVM, vm VM) {
 	}
 	started := make(chan struct{})
 	if c.StartupProbe != nil {
-		go p.runProbe(ctx, rec, vm, c, "Startup", c.StartupProbe, false, stop, nil, func(ok bool, msg string) bool {
+		go p.runProbe(ctx, rec, vm, c, "Startup", c.StartupProbe, false, true, stop, nil, func(ok bool, msg string) bool {
 			if ok {
 				state.setStarted()
 				p.push(rec)
@@ -454,7 +454,7 @@ func (p *VMs) startProbes(ctx context.Context, rec *podVM, vm VM) {
 		close(started)
 	}
 	if c.ReadinessProbe != nil {
-		go p.runProbe(ctx, rec, vm, c, "Readiness", c.ReadinessProbe, false, stop, afterStart(started, runStart), func(ok bool, msg string) bool {
+		go p.runProbe(ctx, rec, vm, c, "Readiness", c.ReadinessProbe, false, true, stop, afterStart(started, runStart), func(ok bool, msg string) bool {
 			if state.set(ok, msg) {
 				p.push(rec)
 				if ok {
@@ -465,7 +465,7 @@ func (p *VMs) startProbes(ctx context.Context, rec *podVM, vm VM) {
 		})
 	}
 	if c.LivenessProbe != nil {
-		go p.runProbe(ctx, rec, vm, c, "Liveness", c.LivenessProbe, true, stop, afterStart(started, runStart), func(ok bool, msg string) bool {
+		go p.runProbe(ctx, rec, vm, c, "Liveness", c.LivenessProbe, true, false, stop, afterStart(started, runStart), func(ok bool, msg string) bool {
 			if !ok {
 				kill("Liveness", msg)
 				return false
@@ -486,13 +486,72 @@ type probeGate struct {
 	runStart time.Time
 }
 
+// probeFastInterval is how often a readiness or startup probe checks the
+// guest until its first success in a run (never more often than its
+// period): a booting guest is seen ready within this of its port answering,
+// not within a period.
+const probeFastInterval = 100 * time.Millisecond
+
+// probeSchedule is when a probe's loop checks, as plain data (durations
+// from the end of the initial delay). The regular checks follow the
+// kubelet: every period from the start of the previous regular check (a
+// check that takes long counts against the period). Until the probe's
+// first success in the run, with fast > 0, the node also checks every fast
+// in between: such an early check counts only when it succeeds (a success
+// seen sooner); its failure is neither counted against failureThreshold
+// nor reported, so a probe fails exactly when the kubelet's would and
+// initialDelaySeconds still holds.
+type probeSchedule struct {
+	period, fast time.Duration
+	// due is when the next regular check is due.
+	due time.Duration
+	// succeeded: a check passed in this run (no more early checks).
+	succeeded bool
+}
+
+// newProbeSchedule is the schedule of a probe of period; early checks
+// every probeFastInterval (at most period) when early is set.
+func newProbeSchedule(period time.Duration, early bool) probeSchedule {
+	s := probeSchedule{period: period}
+	if early && period > probeFastInterval {
+		s.fast = probeFastInterval
+	}
+	return s
+}
+
+// next is when the next check begins, given when the last one began
+// (lastBegan < 0: none yet) and now, and whether it is a regular check.
+// Pure.
+func (s probeSchedule) next(lastBegan, now time.Duration) (at time.Duration, regular bool) {
+	at = s.due
+	if lastBegan >= 0 && !s.succeeded && s.fast > 0 && lastBegan+s.fast < at {
+		at = lastBegan + s.fast
+	}
+	at = max(at, now)
+	return at, at >= s.due
+}
+
+// done records a check that began at began: a regular check, or an
+// early one that succeeded, sets the next regular check a period later.
+// Pure.
+func (s probeSchedule) done(began time.Duration, regular, ok bool) probeSchedule {
+	if regular || ok {
+		s.due = began + s.period
+	}
+	if ok {
+		s.succeeded = true
+	}
+	return s
+}
+
 // runProbe is one probe's loop. It waits for gate (nil: none), then the
 // probe's initial delay (counted from the run's start when gated), then
-// checks every period (a check's own duration counts against the period); onResult gets the thresholded result after every
+// checks on its probeSchedule (early checks until the first success when
+// early is set); onResult gets the thresholded result after every counted
 // check, and the message of the failing check when the result is a failure
 // (empty while failures are below the threshold); it returns whether to go
 // on.
-func (p *VMs) runProbe(ctx context.Context, rec *podVM, vm VM, c *corev1.Container, kind string, probe *corev1.Probe, initial bool, stop <-chan struct{}, gate *probeGate, onResult func(ok bool, msg string) bool) {
+func (p *VMs) runProbe(ctx context.Context, rec *podVM, vm VM, c *corev1.Container, kind string, probe *corev1.Probe, initial, early bool, stop <-chan struct{}, gate *probeGate, onResult func(ok bool, msg string) bool) {
 	delay, period, timeout := probeDurations(probe)
 	g := &guestProber{vm: vm, probe: probe, c: c, hostPorts: map[int]int{}}
 	defer g.close()
@@ -518,10 +577,16 @@ func (p *VMs) runProbe(ctx context.Context, rec *podVM, vm VM, c *corev1.Contain
 	if delay > 0 && !wait(delay) {
 		return
 	}
+	sched := newProbeSchedule(period, early)
+	origin := time.Now()
+	lastBegan := time.Duration(-1)
 	for {
-		// Like the kubelet's probe worker (a ticker), a check that takes
-		// long counts against the period instead of adding to it.
-		began := time.Now()
+		at, regular := sched.next(lastBegan, time.Since(origin))
+		if d := at - time.Since(origin); d > 0 && !wait(d) {
+			return
+		}
+		began := time.Since(origin)
+		lastBegan = began
 		cctx, cancel := context.WithCancel(ctx)
 		go func() {
 			select {
@@ -536,6 +601,10 @@ func (p *VMs) runProbe(ctx context.Context, rec *podVM, vm VM, c *corev1.Contain
 		if stopped {
 			return
 		}
+		sched = sched.done(began, regular, ok)
+		if !ok && !regular {
+			continue // an early check: only its success counts
+		}
 		if !ok {
 			rec.mu.Lock()
 			pod := rec.pod.DeepCopy()
@@ -548,9 +617,6 @@ func (p *VMs) runProbe(ctx context.Context, rec *podVM, vm VM, c *corev1.Contain
 			failMsg = msg
 		}
 		if !onResult(res, failMsg) {
-			return
-		}
-		if !wait(max(0, period-time.Since(began))) {
 			return
 		}
 	}

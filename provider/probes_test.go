@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -238,4 +239,106 @@ func listenTCP(t *testing.T, closeAtOnce bool) int {
 		}
 	}()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// simulateProbe runs a probeSchedule as runProbe does, with checks that
+// each take took(began) and pass from readyAt on, until the time limit;
+// it returns the checks as (began, regular, ok).
+type simCheck struct {
+	at          time.Duration
+	regular, ok bool
+}
+
+func simulateProbe(s probeSchedule, took func(time.Duration) time.Duration, readyAt, limit time.Duration) []simCheck {
+	var out []simCheck
+	now, last := time.Duration(0), time.Duration(-1)
+	for {
+		at, regular := s.next(last, now)
+		if at >= limit {
+			return out
+		}
+		ok := at >= readyAt
+		out = append(out, simCheck{at, regular, ok})
+		s = s.done(at, regular, ok)
+		last, now = at, at+took(at)
+	}
+}
+
+// TestProbeScheduleEarlyUntilFirstSuccess: a readiness probe of period 1 s
+// checks every probeFastInterval until its first success (only the checks
+// on the period count as failures), then every period from that success.
+func TestProbeScheduleEarlyUntilFirstSuccess(t *testing.T) {
+	ms := time.Millisecond
+	checks := simulateProbe(newProbeSchedule(time.Second, true), func(time.Duration) time.Duration { return 10 * ms }, 2550*ms, 5*time.Second)
+	var regular, early []time.Duration
+	var firstOK time.Duration = -1
+	for _, c := range checks {
+		if c.ok && firstOK < 0 {
+			firstOK = c.at
+			if c.regular {
+				t.Errorf("first success at %v counted as regular", c.at)
+			}
+		}
+		if c.regular {
+			regular = append(regular, c.at)
+		} else {
+			early = append(early, c.at)
+		}
+	}
+	// The guest answers at 2.55 s: seen at 2.6 s (the early check after it), not at 3 s.
+	if firstOK != 2600*ms {
+		t.Errorf("first success seen at %v, want 2.6s (checks %v)", firstOK, checks)
+	}
+	// Regular checks: 0, 1, 2 s (failures, counted), then a period after the success.
+	want := []time.Duration{0, time.Second, 2 * time.Second, 3600 * ms, 4600 * ms}
+	if !slices.Equal(regular, want) {
+		t.Errorf("regular checks at %v, want %v", regular, want)
+	}
+	// Early checks every 100 ms between the regular ones, none after the success.
+	if len(early) != 9+9+6 {
+		t.Errorf("%d early checks, want 24: %v", len(early), early)
+	}
+	for _, at := range early {
+		if at > firstOK {
+			t.Errorf("early check at %v after the first success at %v", at, firstOK)
+		}
+		if at%(100*ms) != 0 {
+			t.Errorf("early check at %v: not on the 100 ms steps", at)
+		}
+	}
+}
+
+// TestProbeScheduleKubeletTiming: without early checks (liveness), and for
+// a period not above probeFastInterval, a probe checks every period; a
+// check longer than the period delays the next one, which is regular.
+func TestProbeScheduleKubeletTiming(t *testing.T) {
+	ms := time.Millisecond
+	each := func(time.Duration) time.Duration { return 10 * ms }
+	for name, s := range map[string]probeSchedule{
+		"liveness":     newProbeSchedule(time.Second, false),
+		"short period": newProbeSchedule(100*ms, true),
+	} {
+		checks := simulateProbe(s, each, time.Hour, 10*s.period+ms)
+		if len(checks) != 11 {
+			t.Errorf("%s: %d checks in 10 periods, want 11: %v", name, len(checks), checks)
+		}
+		for i, c := range checks {
+			if !c.regular || c.at != time.Duration(i)*s.period {
+				t.Errorf("%s: check %d = %+v, want regular at %v", name, i, c, time.Duration(i)*s.period)
+			}
+		}
+	}
+	// Early checks that time out (1 s, the guest not up): the next begins
+	// when one ends, and is regular once a period has passed.
+	checks := simulateProbe(newProbeSchedule(time.Second, true), func(time.Duration) time.Duration { return time.Second }, time.Hour, 3500*ms)
+	want := []simCheck{{0, true, false}, {time.Second, true, false}, {2 * time.Second, true, false}, {3 * time.Second, true, false}}
+	if !slices.Equal(checks, want) {
+		t.Errorf("checks of 1 s: %v, want %v", checks, want)
+	}
+	// Checks of 250 ms: early ones at 250, 500, 750 ms, regular at 1 s.
+	checks = simulateProbe(newProbeSchedule(time.Second, true), func(time.Duration) time.Duration { return 250 * ms }, time.Hour, 1100*ms)
+	want = []simCheck{{0, true, false}, {250 * ms, false, false}, {500 * ms, false, false}, {750 * ms, false, false}, {time.Second, true, false}}
+	if !slices.Equal(checks, want) {
+		t.Errorf("checks of 250 ms: %v, want %v", checks, want)
+	}
 }
