@@ -48,13 +48,15 @@ var firstSteps = append(append([]string(nil), burstSteps[:len(burstSteps)-1]...)
 // the same VM (same kernel, initrd and command line, 256 MiB, one vCPU, TCG,
 // serial console on stdout) from its exec to the marker on its stdout.
 // Rounds alternate (bare first in even rounds, the pod first in odd ones),
-// QK_BENCH_FIRST_ROUNDS (default 5) per iteration; medians. Reported:
+// QK_BENCH_FIRST_ROUNDS (default 5) per iteration; medians
+// (QK_BENCH_FIRST_CONFIG appends node configuration lines). Reported:
 // x-of-baseline (create -> marker / bare exec -> marker; target 1.10),
 // both figures, and the timeline per step (tl-<step>-hop-avg-ms: mean time
 // from the step before, over the rounds); the table is in the log.
 func BenchmarkApplyToLogs(b *testing.B) {
 	rounds := envPositive(b, "QK_BENCH_FIRST_ROUNDS", 5)
-	env := newPodBenchEnvWith(b, podBenchOptions{MaxVMs: 4, AgentArgs: []string{"-vmodule=round_trippers=6,timeline=2"}})
+	env := newPodBenchEnvWith(b, podBenchOptions{MaxVMs: 4, AgentArgs: []string{"-vmodule=round_trippers=6,timeline=2"},
+		ExtraConfig: os.Getenv("QK_BENCH_FIRST_CONFIG")})
 	// Warm-up: the first pod pulls the image; every timed pod finds it
 	// cached, and the binaries are in the page cache for both sides.
 	env.applyToLogs(b, "first-warmup")
