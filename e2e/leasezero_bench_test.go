@@ -22,8 +22,8 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/e2e/jsfake"
 	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
-	"github.com/qemu-kubelet/qemu-kubelet/provider"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 )
@@ -149,8 +149,8 @@ func newBareGuest(b *testing.B) *bareGuest {
 	}
 	return &bareGuest{kernel: filepath.Join(dir, "vmlinuz"), initrd: filepath.Join(dir, "initramfs-"+vmtest.VariantACPI+".cpio.gz"),
 		// The command line the node gives this image on a TCG node.
-		cmdline: provider.EmulatedKernelCmdline(qemu.ArchX86_64, qemu.AccelTCG,
-			provider.KernelCmdline(qemu.ArchX86_64, strings.TrimSpace(string(cmdline)), ""), config.DefaultEmulatedKernelArgs)}
+		cmdline: podspec.EmulatedKernelCmdline(qemu.ArchX86_64, qemu.AccelTCG,
+			podspec.KernelCmdline(qemu.ArchX86_64, strings.TrimSpace(string(cmdline)), ""), config.DefaultEmulatedKernelArgs)}
 }
 
 // toPort boots the guest with guest port 8080 forwarded and returns the
