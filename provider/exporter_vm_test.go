@@ -3,10 +3,14 @@ package provider
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -88,7 +92,9 @@ func waitingReason(p *corev1.Pod) string {
 // controller and router (TLS) driven by jstest's Go client through the
 // router as jmp does: report, console both ways, TCP to the guest's HTTP
 // port, power off (the guest sees the ACPI button) and on, flash another
-// image and see it boot, bad flash and unknown method errors, a wrong
+// image and see it boot, flash a local xz disk image onto root through
+// the router (a resource stream) and see it boot through the firmware,
+// dump it back byte for byte, bad flash and unknown method errors, a wrong
 // token on a second pod (condition and event, the VM keeps running), an
 // agent restart (the re-adopted VM's exporter comes back Online and the
 // flashed image stays), delete (unregisters).
@@ -129,7 +135,7 @@ func TestJumpstarterExporterVM(t *testing.T) {
 		c.Telemetry = NewTelemetry(metrics, nil)
 	}
 	h := newHarnessWith(t, stateDir, store, imageDir, cfg)
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
 
 	grace := int64(6)
@@ -275,6 +281,50 @@ func TestJumpstarterExporterVM(t *testing.T) {
 		assert.Contains(t, events.all(), "Normal Flashed")
 	})
 
+	t.Run("FlashLocalImageAndDump", func(t *testing.T) {
+		// A bootable disk (SYSLINUX + the test kernel and acpi initramfs,
+		// hack/build-test-image.sh) as a raw image, xz-compressed on the
+		// client, flashed onto root through the router as a resource.
+		raw := filepath.Join(t.TempDir(), "disk.raw")
+		out, err := exec.Command("qemu-img", "convert", "-q", "-f", "qcow2", "-O", "raw", filepath.Join(vmtest.BuildTestImages(t), "disk.qcow2"), raw).CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		rawBytes, err := os.ReadFile(raw)
+		require.NoError(t, err)
+		sum := sha256.Sum256(rawBytes)
+		digest := "sha256:" + hex.EncodeToString(sum[:])
+		out, err = exec.Command("xz", "-1", "-k", raw).CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		src, err := os.Open(raw + ".xz")
+		require.NoError(t, err)
+		defer src.Close()
+		require.NoError(t, s.Flash(ctx, uuidOf("flasher"), src, "root", ""))
+
+		p := h.wait(pod.UID, 10*time.Second, "Running the flashed disk", running)
+		assert.Equal(t, "flash/root@"+digest, p.Status.ContainerStatuses[0].ImageID, "the pod shows what it boots")
+		waitConsole(t, dir, vmtest.BootMarker+" variant=acpi", 180*time.Second)
+		pids := vmtest.QEMUPids(dir)
+		require.Len(t, pids, 1)
+		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pids[0]))
+		require.NoError(t, err)
+		assert.NotContains(t, string(cmdline), "-kernel", "booted through the firmware and the disk's own bootloader")
+		st := vmStateFile(t, dir)
+		assert.Equal(t, digest, st.Flashed["root"].Digest)
+		assert.Empty(t, st.FlashedImage, "the flashed file replaced the flashed OCI image")
+		assert.Contains(t, events.all(), "Normal Flashed Partition root replaced by a flashed raw image ("+digest)
+
+		_, err = s.Call(ctx, uuidOf("power"), "off")
+		require.NoError(t, err)
+		h.wait(pod.UID, 5*time.Second, "PoweredOff", func(p *corev1.Pod) bool { return waitingReason(p) == ReasonPoweredOff })
+		back := sha256.New()
+		cw := &countWriter{w: back}
+		require.NoError(t, s.Dump(ctx, uuidOf("flasher"), cw, "root", ""))
+		assert.Equal(t, int64(len(rawBytes)), cw.n)
+		assert.Equal(t, digest, "sha256:"+hex.EncodeToString(back.Sum(nil)), "dump returns the flashed bytes")
+		_, err = s.Call(ctx, uuidOf("power"), "on")
+		require.NoError(t, err)
+		h.wait(pod.UID, 10*time.Second, "Running", running)
+	})
+
 	t.Run("WrongTokenNoCrashLoop", func(t *testing.T) {
 		p := h.wait(bad.UID, 60*time.Second, "exporter Failed", condReason("Failed"))
 		c := exporterCond(p)
@@ -353,7 +403,7 @@ func TestJumpstarterExporterVM(t *testing.T) {
 		require.NoError(t, err)
 		pw, ok := jstest.FindDriver(rep, "power")
 		require.True(t, ok)
-		// Off and on again: the flashed image is still the one that boots.
+		// Off and on again: the flashed disk is still the one that boots.
 		_, err = s2.Call(ctx, pw.GetUuid(), "off")
 		require.NoError(t, err)
 		h2.wait(pod.UID, 5*time.Second, "PoweredOff", func(p *corev1.Pod) bool { return waitingReason(p) == ReasonPoweredOff })
@@ -384,11 +434,24 @@ func TestJumpstarterExporterVM(t *testing.T) {
 		_, err = s3.Call(ctx, pw.GetUuid(), "on")
 		require.NoError(t, err)
 		h3.wait(pod.UID, 10*time.Second, "Running", running)
-		waitConsole(t, dir, vmtest.BootMarker+" variant=noacpi", 90*time.Second)
+		waitConsole(t, dir, vmtest.BootMarker+" variant=acpi", 180*time.Second)
+		assert.Contains(t, vmStateFile(t, dir).Flashed, "root", "the flashed disk still boots")
 
 		require.NoError(t, h3.vms.DeletePod(ctx, deleting(pod)))
 		waitGoneDir(t, dir, 30*time.Second)
 		st, _ := ctrl.ExporterState(ns, "board-0")
 		assert.True(t, st.Unregistered, "a deleted pod's exporter unregisters")
 	})
+}
+
+// countWriter counts what it passes on.
+type countWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
 }
