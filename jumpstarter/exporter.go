@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -41,6 +42,18 @@ const (
 var clientKeepalive = grpc.WithKeepaliveParams(keepalive.ClientParameters{
 	Time: 20 * time.Second, Timeout: 60 * time.Second, PermitWithoutStream: true,
 })
+
+// Flow-control windows of the client connections served through the
+// router. Their round trip is the router's twice over, so grpc's default
+// (64 KiB, grown by BDP pings that travel the same path) holds a file
+// upload to a few tens of MB/s; a fixed window lets a flash run at the
+// disk's rate. The window is also the most a stream buffers when its
+// consumer is slower than the client.
+const (
+	innerStreamWindow = 4 << 20
+	innerConnWindow   = 8 << 20
+	innerBuffer       = 1 << 20
+)
 
 // Exporter is one target's exporter. New validates the configuration; Run
 // drives it. The Run goroutine owns the connection state (State, the lease,
@@ -119,7 +132,9 @@ func New(cfg Config) (*Exporter, error) {
 	// permits (min_ping_interval_without_data 10 s, permit_without_calls).
 	e.srv = grpc.NewServer(grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
 		MinTime: 10 * time.Second, PermitWithoutStream: true,
-	}))
+	}), grpc.InitialWindowSize(innerStreamWindow), grpc.InitialConnWindowSize(innerConnWindow),
+		grpc.WriteBufferSize(innerBuffer), grpc.ReadBufferSize(innerBuffer),
+		experimental.BufferPool(streamconn.BufferPool))
 	srv := &server{e: e}
 	pb.RegisterExporterServiceServer(e.srv, srv)
 	pb.RegisterRouterServiceServer(e.srv, srv)
@@ -726,7 +741,9 @@ func (lr *leaseRun) router(endpoint string, creds credentials.TransportCredentia
 	if cc, ok := lr.routers[endpoint]; ok {
 		return cc, nil
 	}
-	cc, err := grpc.NewClient(endpoint, grpc.WithTransportCredentials(creds), clientKeepalive)
+	cc, err := grpc.NewClient(endpoint, grpc.WithTransportCredentials(creds), clientKeepalive,
+		grpc.WithInitialWindowSize(innerStreamWindow), grpc.WithInitialConnWindowSize(innerConnWindow),
+		experimental.WithBufferPool(streamconn.BufferPool))
 	if err != nil {
 		return nil, err
 	}

@@ -41,9 +41,9 @@ func rssBytes() int64 {
 
 // memPeak samples RSS and the Go heap in use every 20 ms until stop.
 type memPeak struct {
-	stop          chan struct{}
-	done          chan struct{}
-	mu            sync.Mutex
+	stop           chan struct{}
+	done           chan struct{}
+	mu             sync.Mutex
 	rss, heapInUse int64
 }
 

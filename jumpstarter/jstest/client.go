@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/emptypb"
@@ -132,7 +133,7 @@ func (cl *Client) Dial(ctx context.Context, lease string) (*Session, error) {
 // Connect opens the gRPC connection to the exporter through the router
 // with a token from DialToken.
 func (cl *Client) Connect(ctx context.Context, routerEndpoint, token string) (*Session, error) {
-	router, err := grpc.NewClient(routerEndpoint, grpc.WithTransportCredentials(cl.creds))
+	router, err := grpc.NewClient(routerEndpoint, grpc.WithTransportCredentials(cl.creds), experimental.WithBufferPool(streamconn.BufferPool))
 	if err != nil {
 		return nil, err
 	}
@@ -154,7 +155,10 @@ func (cl *Client) Connect(ctx context.Context, routerEndpoint, token string) (*S
 		return c, err
 	}
 	conn, err := grpc.NewClient("passthrough:///jumpstarter-exporter",
-		grpc.WithContextDialer(dialer), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		grpc.WithContextDialer(dialer), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithWriteBufferSize(1<<20), grpc.WithReadBufferSize(1<<20),
+		grpc.WithInitialWindowSize(4<<20), grpc.WithInitialConnWindowSize(8<<20),
+		experimental.WithBufferPool(streamconn.BufferPool))
 	if err != nil {
 		router.Close()
 		return nil, err

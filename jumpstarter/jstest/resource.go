@@ -92,7 +92,8 @@ func (s *Session) Flash(ctx context.Context, flasher string, src io.Reader, part
 	}
 	sent := make(chan error, 1)
 	go func() {
-		_, err := io.Copy(r.Conn, src)
+		// Frames of streamconn.MaxFrame (io.Copy's 32 KiB would split in two).
+		_, err := io.CopyBuffer(r.Conn, struct{ io.Reader }{src}, make([]byte, streamconn.MaxFrame))
 		if err == nil {
 			err = r.Conn.CloseWrite() // GOAWAY: the end of the bytes
 		}

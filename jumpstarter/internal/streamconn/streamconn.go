@@ -14,12 +14,31 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc/mem"
+
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/pb"
 )
 
 // MaxFrame bounds the payload of one DATA frame written (gRPC's default
-// message limit is 4 MiB; smaller frames keep latency low).
-const MaxFrame = 32 << 10
+// message limit is 4 MiB; smaller frames keep latency low). A frame with
+// its protobuf framing stays within 32 KiB: gRPC's buffer pool serves a
+// message from the smallest tier that holds it (…, 32 KiB, 1 MiB) and
+// zeroes the whole buffer, so 32 KiB of payload plus a few bytes cost a
+// megabyte each.
+const MaxFrame = 32<<10 - 64
+
+// BufferPool is a gRPC buffer pool whose tiers also fit the 64 KiB frames
+// upstream's Python clients send (a file read in 64 KiB chunks) and larger
+// messages, instead of gRPC's default jump from 32 KiB to 1 MiB. Use it on
+// every gRPC connection that carries router streams
+// (experimental.BufferPool, experimental.WithBufferPool).
+var BufferPool = func() mem.BufferPool {
+	p, err := mem.NewBinaryTieredBufferPool(8, 12, 14, 15, 16, 17, 18, 19, 20, 21, 22)
+	if err != nil {
+		panic(err)
+	}
+	return p
+}()
 
 // Frames is one side of a RouterService.Stream.
 type Frames interface {
