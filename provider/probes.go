@@ -35,7 +35,9 @@ import (
 // are refused by Translate; check still fails them should one reach it.
 //
 // Timing follows the kubelet: initialDelaySeconds, periodSeconds,
-// timeoutSeconds, successThreshold, failureThreshold. Readiness starts
+// timeoutSeconds, successThreshold, failureThreshold; until a readiness or
+// startup probe first passes in a run, the node also checks early, between
+// periods (probeSchedule). Readiness starts
 // false; liveness starts true, and failureThreshold failures kill the VM
 // (exit 137), after which the restart policy applies as for any VM exit.
 
@@ -492,6 +494,12 @@ type probeGate struct {
 // not within a period.
 const probeFastInterval = 100 * time.Millisecond
 
+// probeEarlyTimeout bounds an early check (at most the probe's timeout):
+// a connection made before the guest's network was up is not answered
+// until the guest sees a retransmission (seconds), so an early check that
+// waited the whole timeoutSeconds could hide the port opening meanwhile.
+const probeEarlyTimeout = 250 * time.Millisecond
+
 // probeSchedule is when a probe's loop checks, as plain data (durations
 // from the end of the initial delay). The regular checks follow the
 // kubelet: every period from the start of the previous regular check (a
@@ -529,6 +537,15 @@ func (s probeSchedule) next(lastBegan, now time.Duration) (at time.Duration, reg
 	}
 	at = max(at, now)
 	return at, at >= s.due
+}
+
+// timeout is the timeout of a check: the probe's (timeout) for a
+// regular check, at most probeEarlyTimeout for an early one. Pure.
+func (s probeSchedule) timeout(timeout time.Duration, regular bool) time.Duration {
+	if regular {
+		return timeout
+	}
+	return min(timeout, probeEarlyTimeout)
 }
 
 // done records a check that began at began: a regular check, or an
@@ -595,7 +612,7 @@ func (p *VMs) runProbe(ctx context.Context, rec *podVM, vm VM, c *corev1.Contain
 			case <-cctx.Done():
 			}
 		}()
-		ok, msg := g.check(cctx, timeout)
+		ok, msg := g.check(cctx, sched.timeout(timeout, regular))
 		stopped := cctx.Err() != nil
 		cancel()
 		if stopped {

@@ -342,3 +342,18 @@ func TestProbeScheduleKubeletTiming(t *testing.T) {
 		t.Errorf("checks of 250 ms: %v, want %v", checks, want)
 	}
 }
+
+// TestProbeScheduleEarlyTimeout: an early check waits at most
+// probeEarlyTimeout, a regular one the probe's timeout.
+func TestProbeScheduleEarlyTimeout(t *testing.T) {
+	s := newProbeSchedule(time.Second, true)
+	if got := s.timeout(time.Second, true); got != time.Second {
+		t.Errorf("regular check timeout %v, want 1s", got)
+	}
+	if got := s.timeout(time.Second, false); got != probeEarlyTimeout {
+		t.Errorf("early check timeout %v, want %v", got, probeEarlyTimeout)
+	}
+	if got := s.timeout(100*time.Millisecond, false); got != 100*time.Millisecond {
+		t.Errorf("early check timeout with a 100ms probe timeout: %v", got)
+	}
+}
