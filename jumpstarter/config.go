@@ -31,8 +31,16 @@ type Config struct {
 	Ports  []Port
 	// Resources bound the files clients flash and dump (resource.go).
 	Resources ResourceOptions
+	// Display reports a vnc child streaming the target's display; the
+	// Target must then be a Displayer.
+	Display bool
+	// Logs is the target's LogBook, streamed by LogStream; the exporter
+	// adds its own lines. nil: the exporter makes one of its own.
+	Logs *LogBook
 	// Hostname, Username, Password answer the root driver's get_hostname,
-	// get_username and get_password (upstream QemuClient).
+	// get_username and get_password (upstream QemuClient): the guest's
+	// login, which QemuClient.shell() uses over the ssh child. Password is
+	// never logged.
 	Hostname, Username, Password string
 
 	// OnState is called (from the exporter's own goroutine, never
@@ -61,7 +69,7 @@ type Observer interface {
 	// method and the gRPC status code name ("OK", "NotFound"...).
 	DriverCall(driver, method, code string)
 	// StreamOpened/StreamClosed bracket every byte stream; kind is
-	// "console", "tcp" or "resource" (a file flashed or dumped).
+	// "console", "tcp", "vnc" or "resource" (a file flashed or dumped).
 	StreamOpened(kind string)
 	StreamClosed(kind string)
 }

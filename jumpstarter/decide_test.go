@@ -35,11 +35,11 @@ func TestOnStatus(t *testing.T) {
 }
 
 func TestTreeAndUUIDs(t *testing.T) {
-	a, err := buildTree("ns", "vm", []Port{{Name: "ssh", Port: 22}})
+	a, err := buildTree("ns", "vm", []Port{{Name: "ssh", Port: 22}}, false)
 	assert.NoError(t, err)
-	b, err := buildTree("ns", "vm", []Port{{Name: "ssh", Port: 22}})
+	b, err := buildTree("ns", "vm", []Port{{Name: "ssh", Port: 22}}, false)
 	assert.NoError(t, err)
-	c, err := buildTree("ns", "vm-2", nil)
+	c, err := buildTree("ns", "vm-2", nil, false)
 	assert.NoError(t, err)
 	assert.Equal(t, a[0].uuid, b[0].uuid, "stable across restarts")
 	assert.NotEqual(t, a[0].uuid, c[0].uuid, "distinct per exporter")

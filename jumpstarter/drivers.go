@@ -48,6 +48,7 @@ const (
 	kindFlasher
 	kindConsole
 	kindPort
+	kindDisplay
 )
 
 // driver is one entry of the report; the tree is fixed at New.
@@ -65,7 +66,7 @@ var portNameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$`)
 // buildTree returns the drivers, parents before children, exactly one root.
 // UUIDs are derived from the exporter's namespace/name so they stay the
 // same across reconnects and agent restarts.
-func buildTree(ns, name string, ports []Port) ([]*driver, error) {
+func buildTree(ns, name string, ports []Port, display bool) ([]*driver, error) {
 	id := func(child string) string { return nameUUID(ns + "/" + name + "/" + child) }
 	root := &driver{uuid: id(""), class: ClassQemu, kind: kindRoot, description: "QEMU virtual machine"}
 	ds := []*driver{root,
@@ -74,12 +75,16 @@ func buildTree(ns, name string, ports []Port) ([]*driver, error) {
 		{uuid: id(DriverConsole), parent: root.uuid, name: DriverConsole, class: ClassNetwork, kind: kindConsole, description: "VM serial console"},
 	}
 	seen := map[string]bool{DriverPower: true, DriverFlasher: true, DriverConsole: true}
+	if display {
+		ds = append(ds, &driver{uuid: id(DriverVNC), parent: root.uuid, name: DriverVNC, class: ClassNetwork, kind: kindDisplay, description: "VM display (VNC)"})
+		seen[DriverVNC] = true
+	}
 	for _, p := range ports {
 		if !portNameRE.MatchString(p.Name) {
 			return nil, fmt.Errorf("port %q: a driver name must be lowercase letters, digits, '-' or '_' (at most 63)", p.Name)
 		}
 		if seen[p.Name] {
-			return nil, fmt.Errorf("port %q: the name is taken (power, flasher and console are built in, port names must be unique)", p.Name)
+			return nil, fmt.Errorf("port %q: the name is taken (power, flasher, console and vnc are built in, port names must be unique)", p.Name)
 		}
 		if p.Port < 1 || p.Port > 65535 {
 			return nil, fmt.Errorf("port %q: port %d is not in 1..65535", p.Name, p.Port)

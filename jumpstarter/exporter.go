@@ -67,6 +67,7 @@ type Exporter struct {
 	byUUID map[string]*driver
 	creds  credentials.TransportCredentials
 
+	logs       *LogBook // Config.Logs or the exporter's own
 	status     sessionStatus
 	endSession chan struct{} // EndSession -> Run: report AVAILABLE
 	res        *resources    // open client_stream resources (resource.go)
@@ -105,7 +106,13 @@ func New(cfg Config) (*Exporter, error) {
 	if cfg.Log.GetSink() == nil {
 		cfg.Log = logr.Discard()
 	}
-	tree, err := buildTree(cfg.Namespace, cfg.Name, cfg.Ports)
+	if _, ok := cfg.Target.(Displayer); cfg.Display && !ok {
+		return nil, fmt.Errorf("jumpstarter exporter %s/%s: Display is set but the target has no display (not a Displayer)", cfg.Namespace, cfg.Name)
+	}
+	if cfg.Logs == nil {
+		cfg.Logs = NewLogBook()
+	}
+	tree, err := buildTree(cfg.Namespace, cfg.Name, cfg.Ports, cfg.Display)
 	if err != nil {
 		return nil, fmt.Errorf("jumpstarter exporter %s/%s: %w", cfg.Namespace, cfg.Name, err)
 	}
@@ -123,6 +130,7 @@ func New(cfg Config) (*Exporter, error) {
 		endSession: make(chan struct{}, 1),
 		res:        newResources(),
 		lis:        streamconn.NewListener(),
+		logs:       cfg.Logs,
 	}
 	for _, d := range tree {
 		e.byUUID[d.uuid] = d
@@ -502,11 +510,14 @@ func (e *Exporter) session(ctx context.Context, lease *leaseRun) (online, regist
 			step := onStatus(cur, m.GetLeased(), m.GetLeaseName(), reported == pb.ExporterStatus_EXPORTER_STATUS_AVAILABLE)
 			if step.stop {
 				e.log.Info("lease ended", "lease", lease.name)
+				e.logs.Add(LogEntry{Message: "lease " + lease.name + " ended"})
 				lease.stop()
 				lease = nil
 			}
 			if step.start != "" {
 				e.log.Info("lease assigned", "lease", step.start, "client", m.GetClientName())
+				e.logs.beginLease()
+				e.logs.Add(LogEntry{Message: "lease " + step.start + " assigned to client " + m.GetClientName()})
 				select { // an EndSession of an earlier lease is no news for this one
 				case <-e.endSession:
 				default:

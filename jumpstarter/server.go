@@ -90,13 +90,6 @@ func (s *server) Reset(context.Context, *pb.ResetRequest) (*pb.ResetResponse, er
 	return &pb.ResetResponse{}, nil
 }
 
-// LogStream streams nothing: driver logs go to the node agent's log. It
-// stays open until the client ends it, as upstream's does.
-func (s *server) LogStream(_ *emptypb.Empty, st pb.ExporterService_LogStreamServer) error {
-	<-st.Context().Done()
-	return nil
-}
-
 // lookup finds the driver a request names.
 func (s *server) lookup(id string) (*driver, error) {
 	u, ok := canonicalUUID(id)
@@ -200,13 +193,15 @@ func (s *server) call(ctx context.Context, d *driver, method string, args []any)
 			return cfg.Username, nil
 		case "get_password":
 			return cfg.Password, nil
+		case "set_memory_size", "set_disk_size":
+			return nil, s.resize(ctx, method, args) // resize.go
 		}
 	case kindPower:
 		switch method {
 		case "on":
-			return nil, cfg.Target.PowerOn(ctx)
+			return nil, s.logged(DriverPower, "power on", "powering on", "powered on", func() error { return cfg.Target.PowerOn(ctx) })
 		case "off":
-			return nil, cfg.Target.PowerOff(ctx)
+			return nil, s.logged(DriverPower, "power off", "powering off", "powered off", func() error { return cfg.Target.PowerOff(ctx) })
 		case "rescue":
 			return nil, fmt.Errorf("%w: a VM has no rescue mode (power off, flash, power on instead)", ErrUnsupported)
 		}
@@ -228,6 +223,18 @@ func (s *server) call(ctx context.Context, d *driver, method string, args []any)
 		}
 	}
 	return nil, methodNotFound(d, method)
+}
+
+// logged runs f with a LogStream line before and one after (the error's
+// when it fails).
+func (s *server) logged(driver, op, before, after string, f func() error) error {
+	s.e.logs.Add(LogEntry{Driver: driver, Operation: op, Message: before})
+	if err := f(); err != nil {
+		s.e.logs.Add(LogEntry{Driver: driver, Operation: op, Severity: SeverityError, Message: op + " failed: " + err.Error()})
+		return err
+	}
+	s.e.logs.Add(LogEntry{Driver: driver, Operation: op, Message: after})
+	return nil
 }
 
 // streamingCall runs a streaming driver method, sending each result.
@@ -256,13 +263,28 @@ func (s *server) flashOCI(ctx context.Context, args []any, send func(any) error)
 			return err
 		}
 	}
-	if u, p := arg(args, 2), arg(args, 3); (u != nil && u != "") || (p != nil && p != "") {
-		return fmt.Errorf("%w: registry credentials in the call are not supported: the node pulls with its own configuration", ErrInvalidArgument)
+	creds, err := flashCredentials(args) // flashauth.go
+	if err != nil {
+		return err
 	}
 	ref := strings.TrimPrefix(url, "oci://")
 	if ref == "" {
 		return fmt.Errorf("%w: OCI URL %q names no image", ErrInvalidArgument, url)
 	}
+	flash := s.e.cfg.Target.Flash
+	if creds != nil && part != PartitionRoot {
+		return fmt.Errorf("%w: registry credentials in the call are supported for partition %s only", ErrInvalidArgument, PartitionRoot)
+	}
+	if creds != nil {
+		cf, ok := s.e.cfg.Target.(CredentialFlasher)
+		if !ok {
+			return fmt.Errorf("%w: registry credentials in the call are not supported by this target", ErrInvalidArgument)
+		}
+		flash = func(ctx context.Context, ref string, progress func(string)) error {
+			return cf.FlashWithCredentials(ctx, ref, *creds, progress)
+		}
+	}
+	s.e.logs.Add(LogEntry{Driver: DriverFlasher, Operation: "flash", Message: "flashing " + ref})
 
 	// Target.Flash calls progress from its own goroutine(s); one goroutine
 	// (this one) sends on the stream.
@@ -271,6 +293,7 @@ func (s *server) flashOCI(ctx context.Context, args []any, send func(any) error)
 	lines := make(chan string, 16)
 	done := make(chan error, 1)
 	progress := func(line string) {
+		s.e.logs.Add(LogEntry{Driver: DriverFlasher, Operation: "flash", Message: line})
 		select {
 		case lines <- line:
 		case <-ctx.Done():
@@ -285,7 +308,7 @@ func (s *server) flashOCI(ctx context.Context, args []any, send func(any) error)
 			done <- err
 			return
 		}
-		done <- s.e.cfg.Target.Flash(ctx, ref, progress)
+		done <- flash(ctx, ref, progress)
 	}()
 	for {
 		select {
@@ -307,8 +330,10 @@ func (s *server) flashOCI(ctx context.Context, args []any, send func(any) error)
 				}
 			}
 			if err != nil {
+				s.e.logs.Add(LogEntry{Driver: DriverFlasher, Operation: "flash", Severity: SeverityError, Message: "flash of " + ref + " failed: " + err.Error()})
 				return err
 			}
+			s.e.logs.Add(LogEntry{Driver: DriverFlasher, Operation: "flash", Message: "flashed " + ref})
 			return send([]any{"", "", 0})
 		}
 	}
@@ -391,14 +416,18 @@ func (s *server) Stream(st pb.RouterService_StreamServer) error {
 	if err != nil {
 		return err
 	}
-	if req.Method != "connect" || (d.kind != kindConsole && d.kind != kindPort) {
+	if req.Method != "connect" || (d.kind != kindConsole && d.kind != kindPort && d.kind != kindDisplay) {
 		return status.Errorf(codes.NotFound, "method %s not found on driver %s", req.Method, d.displayName())
 	}
 	kind := "console"
 	var res io.ReadWriteCloser
-	if d.kind == kindConsole {
+	switch d.kind {
+	case kindConsole:
 		res, err = s.e.cfg.Target.Console(ctx)
-	} else {
+	case kindDisplay:
+		kind = "vnc"
+		res, err = s.e.cfg.Target.(Displayer).Display(ctx) // New checked it
+	default:
 		kind = "tcp"
 		res, err = s.e.cfg.Target.DialGuest(ctx, d.port)
 	}
