@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -268,6 +269,8 @@ func (v *fakeVM) AttachConsole(context.Context) (io.ReadWriteCloser, error) {
 }
 
 func (v *fakeVM) QMP(context.Context, string, any, any) error { return errNoGuest }
+
+func (v *fakeVM) DialDisplay(context.Context) (net.Conn, error) { return nil, errNoGuest }
 
 func (v *fakeVM) SaveState(context.Context, string, func() error) (qemu.SavedState, error) {
 	return qemu.SavedState{}, errNoGuest

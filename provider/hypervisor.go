@@ -3,6 +3,7 @@ package provider
 import (
 	"context"
 	"io"
+	"net"
 
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
@@ -64,6 +65,9 @@ type VM interface {
 	RemoveForward(ctx context.Context, hostPort int) error
 	// AttachConsole is a connection to the serial console.
 	AttachConsole(ctx context.Context) (io.ReadWriteCloser, error)
+	// DialDisplay is a connection to the VNC server of a VM with a
+	// display (qemu.Spec.Display); an error for one without.
+	DialDisplay(ctx context.Context) (net.Conn, error)
 	// QMP runs a QEMU monitor command, decoding its return into out.
 	QMP(ctx context.Context, command string, args, out any) error
 	// SaveState saves the memory and device state to path, calling

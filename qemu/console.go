@@ -278,6 +278,21 @@ func (vm *VM) AttachConsole(ctx context.Context) (io.ReadWriteCloser, error) {
 	return cl, nil
 }
 
+// DialDisplay connects to the VNC server of a VM with a display
+// (Spec.Display): RFB protocol bytes both ways. Each call is a new VNC
+// client; QEMU serves several at once.
+func (vm *VM) DialDisplay(ctx context.Context) (net.Conn, error) {
+	if !vm.spec.Display {
+		return nil, fmt.Errorf("display of VM %s: the VM has no display", vm.spec.Name)
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", vm.spec.Path(VNCSocketName))
+	if err != nil {
+		return nil, fmt.Errorf("display of VM %s: %w", vm.spec.Name, err)
+	}
+	return c, nil
+}
+
 func (vm *VM) consoleFanOut(c net.Conn) {
 	buf := make([]byte, 32<<10)
 	for {

@@ -90,6 +90,24 @@ func CreateOverlay(ctx context.Context, base string, baseFormat DiskFormat, path
 	return nil
 }
 
+// GrowImage grows the virtual size of the disk image at path to sizeBytes
+// (qemu-img resize); an image already that large or larger is left as it
+// is (shrinking would cut the guest's data). It returns whether it grew.
+// The image must not be in use.
+func GrowImage(ctx context.Context, path string, sizeBytes int64) (bool, error) {
+	info, err := InspectImage(ctx, path)
+	if err != nil {
+		return false, fmt.Errorf("grow image: %w", err)
+	}
+	if sizeBytes <= info.VirtualSize {
+		return false, nil
+	}
+	if _, err := runTool(ctx, QEMUImgBinary, "resize", "-q", "-f", info.Format, path, fmt.Sprint(sizeBytes)); err != nil {
+		return false, fmt.Errorf("grow image %s to %d bytes: %w", path, sizeBytes, err)
+	}
+	return true, nil
+}
+
 // CreateScratchDisk creates an empty sparse qcow2 disk of sizeBytes.
 func CreateScratchDisk(ctx context.Context, path string, sizeBytes int64) error {
 	if sizeBytes <= 0 {

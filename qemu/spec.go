@@ -149,6 +149,12 @@ type Spec struct {
 	// Start (QEMU exits during the load).
 	Incoming string
 
+	// Display gives the VM a graphics card (VGA on x86_64, virtio-gpu on
+	// aarch64) and a VNC server on the unix socket VNCSocketName in the
+	// state dir (no TCP listener; the dir's 0700 mode guards it).
+	// Not with machine microvm.
+	Display bool
+
 	// ConsoleCapBytes bounds the kept console output (console.log plus
 	// console.log.1); 0 means DefaultConsoleCap.
 	ConsoleCapBytes int64
@@ -200,6 +206,8 @@ const (
 	// GuestAgentSocketName is the host end of the VM's qemu-guest-agent
 	// channel (qga.go).
 	GuestAgentSocketName = "qga.sock"
+	// VNCSocketName is the VNC server of a VM with a display (Spec.Display).
+	VNCSocketName = "vnc.sock"
 )
 
 // GuestAgentChannel is the virtio-serial port name qemu-guest-agent opens
@@ -265,6 +273,9 @@ func (s Spec) Validate() error {
 	}
 	if s.Arch.Valid() && !slices.Contains(s.Arch.Machines(), s.Machine) {
 		bad("machine %q: not a %s machine (want %s)", s.Machine, s.Arch, strings.Join(s.Arch.Machines(), ", "))
+	}
+	if s.Display && s.Machine == "microvm" {
+		bad("display: machine microvm has no graphics card (use q35 or pc)")
 	}
 	if s.Machine == "microvm" && s.Accelerator != AccelKVM {
 		bad("machine microvm: needs accelerator kvm (under TCG the guest finds no reliable clock: no HPET/PM timer, PIT calibration fails)")
@@ -486,6 +497,13 @@ func Args(s Spec) []string {
 	}
 	if s.Nice > 0 {
 		a = append(a, "-S") // Start lowers the threads, then sends cont
+	}
+	if s.Display {
+		gpu := "VGA"
+		if s.Arch == ArchAArch64 {
+			gpu = "virtio-gpu-pci"
+		}
+		a = append(a, "-vnc", "unix:"+s.Path(VNCSocketName), "-device", gpu)
 	}
 	switch s.Machine {
 	case "microvm":

@@ -154,6 +154,7 @@ func TestValidateRejects(t *testing.T) {
 		{"negative tb size", func(s *Spec) { s.Memory.TCGTranslationBufferMiB = -1 }, "memory tcg translation buffer -1 MiB"},
 		{"huge tb size", func(s *Spec) { s.Memory.TCGTranslationBufferMiB = 1 << 20 }, "memory tcg translation buffer 1048576 MiB"},
 		{"uefi without code", func(s *Spec) { s.Firmware = FirmwareUEFI }, "uefi code: path is empty"},
+		{"display on microvm", func(s *Spec) { s.Machine, s.Accelerator, s.Display = "microvm", AccelKVM, true }, "display: machine microvm has no graphics card"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -258,5 +259,28 @@ func TestArgsMACAndIncoming(t *testing.T) {
 	a = strings.Join(Args(s), " ")
 	if !strings.Contains(a, "mac="+macFor("vm1")) || strings.Contains(a, "-incoming") {
 		t.Errorf("default MAC / no incoming expected: %s", a)
+	}
+}
+
+// TestArgsDisplay: a display is a graphics card and a VNC server on a unix
+// socket in the state dir, never a TCP listener; without one, none.
+func TestArgsDisplay(t *testing.T) {
+	s := baseSpec()
+	a := strings.Join(Args(s), " ")
+	if strings.Contains(a, "-vnc") || strings.Contains(a, "VGA") {
+		t.Fatalf("no display asked, got one: %s", a)
+	}
+	s.Display = true
+	if err := s.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	a = strings.Join(Args(s), " ")
+	if !strings.Contains(a, "-vnc unix:"+s.Path(VNCSocketName)+" -device VGA") {
+		t.Errorf("x86_64 display: want a VGA card and VNC on %s: %s", s.Path(VNCSocketName), a)
+	}
+	s.Arch, s.Machine = ArchAArch64, "virt"
+	a = strings.Join(Args(s), " ")
+	if !strings.Contains(a, "-device virtio-gpu-pci") {
+		t.Errorf("aarch64 display: want virtio-gpu-pci: %s", a)
 	}
 }

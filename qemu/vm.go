@@ -115,7 +115,7 @@ func Start(ctx context.Context, spec Spec, stateDir string) (*VM, error) {
 	if pid, err := readPidfile(abs); err == nil && qemuAlive(pid, abs) {
 		return nil, fmt.Errorf("state dir %s: QEMU pid %d is still running there (use Adopt)", abs, pid)
 	}
-	for _, n := range []string{QMPSocketName, ConsoleSocketName, GuestAgentSocketName, PidfileName, ExitFileName, MigrateSocketName} {
+	for _, n := range []string{QMPSocketName, ConsoleSocketName, GuestAgentSocketName, PidfileName, ExitFileName, MigrateSocketName, VNCSocketName} {
 		if err := os.Remove(spec.Path(n)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("remove stale %s: %w", n, err)
 		}
