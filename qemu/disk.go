@@ -176,19 +176,17 @@ func CreateConfigDisk(ctx context.Context, path, label string, files map[string]
 	}
 	// FAT labels are upper case; cloud-init NoCloud accepts "CIDATA".
 	env := append(os.Environ(), "MTOOLS_SKIP_CHECK=1", "MTOOLS_NO_VFAT=0")
-	mt := func(args ...string) error {
+	mt := func(stdin []byte, args ...string) error {
 		cmd := exec.CommandContext(ctx, args[0], args[1:]...)
 		cmd.Env = env
+		if stdin != nil {
+			cmd.Stdin = bytes.NewReader(stdin)
+		}
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return fmt.Errorf("%s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
 		}
 		return nil
 	}
-	src, err := os.MkdirTemp(filepath.Dir(path), ".cfg-")
-	if err != nil {
-		return fail(err)
-	}
-	defer os.RemoveAll(src)
 	dirs := map[string]bool{}
 	for _, n := range names {
 		for d := filepath.Dir(n); d != "."; d = filepath.Dir(d) {
@@ -201,16 +199,14 @@ func CreateConfigDisk(ctx context.Context, path, label string, files map[string]
 	}
 	sort.Strings(dl) // parents before children
 	for _, d := range dl {
-		if err := mt("mmd", "-i", tmp, "::"+d); err != nil {
+		if err := mt(nil, "mmd", "-i", tmp, "::"+d); err != nil {
 			return fail(err)
 		}
 	}
-	for i, n := range names {
-		p := filepath.Join(src, fmt.Sprint(i))
-		if err := os.WriteFile(p, files[n], 0o600); err != nil {
-			return fail(err)
-		}
-		if err := mt("mcopy", "-i", tmp, p, "::"+n); err != nil {
+	// Each file's content goes to mcopy on its stdin: secrets (a Secret
+	// volume, a seed's password) are written to no file but the disk.
+	for _, n := range names {
+		if err := mt(append([]byte{}, files[n]...), "mcopy", "-i", tmp, "-", "::"+n); err != nil {
 			return fail(err)
 		}
 	}

@@ -72,9 +72,16 @@ func TestCreateConfigDisk(t *testing.T) {
 		"meta-data":         []byte("instance-id: vm1\n"),
 		"user-data":         []byte("#cloud-config\n"),
 		"secrets/token.txt": []byte("s3cret"),
+		"vendor-data":       {},
 	}
 	if err := CreateConfigDisk(ctx, p, "cidata", files); err != nil {
 		t.Fatal(err)
+	}
+	if got := listDir(t, dir); len(got) != 1 || got[0] != "seed.img" {
+		t.Fatalf("files left next to the disk: %v (contents go to mcopy on stdin)", got)
+	}
+	if out, err := exec.Command("mtype", "-i", p, "::vendor-data").CombinedOutput(); err != nil || len(out) != 0 {
+		t.Fatalf("empty file: %q %v", out, err)
 	}
 	out, err := exec.Command("mtype", "-i", p, "::secrets/token.txt").CombinedOutput()
 	if err != nil || string(out) != "s3cret" {
