@@ -45,12 +45,28 @@ type PullOptions struct {
 	// Auth holds Docker config JSON documents, e.g. the .dockerconfigjson
 	// values of a pod's imagePullSecrets; later ones win per registry.
 	Auth [][]byte
+	// Credentials, when set, log in to the reference's own registry with
+	// this user and password for this pull (over Auth for that registry;
+	// e.g. a Jumpstarter flash_oci call's). Never logged.
+	Credentials *Credentials
 	// Policy (default PullIfNotPresent).
 	Policy PullPolicy
 	// Progress, if set, is called with byte counts while downloading (at
 	// most every 100ms, and once at the end).
 	Progress func(Progress)
 }
+
+// Credentials are a registry user name and password. String hides the
+// password.
+type Credentials struct {
+	Username string
+	Password string
+}
+
+func (c Credentials) String() string { return "{Username:" + c.Username + " Password:<redacted>}" }
+
+// GoString hides the password from %#v.
+func (c Credentials) GoString() string { return c.String() }
 
 // Progress of one pull.
 type Progress struct {
@@ -88,6 +104,9 @@ func (s *Store) pull(ctx context.Context, ref string, opts PullOptions) (*Image,
 	auth, err := parseDockerConfig(opts.Auth...)
 	if err != nil {
 		return nil, withKind(ErrUnauthorized, "%w", err)
+	}
+	if c := opts.Credentials; c != nil {
+		auth.Auths[normalizeAuthKey(reference.Domain(named))] = dockerAuth{Username: c.Username, Password: c.Password}
 	}
 	resolver := docker.NewResolver(docker.ResolverOptions{Hosts: s.opts.registryHosts(s.clients, auth)})
 	rctx, cancel := context.WithTimeout(ctx, s.opts.ResponseHeaderTimeout+s.opts.DialTimeout)

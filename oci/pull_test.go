@@ -284,21 +284,28 @@ func TestPullPrivateRepository(t *testing.T) {
 	ref := reg.Addr + "/private/os:1"
 
 	for _, tc := range []struct {
-		name string
-		auth [][]byte
-		want error
+		name  string
+		auth  [][]byte
+		creds *Credentials
+		want  error
 	}{
-		{"no credentials", nil, ErrUnauthorized},
-		{"wrong password", [][]byte{dockerConfigJSON(reg.Addr, "alice", "wrong")}, ErrUnauthorized},
-		{"credentials for another registry", [][]byte{dockerConfigJSON("other.example:5000", "alice", "s3cret")}, ErrUnauthorized},
-		{"good credentials, URL key", [][]byte{dockerConfigJSON("http://"+reg.Addr+"/v2/", "alice", "s3cret")}, nil},
+		{"no credentials", nil, nil, ErrUnauthorized},
+		{"call credentials", nil, &Credentials{Username: "alice", Password: "s3cret"}, nil},
+		{"call credentials win over a pull secret", [][]byte{dockerConfigJSON(reg.Addr, "alice", "wrong")}, &Credentials{Username: "alice", Password: "s3cret"}, nil},
+		{"wrong call credentials", [][]byte{dockerConfigJSON(reg.Addr, "alice", "s3cret")}, &Credentials{Username: "alice", Password: "n0t-it"}, ErrUnauthorized},
+		{"wrong password", [][]byte{dockerConfigJSON(reg.Addr, "alice", "wrong")}, nil, ErrUnauthorized},
+		{"credentials for another registry", [][]byte{dockerConfigJSON("other.example:5000", "alice", "s3cret")}, nil, ErrUnauthorized},
+		{"good credentials, URL key", [][]byte{dockerConfigJSON("http://"+reg.Addr+"/v2/", "alice", "s3cret")}, nil, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := openStore(t, "", Options{})
-			img, err := s.Pull(ctx, ref, PullOptions{Auth: tc.auth})
+			img, err := s.Pull(ctx, ref, PullOptions{Auth: tc.auth, Credentials: tc.creds})
 			if tc.want != nil {
 				t.Logf("error: %v", err)
 				require.ErrorIs(t, err, tc.want)
+				if tc.creds != nil {
+					require.NotContains(t, err.Error(), tc.creds.Password, "the password is not in the error")
+				}
 				var pe *PullError
 				require.ErrorAs(t, err, &pe)
 				require.Contains(t, err.Error(), ref)

@@ -95,8 +95,7 @@ var exporterDriverNames = map[string]bool{"power": true, "console": true, "flash
 // "tcp-<port>"); the hostname is the pod name. A missing or bad key is a
 // ConfigError naming it (never the token's value). Pure.
 func ExporterSettings(pod *corev1.Pod, secret *corev1.Secret) (jumpstarter.Config, error) {
-	name := podspec.ExporterSecretName(pod)
-	where := fmt.Sprintf("Jumpstarter exporter secret %q (annotation %s)", name, v1alpha1.JumpstarterSecretAnnotation)
+	where := podspec.ExporterSecretWhere(pod)
 	get := func(key string) (string, error) {
 		v := strings.TrimSpace(string(secret.Data[key]))
 		if v == "" {
@@ -141,7 +140,15 @@ func ExporterSettings(pod *corev1.Pod, secret *corev1.Secret) (jumpstarter.Confi
 			cfg.Labels[k] = v
 		}
 	}
-	cfg.Ports = exporterPorts(pod)
+	login, err := podspec.GuestLoginFromSecret(secret, where) // podspec/guestlogin.go
+	if err != nil {
+		return cfg, err
+	}
+	if login != nil {
+		cfg.Username, cfg.Password = login.Username, login.Password
+	}
+	cfg.Display = pod.Annotations[podspec.AnnotationDisplay] == podspec.DisplayVNC
+	cfg.Ports = exporterPorts(pod, cfg.Display)
 	cfg.Hostname = pod.Name
 	return cfg, nil
 }
@@ -166,8 +173,10 @@ func validateEndpoint(ep string) error {
 }
 
 // exporterPorts are the guest TCP ports the exporter offers: the first
-// container's TCP ports by name, sorted by port.
-func exporterPorts(pod *corev1.Pod) []jumpstarter.Port {
+// container's TCP ports by name, sorted by port. A port named after a
+// built-in driver (vnc too when the VM has a display) is named
+// "tcp-<port>".
+func exporterPorts(pod *corev1.Pod, display bool) []jumpstarter.Port {
 	if len(pod.Spec.Containers) == 0 {
 		return nil
 	}
@@ -178,7 +187,7 @@ func exporterPorts(pod *corev1.Pod) []jumpstarter.Port {
 			continue
 		}
 		name := cp.Name
-		if name == "" || exporterDriverNames[name] {
+		if name == "" || exporterDriverNames[name] || (display && name == jumpstarter.DriverVNC) {
 			name = fmt.Sprintf("tcp-%d", cp.ContainerPort)
 		}
 		if seen[name] {
@@ -357,7 +366,8 @@ var exporterRecheck = podspec.ConfigRetryMax
 // it when the Secret changes or the exporter gives up.
 func (p *VMs) superviseExporter(ctx context.Context, rec *podVM) {
 	log := klog.FromContext(ctx).WithName("jumpstarter")
-	target := &vmTarget{p: p, rec: rec}
+	book := jumpstarter.NewLogBook() // the pod's LogStream lines, across exporter restarts
+	target := &vmTarget{p: p, rec: rec, logs: book}
 	for attempt := 1; ; attempt++ {
 		rec.mu.Lock()
 		pod := rec.pod.DeepCopy()
@@ -378,6 +388,7 @@ func (p *VMs) superviseExporter(ctx context.Context, rec *podVM) {
 		}
 		token := cfg.Token
 		cfg.Target = target
+		cfg.Logs = book
 		cfg.Log = log
 		cfg.Observer = p.cfg.Telemetry.exporterObserver()
 		cfg.OnState = func(s jumpstarter.State, err error) {
@@ -458,11 +469,16 @@ func (t *Telemetry) exporterObserver() jumpstarter.Observer {
 // requests to the pod's worker; console and guest connections use the
 // running VM as kubectl attach and port-forward do.
 type vmTarget struct {
-	p   *VMs
-	rec *podVM
+	p    *VMs
+	rec  *podVM
+	logs *jumpstarter.LogBook // the exporter's LogStream (nil: none)
 }
 
-var _ jumpstarter.Target = (*vmTarget)(nil)
+var (
+	_ jumpstarter.Target            = (*vmTarget)(nil)
+	_ jumpstarter.Displayer         = (*vmTarget)(nil)
+	_ jumpstarter.CredentialFlasher = (*vmTarget)(nil)
+)
 
 func (t *vmTarget) PowerOn(ctx context.Context) error {
 	return t.p.request(ctx, t.rec, vmRequest{op: opPowerOn})
@@ -518,6 +534,26 @@ func (t *vmTarget) DialGuest(ctx context.Context, port int) (net.Conn, error) {
 // pull secrets apply) before anything else; then the worker powers the VM
 // off, makes ref the image it boots and powers it on again if it was on.
 func (t *vmTarget) Flash(ctx context.Context, ref string, progress func(string)) error {
+	return t.flash(ctx, ref, nil, progress)
+}
+
+// FlashWithCredentials is Flash pulling with the call's registry
+// credentials for ref's registry (over the pod's pull secrets). They are
+// used for this pull only and kept nowhere.
+func (t *vmTarget) FlashWithCredentials(ctx context.Context, ref string, creds jumpstarter.RegistryCredentials, progress func(string)) error {
+	return t.flash(ctx, ref, &oci.Credentials{Username: creds.Username, Password: creds.Password}, progress)
+}
+
+// Display connects to the VM's VNC server (a pod with a display).
+func (t *vmTarget) Display(ctx context.Context) (io.ReadWriteCloser, error) {
+	vm := t.vm()
+	if vm == nil {
+		return nil, fmt.Errorf("display: %w", ErrVMPoweredOff)
+	}
+	return vm.DialDisplay(ctx)
+}
+
+func (t *vmTarget) flash(ctx context.Context, ref string, creds *oci.Credentials, progress func(string)) error {
 	if progress == nil {
 		progress = func(string) {}
 	}
@@ -537,7 +573,7 @@ func (t *vmTarget) Flash(ctx context.Context, ref string, progress func(string))
 	progress(fmt.Sprintf("pulling %s", ref))
 	p.event(pod, corev1.EventTypeNormal, "Pulling", fmt.Sprintf("Pulling image %q to flash", ref))
 	t0 := time.Now()
-	img, err := p.cfg.Images.Pull(ctx, ref, oci.PullOptions{Auth: p.pullSecrets(ctx, pod, plan.PullSecrets), Policy: policy})
+	img, err := p.cfg.Images.Pull(ctx, ref, oci.PullOptions{Auth: p.pullSecrets(ctx, pod, plan.PullSecrets), Credentials: creds, Policy: policy})
 	if err != nil {
 		p.event(pod, corev1.EventTypeWarning, "FlashFailed", fmt.Sprintf("Failed to pull image %q to flash: %v", ref, err))
 		return fmt.Errorf("flash %s: %w", ref, err)

@@ -25,7 +25,6 @@ import (
 	"github.com/virtual-kubelet/virtual-kubelet/node/api"
 	"github.com/virtual-kubelet/virtual-kubelet/node/nodeutil"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
@@ -251,8 +250,7 @@ func (p *VMs) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	rec.confirm.Do(func() { close(rec.confirmed) })
 	rec.state.StartTime = p.now().UTC()
 	plan, rej := podspec.Translate(pod, p.arch())
-	node := podspec.NodeCapacity{Allocatable: p.allocatable(), Accelerator: p.cfg.Accelerator, UEFI: p.cfg.UEFICode != "",
-		VMOverhead: *resource.NewQuantity(p.cfg.VMOverhead, resource.BinarySI)}
+	node := p.nodeCapacity()
 
 	// Admit and insert under one lock: the library calls CreatePod from
 	// several workers, and two pods admitted against the same active set
@@ -488,7 +486,7 @@ func (p *VMs) activePodsLocked() []*corev1.Pod {
 	for _, r := range p.pods {
 		r.mu.Lock()
 		if !r.deleting && !r.state.Final && r.state.Rejection == nil {
-			out = append(out, r.pod)
+			out = append(out, podspec.WithMemoryClaim(r.pod, r.state.Size.memoryBytes())) // vmsize.go
 		}
 		r.mu.Unlock()
 	}
@@ -513,6 +511,7 @@ func (p *VMs) snapshot(rec *podVM) *corev1.Pod {
 	pod.Status = PodStatus(rec.pod, rec.state, p.cfg.NodeIP, p.now())
 	applyProbes(&pod.Status, rec.pod, rec.probes) // probes.go: readiness probe result
 	applyExporter(&pod.Status, rec.exporter)      // exporter.go: Jumpstarter exporter condition
+	applyVMSize(&pod.Status, rec.state.Size)      // vmsize.go: a size set through the exporter
 	return pod
 }
 
@@ -978,6 +977,14 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (VM, bool) {
 		// Flashed (exporter.go): boot that image, pinned by digest.
 		plan.Image, plan.PullPolicy = rec.state.FlashedImage, oci.PullIfNotPresent
 	}
+	var size VMSize // set through the exporter (vmsize.go)
+	if rec.state.Size != nil {
+		size = *rec.state.Size
+		if size.MemoryBytes > 0 {
+			plan.MemoryMiB = podspec.MemoryMiB(size.MemoryBytes)
+		}
+		plan.DiskBytes = size.DiskBytes
+	}
 	rec.mu.Unlock()
 
 	// Cancel the pull when the pod is deleted.
@@ -1119,7 +1126,13 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (VM, bool) {
 	}
 	log.Info("VM started", "pid", vm.Pid(), "accelerator", spec.Accelerator, "fromSnapshot", spec.Incoming != "")
 	p.event(pod, corev1.EventTypeNormal, "Started", fmt.Sprintf("Started VM (QEMU pid %d, %s, %d vCPU, %d MiB%s)", vm.Pid(), spec.Accelerator, spec.CPUs, spec.MemoryMiB, from))
-	p.update(rec, func(st *VMState) { st.SetRunning(p.now()) })
+	p.update(rec, func(st *VMState) {
+		st.SetRunning(p.now())
+		if st.Size != nil && (st.Size.AppliedMemoryBytes != size.MemoryBytes || st.Size.AppliedDiskBytes != size.DiskBytes) {
+			st.Size.AppliedMemoryBytes, st.Size.AppliedDiskBytes = size.MemoryBytes, size.DiskBytes
+			st.Size.Changed = p.now().UTC()
+		}
+	})
 	return vm, true
 }
 
@@ -1165,6 +1178,7 @@ func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan pods
 		StateDir:    rec.dir,
 		Memory:      p.cfg.Memory,
 		Nice:        p.cfg.VMNice,
+		Display:     plan.Display,
 		// features.consoleLogSize in force when the VM starts.
 		ConsoleCapBytes: p.Features().ConsoleLogSize,
 	}
@@ -1207,6 +1221,15 @@ func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan pods
 		if reason != "" {
 			klog.FromContext(ctx).Info("VM disk", "reason", reason, "message", msg)
 			p.event(pod, corev1.EventTypeNormal, reason, msg)
+		}
+		if plan.DiskBytes > 0 { // set through the exporter (vmsize.go)
+			grew, err := qemu.GrowImage(ctx, overlay, plan.DiskBytes)
+			if err != nil {
+				return spec, err
+			}
+			if grew {
+				p.event(pod, corev1.EventTypeNormal, ReasonResized, fmt.Sprintf("VM disk grown to %s", podspec.BytesOf(plan.DiskBytes)))
+			}
 		}
 	}
 	return spec, nil

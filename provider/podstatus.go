@@ -69,6 +69,10 @@ type VMState struct {
 	// OVMF_CODE.fd, OVMF_VARS.fd; exporter_flash.go): the VM boots them
 	// from then on, across VM and agent restarts, as long as the pod lives.
 	Flashed map[string]FlashedPartition `json:"flashed,omitempty"`
+	// Size is the memory and disk size asked through the pod's
+	// Jumpstarter exporter (set_memory_size, set_disk_size; vmsize.go),
+	// applied at every VM start from then on; nil: the pod's own.
+	Size *VMSize `json:"size,omitempty"`
 }
 
 // Waiting sets a waiting state.

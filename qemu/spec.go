@@ -55,6 +55,9 @@ type Limits struct {
 	MinMemoryMiB int // default 32
 }
 
+// DefaultLimits are the limits a Spec with zero Limits gets.
+func DefaultLimits() Limits { return Limits{}.withDefaults() }
+
 func (l Limits) withDefaults() Limits {
 	if l.MaxCPUs <= 0 {
 		l.MaxCPUs = 64

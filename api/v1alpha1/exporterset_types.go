@@ -432,6 +432,13 @@ const (
 	// JumpstarterSecretCA is an optional PEM CA bundle for the controller
 	// and router certificates.
 	JumpstarterSecretCA = "ca.crt"
+	// JumpstarterSecretUsername and JumpstarterSecretPassword, optional
+	// (both or neither), are the guest login: the node seeds it into the
+	// guest through cloud-init (vendor-data of the NoCloud seed) and the
+	// exporter answers get_username and get_password with it, so
+	// QemuClient.shell() logs in over the ssh driver.
+	JumpstarterSecretUsername = "username"
+	JumpstarterSecretPassword = "password"
 	// JumpstarterSecretVolume is the name of the secret volume by which
 	// the ExporterSet controller references a pod's exporter Secret: the
 	// Node authorizer lets a node read only the Secrets its pods reference,

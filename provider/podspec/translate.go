@@ -39,12 +39,24 @@ const (
 	// readinessProbe: its first success is the point the snapshot is
 	// taken at.
 	AnnotationStartFromSnapshot = AnnotationPrefix + "start-from-snapshot"
+	// AnnotationDisplay gives the VM a display: "vnc" (a graphics card and
+	// a VNC server on a unix socket in the pod's state dir, served as the
+	// Jumpstarter exporter's vnc child) or "none" (the default). Not with
+	// machine microvm.
+	AnnotationDisplay = AnnotationPrefix + "display"
+)
+
+// Values of AnnotationDisplay.
+const (
+	DisplayNone = "none"
+	DisplayVNC  = "vnc"
 )
 
 // knownAnnotations is the closed set of annotation keys under the prefix.
 var knownAnnotations = map[string]bool{
 	AnnotationMachine: true, AnnotationFirmware: true, AnnotationKernelCmdline: true, AnnotationRequireAccelerator: true,
 	AnnotationStartFromSnapshot:          true,
+	AnnotationDisplay:                    true,
 	v1alpha1.JumpstarterSecretAnnotation: true, // exporter.go
 	// The ExporterSet controller's: the parameters reach the guest through
 	// the QK_PARAMETERS env fieldRef (environment disk); the state and
@@ -92,6 +104,11 @@ type Plan struct {
 	StatePolicy v1alpha1.StatePolicy
 	// SnapshotStart: start from a memory snapshot (AnnotationStartFromSnapshot).
 	SnapshotStart bool
+	// Display: the VM has a graphics card and a VNC server (AnnotationDisplay).
+	Display bool
+	// DiskBytes grows the VM's disk to this size at its start (set through
+	// the exporter, vmsize.go; not from the pod); 0: the image's size.
+	DiskBytes int64
 }
 
 // Rejection says why a pod is not started: a kubelet-style reason and a
@@ -377,6 +394,14 @@ func translateAnnotations(ann map[string]string, arch qemu.Arch, bad func(field,
 			default:
 				bad(f, "%q: want \"true\" or \"false\"", v)
 			}
+		case AnnotationDisplay:
+			switch v {
+			case DisplayVNC:
+				plan.Display = true
+			case DisplayNone:
+			default:
+				bad(f, "display %q: want %s or %s", v, DisplayVNC, DisplayNone)
+			}
 		}
 	}
 	if plan.Machine == "" {
@@ -388,6 +413,9 @@ func translateAnnotations(ann map[string]string, arch qemu.Arch, bad func(field,
 
 	if plan.Machine == "microvm" && plan.Firmware == qemu.FirmwareUEFI {
 		bad("metadata.annotations["+AnnotationFirmware+"]", "uefi is not available with machine microvm")
+	}
+	if plan.Machine == "microvm" && plan.Display {
+		bad("metadata.annotations["+AnnotationDisplay+"]", "machine microvm has no graphics card (use q35 or pc)")
 	}
 }
 

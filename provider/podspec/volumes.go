@@ -191,7 +191,11 @@ func planGuestDisks(ctx context.Context, pod *corev1.Pod, src ConfigSources) ([]
 			out = append(out, guestDisk{Name: EnvDiskLabel, Label: EnvDiskLabel, Files: envFiles(env)})
 		}
 	}
-	return out, nil
+	login, err := exporterGuestLogin(ctx, pod, src) // guestlogin.go
+	if err != nil {
+		return nil, err
+	}
+	return withGuestLogin(out, pod, login)
 }
 
 // volumeData reads a secret/configMap volume's data; nil data with

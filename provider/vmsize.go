@@ -1,0 +1,237 @@
+package provider
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter"
+	"github.com/qemu-kubelet/qemu-kubelet/oci"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
+	"github.com/qemu-kubelet/qemu-kubelet/qemu"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2"
+)
+
+// Resizing a VM through its pod's Jumpstarter exporter (`j resize memory
+// 2G`, `j resize disk 20G`: set_memory_size, set_disk_size):
+//   - the size is checked at the call against the pod's limits
+//     (resources.limits memory, ephemeral-storage) and what the node can
+//     give (memory: allocatable less what the other VMs claim; disk: free
+//     space where the pod's disk lives), and refused there with the reason;
+//   - an accepted size is recorded in status.json before the call returns
+//     (VMState.Size), so VM restarts and agent restarts keep it, and it
+//     applies at every VM start from then on (power on, restart): RAM of
+//     that size, the disk grown to it (never shrunk);
+//   - the VM's claim on node memory is the larger of its memory request and
+//     the size set (admission of later pods counts it);
+//   - the pod shows it as condition ConditionVMResized.
+
+// ConditionVMResized shows a size set through the exporter: True (reason
+// Applied) once the running VM has it, False (reason PendingPowerOn) while
+// it waits for the next start; the message gives the sizes.
+const ConditionVMResized corev1.PodConditionType = "qemu-kubelet.io/VMResized"
+
+// Reasons of ConditionVMResized and the resize event.
+const (
+	ReasonResizeApplied        = "Applied"
+	ReasonResizePendingPowerOn = "PendingPowerOn"
+	ReasonResized              = "Resized"
+)
+
+// VMSize is the memory and disk size set through the exporter, and what
+// the current run started with. Zero means "the pod's own".
+type VMSize struct {
+	MemoryBytes int64 `json:"memoryBytes,omitempty"`
+	DiskBytes   int64 `json:"diskBytes,omitempty"`
+	// AppliedMemoryBytes and AppliedDiskBytes are the sizes the last VM
+	// start used (written by the worker at the start).
+	AppliedMemoryBytes int64 `json:"appliedMemoryBytes,omitempty"`
+	AppliedDiskBytes   int64 `json:"appliedDiskBytes,omitempty"`
+	// Changed is when a size was last set or applied.
+	Changed time.Time `json:"changed,omitempty"`
+}
+
+// memoryBytes is the memory set (0: none); nil-safe.
+func (s *VMSize) memoryBytes() int64 {
+	if s == nil {
+		return 0
+	}
+	return s.MemoryBytes
+}
+
+// pending: a size was set since the VM last started.
+func (s *VMSize) pending() bool {
+	return s.MemoryBytes != s.AppliedMemoryBytes || s.DiskBytes != s.AppliedDiskBytes
+}
+
+// applyVMSize adds ConditionVMResized to a status. Pure.
+func applyVMSize(status *corev1.PodStatus, s *VMSize) {
+	if s == nil || (s.MemoryBytes == 0 && s.DiskBytes == 0) {
+		return
+	}
+	msg := ""
+	if s.MemoryBytes > 0 {
+		msg = "memory " + resource.NewQuantity(s.MemoryBytes, resource.BinarySI).String()
+	}
+	if s.DiskBytes > 0 {
+		if msg != "" {
+			msg += ", "
+		}
+		msg += "disk " + resource.NewQuantity(s.DiskBytes, resource.BinarySI).String()
+	}
+	c := corev1.PodCondition{Type: ConditionVMResized, Status: corev1.ConditionTrue, Reason: ReasonResizeApplied,
+		Message: msg + " (set through the Jumpstarter exporter)", LastTransitionTime: metav1.NewTime(s.Changed)}
+	if s.pending() {
+		c.Status, c.Reason = corev1.ConditionFalse, ReasonResizePendingPowerOn
+		c.Message = msg + " from the next power on (set through the Jumpstarter exporter)"
+	}
+	status.Conditions = append(status.Conditions, c)
+}
+
+// nodeCapacity is what admission checks pods against.
+func (p *VMs) nodeCapacity() podspec.NodeCapacity {
+	return podspec.NodeCapacity{Allocatable: p.allocatable(), Accelerator: p.cfg.Accelerator, UEFI: p.cfg.UEFICode != "",
+		VMOverhead: *resource.NewQuantity(p.cfg.VMOverhead, resource.BinarySI)}
+}
+
+// ---- the executor side: vmTarget as a jumpstarter.Resizer ----
+
+var _ jumpstarter.Resizer = (*vmTarget)(nil)
+
+// SetMemorySize checks bytes against the pod and the node (under the
+// admission lock, so no pod is admitted against the old claim meanwhile),
+// records it and shows it on the pod.
+func (t *vmTarget) SetMemorySize(ctx context.Context, bytes int64) error {
+	p, rec := t.p, t.rec
+	node := p.nodeCapacity()
+	p.mu.Lock()
+	others := p.activePodsLocked()
+	rec.mu.Lock()
+	pod := rec.pod
+	rec.mu.Unlock()
+	err := podspec.CheckMemorySize(pod, bytes, node, others)
+	var old *VMSize
+	if err == nil {
+		old = t.changeSize(func(s *VMSize) { s.MemoryBytes = int64(podspec.MemoryMiB(bytes)) << 20 })
+	}
+	p.mu.Unlock()
+	if err == nil {
+		err = t.recordSize(old)
+	}
+	return t.sizeResult(ctx, "memory", bytes, err)
+}
+
+// SetDiskSize checks bytes against the image's disk, the pod's limit and
+// the node's free space, records it and shows it on the pod.
+func (t *vmTarget) SetDiskSize(ctx context.Context, bytes int64) error {
+	bytes = (bytes + 511) &^ 511 // qemu-img sizes are whole sectors
+	f, err := t.diskFacts(ctx)
+	if err == nil {
+		t.rec.mu.Lock()
+		pod := t.rec.pod
+		t.rec.mu.Unlock()
+		err = podspec.CheckDiskSize(pod, bytes, f)
+	}
+	if err == nil {
+		err = t.recordSize(t.changeSize(func(s *VMSize) { s.DiskBytes = bytes }))
+	}
+	return t.sizeResult(ctx, "disk", bytes, err)
+}
+
+// diskFacts reads what CheckDiskSize needs: the image the VM boots (from
+// the node's cache: it ran), the pod's overlay, the free space.
+func (t *vmTarget) diskFacts(ctx context.Context) (podspec.DiskFacts, error) {
+	p, rec := t.p, t.rec
+	rec.mu.Lock()
+	plan := rec.plan
+	ref := plan.Image
+	if rec.state.FlashedImage != "" {
+		ref = rec.state.FlashedImage
+	}
+	rec.mu.Unlock()
+	f := podspec.DiskFacts{SnapshotStart: plan.SnapshotStart}
+	if p.cfg.Images == nil {
+		return f, errors.New("disk size: this node has no image store")
+	}
+	img, err := p.cfg.Images.Pull(ctx, ref, oci.PullOptions{Policy: oci.PullNever})
+	if err != nil {
+		return f, fmt.Errorf("disk size: the image %s the VM boots is not in the node's cache: %w", ref, err)
+	}
+	if img.Disk == "" {
+		return f, nil
+	}
+	f.HasDisk = true
+	info, err := qemu.InspectImage(ctx, img.Disk)
+	if err != nil {
+		return f, fmt.Errorf("disk size: %w", err)
+	}
+	f.CurrentBytes = info.VirtualSize
+	overlay := filepath.Join(rec.dir, OverlayFileName)
+	if _, err := os.Stat(overlay); err == nil {
+		if oi, err := qemu.InspectImage(ctx, overlay); err == nil {
+			f.CurrentBytes = max(f.CurrentBytes, oi.VirtualSize)
+		}
+	}
+	var fs syscall.Statfs_t
+	if err := syscall.Statfs(rec.dir, &fs); err != nil {
+		return f, fmt.Errorf("disk size: free space of %s: %w", rec.dir, err)
+	}
+	f.FreeBytes = int64(fs.Bavail) * int64(fs.Bsize)
+	return f, nil
+}
+
+// changeSize changes the size in memory and returns the one before (nil:
+// none).
+func (t *vmTarget) changeSize(change func(*VMSize)) (old *VMSize) {
+	rec := t.rec
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if rec.state.Size != nil {
+		c := *rec.state.Size
+		old = &c
+	} else {
+		rec.state.Size = &VMSize{}
+	}
+	change(rec.state.Size)
+	rec.state.Size.Changed = t.p.now().UTC()
+	return old
+}
+
+// recordSize writes status.json before the call returns: a size that
+// cannot be recorded is not kept (the call fails, the size is old again).
+func (t *vmTarget) recordSize(old *VMSize) error {
+	rec := t.rec
+	if err := rec.persist(); err != nil {
+		rec.mu.Lock()
+		rec.state.Size = old
+		rec.mu.Unlock()
+		t.p.persist(rec) // the record as it was (and the event of a failing disk)
+		return fmt.Errorf("record the size in the pod's state dir: %w", err)
+	}
+	return nil
+}
+
+// sizeResult shows an accepted size on the pod (condition, event) and logs
+// the outcome.
+func (t *vmTarget) sizeResult(ctx context.Context, what string, bytes int64, err error) error {
+	p, rec := t.p, t.rec
+	rec.mu.Lock()
+	pod := rec.pod.DeepCopy()
+	rec.mu.Unlock()
+	log := klog.FromContext(ctx).WithValues("pod", klog.KObj(pod))
+	if err != nil {
+		log.Info("VM resize refused", "what", what, "bytes", bytes, "err", err.Error())
+		return err
+	}
+	log.Info("VM resized for the next power on", "what", what, "bytes", bytes)
+	p.event(pod, corev1.EventTypeNormal, ReasonResized, fmt.Sprintf("VM %s will be %s from its next power on (Jumpstarter set_%s_size)", what, podspec.BytesOf(bytes), what))
+	p.push(rec)
+	return nil
+}
