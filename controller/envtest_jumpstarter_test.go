@@ -539,3 +539,46 @@ func TestEnvtestJumpstarterUnavailable(t *testing.T) {
 	require.NotNil(t, c)
 	assert.Equal(t, "JumpstarterUnavailable", c.Reason)
 }
+
+// TestEnvtestJumpstarterGuestLogin: a set naming a guest login Secret keeps
+// its pods gated until that Secret exists, then writes its username and
+// password into each pod's exporter Secret (the node seeds them into the
+// guest and answers get_username/get_password with them).
+func TestEnvtestJumpstarterGuestLogin(t *testing.T) {
+	ns := namespace(t)
+	startJSManager(t, ns, 300*time.Millisecond)
+	createSet(t, jsSet(ns, "login", 1, func(s *v1alpha1.ExporterSet) {
+		s.Spec.MinAvailable = ptr.To(int32(0))
+		s.Spec.Jumpstarter.GuestLoginSecretName = "guest-login"
+	}))
+	p := waitPodCount(t, ns, "login", 1)[0]
+	eventually(t, "the pod's Exporter", func() (bool, string) {
+		_, err := getExporter(t, ns, p.Name)
+		return err == nil, fmt.Sprint(err)
+	})
+	issueCredential(t, ns, p.Name)
+	st := waitStatus(t, ns, "login", "gated for the login Secret", func(s v1alpha1.ExporterSetStatus) bool {
+		c := condition(s, v1alpha1.ConditionExportersReady)
+		return c != nil && strings.Contains(c.Message, "guest login Secret guest-login (spec.jumpstarter.guestLoginSecretName) not found")
+	})
+	assert.Equal(t, metav1.ConditionFalse, condition(st.Status, v1alpha1.ConditionExportersReady).Status)
+	assert.True(t, hasGate(getPod(t, &p)), "the pod stays gated without its login")
+
+	require.NoError(t, env.client.Create(context.Background(), &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "guest-login"},
+		Data: map[string][]byte{"username": []byte("ci"), "password": []byte("Pa55-login")}}))
+	eventually(t, "gate removed", func() (bool, string) {
+		q := getPod(t, &p)
+		return !hasGate(q), fmt.Sprint(q.Spec.SchedulingGates)
+	})
+	sec, err := exporterSecret(t, ns, p.Name)
+	require.NoError(t, err)
+	assert.Equal(t, "ci", string(sec.Data[v1alpha1.JumpstarterSecretUsername]))
+	assert.Equal(t, "Pa55-login", string(sec.Data[v1alpha1.JumpstarterSecretPassword]))
+	assert.Equal(t, "tok-"+p.Name, string(sec.Data[v1alpha1.JumpstarterSecretToken]))
+	var evs corev1.EventList
+	require.NoError(t, env.client.List(context.Background(), &evs, client.InNamespace(ns)))
+	require.NotEmpty(t, evs.Items)
+	for _, ev := range evs.Items {
+		assert.NotContains(t, ev.Message, "Pa55-login", "the password is in no event")
+	}
+}

@@ -327,6 +327,20 @@ func (r *Reconciler) writeExporterSecret(ctx context.Context, set *v1alpha1.Expo
 	if ca := set.Spec.Jumpstarter.CABundle; ca != "" {
 		data[v1alpha1.JumpstarterSecretCA] = []byte(ca)
 	}
+	if ln := set.Spec.Jumpstarter.GuestLoginSecretName; ln != "" {
+		var login corev1.Secret
+		if err := r.apiReader().Get(ctx, types.NamespacedName{Namespace: set.Namespace, Name: ln}, &login); err != nil {
+			if apierrors.IsNotFound(err) {
+				return fmt.Sprintf("guest login Secret %s (spec.jumpstarter.guestLoginSecretName) not found", ln)
+			}
+			return fmt.Sprintf("reading guest login Secret %s failed: %v", ln, err)
+		}
+		user, pass := login.Data[v1alpha1.JumpstarterSecretUsername], login.Data[v1alpha1.JumpstarterSecretPassword]
+		if len(user) == 0 || len(pass) == 0 {
+			return fmt.Sprintf("guest login Secret %s (spec.jumpstarter.guestLoginSecretName) needs keys %s and %s", ln, v1alpha1.JumpstarterSecretUsername, v1alpha1.JumpstarterSecretPassword)
+		}
+		data[v1alpha1.JumpstarterSecretUsername], data[v1alpha1.JumpstarterSecretPassword] = user, pass
+	}
 	name := p.Annotations[v1alpha1.JumpstarterSecretAnnotation]
 	if name == "" {
 		return fmt.Sprintf("pod has no %s annotation", v1alpha1.JumpstarterSecretAnnotation)

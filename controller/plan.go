@@ -682,7 +682,13 @@ func Plan(in Input) Actions {
 
 	st.Conditions = append(st.Conditions, replicaFailure(live, failures, lastFailed, in.LastFailure))
 	if in.Jumpstarter != nil {
-		st.Conditions = append(st.Conditions, exportersReady(live))
+		c := exportersReady(live)
+		st.Conditions = append(st.Conditions, c)
+		if c.Status == metav1.ConditionFalse {
+			// What a gated pod waits for may be no watched object (the
+			// guest login Secret): look again.
+			requeue = append(requeue, GatedRecheck)
+		}
 	}
 	acts.Status = st
 
@@ -801,6 +807,11 @@ func planExporters(in Input, acts Actions) (Actions, int, time.Duration) {
 	}
 	return acts, draining, wait
 }
+
+// GatedRecheck is how often a set with pods held at the Jumpstarter
+// scheduling gate is planned again, for what no watch reports (a guest
+// login Secret created after the set).
+var GatedRecheck = 5 * time.Second
 
 // exportersReady is the ExportersReady condition: which pods still wait at
 // the scheduling gate, and why.

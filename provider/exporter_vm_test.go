@@ -30,9 +30,29 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/emptypb"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/klog/v2"
 )
+
+// syncBuffer is a bytes.Buffer safe for concurrent writers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
 
 // eventLog is a record.EventRecorder keeping every event (never blocks).
 type eventLog struct {
@@ -104,6 +124,11 @@ func TestJumpstarterExporterVM(t *testing.T) {
 	}
 	root := t.TempDir()
 	vmtest.ReapQEMU(t, root)
+	// The agent's log, kept to check that no password reaches it.
+	agentLog := &syncBuffer{}
+	klog.LogToStderr(false)
+	klog.SetOutput(io.MultiWriter(os.Stderr, agentLog))
+	t.Cleanup(func() { klog.SetOutput(os.Stderr); klog.LogToStderr(true) })
 	reg := ocitest.StartRegistry(t, ocitest.RegistryOptions{})
 	refs := vmtest.PushTestImages(t, reg.Addr)
 	flashRef := vmtest.PushVariant(t, reg.Addr, "flash-me", vmtest.VariantNoACPI, "qk.flashed=1")
@@ -120,8 +145,10 @@ func TestJumpstarterExporterVM(t *testing.T) {
 	token := ctrl.AddExporter(ns, "board-0", "")
 	ctrl.AddExporter(ns, "board-bad", "")
 	secrets := &secretStore{m: map[string]*corev1.Secret{}}
+	const guestPassword, registryPassword = "Guest-Pa55-9f2c", "Registry-Pa55-77ab"
 	secretFor := func(name, exporter, tok string) *corev1.Secret {
-		s := exporterSecret("endpoint", ctrl.Endpoint(), "token", tok, "namespace", ns, "name", exporter, "ca.crt", string(ctrl.CABundle()))
+		s := exporterSecret("endpoint", ctrl.Endpoint(), "token", tok, "namespace", ns, "name", exporter, "ca.crt", string(ctrl.CABundle()),
+			"username", "ci", "password", guestPassword)
 		s.Namespace, s.Name = "default", name
 		return s
 	}
@@ -140,8 +167,10 @@ func TestJumpstarterExporterVM(t *testing.T) {
 
 	grace := int64(6)
 	mkPod := func(uid, secret string) *corev1.Pod {
-		p := podFor(uid, refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, map[string]string{v1alpha1.JumpstarterSecretAnnotation: secret})
+		p := podFor(uid, refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, map[string]string{v1alpha1.JumpstarterSecretAnnotation: secret, podspec.AnnotationDisplay: podspec.DisplayVNC})
 		p.Labels = map[string]string{"jumpstarter.dev/board": "qemu-test", "app": "x"}
+		// A request and no limit: the VM may be resized up to what the node has.
+		p.Spec.Containers[0].Resources = corev1.ResourceRequirements{Requests: rl("cpu", "1", "memory", "256Mi")}
 		p.Spec.TerminationGracePeriodSeconds = &grace
 		p.Spec.Containers[0].Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}, {Name: "ssh", ContainerPort: 22}}
 		return p
@@ -255,6 +284,98 @@ func TestJumpstarterExporterVM(t *testing.T) {
 		assert.False(t, vmStateFile(t, dir).PoweredOff)
 	})
 
+	t.Run("GuestLogin", func(t *testing.T) {
+		// get_username/get_password answer the Secret's login, which the
+		// guest gets as vendor-data of its NoCloud seed.
+		for m, want := range map[string]string{"get_username": "ci", "get_password": guestPassword} {
+			v, err := s.Call(ctx, uuidOf(""), m)
+			require.NoError(t, err)
+			assert.Equal(t, want, v, m)
+		}
+		seed := filepath.Join(dir, podspec.VolumesDirName, podspec.CloudInitVolumeName+".img")
+		vd := ocitest.Run(ctx, t, "", "mtype", "-i", seed, "::vendor-data")
+		assert.Contains(t, vd, "#cloud-config")
+		assert.Contains(t, vd, guestPassword)
+		assert.Contains(t, vd, "ssh_pwauth: true")
+	})
+
+	t.Run("Display", func(t *testing.T) {
+		vnc, ok := jstest.FindDriver(rep, "vnc")
+		require.True(t, ok, "a pod with a display has a vnc child")
+		assert.Equal(t, jumpstarter.ClassNetwork, vnc.GetLabels()[jumpstarter.LabelClient])
+		c, err := s.Stream(ctx, vnc.GetUuid(), "connect")
+		require.NoError(t, err)
+		defer c.Close()
+		greet := make([]byte, 12)
+		_, err = io.ReadFull(c, greet)
+		require.NoError(t, err)
+		assert.Equal(t, "RFB 003.008\n", string(greet), "QEMU's VNC server through the router")
+	})
+
+	t.Run("ResizeMemory", func(t *testing.T) {
+		logs, err := s.Exporter.LogStream(ctx, &emptypb.Empty{})
+		require.NoError(t, err)
+		memTotal := func() int64 {
+			var io execIO
+			require.NoError(t, h.vms.RunInContainer(ctx, "default", pod.Name, "vm", []string{"sh", "-c", "grep MemTotal /proc/meminfo"}, &io))
+			var kb int64
+			_, err := fmt.Sscanf(strings.TrimSpace(io.stdout.String()), "MemTotal: %d kB", &kb)
+			require.NoError(t, err, "%q", io.stdout.String())
+			return kb << 10
+		}
+		waitConsole(t, dir, "QK-AGENT-OK", 90*time.Second)
+		before := memTotal()
+		root := uuidOf("")
+		// Refused at the call: more than the node has, a disk the VM lacks,
+		// a size that does not parse.
+		_, err = s.Call(ctx, root, "set_memory_size", "1T")
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "the node cannot give it")
+		_, err = s.Call(ctx, root, "set_disk_size", "1G")
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "the VM has no disk")
+		_, err = s.Call(ctx, root, "set_memory_size", "lots")
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "Invalid size: 'lots'")
+		assert.Nil(t, vmStateFile(t, dir).Size, "refused sizes are not recorded")
+
+		_, err = s.Call(ctx, root, "set_memory_size", "400M")
+		require.NoError(t, err)
+		assert.Equal(t, int64(400<<20), vmStateFile(t, dir).Size.MemoryBytes, "recorded before the call returned")
+		p := h.wait(pod.UID, 5*time.Second, "VMResized pending", func(p *corev1.Pod) bool {
+			c := podCond(p, ConditionVMResized)
+			return c != nil && c.Reason == ReasonResizePendingPowerOn
+		})
+		assert.Equal(t, "memory 400Mi from the next power on (set through the Jumpstarter exporter)", podCond(p, ConditionVMResized).Message)
+		assert.InDelta(t, float64(before), float64(memTotal()), float64(8<<20), "the running VM keeps its memory")
+
+		_, err = s.Call(ctx, uuidOf("power"), "off")
+		require.NoError(t, err)
+		_, err = s.Call(ctx, uuidOf("power"), "on")
+		require.NoError(t, err)
+		h.wait(pod.UID, 10*time.Second, "Running", running)
+		waitConsole(t, dir, "QK-AGENT-OK", 90*time.Second)
+		after := memTotal()
+		t.Logf("guest MemTotal %d MiB before, %d MiB after set_memory_size 400M", before>>20, after>>20)
+		assert.InDelta(t, float64(144<<20), float64(after-before), float64(8<<20), "the guest has 144 MiB more (256Mi -> 400Mi)")
+		h.wait(pod.UID, 5*time.Second, "VMResized applied", func(p *corev1.Pod) bool {
+			c := podCond(p, ConditionVMResized)
+			return c != nil && c.Status == corev1.ConditionTrue && c.Reason == ReasonResizeApplied
+		})
+		assert.Contains(t, events.all(), "Normal Resized VM memory will be 400Mi from its next power on")
+
+		// The exporter's LogStream told what happened (after the lines of
+		// the earlier power cycle, which no stream had taken).
+		const want = "memory will be 400M on next power on\npowering off\npowered off\npowering on\npowered on"
+		var lines []string
+		for !strings.HasSuffix(strings.Join(lines, "\n"), want) {
+			r, err := logs.Recv()
+			require.NoError(t, err, "lines so far: %q", lines)
+			lines = append(lines, r.GetMessage())
+		}
+		assert.Contains(t, lines, "memory size 400M (419430400 bytes) requested for the next power on")
+	})
+
 	t.Run("FlashBadRefTouchesNothing", func(t *testing.T) {
 		pids := vmtest.QEMUPids(dir)
 		err := s.StreamingCall(ctx, uuidOf("flasher"), "flash_oci", []any{"oci://" + reg.Addr + "/qemu-kubelet/nope:1", nil}, func(any) error { return nil })
@@ -266,7 +387,9 @@ func TestJumpstarterExporterVM(t *testing.T) {
 
 	t.Run("Flash", func(t *testing.T) {
 		var lines []string
-		err := s.StreamingCall(ctx, uuidOf("flasher"), "flash_oci", []any{"oci://" + flashRef, nil}, func(v any) error {
+		// With registry credentials in the call (the test registry takes
+		// anonymous pulls: they go unused, and must leave no trace).
+		err := s.StreamingCall(ctx, uuidOf("flasher"), "flash_oci", []any{"oci://" + flashRef, nil, "robot", registryPassword}, func(v any) error {
 			lines = append(lines, fmt.Sprint(v))
 			return nil
 		})
@@ -323,6 +446,29 @@ func TestJumpstarterExporterVM(t *testing.T) {
 		_, err = s.Call(ctx, uuidOf("power"), "on")
 		require.NoError(t, err)
 		h.wait(pod.UID, 10*time.Second, "Running", running)
+	})
+
+	t.Run("SecretsLeaveNoTrace", func(t *testing.T) {
+		assert.NotContains(t, events.all(), guestPassword)
+		assert.NotContains(t, events.all(), registryPassword)
+		p := h.wait(pod.UID, time.Second, "Running", running)
+		b, _ := json.Marshal(p)
+		assert.NotContains(t, string(b), guestPassword, "not in the pod's status")
+		klog.Flush()
+		require.Contains(t, agentLog.String(), "VM resized for the next power on", "the agent's log is captured")
+		assert.NotContains(t, agentLog.String(), guestPassword, "not in the agent's log")
+		assert.NotContains(t, agentLog.String(), registryPassword, "not in the agent's log")
+		seed := filepath.Join(dir, podspec.VolumesDirName, podspec.CloudInitVolumeName+".img")
+		require.NoError(t, filepath.Walk(root, func(path string, fi os.FileInfo, err error) error {
+			if err != nil || fi.IsDir() || fi.Mode()&os.ModeSocket != 0 || filepath.Base(path) == filepath.Base(seed) {
+				return nil
+			}
+			if b, err := os.ReadFile(path); err == nil {
+				assert.NotContains(t, string(b), registryPassword, path)
+				assert.NotContains(t, string(b), guestPassword, path)
+			}
+			return nil
+		}))
 	})
 
 	t.Run("WrongTokenNoCrashLoop", func(t *testing.T) {

@@ -53,3 +53,13 @@ func TestExporterSettingsLoginAndDisplay(t *testing.T) {
 	assert.ErrorContains(t, err, `key "username" is set but "password" is missing`)
 	_ = v1alpha1.JumpstarterSecretUsername
 }
+
+// podCond is the pod's condition of type t (nil: none).
+func podCond(p *corev1.Pod, t corev1.PodConditionType) *corev1.PodCondition {
+	for i := range p.Status.Conditions {
+		if p.Status.Conditions[i].Type == t {
+			return &p.Status.Conditions[i]
+		}
+	}
+	return nil
+}

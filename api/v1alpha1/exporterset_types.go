@@ -271,6 +271,18 @@ type JumpstarterSpec struct {
 	// +kubebuilder:validation:MaxProperties=32
 	// +kubebuilder:validation:XValidation:rule="self.all(k, !k.startsWith('qemu-kubelet.io/'))",message="spec.jumpstarter.exporterLabels must not use the qemu-kubelet.io/ prefix"
 	ExporterLabels map[string]string `json:"exporterLabels,omitempty"`
+
+	// GuestLoginSecretName names a Secret in the set's namespace with keys
+	// username and password: the guest login of every VM of the set. The
+	// controller copies them into each pod's exporter Secret; the node
+	// seeds the login into the guest through cloud-init (vendor-data) and
+	// the exporter answers get_username and get_password with it, so
+	// QemuClient.shell() logs in over the ssh driver. A pod waits behind its
+	// scheduling gate until the Secret exists. Empty: no guest login.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	GuestLoginSecretName string `json:"guestLoginSecretName,omitempty"`
 }
 
 // ExporterSetStatus is the observed state of an ExporterSet.
