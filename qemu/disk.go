@@ -162,7 +162,7 @@ func CreateConfigDisk(ctx context.Context, path, label string, files map[string]
 		os.Remove(tmp)
 		return fmt.Errorf("create config disk %s: %w", path, err)
 	}
-	f, err := os.Create(tmp)
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600) // it may hold a Secret
 	if err != nil {
 		return fail(err)
 	}

@@ -80,6 +80,9 @@ func TestCreateConfigDisk(t *testing.T) {
 	if got := listDir(t, dir); len(got) != 1 || got[0] != "seed.img" {
 		t.Fatalf("files left next to the disk: %v (contents go to mcopy on stdin)", got)
 	}
+	if fi, err := os.Stat(p); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("config disk mode %v (%v), want 0600: it may hold a Secret", fi.Mode(), err)
+	}
 	if out, err := exec.Command("mtype", "-i", p, "::vendor-data").CombinedOutput(); err != nil || len(out) != 0 {
 		t.Fatalf("empty file: %q %v", out, err)
 	}
