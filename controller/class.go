@@ -133,6 +133,7 @@ func Resolve(set *v1alpha1.ExporterSet, class *v1alpha1.VirtualTargetClass) (*Re
 			if own.CABundle != "" {
 				js.CABundle = own.CABundle
 			}
+			js.GuestLoginSecretName = own.GuestLoginSecretName // the set's alone: a class names no Secret of the set's namespace
 			if js.ExporterLabels == nil {
 				js.ExporterLabels = map[string]string{}
 			}

@@ -241,10 +241,11 @@ func TestResolve(t *testing.T) {
 			"a class with jumpstarter makes its sets Jumpstarter mode")
 		r, err = Resolve(classSet(func(s *v1alpha1.ExporterSet) {
 			s.Spec.ClassName = "c"
-			s.Spec.Jumpstarter = &v1alpha1.JumpstarterSpec{Endpoint: "set:443", ExporterLabels: map[string]string{"lab": "y", "set": "s"}}
+			s.Spec.Jumpstarter = &v1alpha1.JumpstarterSpec{Endpoint: "set:443", ExporterLabels: map[string]string{"lab": "y", "set": "s"}, GuestLoginSecretName: "login"}
 		}), c)
 		require.Nil(t, err)
-		assert.Equal(t, &v1alpha1.JumpstarterSpec{Endpoint: "set:443", CABundle: "CA", ExporterLabels: map[string]string{"board": "rpi4", "lab": "y", "set": "s"}}, r.Set.Spec.Jumpstarter)
+		assert.Equal(t, &v1alpha1.JumpstarterSpec{Endpoint: "set:443", CABundle: "CA", ExporterLabels: map[string]string{"board": "rpi4", "lab": "y", "set": "s"}, GuestLoginSecretName: "login"}, r.Set.Spec.Jumpstarter,
+			"the set's guest login Secret is kept")
 		assert.Empty(t, c.Spec.Jumpstarter.ExporterLabels["set"], "the class is not changed")
 	})
 	t.Run("class changes change the hash; a binding mode change does not", func(t *testing.T) {
