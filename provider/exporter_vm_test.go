@@ -312,17 +312,20 @@ func TestJumpstarterExporterVM(t *testing.T) {
 		assert.Equal(t, "RFB 003.008\n", string(greet), "QEMU's VNC server through the router")
 	})
 
+	// guestMemTotal is the guest's MemTotal, through its guest agent.
+	guestMemTotal := func(t *testing.T, vms *VMs) int64 {
+		var io execIO
+		require.NoError(t, vms.RunInContainer(ctx, "default", pod.Name, "vm", []string{"sh", "-c", "grep MemTotal /proc/meminfo"}, &io))
+		var kb int64
+		_, err := fmt.Sscanf(strings.TrimSpace(io.stdout.String()), "MemTotal: %d kB", &kb)
+		require.NoError(t, err, "%q", io.stdout.String())
+		return kb << 10
+	}
+	var resizedMemTotal int64
 	t.Run("ResizeMemory", func(t *testing.T) {
 		logs, err := s.Exporter.LogStream(ctx, &emptypb.Empty{})
 		require.NoError(t, err)
-		memTotal := func() int64 {
-			var io execIO
-			require.NoError(t, h.vms.RunInContainer(ctx, "default", pod.Name, "vm", []string{"sh", "-c", "grep MemTotal /proc/meminfo"}, &io))
-			var kb int64
-			_, err := fmt.Sscanf(strings.TrimSpace(io.stdout.String()), "MemTotal: %d kB", &kb)
-			require.NoError(t, err, "%q", io.stdout.String())
-			return kb << 10
-		}
+		memTotal := func() int64 { return guestMemTotal(t, h.vms) }
 		waitConsole(t, dir, "QK-AGENT-OK", 90*time.Second)
 		before := memTotal()
 		root := uuidOf("")
@@ -356,6 +359,7 @@ func TestJumpstarterExporterVM(t *testing.T) {
 		h.wait(pod.UID, 10*time.Second, "Running", running)
 		waitConsole(t, dir, "QK-AGENT-OK", 90*time.Second)
 		after := memTotal()
+		resizedMemTotal = after
 		t.Logf("guest MemTotal %d MiB before, %d MiB after set_memory_size 400M", before>>20, after>>20)
 		assert.InDelta(t, float64(144<<20), float64(after-before), float64(8<<20), "the guest has 144 MiB more (256Mi -> 400Mi)")
 		h.wait(pod.UID, 5*time.Second, "VMResized applied", func(p *corev1.Pod) bool {
@@ -582,6 +586,16 @@ func TestJumpstarterExporterVM(t *testing.T) {
 		h3.wait(pod.UID, 10*time.Second, "Running", running)
 		waitConsole(t, dir, vmtest.BootMarker+" variant=acpi", 180*time.Second)
 		assert.Contains(t, vmStateFile(t, dir).Flashed, "root", "the flashed disk still boots")
+		// The size set before both agent restarts still applies.
+		assert.Equal(t, int64(400<<20), vmStateFile(t, dir).Size.MemoryBytes)
+		h3.wait(pod.UID, 5*time.Second, "VMResized applied", func(p *corev1.Pod) bool {
+			c := podCond(p, ConditionVMResized)
+			return c != nil && c.Reason == ReasonResizeApplied
+		})
+		waitConsole(t, dir, "QK-AGENT-OK", 90*time.Second)
+		if resizedMemTotal > 0 {
+			assert.InDelta(t, float64(resizedMemTotal), float64(guestMemTotal(t, h3.vms)), float64(8<<20), "the guest still has the memory set before the agent restarts")
+		}
 
 		require.NoError(t, h3.vms.DeletePod(ctx, deleting(pod)))
 		waitGoneDir(t, dir, 30*time.Second)
