@@ -145,8 +145,9 @@ func (t *vmTarget) SetDiskSize(ctx context.Context, bytes int64) error {
 	return t.sizeResult(ctx, "disk", bytes, err)
 }
 
-// diskFacts reads what CheckDiskSize needs: the image the VM boots (from
-// the node's cache: it ran), the pod's overlay, the free space.
+// diskFacts reads what CheckDiskSize needs: the disk the VM boots (a
+// flashed root, else its image's, from the node's cache: it ran), the
+// pod's overlay, the free space.
 func (t *vmTarget) diskFacts(ctx context.Context) (podspec.DiskFacts, error) {
 	p, rec := t.p, t.rec
 	rec.mu.Lock()
@@ -157,12 +158,16 @@ func (t *vmTarget) diskFacts(ctx context.Context) (podspec.DiskFacts, error) {
 	}
 	rec.mu.Unlock()
 	f := podspec.DiskFacts{SnapshotStart: plan.SnapshotStart}
-	if p.cfg.Images == nil {
-		return f, errors.New("disk size: this node has no image store")
-	}
-	img, err := p.cfg.Images.Pull(ctx, ref, oci.PullOptions{Policy: oci.PullNever})
-	if err != nil {
-		return f, fmt.Errorf("disk size: the image %s the VM boots is not in the node's cache: %w", ref, err)
+	img := p.flashedRoot(rec) // exporter_flash.go: a flashed root is the disk the VM boots
+	if img == nil {
+		if p.cfg.Images == nil {
+			return f, errors.New("disk size: this node has no image store")
+		}
+		var err error
+		img, err = p.cfg.Images.Pull(ctx, ref, oci.PullOptions{Policy: oci.PullNever})
+		if err != nil {
+			return f, fmt.Errorf("disk size: the image %s the VM boots is not in the node's cache: %w", ref, err)
+		}
 	}
 	if img.Disk == "" {
 		return f, nil
