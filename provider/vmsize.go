@@ -116,7 +116,7 @@ func (t *vmTarget) SetMemorySize(ctx context.Context, bytes int64) error {
 	rec.mu.Lock()
 	pod := rec.pod
 	rec.mu.Unlock()
-	err := podspec.CheckMemorySize(pod, bytes, node, others)
+	err := refused(podspec.CheckMemorySize(pod, bytes, node, others))
 	var old *VMSize
 	if err == nil {
 		old = t.changeSize(func(s *VMSize) { s.MemoryBytes = int64(podspec.MemoryMiB(bytes)) << 20 })
@@ -137,12 +137,20 @@ func (t *vmTarget) SetDiskSize(ctx context.Context, bytes int64) error {
 		t.rec.mu.Lock()
 		pod := t.rec.pod
 		t.rec.mu.Unlock()
-		err = podspec.CheckDiskSize(pod, bytes, f)
+		err = refused(podspec.CheckDiskSize(pod, bytes, f))
 	}
 	if err == nil {
 		err = t.recordSize(t.changeSize(func(s *VMSize) { s.DiskBytes = bytes }))
 	}
 	return t.sizeResult(ctx, "disk", bytes, err)
+}
+
+// refused makes a size check's error the call's InvalidArgument.
+func refused(err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", jumpstarter.ErrInvalidArgument, err)
 }
 
 // diskFacts reads what CheckDiskSize needs: the disk the VM boots (a

@@ -3,7 +3,6 @@ package podspec
 import (
 	"fmt"
 
-	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -43,10 +42,10 @@ func BytesOf(n int64) string { return resource.NewQuantity(n, resource.BinarySI)
 // from its next start: at least QEMU's minimum, at most the pod's memory
 // limit (when it has one), and fitting the node's allocatable memory next
 // to others (the other active pods, as admission counts them). The error
-// says which bound and wraps jumpstarter.ErrInvalidArgument. Pure.
+// says which bound (the caller refuses the size with it). Pure.
 func CheckMemorySize(pod *corev1.Pod, bytes int64, node NodeCapacity, others []*corev1.Pod) error {
 	bad := func(format string, a ...any) error {
-		return fmt.Errorf("%w: memory %s: %s", jumpstarter.ErrInvalidArgument, BytesOf(bytes), fmt.Sprintf(format, a...))
+		return fmt.Errorf("memory %s: %s", BytesOf(bytes), fmt.Sprintf(format, a...))
 	}
 	mib := MemoryMiB(bytes)
 	if min := qemu.DefaultLimits().MinMemoryMiB; mib < min {
@@ -97,11 +96,10 @@ type DiskFacts struct {
 // CheckDiskSize decides whether the VM's disk can be bytes from its next
 // start: the image has a disk, it is not shrunk, the pod's
 // ephemeral-storage limit (when set) and the node's free space hold it
-// (upstream's checks, made at the call rather than at power on). The error
-// wraps jumpstarter.ErrInvalidArgument. Pure.
+// (upstream's checks, made at the call rather than at power on). Pure.
 func CheckDiskSize(pod *corev1.Pod, bytes int64, f DiskFacts) error {
 	bad := func(format string, a ...any) error {
-		return fmt.Errorf("%w: disk %s: %s", jumpstarter.ErrInvalidArgument, BytesOf(bytes), fmt.Sprintf(format, a...))
+		return fmt.Errorf("disk %s: %s", BytesOf(bytes), fmt.Sprintf(format, a...))
 	}
 	switch {
 	case !f.HasDisk:
