@@ -452,6 +452,41 @@ func TestJumpstarterExporterVM(t *testing.T) {
 		h.wait(pod.UID, 10*time.Second, "Running", running)
 	})
 
+	t.Run("ResizeDisk", func(t *testing.T) {
+		// The flashed root is a disk: set_disk_size grows it from the next
+		// power on; a smaller size is refused at the call.
+		waitConsole(t, dir, "QK-AGENT-OK", 180*time.Second)
+		vdaBytes := func(vms *VMs) int64 {
+			var io execIO
+			require.NoError(t, vms.RunInContainer(ctx, "default", pod.Name, "vm", []string{"cat", "/sys/block/vda/size"}, &io))
+			var sectors int64
+			_, err := fmt.Sscanf(strings.TrimSpace(io.stdout.String()), "%d", &sectors)
+			require.NoError(t, err, "%q", io.stdout.String())
+			return sectors * 512
+		}
+		before := vdaBytes(h.vms)
+		_, err := s.Call(ctx, uuidOf(""), "set_disk_size", "1M")
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "Shrinking disk is not supported")
+		_, err = s.Call(ctx, uuidOf(""), "set_disk_size", "100P")
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "Not enough disk space")
+		want := before + 64<<20
+		_, err = s.Call(ctx, uuidOf(""), "set_disk_size", fmt.Sprint(want))
+		require.NoError(t, err)
+		assert.Equal(t, before, vdaBytes(h.vms), "the running VM keeps its disk")
+		_, err = s.Call(ctx, uuidOf("power"), "off")
+		require.NoError(t, err)
+		_, err = s.Call(ctx, uuidOf("power"), "on")
+		require.NoError(t, err)
+		h.wait(pod.UID, 10*time.Second, "Running", running)
+		waitConsole(t, dir, "QK-AGENT-OK", 180*time.Second)
+		after := vdaBytes(h.vms)
+		t.Logf("guest disk %d bytes before, %d after set_disk_size %d", before, after, want)
+		assert.Equal(t, want, after, "the guest sees the grown disk")
+		assert.Equal(t, want, vmStateFile(t, dir).Size.DiskBytes)
+	})
+
 	t.Run("SecretsLeaveNoTrace", func(t *testing.T) {
 		assert.NotContains(t, events.all(), guestPassword)
 		assert.NotContains(t, events.all(), registryPassword)
