@@ -162,6 +162,10 @@ type Spec struct {
 	// console.log.1); 0 means DefaultConsoleCap.
 	ConsoleCapBytes int64
 
+	// Cgroup, when set, runs QEMU in a cgroup of its own (cgroup.go)
+	// instead of the caller's, with the VM's limits there.
+	Cgroup *Cgroup
+
 	// StateDir is the per-VM directory (0700) holding the QMP and console
 	// sockets, console log, pidfile and exit record. Set by Start.
 	StateDir string
@@ -412,6 +416,9 @@ func (s Spec) Validate() error {
 	}
 	if s.RunAsUser != "" && !userRE.MatchString(s.RunAsUser) {
 		bad("run-as user %q: not a valid user name", s.RunAsUser)
+	}
+	if s.Cgroup != nil {
+		errs = append(errs, s.Cgroup.validate(s)...)
 	}
 	return errors.Join(errs...)
 }

@@ -177,13 +177,39 @@ func Start(ctx context.Context, spec Spec, stateDir string) (*VM, error) {
 		}
 		cmd.SysProcAttr.Credential = cred
 	}
+	var cgDirs []cgroupDir
+	if spec.Cgroup != nil {
+		if cgDirs, err = prepareCgroup(spec); err != nil {
+			return nil, fmt.Errorf("start VM %s: %w", spec.Name, err)
+		}
+		fd, err := openCgroupV2(cgDirs)
+		if err != nil {
+			return nil, fmt.Errorf("start VM %s: %w", spec.Name, err)
+		}
+		if fd >= 0 {
+			defer unix.Close(fd)
+			cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, fd
+		}
+	}
 	fmt.Fprintf(qlog, "=== %s start: %s %s\n", time.Now().UTC().Format(time.RFC3339Nano), spec.QEMUBinary, strings.Join(args, " "))
 	if err := cmd.Start(); err != nil {
+		if spec.Cgroup != nil {
+			_ = removeCgroup(spec)
+		}
 		hint := ""
 		if spec.RunAsUser != "" && errors.Is(err, os.ErrPermission) {
 			hint = fmt.Sprintf(" (as user %s: the state dir's parents must be searchable by that user)", spec.RunAsUser)
 		}
 		return nil, fmt.Errorf("start %s: %w%s", spec.QEMUBinary, err, hint)
+	}
+	if spec.Cgroup != nil && !cmd.SysProcAttr.UseCgroupFD {
+		// cgroup v1: moved right after the fork, before QMP is up.
+		if err := moveToCgroup(cgDirs, cmd.Process.Pid); err != nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			_ = removeCgroup(spec)
+			return nil, fmt.Errorf("start VM %s: %w", spec.Name, err)
+		}
 	}
 	log.V(2).Info("QEMU started", "pid", cmd.Process.Pid)
 	vm := newVM(spec, abs, cmd.Process.Pid, log)
@@ -219,6 +245,7 @@ func Start(ctx context.Context, spec Spec, stateDir string) (*VM, error) {
 		_ = signalPid(vm.pid, syscall.SIGKILL)
 		select {
 		case <-vm.childDone:
+			vm.removeCgroup()
 		case <-time.After(5 * time.Second):
 		}
 		return nil, fmt.Errorf("start VM %s: %w%s", spec.Name, err, qemuLogTail(spec.Path(QEMULogName)))
@@ -272,6 +299,7 @@ func Adopt(ctx context.Context, stateDir string) (*VM, error) {
 				log.Error(werr, "persist exit record")
 			}
 		}
+		vm.removeCgroup()
 		vm.finish(ex)
 		return vm, nil
 	}
@@ -498,7 +526,15 @@ func (vm *VM) onDisconnect() {
 		vm.log.Error(err, "persist exit record")
 	}
 	vm.mon.Disconnect()
+	vm.removeCgroup()
 	vm.finish(ex)
+}
+
+// removeCgroup removes the VM's own cgroup (Spec.Cgroup) once QEMU is gone.
+func (vm *VM) removeCgroup() {
+	if err := removeCgroup(vm.spec); err != nil {
+		vm.log.Error(err, "remove the VM's cgroup")
+	}
 }
 
 // waitGone waits until QEMU's pid is gone (or a zombie), SIGKILLing it after

@@ -1,0 +1,248 @@
+package qemu
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
+)
+
+func TestCgroupValidate(t *testing.T) {
+	base := Spec{Name: "v", CPUs: 1, MemoryMiB: 256, Kernel: "/k/vmlinuz", AllowedDirs: []string{"/k"}, StateDir: "/var/lib/qk/vms/0c1d-uid"}
+	for _, tc := range []struct {
+		name string
+		cg   Cgroup
+		dir  string
+		want string // "" = valid
+	}{
+		{"plain", Cgroup{Parent: "qemu-kubelet"}, "", ""},
+		{"nested with limits", Cgroup{Parent: "machine/qemu-kubelet", CPUMilli: 1500, MemoryMaxBytes: 512 << 20}, "", ""},
+		{"empty parent", Cgroup{}, "", "parent empty"},
+		{"absolute parent", Cgroup{Parent: "/qemu-kubelet"}, "", "relative to the cgroup root"},
+		{"dotdot", Cgroup{Parent: "a/../../b"}, "", "relative to the cgroup root"},
+		{"interface file name", Cgroup{Parent: "memory.max"}, "", "clashes with the cgroup interface files"},
+		{"odd characters", Cgroup{Parent: "qemu kubelet"}, "", "want 1-128 characters"},
+		{"relative root", Cgroup{Root: "sys/fs/cgroup", Parent: "qk"}, "", "root \"sys/fs/cgroup\": must be an absolute path"},
+		{"memory below the guest", Cgroup{Parent: "qk", MemoryMaxBytes: 256 << 20}, "", "at least the guest's 256 MiB plus 32 MiB"},
+		{"negative cpu", Cgroup{Parent: "qk", CPUMilli: -1}, "", "cpu -1m"},
+		{"tiny cpu", Cgroup{Parent: "qk", CPUMilli: 5}, "", "at least 10m"},
+		{"state dir name", Cgroup{Parent: "qk"}, "/var/lib/qk/vms/cgroup.procs", "name (the state dir's base name)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := base
+			cg := tc.cg
+			s.Cgroup = &cg
+			if tc.dir != "" {
+				s.StateDir = tc.dir
+			}
+			err := s.Validate()
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("valid spec refused: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want one containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// cgroupTestRoot skips unless this process may create cgroups at the host's
+// cgroup root.
+func cgroupTestRoot(t *testing.T) string {
+	t.Helper()
+	testutil.SkipIfShort(t, "QEMU")
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates cgroups")
+	}
+	dirs, err := cgroupDirs(DefaultCgroupRoot, "")
+	if err != nil {
+		t.Skipf("no cgroup filesystem: %v", err)
+	}
+	probe := filepath.Join(dirs[0].path, fmt.Sprintf("qk-probe-%d", os.Getpid()))
+	if err := os.Mkdir(probe, 0o755); err != nil {
+		t.Skipf("cannot create cgroups under %s: %v", dirs[0].path, err)
+	}
+	_ = syscall.Rmdir(probe)
+	return DefaultCgroupRoot
+}
+
+// startInLauncherCgroup runs the child supervisor (it starts spec and waits
+// for the boot marker) in the cgroup launcher, as a container's agent runs
+// in the container's cgroup, and returns QEMU's pid. The child keeps
+// running.
+func startInLauncherCgroup(t *testing.T, launcher []cgroupDir, spec Spec, dir string) int {
+	t.Helper()
+	js, _ := json.Marshal(spec)
+	var join []string
+	for _, d := range launcher {
+		join = append(join, fmt.Sprintf("echo $$ > %s/cgroup.procs", d.path))
+	}
+	cmd := exec.Command("sh", "-c", strings.Join(join, " && ")+` && exec "$0" -test.run='^$'`, os.Args[0])
+	cmd.Env = append(os.Environ(), childEnv+"="+dir, childSpecEnv+"="+string(js))
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		if pid, err := readPidfile(dir); err == nil && qemuAlive(pid, dir) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "READY ") {
+		t.Fatalf("child supervisor: %q %v", line, err)
+	}
+	var pid int
+	fmt.Sscanf(line, "READY %d", &pid)
+	return pid
+}
+
+// TestCgroupOutlivesLauncherCgroup: the supervisor runs in a cgroup of its
+// own ("the container"); one VM is started with Spec.Cgroup, one without.
+// Every process of the launcher's cgroup is then SIGKILLed, as a container
+// runtime stops a container: the VM in its own cgroup lives on with its
+// limits, in its cgroup in every hierarchy, and is adopted; the other one
+// died with the launcher. Stopping the adopted VM removes its cgroup.
+func TestCgroupOutlivesLauncherCgroup(t *testing.T) {
+	root := cgroupTestRoot(t)
+	tag := fmt.Sprintf("qk-test-%d", os.Getpid())
+	launcher, err := cgroupDirs(root, tag+"-launcher")
+	if err != nil {
+		t.Fatal(err)
+	}
+	parent := tag + "-vms"
+	for _, d := range launcher {
+		if err := prepareV1OrV2(root, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, d := range launcher {
+			_ = syscall.Rmdir(d.path)
+		}
+		if dirs, err := cgroupDirs(root, parent); err == nil {
+			for _, d := range dirs {
+				_ = syscall.Rmdir(d.path)
+			}
+		}
+	})
+
+	own := testSpec(t, "acpi")
+	own.Cgroup = &Cgroup{Parent: parent, CPUMilli: 500, MemoryMaxBytes: 768 << 20}
+	ownDir := newStateDir(t)
+	ownPid := startInLauncherCgroup(t, launcher, own, ownDir)
+	inherit := testSpec(t, "acpi")
+	inheritDir := newStateDir(t)
+	inheritPid := startInLauncherCgroup(t, launcher, inherit, inheritDir)
+
+	want := "/" + filepath.Join(parent, filepath.Base(ownDir))
+	vmDirs, err := own.withStateDir(ownDir).vmCgroupDirs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range vmDirs {
+		procs, err := os.ReadFile(filepath.Join(d.path, "cgroup.procs"))
+		if err != nil || !fieldsContain(string(procs), strconv.Itoa(ownPid)) {
+			t.Errorf("%s/cgroup.procs %q (%v): QEMU %d not there", d.path, procs, err, ownPid)
+		}
+	}
+	if got, err := CgroupOf(ownPid, "memory"); err == nil && got != want {
+		t.Errorf("QEMU's memory cgroup %q, want %q", got, want)
+	}
+	for _, d := range vmDirs {
+		switch {
+		case d.v2 && fileExists(filepath.Join(d.path, "memory.max")):
+			assertCgroupFile(t, d.path, "memory.max", strconv.Itoa(768<<20))
+			assertCgroupFile(t, d.path, "cpu.max", "50000 100000")
+		case d.has("memory"):
+			assertCgroupFile(t, d.path, "memory.limit_in_bytes", strconv.Itoa(768<<20))
+		case d.has("cpu"):
+			assertCgroupFile(t, d.path, "cpu.cfs_quota_us", "50000")
+		}
+	}
+	if got, _ := CgroupOf(inheritPid, "memory"); got != "/"+tag+"-launcher" {
+		t.Errorf("QEMU without Spec.Cgroup: memory cgroup %q, want the launcher's", got)
+	}
+
+	// The runtime's stop: SIGKILL to every process of the launcher cgroup.
+	for _, d := range launcher {
+		b, _ := os.ReadFile(filepath.Join(d.path, "cgroup.procs"))
+		for _, f := range strings.Fields(string(b)) {
+			pid, _ := strconv.Atoi(f)
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for qemuAlive(inheritPid, inheritDir) && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if qemuAlive(inheritPid, inheritDir) {
+		t.Errorf("QEMU %d in the launcher's cgroup survived the kill of that cgroup: the test proves nothing", inheritPid)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if !qemuAlive(ownPid, ownDir) {
+		t.Fatalf("QEMU %d in its own cgroup died with the launcher's cgroup", ownPid)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	vm, err := Adopt(ctx, ownDir)
+	if err != nil {
+		t.Fatalf("Adopt: %v", err)
+	}
+	t.Cleanup(func() { killVM(vm) })
+	if vm.State() != StateRunning || vm.Pid() != ownPid {
+		t.Fatalf("adopted %s pid %d, want running %d", vm.State(), vm.Pid(), ownPid)
+	}
+	ex, err := vm.Stop(ctx, StopOptions{Grace: time.Minute})
+	if err != nil || ex.Class != ExitGuestShutdown {
+		t.Fatalf("stop adopted VM: %+v %v", ex, err)
+	}
+	for _, d := range vmDirs {
+		if _, err := os.Stat(d.path); !os.IsNotExist(err) {
+			t.Errorf("the VM's cgroup %s still exists after its exit (%v)", d.path, err)
+		}
+	}
+}
+
+func (s Spec) withStateDir(d string) Spec { s.StateDir = d; return s }
+
+// prepareV1OrV2 makes one cgroup (the "container") in hierarchy d.
+func prepareV1OrV2(root string, d cgroupDir) error {
+	hier := filepath.Dir(d.path)
+	if d.v2 {
+		return prepareV2(hier, d.path, Cgroup{Root: root}, false)
+	}
+	return prepareV1(hier, d, Cgroup{Root: root})
+}
+
+func assertCgroupFile(t *testing.T, dir, name, want string) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, name))
+	if err != nil {
+		t.Errorf("%v", err)
+		return
+	}
+	if got := strings.TrimSpace(string(b)); got != want {
+		t.Errorf("%s/%s = %q, want %q", dir, name, got, want)
+	}
+}
