@@ -111,6 +111,10 @@ type VMsConfig struct {
 	// VMOverhead is QEMU's own memory per VM in bytes, counted by
 	// admission next to the pod's memory request (podspec.Admit).
 	VMOverhead int64
+	// VMCgroup, when set (vmCgroup mode Own), runs every QEMU in a cgroup
+	// of its own under its Root and Parent, with the limits VMCgroup
+	// (cgroup.go) derives from the pod; nil: the agent's cgroup.
+	VMCgroup *qemu.Cgroup
 	// Features in force at start (nil: the defaults); SetFeatures swaps
 	// them on a reload (features.go).
 	Features *config.FeatureConfig
@@ -1181,6 +1185,7 @@ func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan pods
 		Display:     plan.Display,
 		// features.consoleLogSize in force when the VM starts.
 		ConsoleCapBytes: p.Features().ConsoleLogSize,
+		Cgroup:          VMCgroup(p.cfg.VMCgroup, plan, p.cfg.VMOverhead),
 	}
 	if img.Kernel != "" {
 		spec.Cmdline = podspec.KernelCmdline(p.arch(), img.Cmdline, plan.ExtraCmdline) // the arch's console unless one is named

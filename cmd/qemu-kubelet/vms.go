@@ -82,6 +82,7 @@ func newVMs(ctx context.Context, cfg *config.Node, facts nodestatus.Facts, clien
 		VMNice:             cfg.VMNice,
 		EmulatedKernelArgs: cfg.EmulatedKernelArgs,
 		VMOverhead:         cfg.VMMemory.Overhead,
+		VMCgroup:           vmCgroup(cfg.VMCgroup),
 		Features:           cfg.Features,
 	})
 	res, err := vms.Recover(ctx)
@@ -100,4 +101,13 @@ func runExporter(ctx context.Context, cfg jumpstarter.Config) error {
 		return err
 	}
 	return e.Run(ctx)
+}
+
+// vmCgroup is the base of every VM's own cgroup (vmCgroup mode Own), nil
+// in mode Inherit.
+func vmCgroup(c config.VMCgroupConfig) *qemu.Cgroup {
+	if !c.Own {
+		return nil
+	}
+	return &qemu.Cgroup{Root: c.Root, Parent: c.Parent}
 }

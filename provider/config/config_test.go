@@ -95,6 +95,7 @@ func TestResolveDefaults(t *testing.T) {
 	assert.Equal(t, Threshold{Percent: 5, IsPercent: true}, n.PIDAvailable)
 	mem := n.Reserved[corev1.ResourceMemory]
 	assert.Equal(t, int64(512<<20), mem.Value())
+	assert.Equal(t, VMCgroupConfig{Own: false, Root: "/sys/fs/cgroup", Parent: "qemu-kubelet"}, n.VMCgroup, "QEMU in the agent's cgroup unless asked")
 
 	// Resolve does not modify its input.
 	assert.Empty(t, c.NodeName)
@@ -122,6 +123,7 @@ eventRecordQPS: 5
 eventBurst: 10
 podSyncWorkers: 4
 pressure: {memoryAvailable: "0", diskAvailable: 5Gi, pidAvailable: 1000}
+vmCgroup: {mode: Own, root: /host/sys/fs/cgroup, parent: machine/qk}
 `))
 	require.NoError(t, err)
 	n, err := Resolve(c, env)
@@ -149,6 +151,7 @@ pressure: {memoryAvailable: "0", diskAvailable: 5Gi, pidAvailable: 1000}
 	assert.Equal(t, float32(5), n.EventRecordQPS)
 	assert.Equal(t, 10, n.EventBurst)
 	assert.Equal(t, 4, n.PodSyncWorkers)
+	assert.Equal(t, VMCgroupConfig{Own: true, Root: "/host/sys/fs/cgroup", Parent: "machine/qk"}, n.VMCgroup)
 }
 
 func TestResolveValidation(t *testing.T) {
@@ -196,6 +199,12 @@ func TestResolveValidation(t *testing.T) {
 		{"tb size too big", "vmMemory: {tcgTranslationBuffer: 8Gi}", []string{"vmMemory.tcgTranslationBuffer", "4096Mi"}},
 		{"ksm without merging", "vmMemory: {enableKSM: true}", []string{"vmMemory.enableKSM", "pageMerging"}},
 		{"ksm rate without ksm", "vmMemory: {ksmPagesToScan: 1000}", []string{"vmMemory.ksmPagesToScan", "enableKSM"}},
+		{"bad vm cgroup mode", "vmCgroup: {mode: own}", []string{"vmCgroup.mode", `"Inherit", "Own"`}},
+		{"relative vm cgroup root", "vmCgroup: {root: sys/fs/cgroup}", []string{"vmCgroup.root", "absolute"}},
+		{"absolute vm cgroup parent", "vmCgroup: {mode: Own, parent: /qemu-kubelet}", []string{"vmCgroup.parent", "relative to the cgroup root"}},
+		{"vm cgroup parent escapes", "vmCgroup: {parent: ../x}", []string{"vmCgroup.parent", "no . or .."}},
+		{"vm cgroup parent clashes", "vmCgroup: {parent: qk/cgroup.procs}", []string{"vmCgroup.parent", "cgroup.procs", "interface files"}},
+		{"vm cgroup parent spaces", "vmCgroup: {parent: 'my vms'}", []string{"vmCgroup.parent", "[A-Za-z0-9._-]"}},
 		{"ksm rate negative", "vmMemory: {pageMerging: true, enableKSM: true, ksmPagesToScan: -1}", []string{"vmMemory.ksmPagesToScan", "between 0 and 100000"}},
 	}
 	for _, tt := range tests {

@@ -179,6 +179,8 @@ type Node struct {
 	Images ImageCache
 	// VMMemory is the resolved vmMemory section.
 	VMMemory VMMemoryConfig
+	// VMCgroup is the resolved vmCgroup section.
+	VMCgroup VMCgroupConfig
 
 	// GuestArch is the architecture of the node's guests, as Kubernetes
 	// names it (amd64, arm64): its kubernetes.io/arch label.
@@ -304,6 +306,7 @@ func Default(c *NodeConfiguration, env Environment) {
 	defaultBool(&vm.FreePageReporting, DefaultFreePageReporting)
 	defaultBool(&vm.PageMerging, DefaultPageMerging)
 	defaultBool(&vm.EnableKSM, DefaultEnableKSM)
+	defaultVMCgroup(&c.VMCgroup)
 	defaultGuestArchitectures(c, env)
 	defaultFeatures(&c.Features)
 }
@@ -511,6 +514,7 @@ func validate(c *NodeConfiguration, env Environment) (*Node, field.ErrorList) {
 	n.PIDAvailable, errs = parseThreshold(prPath.Child("pidAvailable"), c.Pressure.PIDAvailable, errs)
 	n.Images, errs = validateImages(c.Images, errs)
 	n.VMMemory, errs = validateVMMemory(c.VMMemory, errs)
+	n.VMCgroup, errs = validateVMCgroup(c.VMCgroup, errs)
 	n.Features, errs = validateFeatures(c.Features, errs)
 	if c.MaxVMs == nil && len(errs) == 0 {
 		n.MaxVMs, n.MaxVMsReason = DeriveMaxVMs(MaxVMsInput{

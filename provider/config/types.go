@@ -116,6 +116,10 @@ type NodeConfiguration struct {
 	// VMMemory accounts and tunes what each VM costs the host beyond its
 	// guest RAM (docs/node-config.md gives the measured trade-offs).
 	VMMemory VMMemory `json:"vmMemory,omitempty"`
+	// VMCgroup says in which cgroup each VM's QEMU runs (cgroup.go): the
+	// agent's (default) or one of its own, so that VMs outlive an agent
+	// whose container is stopped (the Helm chart sets mode Own).
+	VMCgroup VMCgroup `json:"vmCgroup,omitempty"`
 	// GuestArchitectures registers one more node per entry, for guests of
 	// another architecture run under TCG (arch.go, docs/node-config.md).
 	GuestArchitectures []GuestArchitecture `json:"guestArchitectures,omitempty"`

@@ -93,7 +93,10 @@ type Plan struct {
 	PullSecrets []string
 	CPUs        int
 	MemoryMiB   int
-	Machine     string
+	// CPULimitMilli is the container's CPU limit (0: none): the cap of the
+	// VM's own cgroup (VMCgroup).
+	CPULimitMilli int64
+	Machine       string
 	Firmware    qemu.Firmware
 	// ExtraCmdline is appended to the image's kernel command line.
 	ExtraCmdline string
@@ -297,6 +300,9 @@ func translateContainer(c corev1.Container, bad func(field, format string, a ...
 		}
 	}
 	plan.CPUs = VCPUs(c.Resources)
+	if q, ok := c.Resources.Limits[corev1.ResourceCPU]; ok && q.Sign() > 0 {
+		plan.CPULimitMilli = q.MilliValue()
+	}
 	mem := GuestMemory(c.Resources)
 	plan.MemoryMiB = int((mem.Value() + (1<<20 - 1)) >> 20)
 }

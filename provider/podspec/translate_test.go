@@ -45,7 +45,7 @@ func TestTranslateAccepts(t *testing.T) {
 		{"defaults", vmPod(), Plan{Image: "127.0.0.1:5000/os/tiny:1", PullPolicy: oci.PullIfNotPresent, CPUs: 1, MemoryMiB: 512, Machine: "q35", Firmware: qemu.FirmwareBIOS}},
 		{"limits win, cpu rounded up", vmPod(func(p *corev1.Pod) {
 			p.Spec.Containers[0].Resources = corev1.ResourceRequirements{Limits: rl("cpu", "1500m", "memory", "1Gi"), Requests: rl("cpu", "100m", "memory", "128Mi")}
-		}), Plan{Image: "127.0.0.1:5000/os/tiny:1", PullPolicy: oci.PullIfNotPresent, CPUs: 2, MemoryMiB: 1024, Machine: "q35", Firmware: qemu.FirmwareBIOS}},
+		}), Plan{Image: "127.0.0.1:5000/os/tiny:1", PullPolicy: oci.PullIfNotPresent, CPUs: 2, MemoryMiB: 1024, CPULimitMilli: 1500, Machine: "q35", Firmware: qemu.FirmwareBIOS}},
 		{"requests when no limits", vmPod(func(p *corev1.Pod) {
 			p.Spec.Containers[0].Resources = corev1.ResourceRequirements{Requests: rl("cpu", "3", "memory", "300M")}
 		}), Plan{Image: "127.0.0.1:5000/os/tiny:1", PullPolicy: oci.PullIfNotPresent, CPUs: 3, MemoryMiB: 287, Machine: "q35", Firmware: qemu.FirmwareBIOS}},
@@ -195,4 +195,17 @@ func TestTranslateAdmitsExecProbes(t *testing.T) {
 		p.Spec.Containers[0].StartupProbe = exec
 	}), qemu.ArchX86_64)
 	assert.Nil(t, rej)
+}
+
+// TestVMCgroup: mode Inherit (nil base) gives no cgroup; mode Own caps the
+// VM at the pod's CPU limit and at the guest's RAM plus the node's
+// overhead (what admission counted).
+func TestVMCgroup(t *testing.T) {
+	assert.Nil(t, VMCgroup(nil, Plan{CPUs: 1, MemoryMiB: 256, CPULimitMilli: 500}, 128<<20))
+	base := &qemu.Cgroup{Root: "/sys/fs/cgroup", Parent: "qemu-kubelet"}
+	got := VMCgroup(base, Plan{CPUs: 1, MemoryMiB: 256, CPULimitMilli: 500}, 128<<20)
+	assert.Equal(t, &qemu.Cgroup{Root: "/sys/fs/cgroup", Parent: "qemu-kubelet", CPUMilli: 500, MemoryMaxBytes: 384 << 20}, got)
+	assert.Equal(t, int64(0), base.CPUMilli, "the node's base is not modified")
+	got = VMCgroup(base, Plan{CPUs: 2, MemoryMiB: 512}, 0)
+	assert.Equal(t, &qemu.Cgroup{Root: "/sys/fs/cgroup", Parent: "qemu-kubelet"}, got, "no CPU limit, no overhead: no caps")
 }
