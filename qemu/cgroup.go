@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -41,6 +42,12 @@ type Cgroup struct {
 	// own and the page cache of its disks (memory.max; memory.limit_in_bytes
 	// under v1). The kernel's OOM killer ends QEMU past it. 0: no limit.
 	MemoryMaxBytes int64
+	// Namespace, when set, is a cgroup namespace file (/proc/1/ns/cgroup:
+	// the host's, seen with the host's PID namespace) QEMU is forked in.
+	// A caller in a cgroup namespace of its own (a container's, under
+	// cgroup v2) may not place a process outside that namespace's root;
+	// forking from the host's namespace may (needs CAP_SYS_ADMIN).
+	Namespace string
 }
 
 // DefaultCgroupRoot is where cgroupfs is mounted on Linux hosts.
@@ -106,6 +113,9 @@ func (c Cgroup) validate(s Spec) []error {
 		if err := ValidateCgroupName(filepath.Base(s.StateDir)); err != nil {
 			bad("name (the state dir's base name) %v", err)
 		}
+	}
+	if c.Namespace != "" && !filepath.IsAbs(c.Namespace) {
+		bad("namespace %q: must be an absolute path", c.Namespace)
 	}
 	if c.CPUMilli < 0 || (c.CPUMilli > 0 && c.CPUMilli < 10) {
 		bad("cpu %dm: must be 0 (no cap) or at least 10m", c.CPUMilli)
@@ -404,4 +414,38 @@ func fieldsContain(s, w string) bool {
 func fileExists(p string) bool {
 	_, err := os.Stat(p)
 	return err == nil
+}
+
+// startInCgroupNamespace runs cmd.Start on a thread of its own that joined
+// the cgroup namespace ns first, unless this process is in ns already. The
+// thread is never handed back to the Go scheduler: it ends with its
+// goroutine.
+func startInCgroupNamespace(cmd interface{ Start() error }, ns string) error {
+	if ns == "" {
+		return cmd.Start()
+	}
+	self, err1 := os.Readlink("/proc/thread-self/ns/cgroup")
+	target, err2 := os.Readlink(ns)
+	if err2 != nil {
+		return fmt.Errorf("cgroup namespace %s: %w", ns, err2)
+	}
+	if err1 == nil && self == target {
+		return cmd.Start()
+	}
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: see above
+		fd, err := unix.Open(ns, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			errc <- fmt.Errorf("cgroup namespace %s: %w", ns, err)
+			return
+		}
+		defer unix.Close(fd)
+		if err := unix.Setns(fd, unix.CLONE_NEWCGROUP); err != nil {
+			errc <- fmt.Errorf("join cgroup namespace %s (needs CAP_SYS_ADMIN): %w", ns, err)
+			return
+		}
+		errc <- cmd.Start()
+	}()
+	return <-errc
 }

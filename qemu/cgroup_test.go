@@ -246,3 +246,48 @@ func assertCgroupFile(t *testing.T, dir, name, want string) {
 		t.Errorf("%s/%s = %q, want %q", dir, name, got, want)
 	}
 }
+
+// TestStartInCgroupNamespace: a process started for Cgroup.Namespace runs
+// in that cgroup namespace (here one of a process made with unshare -C),
+// and the caller's own threads stay in theirs.
+func TestStartInCgroupNamespace(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: joins a cgroup namespace")
+	}
+	other := exec.Command("unshare", "-C", "sleep", "60")
+	if err := other.Start(); err != nil {
+		t.Skipf("unshare -C: %v", err)
+	}
+	t.Cleanup(func() { _ = other.Process.Kill(); _ = other.Wait() })
+	ns := fmt.Sprintf("/proc/%d/ns/cgroup", other.Process.Pid)
+	var want string
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		self, _ := os.Readlink("/proc/self/ns/cgroup")
+		if w, err := os.Readlink(ns); err == nil && w != self {
+			want = w
+			break
+		}
+	}
+	if want == "" {
+		t.Fatal("unshare -C never ran in a cgroup namespace of its own")
+	}
+	var out strings.Builder
+	cmd := exec.Command("readlink", "/proc/self/ns/cgroup")
+	cmd.Stdout = &out
+	if err := startInCgroupNamespace(cmd, ns); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimSpace(out.String()); got != want {
+		t.Errorf("started in cgroup namespace %q, want %q", got, want)
+	}
+	mine, _ := os.Readlink("/proc/self/ns/cgroup")
+	if mine == want {
+		t.Errorf("the caller joined the other namespace too (%s)", mine)
+	}
+	if err := startInCgroupNamespace(exec.Command("true"), "/nonexistent/ns"); err == nil || !strings.Contains(err.Error(), "/nonexistent/ns") {
+		t.Errorf("missing namespace file: %v", err)
+	}
+}

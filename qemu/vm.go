@@ -192,7 +192,11 @@ func Start(ctx context.Context, spec Spec, stateDir string) (*VM, error) {
 		}
 	}
 	fmt.Fprintf(qlog, "=== %s start: %s %s\n", time.Now().UTC().Format(time.RFC3339Nano), spec.QEMUBinary, strings.Join(args, " "))
-	if err := cmd.Start(); err != nil {
+	ns := ""
+	if spec.Cgroup != nil {
+		ns = spec.Cgroup.Namespace
+	}
+	if err := startInCgroupNamespace(cmd, ns); err != nil {
 		if spec.Cgroup != nil {
 			_ = removeCgroup(spec)
 		}

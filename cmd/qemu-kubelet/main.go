@@ -16,6 +16,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
@@ -42,6 +43,7 @@ type options struct {
 	nodeName                 string
 	kubeAPIQPS, kubeAPIBurst int
 	showVersion              bool
+	stopVMsUnlessOwner       bool
 	obs                      observabilityOptions // observability.go
 }
 
@@ -56,6 +58,7 @@ func run() int {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig with the node's credentials (default $KUBECONFIG, else in-cluster)")
 	fs.StringVar(&o.nodeName, "node-name", "", "node name; overrides nodeName of the config file")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
+	fs.BoolVar(&o.stopVMsUnlessOwner, "stop-vms-unless-owner-exists", false, "in a DaemonSet pod (POD_NAMESPACE, POD_NAME): on SIGTERM stop every VM if the pod's DaemonSet is gone (uninstalled); otherwise VMs keep running for the next agent")
 	fs.IntVar(&o.kubeAPIQPS, "kube-api-qps", 0, "API client QPS; overrides kubeAPIQPS of the config file (default 50)")
 	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", 0, "API client burst; overrides kubeAPIBurst of the config file (default 100)")
 	o.obs.addFlags(fs)
@@ -266,8 +269,18 @@ func runNode(ctx context.Context, o options, cfg *config.Node, hup <-chan os.Sig
 	}
 	defer sh.obs.close(ctx)
 
+	var owner *ownerWatch
+	if o.stopVMsUnlessOwner {
+		if owner, err = newOwnerWatch(ctx, sh.client); err != nil {
+			return err
+		}
+	}
+
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	if owner != nil {
+		go owner.run(ctx)
+	}
 	sh.reload = newConfigReloader(o.configFile, cfg, func() (*config.Node, error) { return loadConfig(o) }, hup)
 	go sh.reload.run(ctx)
 	nodes := append([]*config.Node{cfg}, cfg.GuestArchitectures...)
@@ -296,8 +309,12 @@ func runNode(ctx context.Context, o options, cfg *config.Node, hup <-chan os.Sig
 		first = cause
 	}
 	if first == nil {
-		// SIGTERM/SIGINT: a clean stop; VMs keep running.
+		// SIGTERM/SIGINT: a clean stop; VMs keep running, unless the
+		// agent is removed for good (--stop-vms-unless-owner-exists).
 		logger.Info("Shut down on signal")
+		if owner != nil {
+			stopVMsIfOwnerGone(owner, nodes, 15*time.Second)
+		}
 	}
 	return first
 }

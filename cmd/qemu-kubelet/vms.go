@@ -109,5 +109,5 @@ func vmCgroup(c config.VMCgroupConfig) *qemu.Cgroup {
 	if !c.Own {
 		return nil
 	}
-	return &qemu.Cgroup{Root: c.Root, Parent: c.Parent}
+	return &qemu.Cgroup{Root: c.Root, Parent: c.Parent, Namespace: c.Namespace}
 }

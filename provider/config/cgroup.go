@@ -41,13 +41,19 @@ type VMCgroup struct {
 	// Parent is the parent of the VMs' cgroups, relative to root (default
 	// qemu-kubelet); created when missing.
 	Parent string `json:"parent,omitempty"`
+	// Namespace is a cgroup namespace file QEMU is started in (empty: the
+	// agent's). An agent in a container with a cgroup namespace of its own
+	// (cgroup v2) may only place processes inside that namespace; with the
+	// host's PID namespace, /proc/1/ns/cgroup is the host's. Joining it
+	// needs CAP_SYS_ADMIN.
+	Namespace string `json:"namespace,omitempty"`
 }
 
 // VMCgroupConfig is the resolved vmCgroup section.
 type VMCgroupConfig struct {
 	// Own: every VM in a cgroup of its own under Root/Parent.
-	Own          bool
-	Root, Parent string
+	Own                     bool
+	Root, Parent, Namespace string
 }
 
 func defaultVMCgroup(c *VMCgroup) {
@@ -70,7 +76,7 @@ var cgroupInterfacePrefixes = []string{"cgroup.", "cpu.", "cpuacct.", "cpuset.",
 
 func validateVMCgroup(c VMCgroup, errs field.ErrorList) (VMCgroupConfig, field.ErrorList) {
 	p := field.NewPath("vmCgroup")
-	out := VMCgroupConfig{Root: c.Root, Parent: c.Parent}
+	out := VMCgroupConfig{Root: c.Root, Parent: c.Parent, Namespace: c.Namespace}
 	switch c.Mode {
 	case VMCgroupInherit:
 	case VMCgroupOwn:
@@ -80,6 +86,9 @@ func validateVMCgroup(c VMCgroup, errs field.ErrorList) (VMCgroupConfig, field.E
 	}
 	if !filepath.IsAbs(c.Root) || filepath.Clean(c.Root) != c.Root {
 		errs = append(errs, field.Invalid(p.Child("root"), c.Root, "must be a clean absolute path (where the cgroup filesystem is mounted)"))
+	}
+	if c.Namespace != "" && (!filepath.IsAbs(c.Namespace) || filepath.Clean(c.Namespace) != c.Namespace) {
+		errs = append(errs, field.Invalid(p.Child("namespace"), c.Namespace, "must be a clean absolute path (a cgroup namespace file such as /proc/1/ns/cgroup)"))
 	}
 	if msg := badCgroupParent(c.Parent); msg != "" {
 		errs = append(errs, field.Invalid(p.Child("parent"), c.Parent, msg))

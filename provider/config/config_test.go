@@ -123,7 +123,7 @@ eventRecordQPS: 5
 eventBurst: 10
 podSyncWorkers: 4
 pressure: {memoryAvailable: "0", diskAvailable: 5Gi, pidAvailable: 1000}
-vmCgroup: {mode: Own, root: /host/sys/fs/cgroup, parent: machine/qk}
+vmCgroup: {mode: Own, root: /host/sys/fs/cgroup, parent: machine/qk, namespace: /proc/1/ns/cgroup}
 `))
 	require.NoError(t, err)
 	n, err := Resolve(c, env)
@@ -151,7 +151,7 @@ vmCgroup: {mode: Own, root: /host/sys/fs/cgroup, parent: machine/qk}
 	assert.Equal(t, float32(5), n.EventRecordQPS)
 	assert.Equal(t, 10, n.EventBurst)
 	assert.Equal(t, 4, n.PodSyncWorkers)
-	assert.Equal(t, VMCgroupConfig{Own: true, Root: "/host/sys/fs/cgroup", Parent: "machine/qk"}, n.VMCgroup)
+	assert.Equal(t, VMCgroupConfig{Own: true, Root: "/host/sys/fs/cgroup", Parent: "machine/qk", Namespace: "/proc/1/ns/cgroup"}, n.VMCgroup)
 }
 
 func TestResolveValidation(t *testing.T) {
@@ -200,6 +200,7 @@ func TestResolveValidation(t *testing.T) {
 		{"ksm without merging", "vmMemory: {enableKSM: true}", []string{"vmMemory.enableKSM", "pageMerging"}},
 		{"ksm rate without ksm", "vmMemory: {ksmPagesToScan: 1000}", []string{"vmMemory.ksmPagesToScan", "enableKSM"}},
 		{"bad vm cgroup mode", "vmCgroup: {mode: own}", []string{"vmCgroup.mode", `"Inherit", "Own"`}},
+		{"relative vm cgroup namespace", "vmCgroup: {namespace: proc/1/ns/cgroup}", []string{"vmCgroup.namespace", "absolute"}},
 		{"relative vm cgroup root", "vmCgroup: {root: sys/fs/cgroup}", []string{"vmCgroup.root", "absolute"}},
 		{"absolute vm cgroup parent", "vmCgroup: {mode: Own, parent: /qemu-kubelet}", []string{"vmCgroup.parent", "relative to the cgroup root"}},
 		{"vm cgroup parent escapes", "vmCgroup: {parent: ../x}", []string{"vmCgroup.parent", "no . or .."}},

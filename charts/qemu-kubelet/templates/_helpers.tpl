@@ -70,6 +70,9 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- $_ := set $cfg "apiVersion" "qemu-kubelet.io/v1alpha1" -}}
 {{- $_ := set $cfg "kind" "NodeConfiguration" -}}
 {{- $_ := set $cfg "stateDir" .Values.nodeAgent.stateDir -}}
+{{- if .Values.nodeAgent.keepVMs.enabled -}}
+{{- $_ := set $cfg "vmCgroup" (dict "mode" "Own" "root" "/sys/fs/cgroup" "parent" .Values.nodeAgent.keepVMs.cgroupParent "namespace" "/proc/1/ns/cgroup") -}}
+{{- end -}}
 {{- toYaml $cfg -}}
 {{- end -}}
 
@@ -86,6 +89,9 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 {{- if and .Values.nodeAgent.enabled (hasKey .Values.nodeAgent.config "stateDir") -}}
 {{- fail "nodeAgent.config.stateDir: set nodeAgent.stateDir instead (the chart mounts it from the host)" -}}
+{{- end -}}
+{{- if and .Values.nodeAgent.enabled (hasKey .Values.nodeAgent.config "vmCgroup") -}}
+{{- fail "nodeAgent.config.vmCgroup: set nodeAgent.keepVMs instead (the chart mounts the host's cgroup filesystem and runs the agent in the host's PID namespace for it)" -}}
 {{- end -}}
 {{- if and .Values.nodeAgent.enabled (hasKey .Values.nodeAgent.config "nodeName") -}}
 {{- fail "nodeAgent.config.nodeName: each host gets <nodeAgent.nodeNamePrefix><host node name>; set nodeAgent.nodeNamePrefix instead" -}}
