@@ -97,7 +97,7 @@ type Plan struct {
 	// VM's own cgroup (VMCgroup).
 	CPULimitMilli int64
 	Machine       string
-	Firmware    qemu.Firmware
+	Firmware      qemu.Firmware
 	// ExtraCmdline is appended to the image's kernel command line.
 	ExtraCmdline string
 	// Accelerator is a requirement: "" (any), "kvm" or "tcg".
