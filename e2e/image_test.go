@@ -313,6 +313,8 @@ type runcEnv struct {
 	t      *testing.T
 	root   string
 	rootfs string
+	// ids: containers started by runPod, by name.
+	ids map[string]string
 }
 
 type bind struct {
