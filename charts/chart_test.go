@@ -239,7 +239,28 @@ func TestTemplate(t *testing.T) {
 				assert.Equal(t, "spec.nodeName", c.Env[0].ValueFrom.FieldRef.FieldPath)
 				assert.NotContains(t, strings.Join(c.Args, " "), "--metrics-bind-address")
 
+				// keepVMs (default): VMs outlive the container.
+				assert.True(t, spec.HostPID, "QEMU in the host's PID namespace outlives the container")
+				cg := volume(t, spec.Volumes, "cgroup")
+				require.NotNil(t, cg.HostPath)
+				assert.Equal(t, "/sys/fs/cgroup", cg.HostPath.Path)
+				assert.Contains(t, mounts(c), "/sys/fs/cgroup")
+				assert.Contains(t, c.Args, "--stop-vms-unless-owner-exists")
+				envs := map[string]string{}
+				for _, e := range c.Env {
+					if e.ValueFrom != nil && e.ValueFrom.FieldRef != nil {
+						envs[e.Name] = e.ValueFrom.FieldRef.FieldPath
+					}
+				}
+				assert.Equal(t, "metadata.name", envs["POD_NAME"])
+				assert.Equal(t, "metadata.namespace", envs["POD_NAMESPACE"])
+				owner := one[rbacv1.Role](t, filter(objs, "Role", "t-qemu-kubelet-node-owner"), "Role")
+				assert.Equal(t, releaseNS, owner.Namespace)
+				assert.True(t, grants(owner.Rules, "apps", "daemonsets", "watch"), "the agent watches its DaemonSet")
+				assert.False(t, grants(owner.Rules, "apps", "daemonsets", "delete"))
+
 				_, cfg := nodeConfig(t, objs)
+				assert.Equal(t, map[string]any{"mode": "Own", "root": "/sys/fs/cgroup", "parent": "qemu-kubelet", "namespace": "/proc/1/ns/cgroup"}, cfg["vmCgroup"])
 				assert.Equal(t, "qemu-kubelet.io/v1alpha1", cfg["apiVersion"])
 				assert.Equal(t, "NodeConfiguration", cfg["kind"])
 				assert.Equal(t, "/var/lib/qemu-kubelet", cfg["stateDir"])
@@ -345,6 +366,9 @@ func TestTemplate(t *testing.T) {
 				assert.Nil(t, c.SecurityContext.Privileged, "device plugin mode is unprivileged")
 				assert.Equal(t, int64(0), *c.SecurityContext.RunAsUser, "the agent owns the host state dir")
 				assert.Equal(t, []corev1.Capability{"ALL"}, c.SecurityContext.Capabilities.Drop)
+				assert.Equal(t, []corev1.Capability{"SYS_ADMIN", "SYS_PTRACE"}, c.SecurityContext.Capabilities.Add,
+					"keepVMs: QEMU is started in the host's cgroup namespace")
+				assert.True(t, spec.HostPID)
 				assert.False(t, *c.SecurityContext.AllowPrivilegeEscalation)
 				q := c.Resources.Limits[corev1.ResourceName("devices.kubevirt.io/kvm")]
 				assert.Equal(t, "1", q.String(), "requests one KVM device")
@@ -377,6 +401,15 @@ func TestTemplate(t *testing.T) {
 				server := cfg["server"].(map[string]any)
 				assert.Equal(t, "/etc/kubelet-client-ca/ca.crt", server["clientCAFile"])
 				assert.Equal(t, float64(10250), server["port"], "values merge: the default port stays")
+				// keepVMs disabled: VMs live in the agent's container.
+				spec := ds.Spec.Template.Spec
+				assert.False(t, spec.HostPID)
+				for _, v := range spec.Volumes {
+					assert.NotEqual(t, "cgroup", v.Name)
+				}
+				assert.NotContains(t, spec.Containers[0].Args, "--stop-vms-unless-owner-exists")
+				assert.NotContains(t, cfg, "vmCgroup")
+				assert.Empty(t, filter(objs, "Role", "t-qemu-kubelet-node-owner"))
 			},
 		},
 	}
@@ -468,6 +501,8 @@ func TestBadValuesRejected(t *testing.T) {
 		{file: "bad-podmonitor.yaml", want: "/nodeAgent/metrics/enabled", lint: true,
 			noSchema: "it needs nodeAgent.enabled=true and nodeAgent.metrics.enabled=true"},
 		{file: "bad-config-statedir.yaml", want: "nodeAgent.config.stateDir: set nodeAgent.stateDir instead"},
+		{file: "bad-config-vmcgroup.yaml", want: "'vmCgroup' not allowed", lint: true}, // the chart sets it from keepVMs
+		{file: "bad-keepvms-parent.yaml", want: "/nodeAgent/keepVMs/cgroupParent", lint: true},
 	}
 	files, err := filepath.Glob(filepath.Join("testdata", "bad", "*.yaml"))
 	require.NoError(t, err)

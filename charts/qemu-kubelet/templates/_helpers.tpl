@@ -90,9 +90,6 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- if and .Values.nodeAgent.enabled (hasKey .Values.nodeAgent.config "stateDir") -}}
 {{- fail "nodeAgent.config.stateDir: set nodeAgent.stateDir instead (the chart mounts it from the host)" -}}
 {{- end -}}
-{{- if and .Values.nodeAgent.enabled (hasKey .Values.nodeAgent.config "vmCgroup") -}}
-{{- fail "nodeAgent.config.vmCgroup: set nodeAgent.keepVMs instead (the chart mounts the host's cgroup filesystem and runs the agent in the host's PID namespace for it)" -}}
-{{- end -}}
 {{- if and .Values.nodeAgent.enabled (hasKey .Values.nodeAgent.config "nodeName") -}}
 {{- fail "nodeAgent.config.nodeName: each host gets <nodeAgent.nodeNamePrefix><host node name>; set nodeAgent.nodeNamePrefix instead" -}}
 {{- end -}}
