@@ -366,7 +366,7 @@ func TestTemplate(t *testing.T) {
 				assert.Nil(t, c.SecurityContext.Privileged, "device plugin mode is unprivileged")
 				assert.Equal(t, int64(0), *c.SecurityContext.RunAsUser, "the agent owns the host state dir")
 				assert.Equal(t, []corev1.Capability{"ALL"}, c.SecurityContext.Capabilities.Drop)
-				assert.Equal(t, []corev1.Capability{"SYS_ADMIN", "SYS_PTRACE"}, c.SecurityContext.Capabilities.Add,
+				assert.Equal(t, []corev1.Capability{"SYS_ADMIN", "SYS_PTRACE", "DAC_OVERRIDE", "SETPCAP"}, c.SecurityContext.Capabilities.Add,
 					"keepVMs: QEMU is started in the host's cgroup namespace")
 				assert.True(t, spec.HostPID)
 				assert.False(t, *c.SecurityContext.AllowPrivilegeEscalation)

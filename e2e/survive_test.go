@@ -212,6 +212,14 @@ func TestChartAgentUpgradeKeepsVMs(t *testing.T) {
 	}
 	pids := map[string]int{"keep-board": pidOf(string(bp.UID)), "keep-plain": pidOf(string(pp.UID))}
 	for name, pid := range pids {
+		// Unprivileged and sandboxed, whatever the agent holds.
+		status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		require.NoError(t, err)
+		for _, want := range []string{"CapEff:\t0000000000000000", "CapPrm:\t0000000000000000", "CapBnd:\t0000000000000000", "NoNewPrivs:\t1", "Seccomp:\t2"} {
+			if !strings.Contains(string(status), want+"\n") {
+				t.Errorf("%s: no %q in QEMU's /proc/%d/status", name, want, pid)
+			}
+		}
 		cg, err := qemu.CgroupOf(pid, "memory")
 		require.NoError(t, err)
 		if want := "/" + cgParent + "/"; !strings.HasPrefix(cg, want) {
@@ -476,6 +484,7 @@ func startChartAgent(t *testing.T, c *cluster.Cluster, rt *runcEnv, ns string, d
 
 	var binds []bind
 	var tmpfs []string
+	saMounted := false
 	for _, m := range ctr.VolumeMounts {
 		var vol *corev1.Volume
 		for i := range spec.Volumes {
@@ -497,11 +506,16 @@ func startChartAgent(t *testing.T, c *cluster.Cluster, rt *runcEnv, ns string, d
 			binds = append(binds, bind{src: d, dst: m.MountPath, ro: true})
 		case vol.EmptyDir != nil:
 			tmpfs = append(tmpfs, m.MountPath)
+		case vol.Projected != nil && strings.HasPrefix(vol.Name, "kube-api-access-"):
+			// The ServiceAccount admission plugin's token volume: token,
+			// ca.crt and namespace.
+			binds = append(binds, bind{src: sa, dst: m.MountPath, ro: true})
+			saMounted = true
 		default:
 			t.Fatalf("volume %s: kind not handled by this test", m.Name)
 		}
 	}
-	binds = append(binds, bind{src: sa, dst: "/var/run/secrets/kubernetes.io/serviceaccount", ro: true})
+	require.True(t, saMounted, "the pod has no ServiceAccount token volume")
 	sc := ctr.SecurityContext
 	require.NotNil(t, sc, "the agent container has no securityContext")
 	ps := podSpecContainer{

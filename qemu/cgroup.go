@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -416,36 +415,3 @@ func fileExists(p string) bool {
 	return err == nil
 }
 
-// startInCgroupNamespace runs cmd.Start on a thread of its own that joined
-// the cgroup namespace ns first, unless this process is in ns already. The
-// thread is never handed back to the Go scheduler: it ends with its
-// goroutine.
-func startInCgroupNamespace(cmd interface{ Start() error }, ns string) error {
-	if ns == "" {
-		return cmd.Start()
-	}
-	self, err1 := os.Readlink("/proc/thread-self/ns/cgroup")
-	target, err2 := os.Readlink(ns)
-	if err2 != nil {
-		return fmt.Errorf("cgroup namespace %s: %w", ns, err2)
-	}
-	if err1 == nil && self == target {
-		return cmd.Start()
-	}
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: see above
-		fd, err := unix.Open(ns, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			errc <- fmt.Errorf("cgroup namespace %s: %w", ns, err)
-			return
-		}
-		defer unix.Close(fd)
-		if err := unix.Setns(fd, unix.CLONE_NEWCGROUP); err != nil {
-			errc <- fmt.Errorf("join cgroup namespace %s (needs CAP_SYS_ADMIN): %w", ns, err)
-			return
-		}
-		errc <- cmd.Start()
-	}()
-	return <-errc
-}

@@ -274,7 +274,7 @@ func TestStartInCgroupNamespace(t *testing.T) {
 	var out strings.Builder
 	cmd := exec.Command("readlink", "/proc/self/ns/cgroup")
 	cmd.Stdout = &out
-	if err := startInCgroupNamespace(cmd, ns); err != nil {
+	if err := startConfined(cmd, ns, false); err != nil {
 		t.Fatal(err)
 	}
 	if err := cmd.Wait(); err != nil {
@@ -287,7 +287,36 @@ func TestStartInCgroupNamespace(t *testing.T) {
 	if mine == want {
 		t.Errorf("the caller joined the other namespace too (%s)", mine)
 	}
-	if err := startInCgroupNamespace(exec.Command("true"), "/nonexistent/ns"); err == nil || !strings.Contains(err.Error(), "/nonexistent/ns") {
+	if err := startConfined(exec.Command("true"), "/nonexistent/ns", false); err == nil || !strings.Contains(err.Error(), "/nonexistent/ns") {
 		t.Errorf("missing namespace file: %v", err)
+	}
+}
+
+// TestStartConfinedDropsCapabilities: a program started by a root caller
+// with capabilities holds none (so QEMU never does), the caller keeps its.
+func TestStartConfinedDropsCapabilities(t *testing.T) {
+	if os.Geteuid() != 0 || !threadHasCaps() {
+		t.Skip("needs root with capabilities")
+	}
+	var out strings.Builder
+	cmd := exec.Command("grep", "^Cap", "/proc/self/status")
+	cmd.Stdout = &out
+	if err := startConfined(cmd, "", false); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		f := strings.Fields(l)
+		if len(f) != 2 || strings.Trim(f[1], "0") != "" {
+			t.Errorf("started program: %q, want no capability", l)
+		}
+	}
+	if !strings.Contains(out.String(), "CapBnd:") {
+		t.Fatalf("no capability lines read: %q", out.String())
+	}
+	if !threadHasCaps() {
+		t.Error("the caller lost its capabilities")
 	}
 }

@@ -180,6 +180,7 @@ func Start(ctx context.Context, spec Spec, stateDir string) (*VM, error) {
 	var cgDirs []cgroupDir
 	if spec.Cgroup != nil {
 		if cgDirs, err = prepareCgroup(spec); err != nil {
+			_ = removeCgroup(spec) // what was made before the failure
 			return nil, fmt.Errorf("start VM %s: %w", spec.Name, err)
 		}
 		fd, err := openCgroupV2(cgDirs)
@@ -196,7 +197,7 @@ func Start(ctx context.Context, spec Spec, stateDir string) (*VM, error) {
 	if spec.Cgroup != nil {
 		ns = spec.Cgroup.Namespace
 	}
-	if err := startInCgroupNamespace(cmd, ns); err != nil {
+	if err := startConfined(cmd, ns, spec.RunAsUser != ""); err != nil {
 		if spec.Cgroup != nil {
 			_ = removeCgroup(spec)
 		}

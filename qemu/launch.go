@@ -1,0 +1,111 @@
+package qemu
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// startConfined runs cmd.Start so that QEMU holds no capabilities, even
+// when the caller runs as root with some (a privileged container, a
+// container given the capabilities a cgroup of its own needs): on a thread
+// of its own, which empties its capability bounding set (needs
+// CAP_SETPCAP; without it the thread's capabilities are still dropped, and
+// root regains only what the bounding set holds) and its capability sets
+// before the fork. With ns set it first joins that cgroup namespace
+// (Cgroup.Namespace; needs CAP_SYS_ADMIN) unless the caller is in it
+// already. The thread is never handed back to the Go scheduler: it ends
+// with its goroutine. Without capabilities and ns, a plain cmd.Start.
+//
+// keepCaps leaves the capabilities to a child that needs them to change
+// its user (Spec.RunAsUser: a process leaving root loses them at exec).
+func startConfined(cmd interface{ Start() error }, ns string, keepCaps bool) error {
+	join := false
+	if ns != "" {
+		self, err1 := os.Readlink("/proc/thread-self/ns/cgroup")
+		target, err2 := os.Readlink(ns)
+		if err2 != nil {
+			return fmt.Errorf("cgroup namespace %s: %w", ns, err2)
+		}
+		join = err1 != nil || self != target
+	}
+	drop := !keepCaps && threadHasCaps()
+	if !join && !drop {
+		return cmd.Start()
+	}
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: see above
+		if join {
+			fd, err := unix.Open(ns, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				errc <- fmt.Errorf("cgroup namespace %s: %w", ns, err)
+				return
+			}
+			err = unix.Setns(fd, unix.CLONE_NEWCGROUP)
+			unix.Close(fd)
+			if err != nil {
+				errc <- fmt.Errorf("join cgroup namespace %s (needs CAP_SYS_ADMIN): %w", ns, err)
+				return
+			}
+		}
+		if drop {
+			if err := dropThreadCaps(); err != nil {
+				errc <- err
+				return
+			}
+		}
+		errc <- cmd.Start()
+	}()
+	return <-errc
+}
+
+// threadHasCaps reports whether the calling thread holds any capability
+// (effective, permitted or bounding).
+func threadHasCaps() bool {
+	b, err := os.ReadFile("/proc/thread-self/status")
+	if err != nil {
+		return true // cannot tell: drop them
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		for _, f := range []string{"CapPrm:", "CapEff:", "CapBnd:", "CapAmb:", "CapInh:"} {
+			if v, ok := strings.CutPrefix(l, f); ok {
+				if n, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64); err != nil || n != 0 {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// dropThreadCaps empties the calling thread's bounding set (when it may)
+// and its capability sets, so that a program it executes, root or not,
+// starts with none.
+func dropThreadCaps() error {
+	last := 63
+	if b, err := os.ReadFile("/proc/sys/kernel/cap_last_cap"); err == nil {
+		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+			last = n
+		}
+	}
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	data := [2]unix.CapUserData{}
+	if err := unix.Capget(&hdr, &data[0]); err == nil && data[0].Effective&(1<<unix.CAP_SETPCAP) != 0 {
+		for c := 0; c <= last; c++ {
+			if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil && err != unix.EINVAL {
+				return fmt.Errorf("drop capability %d from the bounding set: %w", c, err)
+			}
+		}
+	}
+	hdr = unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	data = [2]unix.CapUserData{}
+	if err := unix.Capset(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("drop capabilities before starting QEMU: %w", err)
+	}
+	return nil
+}
