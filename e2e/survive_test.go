@@ -41,7 +41,7 @@ import (
 // mounts them). Two VM pods run, one a Jumpstarter exporter leased to a
 // client with a console session open. Then, as `helm upgrade` with a
 // changed node configuration and another image does: the old container is
-// killed and deleted (runc delete --force ends every process of its
+// terminated and deleted (runc delete --force ends every process of its
 // cgroup, as containerd does for a hostPID container) and a container of
 // the new pod spec and image starts. Checked: the same QEMU processes run
 // (same PIDs), the pods stay Ready, the lease is still held, the exporter
@@ -79,7 +79,10 @@ func TestChartAgentUpgradeKeepsVMs(t *testing.T) {
 	// The chart, as a user installs it on a host without /dev/kvm.
 	hostNode := "kvm-host-1"
 	ip, port := testutil.HostIPv4(t), testutil.FreePort(t)
-	state := filepath.Join(tmp, "state")
+	// Short: unix socket paths under it are limited to 107 bytes.
+	state, err := os.MkdirTemp("/tmp", "qk-keep-")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(state) })
 	cgParent := fmt.Sprintf("qk-e2e-%d", os.Getpid())
 	values := func(statusFreq string) []string {
 		return []string{
@@ -267,7 +270,9 @@ func TestChartAgentUpgradeKeepsVMs(t *testing.T) {
 	}
 	apply(objsB)
 	upgradeStart := time.Now()
-	rt.stop(agentA)
+	// The kubelet's termination: SIGTERM (the agent sees its DaemonSet
+	// and keeps the VMs), then the container is deleted.
+	rt.terminate(agentA, 30*time.Second)
 	if pid := rt.pid(agentA); pid != 0 {
 		t.Fatalf("the old agent container still runs (pid %d)", pid)
 	}
