@@ -1185,7 +1185,7 @@ func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan pods
 		Display:     plan.Display,
 		// features.consoleLogSize in force when the VM starts.
 		ConsoleCapBytes: p.Features().ConsoleLogSize,
-		Cgroup:          VMCgroup(p.cfg.VMCgroup, plan, p.cfg.VMOverhead),
+		Cgroup:          podspec.VMCgroup(p.cfg.VMCgroup, plan, p.cfg.VMOverhead),
 	}
 	if img.Kernel != "" {
 		spec.Cmdline = podspec.KernelCmdline(p.arch(), img.Cmdline, plan.ExtraCmdline) // the arch's console unless one is named

@@ -1,4 +1,4 @@
-package provider
+package podspec
 
 import "github.com/qemu-kubelet/qemu-kubelet/qemu"
 
