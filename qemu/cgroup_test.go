@@ -274,7 +274,7 @@ func TestStartInCgroupNamespace(t *testing.T) {
 	var out strings.Builder
 	cmd := exec.Command("readlink", "/proc/self/ns/cgroup")
 	cmd.Stdout = &out
-	if err := startConfined(cmd, ns, false); err != nil {
+	if err := startIn(cmd, ns, false); err != nil {
 		t.Fatal(err)
 	}
 	if err := cmd.Wait(); err != nil {
@@ -287,7 +287,7 @@ func TestStartInCgroupNamespace(t *testing.T) {
 	if mine == want {
 		t.Errorf("the caller joined the other namespace too (%s)", mine)
 	}
-	if err := startConfined(exec.Command("true"), "/nonexistent/ns", false); err == nil || !strings.Contains(err.Error(), "/nonexistent/ns") {
+	if err := startIn(exec.Command("true"), "/nonexistent/ns", false); err == nil || !strings.Contains(err.Error(), "/nonexistent/ns") {
 		t.Errorf("missing namespace file: %v", err)
 	}
 }
@@ -318,5 +318,21 @@ func TestStartConfinedDropsCapabilities(t *testing.T) {
 	}
 	if !threadHasCaps() {
 		t.Error("the caller lost its capabilities")
+	}
+}
+
+func TestNSDelegate(t *testing.T) {
+	for _, tc := range []struct {
+		mi   string
+		want bool
+	}{
+		{"35 24 0:30 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:9 - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot", true},
+		{"41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n42 31 0:39 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory", false},
+		{"36 25 0:31 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,nsdelegate", false},
+		{"", false},
+	} {
+		if got := nsDelegate(tc.mi); got != tc.want {
+			t.Errorf("nsDelegate(%q) = %v, want %v", tc.mi, got, tc.want)
+		}
 	}
 }

@@ -17,13 +17,22 @@ import (
 // CAP_SETPCAP; without it the thread's capabilities are still dropped, and
 // root regains only what the bounding set holds) and its capability sets
 // before the fork. With ns set it first joins that cgroup namespace
-// (Cgroup.Namespace; needs CAP_SYS_ADMIN) unless the caller is in it
+// (Cgroup.Namespace; needs CAP_SYS_ADMIN) when the cgroup2 hierarchy
+// delegates by namespace (nsDelegate) and the caller is not in it
 // already. The thread is never handed back to the Go scheduler: it ends
 // with its goroutine. Without capabilities and ns, a plain cmd.Start.
 //
 // keepCaps leaves the capabilities to a child that needs them to change
 // its user (Spec.RunAsUser: a process leaving root loses them at exec).
 func startConfined(cmd interface{ Start() error }, ns string, keepCaps bool) error {
+	if !nsDelegate(mountinfo()) {
+		ns = ""
+	}
+	return startIn(cmd, ns, keepCaps)
+}
+
+// startIn is startConfined that joins ns (if set and not the caller's).
+func startIn(cmd interface{ Start() error }, ns string, keepCaps bool) error {
 	join := false
 	if ns != "" {
 		self, err1 := os.Readlink("/proc/thread-self/ns/cgroup")
@@ -62,6 +71,32 @@ func startConfined(cmd interface{ Start() error }, ns string, keepCaps bool) err
 		errc <- cmd.Start()
 	}()
 	return <-errc
+}
+
+// nsDelegate reports whether the cgroup2 hierarchy is mounted with
+// nsdelegate (systemd mounts it so), which makes cgroup namespaces
+// delegation boundaries: only then may a process in a cgroup namespace of
+// its own not place a process outside it. Without it (cgroup v1, or a
+// cgroup2 mount without the option) no namespace needs joining.
+func nsDelegate(mountinfo string) bool {
+	for _, l := range strings.Split(mountinfo, "\n") {
+		_, post, ok := strings.Cut(l, " - ")
+		f := strings.Fields(post)
+		if !ok || len(f) < 3 || f[0] != "cgroup2" {
+			continue
+		}
+		for _, o := range strings.Split(f[2], ",") {
+			if o == "nsdelegate" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func mountinfo() string {
+	b, _ := os.ReadFile("/proc/self/mountinfo")
+	return string(b)
 }
 
 // threadHasCaps reports whether the calling thread holds any capability
