@@ -17,7 +17,7 @@ NODES     ?= 1
 export GOFLAGS ?= -mod=mod
 export GOTOOLCHAIN ?= local
 
-.PHONY: all build image test check unit unit-race fuzz-short vet fmt-check verify run bench soak deps control-plane clean
+.PHONY: all build image test check unit unit-race fuzz-short vet fmt-check verify run bench soak deps control-plane clean e2e-keepvms
 
 all: build
 
@@ -54,6 +54,15 @@ test: deps verify
 	cd hack/benchplot && $(GO) test -count=1 ./...
 	$(MAKE) fuzz-short FUZZTIME=$(TEST_FUZZTIME)
 	$(MAKE) unit-race
+
+# e2e-keepvms: the chart's node agent pod spec run as runc containers of two
+# images `make image` builds, upgraded with VMs and a Jumpstarter lease held
+# (e2e TestChartAgentUpgradeKeepsVMs; docs/install.md "VMs outlive the
+# agent"). Not in make test: two image builds and two TCG VMs take minutes.
+# Needs root, buildah, runc, umoci, debootstrap.
+e2e-keepvms: deps
+	QK_CONTROL_PLANE_BIN=$$(hack/build-control-plane.sh) QK_E2E_KEEPVMS=1 \
+	  $(GO) test -count=1 -timeout 40m -run '^TestChartAgentUpgradeKeepsVMs$$' -v ./e2e/
 
 # TEST_FUZZTIME: each fuzz target's run in make test (seed corpora always run
 # as unit tests; this explores beyond them).
