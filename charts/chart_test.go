@@ -501,7 +501,7 @@ func TestBadValuesRejected(t *testing.T) {
 		{file: "bad-podmonitor.yaml", want: "/nodeAgent/metrics/enabled", lint: true,
 			noSchema: "it needs nodeAgent.enabled=true and nodeAgent.metrics.enabled=true"},
 		{file: "bad-config-statedir.yaml", want: "nodeAgent.config.stateDir: set nodeAgent.stateDir instead"},
-		{file: "bad-config-vmcgroup.yaml", want: "'vmCgroup' not allowed", lint: true}, // the chart sets it from keepVMs
+		{file: "bad-config-vmcgroup.yaml", want: "nodeAgent.config.vmCgroup: set nodeAgent.keepVMs instead"},
 		{file: "bad-keepvms-parent.yaml", want: "/nodeAgent/keepVMs/cgroupParent", lint: true},
 	}
 	files, err := filepath.Glob(filepath.Join("testdata", "bad", "*.yaml"))

@@ -32,10 +32,14 @@ func TestNodeAgentObservability(t *testing.T) {
 			}
 		}
 		assert.Equal(t, tc.wantPort, port, "containerPort metrics matches the flag")
-		require.Len(t, c.Env, 2)
+		// The chart's own (node name; keepVMs: the pod's name and
+		// namespace), then nodeAgent.env.
+		require.Len(t, c.Env, 4)
 		assert.Equal(t, "HOST_NODE_NAME", c.Env[0].Name)
-		assert.Equal(t, "OTEL_EXPORTER_OTLP_ENDPOINT", c.Env[1].Name)
-		assert.Equal(t, "http://otel-collector.monitoring:4318", c.Env[1].Value)
+		assert.Equal(t, "POD_NAME", c.Env[1].Name)
+		assert.Equal(t, "POD_NAMESPACE", c.Env[2].Name)
+		assert.Equal(t, "OTEL_EXPORTER_OTLP_ENDPOINT", c.Env[3].Name)
+		assert.Equal(t, "http://otel-collector.monitoring:4318", c.Env[3].Value)
 	}
 
 	_, stderr, err := runHelm(t, templateArgs("", "nodeAgent.env[0].name=HOST_NODE_NAME", "nodeAgent.env[0].value=x")...)

@@ -47,8 +47,20 @@ func startIn(cmd interface{ Start() error }, ns string, keepCaps bool) error {
 		return cmd.Start()
 	}
 	errc := make(chan error, 1)
-	go func() {
+	var confined func()
+	confined = func() {
 		runtime.LockOSThread() // never unlocked: see above
+		if unix.Gettid() == unix.Getpid() {
+			// The main thread (Go wedges rather than ends it, and
+			// /proc/self shows it): while it stays locked here, hand the
+			// work to a goroutine that cannot land on it, then give it
+			// back untouched.
+			done := make(chan struct{})
+			go func() { defer close(done); confined() }()
+			<-done
+			runtime.UnlockOSThread()
+			return
+		}
 		if join {
 			fd, err := unix.Open(ns, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 			if err != nil {
@@ -69,7 +81,8 @@ func startIn(cmd interface{ Start() error }, ns string, keepCaps bool) error {
 			}
 		}
 		errc <- cmd.Start()
-	}()
+	}
+	go confined()
 	return <-errc
 }
 

@@ -90,6 +90,9 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- if and .Values.nodeAgent.enabled (hasKey .Values.nodeAgent.config "stateDir") -}}
 {{- fail "nodeAgent.config.stateDir: set nodeAgent.stateDir instead (the chart mounts it from the host)" -}}
 {{- end -}}
+{{- if and .Values.nodeAgent.enabled (hasKey .Values.nodeAgent.config "vmCgroup") -}}
+{{- fail "nodeAgent.config.vmCgroup: set nodeAgent.keepVMs instead (the chart sets vmCgroup with the host PID namespace and cgroup mount it needs)" -}}
+{{- end -}}
 {{- if and .Values.nodeAgent.enabled (hasKey .Values.nodeAgent.config "nodeName") -}}
 {{- fail "nodeAgent.config.nodeName: each host gets <nodeAgent.nodeNamePrefix><host node name>; set nodeAgent.nodeNamePrefix instead" -}}
 {{- end -}}
