@@ -244,7 +244,7 @@ func (e *Exporter) Run(ctx context.Context) error {
 		}
 	}
 	if lease != nil {
-		lease.stop()
+		<-lease.stop() // Run returns with the lease's connections over
 		lease = nil
 	}
 	if registered {
@@ -653,19 +653,33 @@ func (lr *leaseRun) stopListen() {
 }
 
 // stop ends the lease: Listen, every connection (used or not), the router
-// channels. It waits for the Listen goroutine.
-func (lr *leaseRun) stop() {
+// channels. It waits for the Listen goroutine, not for the connections:
+// each gets its GOAWAY at once and its stream ends when the peer has ended
+// it (within streamconn.CloseGrace: see streamconn.Conn.Close), then the
+// router channels close; the returned channel is closed when that is done.
+// Closing the channels at once would cancel the streams behind the GOAWAYs
+// and could leave a client idle on a console waiting forever.
+func (lr *leaseRun) stop() <-chan struct{} {
 	lr.cancel()
 	lr.mu.Lock()
-	for c := range lr.conns {
-		_ = c.Close()
-	}
-	for _, cc := range lr.routers {
-		_ = cc.Close()
-	}
+	conns, routers := lr.conns, lr.routers
 	lr.conns, lr.routers = nil, nil
 	lr.mu.Unlock()
+	for c := range conns {
+		_ = c.Close()
+	}
 	lr.stopListen()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for c := range conns {
+			<-c.Finished()
+		}
+		for _, cc := range routers {
+			_ = cc.Close()
+		}
+	}()
+	return done
 }
 
 // listen keeps Listen open for the lease (until ctx, the session's and the
@@ -723,7 +737,9 @@ func (e *Exporter) serveConn(lr *leaseRun, endpoint, token string) {
 		e.log.Info("router dial failed", "lease", lr.name, "router", endpoint, "error", err.Error())
 		return
 	}
-	sctx, cancel := context.WithCancel(lr.ctx)
+	// Not canceled with the lease: the lease's end closes the connection
+	// (GOAWAY first, then the stream: leaseRun.stop).
+	sctx, cancel := context.WithCancel(context.WithoutCancel(lr.ctx))
 	sctx = metadata.AppendToOutgoingContext(sctx, "authorization", "Bearer "+token)
 	st, err := pb.NewRouterServiceClient(cc).Stream(sctx)
 	if err != nil {

@@ -249,6 +249,13 @@ func TestFlashAndDumpResources(t *testing.T) {
 		assert.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
 		assert.Contains(t, status.Convert(err).Message(), `invalid partition name: "efi"`)
 	})
+	// A stream's server side records its close on its own goroutine, after
+	// the client's Close returned: wait for it.
+	e.rec.waitFor(t, "every resource stream closed", 10*time.Second, func() bool {
+		e.rec.mu.Lock()
+		defer e.rec.mu.Unlock()
+		return e.rec.opened["resource"] == e.rec.closed["resource"]
+	})
 	e.rec.mu.Lock()
 	assert.Equal(t, e.rec.opened["resource"], e.rec.closed["resource"], "every resource stream closed")
 	assert.Greater(t, e.rec.opened["resource"], 10)

@@ -40,6 +40,10 @@ var BufferPool = func() mem.BufferPool {
 	return p
 }()
 
+// CloseGrace bounds how long Close leaves the stream open after its GOAWAY
+// for the peer to end it (see Close).
+const CloseGrace = 2 * time.Second
+
 // Frames is one side of a RouterService.Stream.
 type Frames interface {
 	Send(payload []byte, ft pb.FrameType) error
@@ -91,17 +95,20 @@ func (a Addr) String() string  { return string(a) }
 
 // Conn is a net.Conn over Frames. Reads come from one goroutine that owns
 // Recv; writes are serialised; Close sends GOAWAY once, half-closes and
-// calls the cancel function that ends the underlying stream.
+// calls the cancel function that ends the underlying stream once the peer
+// has ended it (or after CloseGrace).
 type Conn struct {
 	f      Frames
 	cancel context.CancelFunc
 	addr   Addr
 
-	data   chan []byte   // owned by the receive goroutine (closed on end)
-	done   chan struct{} // closed by Close
-	rerr   error         // set before data is closed
-	buf    []byte        // unread rest of the last frame (Read side only)
-	readMu sync.Mutex
+	data     chan []byte   // owned by the receive goroutine (closed on end)
+	recvDone chan struct{} // closed when the receive goroutine ends
+	finished chan struct{} // closed when the stream is over (Finished)
+	done     chan struct{} // closed by Close
+	rerr     error         // set before data is closed
+	buf      []byte        // unread rest of the last frame (Read side only)
+	readMu   sync.Mutex
 
 	writeMu   sync.Mutex
 	closeOnce sync.Once
@@ -114,12 +121,14 @@ type Conn struct {
 
 // New wraps f. cancel (may be nil) ends the stream's context on Close.
 func New(f Frames, cancel context.CancelFunc, addr string) *Conn {
-	c := &Conn{f: f, cancel: cancel, addr: Addr(addr), data: make(chan []byte, 4), done: make(chan struct{}), deadlineWake: make(chan struct{})}
+	c := &Conn{f: f, cancel: cancel, addr: Addr(addr), data: make(chan []byte, 4), recvDone: make(chan struct{}),
+		finished: make(chan struct{}), done: make(chan struct{}), deadlineWake: make(chan struct{})}
 	go c.recvLoop()
 	return c
 }
 
 func (c *Conn) recvLoop() {
+	defer close(c.recvDone)
 	defer close(c.data)
 	for {
 		p, ft, err := c.f.Recv()
@@ -219,7 +228,14 @@ func (c *Conn) CloseWrite() error {
 	return err
 }
 
-// Close implements net.Conn: GOAWAY, half-close, cancel the stream.
+// Close implements net.Conn: GOAWAY and half-close at once, without
+// waiting. The stream is canceled only once the peer has ended it (its
+// GOAWAY or the end of the stream reached the receive goroutine) or after
+// CloseGrace: a cancellation sent right behind the GOAWAY can overtake it
+// (a router whose side of the stream is canceled while the GOAWAY waits in
+// its receive buffer may never forward it), and the peer, e.g. a client
+// idle on a console, would then wait forever. Finished is closed when the
+// stream is over.
 func (c *Conn) Close() error {
 	c.closeOnce.Do(func() {
 		close(c.done)
@@ -227,15 +243,29 @@ func (c *Conn) Close() error {
 		_ = c.f.Send(nil, pb.FrameType_FRAME_TYPE_GOAWAY)
 		_ = c.f.CloseSend()
 		c.writeMu.Unlock()
-		if c.cancel != nil {
+		go func() {
+			defer close(c.finished)
+			if c.cancel == nil {
+				return // a server stream: it ends when its handler returns
+			}
+			t := time.NewTimer(CloseGrace)
+			defer t.Stop()
+			select {
+			case <-c.recvDone:
+			case <-t.C:
+			}
 			c.cancel()
-		}
+		}()
 	})
 	return nil
 }
 
 // Done is closed when Close was called.
 func (c *Conn) Done() <-chan struct{} { return c.done }
+
+// Finished is closed once Close has ended the stream (canceled it after the
+// peer ended it, or after CloseGrace).
+func (c *Conn) Finished() <-chan struct{} { return c.finished }
 
 func (c *Conn) LocalAddr() net.Addr  { return c.addr }
 func (c *Conn) RemoteAddr() net.Addr { return c.addr }

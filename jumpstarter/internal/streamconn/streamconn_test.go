@@ -54,8 +54,8 @@ func (c *chanFrames) CloseSend() error {
 
 func TestConnFrames(t *testing.T) {
 	f := &chanFrames{in: make(chan frame, 8)}
-	cancelled := false
-	c := New(f, func() { cancelled = true }, "test")
+	cancelled := make(chan struct{})
+	c := New(f, func() { close(cancelled) }, "test")
 
 	// PING and empty DATA are skipped; DATA is read across Read calls.
 	f.in <- frame{nil, pb.FrameType_FRAME_TYPE_PING}
@@ -91,16 +91,67 @@ func TestConnFrames(t *testing.T) {
 	_, err = c.Read(buf)
 	assert.ErrorIs(t, err, io.EOF)
 
-	// Close: GOAWAY sent, half-closed, cancelled; writes fail after.
+	// Close: GOAWAY sent, half-closed; the peer already ended the stream
+	// (its GOAWAY), so it is cancelled at once; writes fail after.
 	require.NoError(t, c.Close())
 	require.NoError(t, c.Close())
 	f.mu.Lock()
 	assert.Equal(t, pb.FrameType_FRAME_TYPE_GOAWAY, f.sent[len(f.sent)-1].ft)
 	assert.True(t, f.half)
 	f.mu.Unlock()
-	assert.True(t, cancelled)
+	select {
+	case <-c.Finished():
+	case <-time.After(CloseGrace / 2):
+		t.Fatal("a stream the peer had ended was not finished at once")
+	}
+	select {
+	case <-cancelled:
+	default:
+		t.Fatal("Finished before the stream was cancelled")
+	}
 	_, err = c.Write([]byte("late"))
 	assert.ErrorIs(t, err, net.ErrClosed)
+}
+
+// TestCloseCancelsAfterThePeerEnds: Close sends GOAWAY and half-closes at
+// once but cancels the stream only when the peer has ended it, so that the
+// GOAWAY is not overtaken by the cancellation (a router may drop frames of a
+// stream it sees cancelled); a peer that never answers is cancelled after
+// CloseGrace.
+func TestCloseCancelsAfterThePeerEnds(t *testing.T) {
+	for _, peerEnds := range []bool{true, false} {
+		f := &chanFrames{in: make(chan frame, 1)}
+		cancelled := make(chan struct{})
+		c := New(f, func() { close(cancelled) }, "test")
+		start := time.Now()
+		require.NoError(t, c.Close())
+		f.mu.Lock()
+		require.NotEmpty(t, f.sent)
+		assert.Equal(t, pb.FrameType_FRAME_TYPE_GOAWAY, f.sent[len(f.sent)-1].ft, "GOAWAY sent at once")
+		assert.True(t, f.half, "half-closed at once")
+		f.mu.Unlock()
+		select {
+		case <-cancelled:
+			t.Fatal("cancelled before the peer ended the stream")
+		case <-time.After(100 * time.Millisecond):
+		}
+		if peerEnds {
+			close(f.in) // the router ends the stream: Recv returns io.EOF
+			select {
+			case <-c.Finished():
+			case <-time.After(CloseGrace / 2):
+				t.Fatal("not finished once the peer ended the stream")
+			}
+		} else {
+			<-c.Finished()
+			assert.GreaterOrEqual(t, time.Since(start), CloseGrace, "a silent peer gets CloseGrace")
+		}
+		select {
+		case <-cancelled:
+		default:
+			t.Fatal("finished without cancelling the stream")
+		}
+	}
 }
 
 func TestConnRST(t *testing.T) {
