@@ -266,7 +266,12 @@ func TestFlashAndDumpResources(t *testing.T) {
 // as it was (no partition written), and the call says why with the gRPC
 // code upstream's drivers use.
 func TestFlashResourceFailures(t *testing.T) {
-	mutate, target := withDisk(jumpstarter.ResourceOptions{WaitTimeout: 300 * time.Millisecond, StallTimeout: 500 * time.Millisecond})
+	// Timeouts a healthy transfer never meets here: it may pause longer
+	// than the short ones the stall cases need (under -race on a loaded
+	// machine it did, failing "the client sent nothing for 500ms"); those
+	// run on an exporter of their own (Stalls). WaitTimeout bounds the wait
+	// for a resource of another driver (BadArguments).
+	mutate, target := withDisk(jumpstarter.ResourceOptions{WaitTimeout: 2 * time.Second, StallTimeout: time.Minute})
 	e, s, uuidOf := leased(t, mutate)
 	ctx := ctxT(t, 5*time.Minute)
 	fl := uuidOf("flasher")
@@ -300,26 +305,37 @@ func TestFlashResourceFailures(t *testing.T) {
 		unchanged(t)
 	})
 
-	t.Run("ClientStalls", func(t *testing.T) {
-		r, err := s.OpenResource(ctx, fl, "")
-		require.NoError(t, err)
-		defer r.Conn.Close()
-		_, err = r.Conn.Write(img[:64<<10])
-		require.NoError(t, err)
-		err = flashWith(t, r, "root")
-		assert.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
-		assert.Contains(t, status.Convert(err).Message(), "the client sent nothing for 500ms (after 65536 bytes)")
-		unchanged(t)
-	})
-
-	t.Run("ResourceNeverComes", func(t *testing.T) {
-		h := map[string]any{"kind": "client_stream", "uuid": "0b8b2c5e-7a4e-4c51-9d0e-3a1f6f1f2a00", "x_jmp_content_encoding": nil}
-		t0 := time.Now()
-		_, err := s.Call(ctx, fl, "flash", h, "root")
-		assert.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
-		assert.Contains(t, status.Convert(err).Message(), "never came")
-		assert.GreaterOrEqual(t, time.Since(t0), 300*time.Millisecond, "waited for it")
-		unchanged(t)
+	t.Run("Stalls", func(t *testing.T) {
+		mutate, target := withDisk(jumpstarter.ResourceOptions{WaitTimeout: 300 * time.Millisecond, StallTimeout: 500 * time.Millisecond})
+		_, s, uuidOf := leased(t, mutate)
+		fl := uuidOf("flasher")
+		before, writes := target().part("root")
+		unchanged := func(t *testing.T) {
+			t.Helper()
+			got, w := target().part("root")
+			assert.Equal(t, writes, w, "nothing installed")
+			assert.True(t, bytes.Equal(before, got), "root unchanged")
+		}
+		t.Run("ClientStalls", func(t *testing.T) {
+			r, err := s.OpenResource(ctx, fl, "")
+			require.NoError(t, err)
+			defer r.Conn.Close()
+			_, err = r.Conn.Write(img[:64<<10])
+			require.NoError(t, err)
+			_, err = s.Call(ctx, fl, "flash", r.Handle, "root")
+			assert.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
+			assert.Contains(t, status.Convert(err).Message(), "the client sent nothing for 500ms (after 65536 bytes)")
+			unchanged(t)
+		})
+		t.Run("ResourceNeverComes", func(t *testing.T) {
+			h := map[string]any{"kind": "client_stream", "uuid": "0b8b2c5e-7a4e-4c51-9d0e-3a1f6f1f2a00", "x_jmp_content_encoding": nil}
+			t0 := time.Now()
+			_, err := s.Call(ctx, fl, "flash", h, "root")
+			assert.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
+			assert.Contains(t, status.Convert(err).Message(), "never came")
+			assert.GreaterOrEqual(t, time.Since(t0), 300*time.Millisecond, "waited for it")
+			unchanged(t)
+		})
 	})
 
 	corrupt := func(t *testing.T, src []byte, compression, want string) {
