@@ -14,7 +14,12 @@ BENCHTIME ?= 1x
 TEST_TIMEOUT ?= 45m
 NODES     ?= 1
 
-export GOFLAGS ?= -mod=mod
+GOFLAGS ?= -mod=mod
+# -trimpath: build cache keys then do not depend on the checkout's directory,
+# so a fresh clone in another folder (CI) reuses the packages an earlier run
+# compiled instead of compiling every package of the module again for vet,
+# test, -race and -fuzz.
+export GOFLAGS := $(GOFLAGS) $(if $(filter -trimpath,$(GOFLAGS)),,-trimpath)
 export GOTOOLCHAIN ?= local
 
 .PHONY: all build image test check unit unit-race fuzz-short vet fmt-check verify run bench soak deps control-plane clean e2e-keepvms
@@ -48,12 +53,22 @@ verify: fmt-check vet
 	hack/gen-proto.sh --check
 	hack/sync-chart-crds.sh --check
 
+# test: the e2e package (real control planes, nodes and VMs, one test at a
+# time: the longest package by far) runs beside everything else, which runs
+# one package at a time: the other packages, benchplot, fuzz-short and
+# unit-race. Two test processes at once, as `go test -p 2 ./...` had; the
+# fuzz and race runs (and their builds) no longer wait for e2e to end.
 test: deps verify
-	QK_CONTROL_PLANE_BIN=$$(hack/build-control-plane.sh) \
-	  $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
-	cd hack/benchplot && $(GO) test -count=1 ./...
-	$(MAKE) fuzz-short FUZZTIME=$(TEST_FUZZTIME)
-	$(MAKE) unit-race
+	@bin=$$(hack/build-control-plane.sh) || exit 1; \
+	QK_CONTROL_PLANE_BIN=$$bin $(GO) test -p 1 -count=1 -timeout $(TEST_TIMEOUT) ./e2e/ & e2e=$$!; \
+	rc=0; \
+	pkgs=$$($(GO) list -f '{{if ne .ImportPath "$(PKG)/e2e"}}{{.ImportPath}}{{end}}' ./...) || { kill $$e2e; exit 1; }; \
+	QK_CONTROL_PLANE_BIN=$$bin $(GO) test -p 1 -count=1 -timeout $(TEST_TIMEOUT) $$pkgs || rc=1; \
+	(cd hack/benchplot && $(GO) test -count=1 ./...) || rc=1; \
+	$(MAKE) --no-print-directory fuzz-short FUZZTIME=$(TEST_FUZZTIME) || rc=1; \
+	$(MAKE) --no-print-directory unit-race UNIT_FLAGS=-p=1 || rc=1; \
+	wait $$e2e || rc=1; \
+	exit $$rc
 
 # e2e-keepvms: the chart's node agent pod spec run as runc containers of two
 # images `make image` builds, upgraded with VMs and a Jumpstarter lease held
@@ -75,19 +90,22 @@ check: test
 # or a control plane skip under -short (internal/testutil.SkipIfShort). It
 # proves that: the tools such tests start are shadowed on PATH by a shim
 # that records the call and fails, and unit fails if any was called.
+# UNIT_FLAGS: extra go test flags of unit and unit-race (make test: -p=1).
 unit:
-	@hack/unit-shim.sh $(GO) test -count=1 -short ./...
+	@hack/unit-shim.sh $(GO) test -count=1 -short $(UNIT_FLAGS) ./...
 
 unit-race:
-	@hack/unit-shim.sh $(GO) test -race -count=1 -short ./...
+	@hack/unit-shim.sh $(GO) test -race -count=1 -short $(UNIT_FLAGS) ./...
 
 # fuzz-short: each fuzz target for FUZZTIME (seed corpora in testdata/fuzz).
 FUZZTIME ?= 10s
+# A target that is not in its package fails (go test -fuzz would only warn).
 FUZZ_TARGETS := oci:FuzzPlanManifest oci:FuzzExtractContainerDisk oci:FuzzSafeTarPath \
-	provider/config:FuzzDecode provider:FuzzTranslate
+	provider/config:FuzzDecode provider/podspec:FuzzTranslate
 fuzz-short:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 	  pkg=$${t%%:*}; fn=$${t#*:}; \
+	  grep -qs "^func $$fn(" ./$$pkg/*_test.go || { echo "fuzz-short: no $$fn in ./$$pkg (FUZZ_TARGETS is stale)"; exit 1; }; \
 	  echo "fuzz $$pkg $$fn ($(FUZZTIME))"; \
 	  $(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) ./$$pkg; \
 	done
