@@ -45,6 +45,7 @@ type exsEnv struct {
 	cl       client.Client
 	node     string
 	stateDir string // the node's state dir: every VM's QEMU runs under it
+	agentLog string // the node agent's log (-v 2: start timelines included)
 	image    string // the test OS image (ACPI variant) in the registry
 	panic    string // the variant that prints the boot marker and panics
 	reg      string
@@ -85,6 +86,7 @@ func startExsEnv(tb testing.TB) *exsEnv {
 	}
 
 	e.stateDir = startVMNode(tb, c, kubeletBin, e.node, tmp)
+	e.agentLog = filepath.Join(tmp, "qemu-kubelet.log")
 	vmtest.ReapQEMU(tb, e.stateDir)
 	metricsAddr := fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(tb))
 	e.metrics = "http://" + metricsAddr + "/metrics"
@@ -249,6 +251,9 @@ server: {address: %s, port: %d, clientCAFile: %s}
 nodeStatusUpdateFrequency: 2s
 nodeLeaseDurationSeconds: 12
 `, name, ip, state, ip, port, c.CAFile())
+	// QK_BENCH_EXS_NODE_CONFIG appends node configuration lines (e.g.
+	// "vmNice: 0" for BenchmarkLeaseFromZero).
+	cfg += os.Getenv("QK_BENCH_EXS_NODE_CONFIG")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		tb.Fatal(err)
 	}

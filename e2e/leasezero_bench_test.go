@@ -52,14 +52,31 @@ func BenchmarkLeaseFromZero(b *testing.B) {
 	bare := newBareGuest(b)
 
 	n := 0
+	pods := map[string]*burstPod{} // the timelines, shifted to a common origin
+	base := time.Now()
 	lease := func() (time.Duration, podStages) {
 		n++
 		name := fmt.Sprintf("lz-%d", n)
-		ref, st, exp := e.leaseToReady(b, js, set.Spec.Jumpstarter.ExporterLabels, set.Name, name)
+		logFrom := fileSize(e.agentLog)
+		t0, ref, st, exp := e.leaseToReady(b, js, set.Spec.Jumpstarter.ExporterLabels, set.Name, name)
 		pod, err := e.c.Client().CoreV1().Pods(e.ns).Get(context.Background(), exp, metav1.GetOptions{})
 		if err != nil {
 			b.Fatalf("lease %s: exporter %s is no pod: %v", name, exp, err)
 		}
+		// The node's steps of the pod's start, from the agent's log (-v 2).
+		key := e.ns + "/" + exp
+		tl := map[string]*burstPod{key: {at: map[string]time.Time{
+			"podCreated": t0.Add(st.created), "bound": t0.Add(st.bound), "ready": t0.Add(st.ready), "leaseReady": t0.Add(ref)}}}
+		if log, err := os.ReadFile(e.agentLog); err == nil {
+			if err := parseNodeTimeline(string(log[min(logFrom, int64(len(log))):]), t0.Year(), tl); err != nil {
+				b.Fatalf("timeline of %s from the agent's log: %v", exp, err)
+			}
+		}
+		shifted := &burstPod{at: map[string]time.Time{}}
+		for s, t := range tl[key].at {
+			shifted.at[s] = base.Add(t.Sub(t0))
+		}
+		pods[name] = shifted
 		js.release(b, e.ns, name)
 		js.waitLease(b, e.ns, name, 30*time.Second, "ended", leaseEnded)
 		e.waitVMGone(b, *pod, 2*time.Minute)
@@ -69,6 +86,7 @@ func BenchmarkLeaseFromZero(b *testing.B) {
 	// Warm-up (untimed): the first VM pulls the image.
 	lease()
 	bare.toPort(b)
+	clear(pods)
 
 	var leases, bares, created, bound, ready []time.Duration
 	b.Logf("load average at the start: %s", loadAvg())
@@ -95,14 +113,26 @@ func BenchmarkLeaseFromZero(b *testing.B) {
 	b.ReportMetric(pbMs(pbMedianDur(created)), "pod-created-ms")
 	b.ReportMetric(pbMs(pbMedianDur(bound)), "pod-bound-ms")
 	b.ReportMetric(pbMs(pbMedianDur(ready)), "pod-ready-ms")
+	hops := hopsOf(leaseSteps, pods, base)
+	for _, h := range hops {
+		b.ReportMetric(h.meanMs, "tl-"+h.step+"-hop-avg-ms")
+	}
+	b.Logf("timeline from the lease's creation (hop: from the step before, mean over the rounds; pushed: the probe's first success handed over):\n%s", formatHops(hops))
 	b.Logf("rounds=%d lease -> Ready %s; bare exec -> port answers %s; pod created %s, bound %s, Ready %s (after the lease's creation)",
 		len(leases), durList(leases), durList(bares), durList(created), durList(bound), durList(ready))
 }
 
-// leaseToReady creates lease name selecting labels and returns the time
-// from its creation until Ready (exporterRef set), the stages of the set's
-// pod, and the exporter it got.
-func (e *exsEnv) leaseToReady(b *testing.B, js *jsEnv, labels map[string]string, set, name string) (time.Duration, podStages, string) {
+// leaseSteps are the timeline of a lease from zero: the bench's watches
+// give podCreated (the set made the pod), bound, ready (the pod's Ready)
+// and leaseReady; the node's steps come from the agent's start timeline,
+// whose pushed is the probe's first success handed to the library.
+var leaseSteps = []string{"podCreated", "bound", "createPod", "admitted", "recorded", "worker", "image", "overlay",
+	"qemuExec", "qmpSocket", "qmp", "started", "pushed", "delivered", "ready", "leaseReady"}
+
+// leaseToReady creates lease name selecting labels and returns when it
+// was created, the time from then until Ready (exporterRef set), the
+// stages of the set's pod, and the exporter it got.
+func (e *exsEnv) leaseToReady(b *testing.B, js *jsEnv, labels map[string]string, set, name string) (time.Time, time.Duration, podStages, string) {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*vmBoot)
 	defer cancel()
@@ -134,7 +164,7 @@ func (e *exsEnv) leaseToReady(b *testing.B, js *jsEnv, labels map[string]string,
 	// moment, then end the watch.
 	time.Sleep(100 * time.Millisecond)
 	pw.Stop()
-	return took, <-stages, leaseExporter(l)
+	return t0, took, <-stages, leaseExporter(l)
 }
 
 // bareGuest boots the test image's ACPI guest by a bare qemu-system-x86_64.

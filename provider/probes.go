@@ -180,7 +180,9 @@ type guestProber struct {
 	vm    VM
 	probe *corev1.Probe
 	c     *corev1.Container
-	// hostPorts: guest port -> forwarded host port (added on first use).
+	// hostPorts: guest port -> forwarded host port (added on first use);
+	// under mu (early checks run at once).
+	mu        sync.Mutex
 	hostPorts map[int]int
 }
 
@@ -249,6 +251,8 @@ func execCheck(ctx context.Context, vm VM, command []string, timeout time.Durati
 // the probe) on
 // first use.
 func (g *guestProber) forward(ctx context.Context, guestPort int, timeout time.Duration) (int, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	if hp, ok := g.hostPorts[guestPort]; ok {
 		return hp, nil
 	}
@@ -488,72 +492,93 @@ type probeGate struct {
 	runStart time.Time
 }
 
-// probeFastInterval is how often a readiness or startup probe checks the
-// guest until its first success in a run (never more often than its
-// period): a booting guest is seen ready within this of its port answering,
-// not within a period.
+// probeFastInterval is how often a readiness or startup probe begins an
+// early check until its first success in a run (never more often than its
+// period): a booting guest is seen ready within about this of its port
+// answering, not within a period.
 const probeFastInterval = 100 * time.Millisecond
 
-// probeEarlyTimeout bounds an early check (at most the probe's timeout):
-// a connection made before the guest's network was up is not answered
-// until the guest sees a retransmission (seconds), so an early check that
-// waited the whole timeoutSeconds could hide the port opening meanwhile.
-const probeEarlyTimeout = 250 * time.Millisecond
+// maxEarlyChecks bounds the early checks in flight at once. They overlap:
+// a connection made before the guest's network was up is answered only at
+// a retransmission (seconds later), and a guest answering slowly while it
+// boots takes long; neither holds back the next check.
+const maxEarlyChecks = 10
 
-// probeSchedule is when a probe's loop checks, as plain data (durations
-// from the end of the initial delay). The regular checks follow the
-// kubelet: every period from the start of the previous regular check (a
-// check that takes long counts against the period). Until the probe's
-// first success in the run, with fast > 0, the node also checks every fast
-// in between: such an early check counts only when it succeeds (a success
-// seen sooner); its failure is neither counted against failureThreshold
-// nor reported, so a probe fails exactly when the kubelet's would and
-// initialDelaySeconds still holds.
+// probeSchedule is when a probe's loop begins checks, as plain data
+// (durations from the end of the initial delay). The regular checks follow
+// the kubelet: one at a time, each a period after the start of the previous
+// one (a check that takes long counts against the period). Until the
+// probe's first success in the run, with fast > 0, early checks begin every
+// fast, beside the regular ones, each with the probe's timeout, at most
+// maxEarly in flight: an early check counts only when it succeeds (a
+// success seen sooner); its failure is neither counted against
+// failureThreshold nor reported, so a probe fails exactly when the
+// kubelet's would and initialDelaySeconds still holds.
 type probeSchedule struct {
 	period, fast time.Duration
-	// due is when the next regular check is due.
-	due time.Duration
+	maxEarly     int
+	// due is when the next regular check is due; regularBusy: one runs.
+	due         time.Duration
+	regularBusy bool
+	// lastEarly is when the last early check began; earlyBusy how many run.
+	lastEarly time.Duration
+	earlyBusy int
 	// succeeded: a check passed in this run (no more early checks).
 	succeeded bool
 }
 
-// newProbeSchedule is the schedule of a probe of period; early checks
-// every probeFastInterval (at most period) when early is set.
-func newProbeSchedule(period time.Duration, early bool) probeSchedule {
+// newProbeSchedule is the schedule of a probe of period and timeout;
+// early checks every probeFastInterval (when period is longer) when early
+// is set, at most maxEarly at once (0: maxEarlyChecks, or as many as fit in
+// the timeout).
+func newProbeSchedule(period, timeout time.Duration, early bool, maxEarly int) probeSchedule {
 	s := probeSchedule{period: period}
 	if early && period > probeFastInterval {
 		s.fast = probeFastInterval
+		s.maxEarly = maxEarly
+		if s.maxEarly <= 0 {
+			s.maxEarly = min(maxEarlyChecks, max(1, int((timeout+probeFastInterval-1)/probeFastInterval)))
+		}
 	}
 	return s
 }
 
-// next is when the next check begins, given when the last one began
-// (lastBegan < 0: none yet) and now, and whether it is a regular check.
-// Pure.
-func (s probeSchedule) next(lastBegan, now time.Duration) (at time.Duration, regular bool) {
-	at = s.due
-	if lastBegan >= 0 && !s.succeeded && s.fast > 0 && lastBegan+s.fast < at {
-		at = lastBegan + s.fast
+// next is the next check to begin at or after now: when, and whether it is
+// regular; ok false: none until a running check ends. Pure.
+func (s probeSchedule) next(now time.Duration) (at time.Duration, regular, ok bool) {
+	if !s.regularBusy {
+		at, regular, ok = max(s.due, now), true, true
 	}
-	at = max(at, now)
-	return at, at >= s.due
+	if s.fast > 0 && !s.succeeded && s.earlyBusy < s.maxEarly {
+		if e := max(s.lastEarly+s.fast, now); !ok || e < at {
+			at, regular, ok = e, false, true
+		}
+	}
+	return at, regular, ok
 }
 
-// timeout is the timeout of a check: the probe's (timeout) for a
-// regular check, at most probeEarlyTimeout for an early one. Pure.
-func (s probeSchedule) timeout(timeout time.Duration, regular bool) time.Duration {
+// began records a check begun at at. Pure.
+func (s probeSchedule) began(at time.Duration, regular bool) probeSchedule {
 	if regular {
-		return timeout
+		s.regularBusy = true
+	} else {
+		s.earlyBusy++
+		s.lastEarly = at
 	}
-	return min(timeout, probeEarlyTimeout)
+	return s
 }
 
-// done records a check that began at began: a regular check, or an
-// early one that succeeded, sets the next regular check a period later.
+// done records the end of a check begun at began: a regular check, or an
+// early one that succeeded, sets the next regular check a period after it.
 // Pure.
 func (s probeSchedule) done(began time.Duration, regular, ok bool) probeSchedule {
+	if regular {
+		s.regularBusy = false
+	} else {
+		s.earlyBusy--
+	}
 	if regular || ok {
-		s.due = began + s.period
+		s.due = max(s.due, began+s.period)
 	}
 	if ok {
 		s.succeeded = true
@@ -561,13 +586,24 @@ func (s probeSchedule) done(began time.Duration, regular, ok bool) probeSchedule
 	return s
 }
 
+// counts: the check's result is counted (a regular check, or an early one
+// that succeeded). Pure.
+func (s probeSchedule) counts(regular, ok bool) bool { return regular || ok }
+
+// probeResult is one check's outcome, sent to runProbe's loop.
+type probeResult struct {
+	began       time.Duration
+	regular, ok bool
+	msg         string
+}
+
 // runProbe is one probe's loop. It waits for gate (nil: none), then the
 // probe's initial delay (counted from the run's start when gated), then
-// checks on its probeSchedule (early checks until the first success when
-// early is set); onResult gets the thresholded result after every counted
-// check, and the message of the failing check when the result is a failure
-// (empty while failures are below the threshold); it returns whether to go
-// on.
+// begins checks on its probeSchedule (early checks until the first success
+// when early is set); onResult gets the thresholded result after every
+// counted check, and the message of the failing check when the result is a
+// failure (empty while failures are below the threshold); it returns
+// whether to go on.
 func (p *VMs) runProbe(ctx context.Context, rec *podVM, vm VM, c *corev1.Container, kind string, probe *corev1.Probe, initial, early bool, stop <-chan struct{}, gate *probeGate, onResult func(ok bool, msg string) bool) {
 	delay, period, timeout := probeDurations(probe)
 	g := &guestProber{vm: vm, probe: probe, c: c, hostPorts: map[int]int{}}
@@ -594,47 +630,89 @@ func (p *VMs) runProbe(ctx context.Context, rec *podVM, vm VM, c *corev1.Contain
 	if delay > 0 && !wait(delay) {
 		return
 	}
-	sched := newProbeSchedule(period, early)
-	origin := time.Now()
-	lastBegan := time.Duration(-1)
-	for {
-		at, regular := sched.next(lastBegan, time.Since(origin))
-		if d := at - time.Since(origin); d > 0 && !wait(d) {
-			return
-		}
-		began := time.Since(origin)
-		lastBegan = began
-		cctx, cancel := context.WithCancel(ctx)
-		go func() {
-			select {
-			case <-stop:
-				cancel()
-			case <-cctx.Done():
-			}
-		}()
-		ok, msg := g.check(cctx, sched.timeout(timeout, regular))
-		stopped := cctx.Err() != nil
+	maxEarly := 0
+	if probe.Exec != nil {
+		maxEarly = 1 // the guest agent runs one command at a time
+	}
+	sched := newProbeSchedule(period, timeout, early, maxEarly)
+	// Checks run on their own goroutines and end with the loop (cctx);
+	// early ones also end at the first success (ectx).
+	cctx, cancel := context.WithCancel(ctx)
+	ectx, ecancel := context.WithCancel(cctx)
+	defer ecancel()
+	running := 0
+	results := make(chan probeResult)
+	defer func() {
 		cancel()
-		if stopped {
+		for ; running > 0; running-- {
+			<-results
+		}
+	}()
+	go func() {
+		select {
+		case <-stop:
+			cancel()
+		case <-cctx.Done():
+		}
+	}()
+	origin := time.Now()
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		at, regular, ok := sched.next(time.Since(origin))
+		var fire <-chan time.Time
+		if ok {
+			timer.Reset(at - time.Since(origin))
+			fire = timer.C
+		}
+		select {
+		case <-cctx.Done():
 			return
-		}
-		sched = sched.done(began, regular, ok)
-		if !ok && !regular {
-			continue // an early check: only its success counts
-		}
-		if !ok {
-			rec.mu.Lock()
-			pod := rec.pod.DeepCopy()
-			rec.mu.Unlock()
-			p.event(pod, corev1.EventTypeWarning, "Unhealthy", fmt.Sprintf("%s probe failed: %s", kind, msg))
-		}
-		res := counter.observe(ok)
-		failMsg := ""
-		if !res && !ok && counter.failures >= counter.failureThreshold {
-			failMsg = msg
-		}
-		if !onResult(res, failMsg) {
-			return
+		case <-fire:
+			began := time.Since(origin)
+			sched = sched.began(began, regular)
+			checkCtx := cctx
+			if !regular {
+				checkCtx = ectx
+			}
+			running++
+			go func() {
+				ok, msg := g.check(checkCtx, timeout)
+				results <- probeResult{began: began, regular: regular, ok: ok, msg: msg}
+			}()
+			continue
+		case r := <-results:
+			running--
+			if !timer.Stop() {
+				select {
+				case <-timer.C:
+				default:
+				}
+			}
+			if cctx.Err() != nil {
+				return
+			}
+			sched = sched.done(r.began, r.regular, r.ok)
+			if !sched.counts(r.regular, r.ok) {
+				continue // an early check: only its success counts
+			}
+			if r.ok {
+				ecancel() // the early checks are over
+			}
+			if !r.ok {
+				rec.mu.Lock()
+				pod := rec.pod.DeepCopy()
+				rec.mu.Unlock()
+				p.event(pod, corev1.EventTypeWarning, "Unhealthy", fmt.Sprintf("%s probe failed: %s", kind, r.msg))
+			}
+			res := counter.observe(r.ok)
+			failMsg := ""
+			if !res && !r.ok && counter.failures >= counter.failureThreshold {
+				failMsg = r.msg
+			}
+			if !onResult(res, failMsg) {
+				return
+			}
 		}
 	}
 }

@@ -241,84 +241,149 @@ func listenTCP(t *testing.T, closeAtOnce bool) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// simulateProbe runs a probeSchedule as runProbe does, with checks that
-// each take took(began) and pass from readyAt on, until the time limit;
-// it returns the checks as (began, regular, ok).
+// simCheck is one simulated check: when it began, whether regular, and
+// its outcome.
 type simCheck struct {
 	at          time.Duration
 	regular, ok bool
 }
 
-func simulateProbe(s probeSchedule, took func(time.Duration) time.Duration, readyAt, limit time.Duration) []simCheck {
-	var out []simCheck
-	now, last := time.Duration(0), time.Duration(-1)
-	for {
-		at, regular := s.next(last, now)
-		if at >= limit {
-			return out
-		}
-		ok := at >= readyAt
-		out = append(out, simCheck{at, regular, ok})
-		s = s.done(at, regular, ok)
-		last, now = at, at+took(at)
+// simulateProbe runs a probeSchedule as runProbe does, with checks that
+// each take took(began) and pass when they begin at readyAt or later, until
+// limit; it returns the checks begun, in order, and when the first counted
+// success ended (-1: none).
+func simulateProbe(s probeSchedule, took func(time.Duration) time.Duration, readyAt, limit time.Duration) ([]simCheck, time.Duration) {
+	type end struct {
+		at time.Duration
+		c  simCheck
 	}
+	var out []simCheck
+	var running []end
+	now, firstOK := time.Duration(0), time.Duration(-1)
+	for now < limit {
+		at, regular, ok := s.next(now)
+		// The earliest end of a running check.
+		ei := -1
+		for i, e := range running {
+			if ei < 0 || e.at < running[ei].at {
+				ei = i
+			}
+		}
+		if ok && (ei < 0 || at < running[ei].at) {
+			if at >= limit {
+				break
+			}
+			now = at
+			c := simCheck{at, regular, at >= readyAt}
+			out = append(out, c)
+			s = s.began(at, regular)
+			running = append(running, end{at + took(at), c})
+			continue
+		}
+		if ei < 0 {
+			break
+		}
+		e := running[ei]
+		running = append(running[:ei], running[ei+1:]...)
+		now = e.at
+		s = s.done(e.c.at, e.c.regular, e.c.ok)
+		if e.c.ok && firstOK < 0 && s.counts(e.c.regular, e.c.ok) {
+			firstOK = e.at
+		}
+	}
+	return out, firstOK
 }
 
 // TestProbeScheduleEarlyUntilFirstSuccess: a readiness probe of period 1 s
-// checks every probeFastInterval until its first success (only the checks
-// on the period count as failures), then every period from that success.
+// begins an early check every probeFastInterval until its first success,
+// beside the regular checks (the only ones counted as failures), then
+// checks every period from that success.
 func TestProbeScheduleEarlyUntilFirstSuccess(t *testing.T) {
 	ms := time.Millisecond
-	checks := simulateProbe(newProbeSchedule(time.Second, true), func(time.Duration) time.Duration { return 10 * ms }, 2550*ms, 5*time.Second)
+	checks, firstOK := simulateProbe(newProbeSchedule(time.Second, time.Second, true, 0), func(time.Duration) time.Duration { return 10 * ms }, 2550*ms, 5*time.Second)
 	var regular, early []time.Duration
-	var firstOK time.Duration = -1
 	for _, c := range checks {
-		if c.ok && firstOK < 0 {
-			firstOK = c.at
-			if c.regular {
-				t.Errorf("first success at %v counted as regular", c.at)
-			}
-		}
 		if c.regular {
 			regular = append(regular, c.at)
 		} else {
 			early = append(early, c.at)
 		}
 	}
-	// The guest answers at 2.55 s: seen at 2.6 s (the early check after it), not at 3 s.
-	if firstOK != 2600*ms {
-		t.Errorf("first success seen at %v, want 2.6s (checks %v)", firstOK, checks)
+	// The guest answers from 2.55 s: the early check begun at 2.6 s sees it.
+	if firstOK != 2610*ms {
+		t.Errorf("first success at %v, want 2.61s (checks %v)", firstOK, checks)
 	}
 	// Regular checks: 0, 1, 2 s (failures, counted), then a period after the success.
-	want := []time.Duration{0, time.Second, 2 * time.Second, 3600 * ms, 4600 * ms}
-	if !slices.Equal(regular, want) {
+	if want := []time.Duration{0, time.Second, 2 * time.Second, 3600 * ms, 4600 * ms}; !slices.Equal(regular, want) {
 		t.Errorf("regular checks at %v, want %v", regular, want)
 	}
-	// Early checks every 100 ms between the regular ones, none after the success.
-	if len(early) != 9+9+6 {
-		t.Errorf("%d early checks, want 24: %v", len(early), early)
+	// Early checks every 100 ms (the regular ones included in the count of steps), none after the success.
+	if len(early) != 26 {
+		t.Errorf("%d early checks, want 26 (0.1 .. 2.6 s): %v", len(early), early)
 	}
-	for _, at := range early {
-		if at > firstOK {
-			t.Errorf("early check at %v after the first success at %v", at, firstOK)
-		}
-		if at%(100*ms) != 0 {
-			t.Errorf("early check at %v: not on the 100 ms steps", at)
+	for i, at := range early {
+		if want := time.Duration(i+1) * 100 * ms; at != want {
+			t.Errorf("early check %d at %v, want %v", i, at, want)
 		}
 	}
 }
 
+// TestProbeScheduleOverlappingEarlyChecks: early checks that hang (a guest
+// whose network is not up answers nothing until the timeout) do not hold
+// back the next one: a new one begins every probeFastInterval up to
+// maxEarly at once, and the port opening is seen within about
+// probeFastInterval plus the answer's time.
+func TestProbeScheduleOverlappingEarlyChecks(t *testing.T) {
+	ms := time.Millisecond
+	readyAt := 1550 * ms
+	// Before 1.5 s a check hangs for the whole timeout (1 s); after, the guest answers in 300 ms.
+	took := func(at time.Duration) time.Duration {
+		if at < 1500*ms {
+			return time.Second
+		}
+		return 300 * ms
+	}
+	s := newProbeSchedule(time.Second, time.Second, true, 0)
+	if s.maxEarly != 10 {
+		t.Fatalf("maxEarly = %d for a 1 s timeout, want 10", s.maxEarly)
+	}
+	checks, firstOK := simulateProbe(s, took, readyAt, 4*time.Second)
+	// The early check begun at 1.6 s passes and ends 300 ms later.
+	if firstOK != 1900*ms {
+		t.Errorf("first success at %v, want 1.9s: %v", firstOK, checks)
+	}
+	// At most maxEarly early checks ran at once: with checks of 1 s every
+	// 100 ms, the 10th (at 1.0 s) fills the slots: the next begins as the
+	// first ends (1.1 s).
+	var early []time.Duration
+	for _, c := range checks {
+		if !c.regular && c.at < 1200*ms {
+			early = append(early, c.at)
+		}
+	}
+	if want := []time.Duration{100 * ms, 200 * ms, 300 * ms, 400 * ms, 500 * ms, 600 * ms, 700 * ms, 800 * ms, 900 * ms, 1000 * ms, 1100 * ms}; !slices.Equal(early, want) {
+		t.Errorf("early checks before 1.2 s at %v, want %v", early, want)
+	}
+	// An exec probe: one early check at a time.
+	s = newProbeSchedule(time.Second, time.Second, true, 1)
+	checks, _ = simulateProbe(s, func(time.Duration) time.Duration { return 250 * ms }, time.Hour, 1100*ms)
+	want := []simCheck{{0, true, false}, {100 * ms, false, false}, {350 * ms, false, false}, {600 * ms, false, false}, {850 * ms, false, false}, {time.Second, true, false}}
+	if !slices.Equal(checks, want) {
+		t.Errorf("exec probe checks %v, want %v", checks, want)
+	}
+}
+
 // TestProbeScheduleKubeletTiming: without early checks (liveness), and for
-// a period not above probeFastInterval, a probe checks every period; a
-// check longer than the period delays the next one, which is regular.
+// a period not above probeFastInterval, a probe checks every period, one
+// at a time; a check longer than the period delays the next.
 func TestProbeScheduleKubeletTiming(t *testing.T) {
 	ms := time.Millisecond
 	each := func(time.Duration) time.Duration { return 10 * ms }
 	for name, s := range map[string]probeSchedule{
-		"liveness":     newProbeSchedule(time.Second, false),
-		"short period": newProbeSchedule(100*ms, true),
+		"liveness":     newProbeSchedule(time.Second, time.Second, false, 0),
+		"short period": newProbeSchedule(100*ms, time.Second, true, 0),
 	} {
-		checks := simulateProbe(s, each, time.Hour, 10*s.period+ms)
+		checks, _ := simulateProbe(s, each, time.Hour, 10*s.period+ms)
 		if len(checks) != 11 {
 			t.Errorf("%s: %d checks in 10 periods, want 11: %v", name, len(checks), checks)
 		}
@@ -328,32 +393,9 @@ func TestProbeScheduleKubeletTiming(t *testing.T) {
 			}
 		}
 	}
-	// Early checks that time out (1 s, the guest not up): the next begins
-	// when one ends, and is regular once a period has passed.
-	checks := simulateProbe(newProbeSchedule(time.Second, true), func(time.Duration) time.Duration { return time.Second }, time.Hour, 3500*ms)
-	want := []simCheck{{0, true, false}, {time.Second, true, false}, {2 * time.Second, true, false}, {3 * time.Second, true, false}}
+	checks, _ := simulateProbe(newProbeSchedule(time.Second, 3*time.Second, false, 0), func(time.Duration) time.Duration { return 1500 * ms }, time.Hour, 5*time.Second)
+	want := []simCheck{{0, true, false}, {1500 * ms, true, false}, {3 * time.Second, true, false}, {4500 * ms, true, false}}
 	if !slices.Equal(checks, want) {
-		t.Errorf("checks of 1 s: %v, want %v", checks, want)
-	}
-	// Checks of 250 ms: early ones at 250, 500, 750 ms, regular at 1 s.
-	checks = simulateProbe(newProbeSchedule(time.Second, true), func(time.Duration) time.Duration { return 250 * ms }, time.Hour, 1100*ms)
-	want = []simCheck{{0, true, false}, {250 * ms, false, false}, {500 * ms, false, false}, {750 * ms, false, false}, {time.Second, true, false}}
-	if !slices.Equal(checks, want) {
-		t.Errorf("checks of 250 ms: %v, want %v", checks, want)
-	}
-}
-
-// TestProbeScheduleEarlyTimeout: an early check waits at most
-// probeEarlyTimeout, a regular one the probe's timeout.
-func TestProbeScheduleEarlyTimeout(t *testing.T) {
-	s := newProbeSchedule(time.Second, true)
-	if got := s.timeout(time.Second, true); got != time.Second {
-		t.Errorf("regular check timeout %v, want 1s", got)
-	}
-	if got := s.timeout(time.Second, false); got != probeEarlyTimeout {
-		t.Errorf("early check timeout %v, want %v", got, probeEarlyTimeout)
-	}
-	if got := s.timeout(100*time.Millisecond, false); got != 100*time.Millisecond {
-		t.Errorf("early check timeout with a 100ms probe timeout: %v", got)
+		t.Errorf("checks of 1.5 s with a 1 s period: %v, want %v", checks, want)
 	}
 }
