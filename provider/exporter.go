@@ -367,7 +367,7 @@ var exporterRecheck = podspec.ConfigRetryMax
 func (p *VMs) superviseExporter(ctx context.Context, rec *podVM) {
 	log := klog.FromContext(ctx).WithName("jumpstarter")
 	book := jumpstarter.NewLogBook() // the pod's LogStream lines, across exporter restarts
-	target := &vmTarget{p: p, rec: rec, logs: book}
+	target := &vmTarget{p: p, rec: rec}
 	for attempt := 1; ; attempt++ {
 		rec.mu.Lock()
 		pod := rec.pod.DeepCopy()
@@ -469,9 +469,8 @@ func (t *Telemetry) exporterObserver() jumpstarter.Observer {
 // requests to the pod's worker; console and guest connections use the
 // running VM as kubectl attach and port-forward do.
 type vmTarget struct {
-	p    *VMs
-	rec  *podVM
-	logs *jumpstarter.LogBook // the exporter's LogStream (nil: none)
+	p   *VMs
+	rec *podVM
 }
 
 var (
