@@ -39,17 +39,7 @@ type options struct {
 
 func main() {
 	var o options
-	fs := flag.CommandLine // holds --kubeconfig, registered by controller-runtime
-	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus /metrics endpoint (0 disables it)")
-	fs.StringVar(&o.healthAddr, "health-probe-bind-address", ":8081", "address of the /healthz and /readyz endpoints (0 disables them)")
-	fs.BoolVar(&o.leaderElect, "leader-elect", false, "elect a leader so that only one replica reconciles")
-	fs.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election Lease (default: the pod's namespace)")
-	fs.StringVar(&o.leaderElectionID, "leader-election-id", "exporterset-controller.qemu-kubelet.io", "name of the leader election Lease")
-	fs.IntVar(&o.workers, "workers", 4, "number of ExporterSets reconciled in parallel")
-	fs.StringVar(&o.namespace, "namespace", "", "watch only this namespace (default: all)")
-	fs.Float64Var(&o.qps, "kube-api-qps", 50, "client-side rate limit of API requests per second (as kube-controller-manager)")
-	fs.IntVar(&o.burst, "kube-api-burst", 100, "client-side burst of API requests (as kube-controller-manager)")
-	klog.InitFlags(fs)
+	addFlags(flag.CommandLine, &o) // which holds --kubeconfig, registered by controller-runtime
 	flag.Parse()
 	ctrl.SetLogger(klog.NewKlogr())
 
@@ -66,6 +56,22 @@ func main() {
 		os.Exit(1)
 	}
 	klog.Flush()
+}
+
+// addFlags registers the controller's flags, klog's included, into o (the
+// flag table of docs/exporterset.md is checked against them). --kubeconfig
+// is controller-runtime's, registered on flag.CommandLine by its init.
+func addFlags(fs *flag.FlagSet, o *options) {
+	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus /metrics endpoint (0 disables it)")
+	fs.StringVar(&o.healthAddr, "health-probe-bind-address", ":8081", "address of the /healthz and /readyz endpoints (0 disables them)")
+	fs.BoolVar(&o.leaderElect, "leader-elect", false, "elect a leader so that only one replica reconciles")
+	fs.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election Lease (default: the pod's namespace)")
+	fs.StringVar(&o.leaderElectionID, "leader-election-id", "exporterset-controller.qemu-kubelet.io", "name of the leader election Lease")
+	fs.IntVar(&o.workers, "workers", 4, "number of ExporterSets reconciled in parallel")
+	fs.StringVar(&o.namespace, "namespace", "", "watch only this namespace (default: all)")
+	fs.Float64Var(&o.qps, "kube-api-qps", 50, "client-side rate limit of API requests per second (as kube-controller-manager)")
+	fs.IntVar(&o.burst, "kube-api-burst", 100, "client-side burst of API requests (as kube-controller-manager)")
+	klog.InitFlags(fs)
 }
 
 // run runs the manager until ctx ends.

@@ -51,9 +51,10 @@ func main() {
 	os.Exit(run())
 }
 
-func run() int {
+// newFlagSet registers every flag of qemu-kubelet, klog's included, into o
+// (the flag table of docs/node-config.md is checked against it).
+func newFlagSet(o *options) *flag.FlagSet {
 	fs := flag.NewFlagSet("qemu-kubelet", flag.ContinueOnError)
-	var o options
 	fs.StringVar(&o.configFile, "config", "", "path to the NodeConfiguration file (apiVersion "+config.APIVersion+"); empty: all defaults")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig with the node's credentials (default $KUBECONFIG, else in-cluster)")
 	fs.StringVar(&o.nodeName, "node-name", "", "node name; overrides nodeName of the config file")
@@ -63,6 +64,12 @@ func run() int {
 	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", 0, "API client burst; overrides kubeAPIBurst of the config file (default 100)")
 	o.obs.addFlags(fs)
 	klog.InitFlags(fs)
+	return fs
+}
+
+func run() int {
+	var o options
+	fs := newFlagSet(&o)
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return 2
 	}

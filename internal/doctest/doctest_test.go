@@ -1,0 +1,135 @@
+package doctest
+
+import (
+	"flag"
+	"strings"
+	"testing"
+)
+
+const sample = "# Tool\n\n" +
+	"## Flags\n\n" +
+	"| Flag | Default | Meaning |\n" +
+	"|------|---------|---------|\n" +
+	"| `--config` | `\"\"` | the file |\n" +
+	"| `--kube-api-qps` | `50` | QPS (`a\\|b` stays one cell) |\n" +
+	"| `-v N` | `0` | klog |\n\n" +
+	"```sh\n# not a heading\n| not | a table |\n```\n\n" +
+	"## Flags\n\nagain: [x](#flags-1), [y](other.md#some-thing), [z](#missing), `[no](link.md)`\n"
+
+func TestSectionAndTable(t *testing.T) {
+	d := Parse("docs/tool.md", sample)
+	if got := d.Headings(); strings.Join(got, ",") != "Tool,Flags,Flags" {
+		t.Fatalf("headings %q: a # line inside a code block is no heading", got)
+	}
+	s, err := d.Section("Flags")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Tables()) != 1 {
+		t.Fatalf("want the one table of the first Flags section, got %d", len(s.Tables()))
+	}
+	tab, err := s.Table("Flag")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tab.Rows) != 3 || tab.Lines[0] != 7 {
+		t.Fatalf("rows %q at lines %v", tab.Rows, tab.Lines)
+	}
+	if got := tab.Rows[1][2]; got != "QPS (`a|b` stays one cell)" {
+		t.Errorf("cell %q", got)
+	}
+	if _, err := d.Section("Nope"); err == nil {
+		t.Error("a missing section is an error")
+	}
+	if _, err := s.Table("Value"); err == nil {
+		t.Error("a missing table is an error")
+	}
+}
+
+func flagSet() *flag.FlagSet {
+	fs := flag.NewFlagSet("tool", flag.ContinueOnError)
+	fs.String("config", "", "the file")
+	fs.Int("kube-api-qps", 50, "QPS")
+	fs.Int("v", 0, "klog")
+	fs.Int("logtostderr", 0, "klog, not documented")
+	return fs
+}
+
+func TestFlagTableMatches(t *testing.T) {
+	d := Parse("docs/tool.md", sample)
+	s, _ := d.Section("Flags")
+	tab, _ := s.Table("Flag")
+	errs := FlagTableErrors(tab, flagSet(), func(n string) bool { return n == "logtostderr" })
+	if len(errs) != 0 {
+		t.Fatalf("a table that matches: %q", errs)
+	}
+}
+
+// TestFlagTableStale: a table that misses a flag, names one that does not
+// exist, or states a wrong default fails, each with a message naming it.
+func TestFlagTableStale(t *testing.T) {
+	stale := strings.NewReplacer("| `--kube-api-qps` | `50` |", "| `--kube-api-qps` | `100` |",
+		"| `--config` | `\"\"` | the file |\n", "| `--node-name` | `\"\"` | gone |\n").Replace(sample)
+	d := Parse("docs/tool.md", stale)
+	s, _ := d.Section("Flags")
+	tab, _ := s.Table("Flag")
+	errs := strings.Join(FlagTableErrors(tab, flagSet(), func(n string) bool { return n == "logtostderr" }), "\n")
+	for _, want := range []string{
+		"documented flag -node-name does not exist",
+		"-kube-api-qps: documented default `100`, the flag's is `50`",
+		"flag -config (\"the file\", default \"\") has no row",
+	} {
+		if !strings.Contains(errs, want) {
+			t.Errorf("errors %q\nlack %q", errs, want)
+		}
+	}
+	if strings.Contains(errs, "logtostderr") {
+		t.Errorf("an undocumented flag that may be undocumented is reported: %s", errs)
+	}
+	bad := tab
+	bad.Header = []string{"Flag", "Meaning"}
+	if errs := FlagTableErrors(bad, flagSet(), nil); len(errs) != 1 || !strings.Contains(errs[0], "want columns Flag, Default") {
+		t.Errorf("a table without a Default column: %q", errs)
+	}
+}
+
+func TestFlagName(t *testing.T) {
+	for in, want := range map[string]string{"--node-name": "node-name", "-v N": "v", "--config=FILE": "config", "config": "", "--a b": "a"} {
+		if got := FlagName(in); got != want {
+			t.Errorf("FlagName(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestSlug(t *testing.T) {
+	for in, want := range map[string]string{
+		"Configuration into the guest (`provider/volumes.go`)": "configuration-into-the-guest-providervolumesgo",
+		"Several nodes: spread, drain, node loss":               "several-nodes-spread-drain-node-loss",
+		"Agent restarts and VMs":                                "agent-restarts-and-vms",
+		"`kubectl logs` = the serial console":                   "kubectl-logs--the-serial-console",
+	} {
+		if got := Slug(in); got != want {
+			t.Errorf("Slug(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestLinkErrors(t *testing.T) {
+	docs := map[string]*Doc{
+		"docs/tool.md":  Parse("docs/tool.md", sample),
+		"docs/other.md": Parse("docs/other.md", "# Other\n\n## Some thing\n\n[back](tool.md) [gone](gone.md) [img](pic.png) [web](https://x.example/#a)\n"),
+	}
+	exists := func(rel string) bool { return rel == "docs/tool.md" || rel == "docs/other.md" || rel == "docs/pic.png" }
+	errs := strings.Join(LinkErrors(docs, exists), "\n")
+	for _, want := range []string{
+		"docs/tool.md:18: link #missing: docs/tool.md has no heading with anchor #missing",
+		"docs/other.md:5: link gone.md: no file docs/gone.md",
+	} {
+		if !strings.Contains(errs, want) {
+			t.Errorf("errors %q\nlack %q", errs, want)
+		}
+	}
+	if n := strings.Count(errs, "\n") + 1; n != 2 {
+		t.Errorf("want exactly 2 errors (#flags-1, other.md#some-thing, the image and the web link are fine), got %d: %s", n, errs)
+	}
+}
