@@ -104,9 +104,9 @@ func TestFlagName(t *testing.T) {
 func TestSlug(t *testing.T) {
 	for in, want := range map[string]string{
 		"Configuration into the guest (`provider/volumes.go`)": "configuration-into-the-guest-providervolumesgo",
-		"Several nodes: spread, drain, node loss":               "several-nodes-spread-drain-node-loss",
-		"Agent restarts and VMs":                                "agent-restarts-and-vms",
-		"`kubectl logs` = the serial console":                   "kubectl-logs--the-serial-console",
+		"Several nodes: spread, drain, node loss":              "several-nodes-spread-drain-node-loss",
+		"Agent restarts and VMs":                               "agent-restarts-and-vms",
+		"`kubectl logs` = the serial console":                  "kubectl-logs--the-serial-console",
 	} {
 		if got := Slug(in); got != want {
 			t.Errorf("Slug(%q) = %q, want %q", in, got, want)
