@@ -18,7 +18,7 @@ func TestDocLinks(t *testing.T) {
 		t.Fatal(err)
 	}
 	var files []string
-	for _, pattern := range []string{"README.md", "docs/*.md", "charts/qemu-kubelet/README.md", "bench/*.md"} {
+	for _, pattern := range []string{"README.md", "docs/*.md", "charts/qemu-kubelet/README.md", "bench/*.md", "e2e/*.md"} {
 		m, err := filepath.Glob(filepath.Join(root, pattern))
 		if err != nil {
 			t.Fatal(err)
