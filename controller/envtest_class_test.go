@@ -17,8 +17,10 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
 
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
+	"github.com/qemu-kubelet/qemu-kubelet/internal/doctest"
 	qktest "github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 )
 
@@ -317,4 +319,37 @@ func TestEnvtestSamplesValid(t *testing.T) {
 		out := mustKubectl(t, "apply", "--server-side", "--dry-run=server", "-f", f)
 		assert.Contains(t, out, "serverside-applied (server dry run)", filepath.Base(f))
 	}
+}
+
+// TestEnvtestDocManifestsValid: every ExporterSet and VirtualTargetClass the
+// user docs show in full (a yaml block with apiVersion qemu-kubelet.io/...)
+// is accepted by the API server with the CRDs as generated (server-side dry
+// run, in a test namespace).
+func TestEnvtestDocManifestsValid(t *testing.T) {
+	ns := namespace(t)
+	checked := map[string]int{}
+	for _, rel := range []string{"docs/jumpstarter-quickstart.md", "docs/exporterset.md", "docs/install.md", "docs/pods.md"} {
+		doc, err := doctest.Read(rel)
+		require.NoError(t, err)
+		for i, block := range doc.CodeBlocks("yaml") {
+			for j, part := range strings.Split(block, "\n---\n") {
+				var obj map[string]any
+				if err := yaml.Unmarshal([]byte(part), &obj); err != nil || !strings.HasPrefix(fmt.Sprint(obj["apiVersion"]), v1alpha1.GroupVersion.Group+"/") {
+					continue
+				}
+				meta, _ := obj["metadata"].(map[string]any)
+				require.NotNil(t, meta, "%s, yaml block %d: no metadata", rel, i+1)
+				meta["namespace"] = ns
+				b, err := yaml.Marshal(obj)
+				require.NoError(t, err)
+				f := filepath.Join(t.TempDir(), fmt.Sprintf("block%d-%d.yaml", i, j))
+				require.NoError(t, os.WriteFile(f, b, 0o600))
+				out, err := kubectl(t, "apply", "--server-side", "--dry-run=server", "-f", f)
+				assert.NoError(t, err, "%s, yaml block %d (%s %v): %s", rel, i+1, obj["kind"], meta["name"], out)
+				checked[rel]++
+			}
+		}
+	}
+	assert.Positive(t, checked["docs/jumpstarter-quickstart.md"], "the quick start's ExporterSet is checked")
+	assert.GreaterOrEqual(t, checked["docs/exporterset.md"], 3, "exporterset.md's sets and class are checked")
 }
