@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -48,6 +49,13 @@ func (f *fakeNode) counts() (features, states, events int) {
 	return len(f.features), len(f.states), len(f.events)
 }
 
+// eventsSince joins the events recorded after the first n.
+func (f *fakeNode) eventsSince(n int) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return strings.Join(f.events[n:], "\n")
+}
+
 func (f *fakeNode) last() (*config.FeatureConfig, nodestatus.ConfigState, string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -74,7 +82,14 @@ func TestConfigReload(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "node.yaml")
 	const base = "apiVersion: qemu-kubelet.io/v1alpha1\nkind: NodeConfiguration\nnodeIP: 10.0.0.1\nmaxVMs: 3\n"
-	write := func(body string) { require.NoError(t, os.WriteFile(path, []byte(base+body), 0o600)) }
+	// Written as a ConfigMap volume updates a file: whole, by rename. The
+	// poller (every 20 ms here) must never see a half-written file, which
+	// os.WriteFile (truncate, then write) would show it.
+	write := func(body string) {
+		tmp := path + ".tmp"
+		require.NoError(t, os.WriteFile(tmp, []byte(base+body), 0o600))
+		require.NoError(t, os.Rename(tmp, path))
+	}
 	write("stateDir: " + dir + "/state\nfeatures: {uefi: false}\n")
 	o := options{configFile: path, nodeName: "n1"}
 	started, err := loadConfig(o)
@@ -112,7 +127,10 @@ func TestConfigReload(t *testing.T) {
 	assert.Same(t, started.Features, st.Features, "the previous features stay in force")
 	assert.Contains(t, ev, "Warning ConfigInvalid config file "+path+" rejected, the previous configuration stays in force")
 
-	// Fixed, and SIGHUP: applied.
+	// Fixed, and SIGHUP: applied. The poller may see the file before the
+	// signal does: then the signal's reload, with nothing left to change,
+	// comes last, so the change is looked for in every event since.
+	_, _, before := n1.counts()
 	write("stateDir: " + dir + "/state\nfeatures: {uefi: true}\n")
 	hup <- nil
 	waitFor("reload applied", func() bool { fc, _, _ := n1.last(); return fc != nil })
@@ -121,7 +139,7 @@ func TestConfigReload(t *testing.T) {
 	assert.Empty(t, st.Error)
 	assert.Empty(t, st.RestartRequired)
 	assert.Contains(t, ev, "Normal ConfigReloaded")
-	assert.Contains(t, ev, "uefi: false -> true")
+	assert.Contains(t, n1.eventsSince(before), "uefi: false -> true")
 
 	// A restart-only field: reported, not applied; features still are.
 	write("stateDir: " + dir + "/elsewhere\nfeatures: {uefi: true, attach: false}\n")
