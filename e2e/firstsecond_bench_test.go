@@ -49,7 +49,9 @@ var firstSteps = append(append([]string(nil), burstSteps[:len(burstSteps)-1]...)
 // serial console on stdout) from its exec to the marker on its stdout.
 // Rounds alternate (bare first in even rounds, the pod first in odd ones),
 // QK_BENCH_FIRST_ROUNDS (default 5) per iteration; medians
-// (QK_BENCH_FIRST_CONFIG appends node configuration lines). Reported:
+// (QK_BENCH_FIRST_CONFIG appends node configuration lines;
+// QK_BENCH_FIRST_PROBE=1 gives the pod BenchmarkPodReady's HTTP readiness
+// probe). Reported:
 // x-of-baseline (create -> marker / bare exec -> marker; target 1.10),
 // both figures, and the timeline per step (tl-<step>-hop-avg-ms: mean time
 // from the step before, over the rounds); the table is in the log.
@@ -195,6 +197,9 @@ func (e *podBenchEnv) applyToLogs(b *testing.B, name string) applyRun {
 	defer cancel()
 	pods := e.c.Client().CoreV1().Pods("default")
 	pod := vmPodSpec(name, e.node, e.ref, corev1.RestartPolicyAlways, nil)
+	if os.Getenv("QK_BENCH_FIRST_PROBE") != "" {
+		pod = e.probedPod(name) // with the HTTP readiness probe
+	}
 	w, err := pods.Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()})
 	if err != nil {
 		b.Fatal(err)
