@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/internal/podtest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -44,7 +45,7 @@ func TestCreatePodConcurrentAdmission(t *testing.T) {
 			case <-all:
 			case <-time.After(2 * time.Second):
 			}
-			return rl("cpu", "8", "memory", "8Gi", "pods", "1")
+			return podtest.RL("cpu", "8", "memory", "8Gi", "pods", "1")
 		},
 	})
 	t.Cleanup(func() { cancel(); waitWorkers(p) })
@@ -54,7 +55,7 @@ func TestCreatePodConcurrentAdmission(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			pod := vmPod(func(p *corev1.Pod) {
+			pod := podtest.VMPod(func(p *corev1.Pod) {
 				p.Name, p.UID = fmt.Sprintf("p%d", i), types.UID(fmt.Sprintf("uid-%d", i))
 				p.Spec.Containers[0].Image = "127.0.0.1:1/os/absent:1"
 				p.Spec.Containers[0].ImagePullPolicy = corev1.PullNever
@@ -95,16 +96,16 @@ func TestCreatePodCountsVMOverhead(t *testing.T) {
 	p := NewVMs(ctx, VMsConfig{
 		NodeName: "n1", StateDir: t.TempDir(), Accelerator: "tcg", Images: store, ImageDir: t.TempDir(),
 		Backoff: Backoff{Initial: time.Hour, Max: time.Hour}, ErrImagePullHold: time.Hour,
-		Allocatable: func() corev1.ResourceList { return rl("cpu", "8", "memory", "1Gi", "pods", "10") },
+		Allocatable: func() corev1.ResourceList { return podtest.RL("cpu", "8", "memory", "1Gi", "pods", "10") },
 		VMOverhead:  128 << 20,
 	})
 	t.Cleanup(func() { cancel(); waitWorkers(p) })
 	for i := range 2 {
-		pod := vmPod(func(p *corev1.Pod) {
+		pod := podtest.VMPod(func(p *corev1.Pod) {
 			p.Name, p.UID = fmt.Sprintf("p%d", i), types.UID(fmt.Sprintf("uid-%d", i))
 			p.Spec.Containers[0].Image = "127.0.0.1:1/os/absent:1"
 			p.Spec.Containers[0].ImagePullPolicy = corev1.PullNever
-			p.Spec.Containers[0].Resources.Requests = rl("memory", "512Mi")
+			p.Spec.Containers[0].Resources.Requests = podtest.RL("memory", "512Mi")
 		})
 		require.NoError(t, p.CreatePod(context.Background(), pod))
 	}

@@ -59,17 +59,6 @@ const (
 	flashedRootRef = "flash/root"
 )
 
-// FlashedPartition is one partition flashed from a file (VMState.Flashed).
-type FlashedPartition struct {
-	// File is the partition's file in the pod's flash dir.
-	File string `json:"file"`
-	// Digest is sha256:<hex> of the content as flashed; Size its length.
-	Digest string `json:"digest"`
-	Size   int64  `json:"size"`
-	// Format is what qemu-img found: raw or qcow2.
-	Format string `json:"format"`
-}
-
 // partitionFlash is a flash request's verified image (vmRequest.part).
 type partitionFlash struct {
 	name string // partition

@@ -11,6 +11,7 @@ import (
 
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/internal/podtest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
@@ -138,7 +139,7 @@ func TestVMSpecConsoleLogSize(t *testing.T) {
 	p := NewVMs(context.Background(), VMsConfig{StateDir: dir, ImageDir: imageDir, Accelerator: "tcg"})
 	rec := &podVM{uid: "uid-c", dir: p.podDir("uid-c")}
 	img := &oci.Image{Ref: "r/os:1", Digest: "sha256:x", Kernel: filepath.Join(imageDir, "k", "vmlinuz")}
-	pod := vmPod()
+	pod := podtest.VMPod()
 	plan, rej := podspec.Translate(pod, qemu.ArchX86_64)
 	require.Nil(t, rej)
 	spec, err := p.vmSpec(context.Background(), rec, pod, plan, img)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/internal/podtest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/nodestatus"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
@@ -51,7 +52,7 @@ func newHarnessWith(t testing.TB, stateDir string, store ImageStore, imageDir st
 		Recorder: h.events,
 		NodeName: "n1", NodeIP: "10.1.2.3", StateDir: stateDir, Accelerator: "tcg",
 		Images: store, ImageDir: imageDir,
-		Allocatable:      func() corev1.ResourceList { return rl("cpu", "8", "memory", "8Gi", "pods", "10") },
+		Allocatable:      func() corev1.ResourceList { return podtest.RL("cpu", "8", "memory", "8Gi", "pods", "10") },
 		Backoff:          Backoff{Initial: time.Second, Max: 4 * time.Second},
 		ErrImagePullHold: 300 * time.Millisecond,
 	}
@@ -135,7 +136,7 @@ func podFor(uid, image string, policy corev1.RestartPolicy, ann map[string]strin
 		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "vm-" + uid, UID: types.UID(uid), Annotations: ann},
 		Spec: corev1.PodSpec{
 			NodeName: "n1", RestartPolicy: policy, TerminationGracePeriodSeconds: &grace,
-			Containers: []corev1.Container{{Name: "vm", Image: image, Resources: corev1.ResourceRequirements{Limits: rl("cpu", "1", "memory", "256Mi")}}},
+			Containers: []corev1.Container{{Name: "vm", Image: image, Resources: corev1.ResourceRequirements{Limits: podtest.RL("cpu", "1", "memory", "256Mi")}}},
 		},
 	}
 }
@@ -359,7 +360,7 @@ func TestVMLifecycle(t *testing.T) {
 
 	t.Run("NotAdmitted", func(t *testing.T) {
 		pod := podFor("u-big", refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, nil)
-		pod.Spec.Containers[0].Resources.Requests = rl("cpu", "16")
+		pod.Spec.Containers[0].Resources.Requests = podtest.RL("cpu", "16")
 		require.NoError(t, h.vms.CreatePod(ctx, pod))
 		p := h.wait(pod.UID, 5*time.Second, "Failed", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodFailed })
 		assert.Equal(t, "OutOfcpu", p.Status.Reason)

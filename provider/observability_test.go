@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/common/model"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/internal/podtest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
@@ -159,7 +160,7 @@ func TestObservability(t *testing.T) {
 	vms := NewVMs(ctx, VMsConfig{
 		NodeName: "n1", NodeIP: "10.1.2.3", StateDir: filepath.Join(root, "state"), Accelerator: "tcg",
 		Images: store, ImageDir: imageDir,
-		Allocatable:      func() corev1.ResourceList { return rl("cpu", "8", "memory", "8Gi", "pods", "10") },
+		Allocatable:      func() corev1.ResourceList { return podtest.RL("cpu", "8", "memory", "8Gi", "pods", "10") },
 		Backoff:          Backoff{Initial: time.Second, Max: 4 * time.Second},
 		ErrImagePullHold: 300 * time.Millisecond,
 		Telemetry:        NewTelemetry(m, tp),

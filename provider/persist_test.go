@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/qemu-kubelet/qemu-kubelet/provider/internal/podtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
@@ -25,7 +26,7 @@ func TestPersistFailureSurfaced(t *testing.T) {
 	dir := t.TempDir()
 	rec := record.NewFakeRecorder(100)
 	p := NewVMs(context.Background(), VMsConfig{StateDir: dir, Recorder: rec})
-	pod := vmPod()
+	pod := podtest.VMPod()
 	r := &podVM{uid: pod.UID, dir: p.podDir(pod.UID), pod: pod}
 	require.NoError(t, os.MkdirAll(r.dir, 0o700))
 	statusPath := filepath.Join(r.dir, StatusFileName)

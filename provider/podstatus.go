@@ -75,6 +75,17 @@ type VMState struct {
 	Size *VMSize `json:"size,omitempty"`
 }
 
+// FlashedPartition is one partition flashed from a file (VMState.Flashed).
+type FlashedPartition struct {
+	// File is the partition's file in the pod's flash dir.
+	File string `json:"file"`
+	// Digest is sha256:<hex> of the content as flashed; Size its length.
+	Digest string `json:"digest"`
+	Size   int64  `json:"size"`
+	// Format is what qemu-img found: raw or qcow2.
+	Format string `json:"format"`
+}
+
 // Waiting sets a waiting state.
 func (s *VMState) SetWaiting(reason, msg string) {
 	s.Waiting, s.Running, s.Terminated = &corev1.ContainerStateWaiting{Reason: reason, Message: msg}, nil, nil

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/qemu-kubelet/qemu-kubelet/provider/internal/podtest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
@@ -62,7 +63,7 @@ func TestTerminatedFromExit(t *testing.T) {
 
 func TestPodStatusPhases(t *testing.T) {
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	pod := vmPod()
+	pod := podtest.VMPod()
 	pod.Status.QOSClass = corev1.PodQOSBestEffort
 	term := func(code int32) *corev1.ContainerStateTerminated {
 		return &corev1.ContainerStateTerminated{ExitCode: code, Reason: "x"}

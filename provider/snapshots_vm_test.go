@@ -14,6 +14,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/internal/podtest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
@@ -28,7 +29,7 @@ import (
 // readiness probe (the guest's HTTP server) is the ready point.
 func snapshotPod(uid, ref string) *corev1.Pod {
 	p := podFor(uid, ref, corev1.RestartPolicyAlways, map[string]string{podspec.AnnotationStartFromSnapshot: "true"})
-	p.Spec.Containers[0].Resources.Limits = rl("cpu", "1", "memory", "128Mi")
+	p.Spec.Containers[0].Resources.Limits = podtest.RL("cpu", "1", "memory", "128Mi")
 	p.Spec.Containers[0].ReadinessProbe = &corev1.Probe{
 		ProbeHandler:  corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/", Port: intstr.FromInt32(8080)}},
 		PeriodSeconds: 1, TimeoutSeconds: 2, FailureThreshold: 3,

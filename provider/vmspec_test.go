@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/internal/podtest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
@@ -36,7 +37,7 @@ func TestVMSpecKernelConsole(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			pod := vmPod()
+			pod := podtest.VMPod()
 			plan, rej := podspec.Translate(pod, qemu.ArchX86_64)
 			require.Nil(t, rej)
 			plan.ExtraCmdline = tc.extra
@@ -56,7 +57,7 @@ func TestVMSpecMemoryTuning(t *testing.T) {
 	p := NewVMs(context.Background(), VMsConfig{StateDir: dir, ImageDir: imageDir, Accelerator: "tcg", Memory: tuning})
 	rec := &podVM{uid: "uid-m", dir: p.podDir("uid-m")}
 	img := &oci.Image{Ref: "r/os:1", Digest: "sha256:x", Kernel: filepath.Join(imageDir, "k", "vmlinuz")}
-	pod := vmPod()
+	pod := podtest.VMPod()
 	plan, rej := podspec.Translate(pod, qemu.ArchX86_64)
 	require.Nil(t, rej)
 	spec, err := p.vmSpec(context.Background(), rec, pod, plan, img)
@@ -77,7 +78,7 @@ func TestVMSpecEmulatedKernelArgs(t *testing.T) {
 		EmulatedKernelArgs: []string{"tsc=reliable", "sysctl.vm.compaction_proactiveness=0"}})
 	rec := &podVM{uid: "uid-k", dir: p.podDir("uid-k")}
 	img := &oci.Image{Ref: "r/os:1", Digest: "sha256:x", Kernel: filepath.Join(imageDir, "k", "vmlinuz"), Cmdline: "quiet"}
-	pod := vmPod()
+	pod := podtest.VMPod()
 	plan, rej := podspec.Translate(pod, qemu.ArchX86_64)
 	require.Nil(t, rej)
 	spec, err := p.vmSpec(context.Background(), rec, pod, plan, img)

@@ -5,6 +5,7 @@ import (
 
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/internal/podtest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -14,7 +15,7 @@ import (
 func TestDecideHold(t *testing.T) {
 	uefi := Plan{Firmware: qemu.FirmwareUEFI}
 	plain := Plan{Firmware: qemu.FirmwareBIOS}
-	exporterPod := vmPod(func(p *corev1.Pod) { p.Annotations = map[string]string{v1alpha1.JumpstarterSecretAnnotation: "js"} })
+	exporterPod := podtest.VMPod(func(p *corev1.Pod) { p.Annotations = map[string]string{v1alpha1.JumpstarterSecretAnnotation: "js"} })
 	tests := []struct {
 		name     string
 		pod      *corev1.Pod
@@ -24,13 +25,13 @@ func TestDecideHold(t *testing.T) {
 		want     []string // held for; nil: starts
 	}{
 		{"defaults: nothing held", exporterPod, uefi, nil, false, nil},
-		{"uefi pod, uefi off", vmPod(), uefi, featuresWith(config.FeatureUEFI), false, []string{"uefi"}},
-		{"uefi pod, uefi on", vmPod(), uefi, featuresWith(config.FeatureAttach), false, nil},
-		{"bios pod, uefi off", vmPod(), plain, featuresWith(config.FeatureUEFI), false, nil},
+		{"uefi pod, uefi off", podtest.VMPod(), uefi, featuresWith(config.FeatureUEFI), false, []string{"uefi"}},
+		{"uefi pod, uefi on", podtest.VMPod(), uefi, featuresWith(config.FeatureAttach), false, nil},
+		{"bios pod, uefi off", podtest.VMPod(), plain, featuresWith(config.FeatureUEFI), false, nil},
 		{"exporter pod, exporter off", exporterPod, plain, featuresWith(config.FeatureJumpstarterExporter), false, []string{"jumpstarterExporter"}},
 		{"both off", exporterPod, uefi, featuresWith(config.FeatureJumpstarterExporter, config.FeatureUEFI), false, []string{"uefi", "jumpstarterExporter"}},
 		{"already started: never held", exporterPod, uefi, featuresWith(config.FeatureJumpstarterExporter, config.FeatureUEFI), true, nil},
-		{"port-forward off holds no pod", vmPod(), plain, featuresWith(config.FeaturePortForward, config.FeatureAttach), false, nil},
+		{"port-forward off holds no pod", podtest.VMPod(), plain, featuresWith(config.FeaturePortForward, config.FeatureAttach), false, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

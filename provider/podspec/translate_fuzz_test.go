@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/qemu-kubelet/qemu-kubelet/provider/internal/podtest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	corev1 "k8s.io/api/core/v1"
 )
@@ -16,7 +17,7 @@ import (
 // console.
 func FuzzTranslate(f *testing.F) {
 	seed := func(mut func(*corev1.Pod)) {
-		b, err := json.Marshal(vmPod(mut))
+		b, err := json.Marshal(podtest.VMPod(mut))
 		if err != nil {
 			f.Fatal(err)
 		}
@@ -24,7 +25,7 @@ func FuzzTranslate(f *testing.F) {
 	}
 	seed(func(*corev1.Pod) {})
 	seed(func(p *corev1.Pod) {
-		p.Spec.Containers[0].Resources.Limits = rl("cpu", "1500m", "memory", "1Gi")
+		p.Spec.Containers[0].Resources.Limits = podtest.RL("cpu", "1500m", "memory", "1Gi")
 		p.Annotations = map[string]string{AnnotationMachine: "microvm", AnnotationKernelCmdline: "quiet"}
 	})
 	seed(func(p *corev1.Pod) {
@@ -35,7 +36,9 @@ func FuzzTranslate(f *testing.F) {
 		p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: "d", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
 		p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "A", Value: "b"}}
 	})
-	seed(func(p *corev1.Pod) { p.Spec.Containers[0].Resources.Requests = rl("memory", "-1Gi", "cpu", "-2") })
+	seed(func(p *corev1.Pod) {
+		p.Spec.Containers[0].Resources.Requests = podtest.RL("memory", "-1Gi", "cpu", "-2")
+	})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var pod corev1.Pod
 		if json.Unmarshal(data, &pod) != nil {

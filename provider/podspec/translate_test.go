@@ -5,36 +5,12 @@ import (
 
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/internal/podtest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
-
-func vmPod(mut ...func(*corev1.Pod)) *corev1.Pod {
-	p := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "uid-p"},
-		Spec: corev1.PodSpec{
-			Containers: []corev1.Container{{Name: "vm", Image: "127.0.0.1:5000/os/tiny:1"}},
-			Volumes:    []corev1.Volume{{Name: "kube-api-access-abcde", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{}}}},
-		},
-	}
-	p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "kube-api-access-abcde", MountPath: "/var/run/secrets/kubernetes.io/serviceaccount"}}
-	for _, m := range mut {
-		m(p)
-	}
-	return p
-}
-
-func rl(kv ...string) corev1.ResourceList {
-	out := corev1.ResourceList{}
-	for i := 0; i < len(kv); i += 2 {
-		out[corev1.ResourceName(kv[i])] = resource.MustParse(kv[i+1])
-	}
-	return out
-}
 
 func TestTranslateAccepts(t *testing.T) {
 	cases := []struct {
@@ -42,14 +18,14 @@ func TestTranslateAccepts(t *testing.T) {
 		pod  *corev1.Pod
 		want Plan
 	}{
-		{"defaults", vmPod(), Plan{Image: "127.0.0.1:5000/os/tiny:1", PullPolicy: oci.PullIfNotPresent, CPUs: 1, MemoryMiB: 512, Machine: "q35", Firmware: qemu.FirmwareBIOS}},
-		{"limits win, cpu rounded up", vmPod(func(p *corev1.Pod) {
-			p.Spec.Containers[0].Resources = corev1.ResourceRequirements{Limits: rl("cpu", "1500m", "memory", "1Gi"), Requests: rl("cpu", "100m", "memory", "128Mi")}
+		{"defaults", podtest.VMPod(), Plan{Image: "127.0.0.1:5000/os/tiny:1", PullPolicy: oci.PullIfNotPresent, CPUs: 1, MemoryMiB: 512, Machine: "q35", Firmware: qemu.FirmwareBIOS}},
+		{"limits win, cpu rounded up", podtest.VMPod(func(p *corev1.Pod) {
+			p.Spec.Containers[0].Resources = corev1.ResourceRequirements{Limits: podtest.RL("cpu", "1500m", "memory", "1Gi"), Requests: podtest.RL("cpu", "100m", "memory", "128Mi")}
 		}), Plan{Image: "127.0.0.1:5000/os/tiny:1", PullPolicy: oci.PullIfNotPresent, CPUs: 2, MemoryMiB: 1024, CPULimitMilli: 1500, Machine: "q35", Firmware: qemu.FirmwareBIOS}},
-		{"requests when no limits", vmPod(func(p *corev1.Pod) {
-			p.Spec.Containers[0].Resources = corev1.ResourceRequirements{Requests: rl("cpu", "3", "memory", "300M")}
+		{"requests when no limits", podtest.VMPod(func(p *corev1.Pod) {
+			p.Spec.Containers[0].Resources = corev1.ResourceRequirements{Requests: podtest.RL("cpu", "3", "memory", "300M")}
 		}), Plan{Image: "127.0.0.1:5000/os/tiny:1", PullPolicy: oci.PullIfNotPresent, CPUs: 3, MemoryMiB: 287, Machine: "q35", Firmware: qemu.FirmwareBIOS}},
-		{"pull policy, secrets, annotations", vmPod(func(p *corev1.Pod) {
+		{"pull policy, secrets, annotations", podtest.VMPod(func(p *corev1.Pod) {
 			p.Spec.Containers[0].ImagePullPolicy = corev1.PullAlways
 			p.Spec.ImagePullSecrets = []corev1.LocalObjectReference{{Name: "reg"}, {Name: "reg2"}}
 			p.Annotations = map[string]string{
@@ -58,18 +34,18 @@ func TestTranslateAccepts(t *testing.T) {
 			}
 		}), Plan{Image: "127.0.0.1:5000/os/tiny:1", PullPolicy: oci.PullAlways, PullSecrets: []string{"reg", "reg2"}, CPUs: 1, MemoryMiB: 512,
 			Machine: "microvm", Firmware: qemu.FirmwareBIOS, ExtraCmdline: "quiet loglevel=3", Accelerator: "kvm"}},
-		{"ExporterSet controller annotations (parameters, reclaim policy, removal mark)", vmPod(func(p *corev1.Pod) {
+		{"ExporterSet controller annotations (parameters, reclaim policy, removal mark)", podtest.VMPod(func(p *corev1.Pod) {
 			p.Annotations = map[string]string{v1alpha1.ParametersAnnotation: `{"a":1}`, v1alpha1.ReclaimPolicyAnnotation: "Retain", v1alpha1.RemoveAnnotation: "true"}
 		}), Plan{Image: "127.0.0.1:5000/os/tiny:1", PullPolicy: oci.PullIfNotPresent, CPUs: 1, MemoryMiB: 512, Machine: "q35", Firmware: qemu.FirmwareBIOS}},
-		{"state policy Retain", vmPod(func(p *corev1.Pod) {
+		{"state policy Retain", podtest.VMPod(func(p *corev1.Pod) {
 			p.Annotations = map[string]string{v1alpha1.StatePolicyAnnotation: "Retain", v1alpha1.ReclaimPolicyAnnotation: "Delete"}
 		}), Plan{Image: "127.0.0.1:5000/os/tiny:1", PullPolicy: oci.PullIfNotPresent, CPUs: 1, MemoryMiB: 512, Machine: "q35", Firmware: qemu.FirmwareBIOS,
 			StatePolicy: v1alpha1.StatePolicyRetain}},
-		{"state policy Disabled", vmPod(func(p *corev1.Pod) {
+		{"state policy Disabled", podtest.VMPod(func(p *corev1.Pod) {
 			p.Annotations = map[string]string{v1alpha1.StatePolicyAnnotation: "Disabled"}
 		}), Plan{Image: "127.0.0.1:5000/os/tiny:1", PullPolicy: oci.PullIfNotPresent, CPUs: 1, MemoryMiB: 512, Machine: "q35", Firmware: qemu.FirmwareBIOS,
 			StatePolicy: v1alpha1.StatePolicyDisabled}},
-		{"never, uefi, any", vmPod(func(p *corev1.Pod) {
+		{"never, uefi, any", podtest.VMPod(func(p *corev1.Pod) {
 			p.Spec.Containers[0].ImagePullPolicy = corev1.PullNever
 			p.Annotations = map[string]string{AnnotationFirmware: "uefi", AnnotationRequireAccelerator: "any"}
 			p.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: 22}}
@@ -132,12 +108,12 @@ func TestTranslateRejects(t *testing.T) {
 			c.Env = []corev1.EnvVar{{Name: "A", Value: "b"}, {Name: "R", ValueFrom: &corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{Resource: "limits.cpu"}}}}
 		}, []string{"spec.containers[0].command", "spec.containers[0].args", "spec.containers[0].env[1].valueFrom: env \"R\""}},
 		{"gpu and hostPort", func(p *corev1.Pod) {
-			p.Spec.Containers[0].Resources.Limits = rl("nvidia.com/gpu", "1")
+			p.Spec.Containers[0].Resources.Limits = podtest.RL("nvidia.com/gpu", "1")
 			p.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: 22, HostPort: 2222}}
 		}, []string{"resources.limits[nvidia.com/gpu]", "ports[0].hostPort"}},
 		{"no image", func(p *corev1.Pod) { p.Spec.Containers[0].Image = "" }, []string{"spec.containers[0].image"}},
 		{"negative and huge resources (found by FuzzTranslate)", func(p *corev1.Pod) {
-			p.Spec.Containers[0].Resources = corev1.ResourceRequirements{Requests: rl("cpu", "-2", "memory", "-1Gi"), Limits: rl("cpu", "5000", "memory", "1Ei")}
+			p.Spec.Containers[0].Resources = corev1.ResourceRequirements{Requests: podtest.RL("cpu", "-2", "memory", "-1Gi"), Limits: podtest.RL("cpu", "5000", "memory", "1Ei")}
 		}, []string{"resources.requests[cpu]: -2 must not be negative", "resources.requests[memory]: -1Gi must not be negative",
 			"resources.limits[cpu]: 5k is more than a VM can have", "resources.limits[memory]: 1Ei is more than a VM can have"}},
 		{"exec liveness probe without a command", func(p *corev1.Pod) {
@@ -153,7 +129,7 @@ func TestTranslateRejects(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			_, rej := Translate(vmPod(tc.mut), qemu.ArchX86_64)
+			_, rej := Translate(podtest.VMPod(tc.mut), qemu.ArchX86_64)
 			require.NotNil(t, rej)
 			assert.Equal(t, ReasonUnsupportedPodSpec, rej.Reason)
 			for _, w := range tc.want {
@@ -166,21 +142,21 @@ func TestTranslateRejects(t *testing.T) {
 // TestTranslateArch: the machine type follows the node's guest
 // architecture: virt is the aarch64 default, x86 machines are refused there.
 func TestTranslateArch(t *testing.T) {
-	plan, rej := Translate(vmPod(), qemu.ArchAArch64)
+	plan, rej := Translate(podtest.VMPod(), qemu.ArchAArch64)
 	require.Nil(t, rej)
 	assert.Equal(t, "virt", plan.Machine)
-	plan, rej = Translate(vmPod(func(p *corev1.Pod) {
+	plan, rej = Translate(podtest.VMPod(func(p *corev1.Pod) {
 		p.Annotations = map[string]string{AnnotationMachine: "virt", AnnotationFirmware: "uefi"}
 	}), qemu.ArchAArch64)
 	require.Nil(t, rej)
 	assert.Equal(t, "virt", plan.Machine)
 	assert.Equal(t, qemu.FirmwareUEFI, plan.Firmware)
 	for _, m := range []string{"q35", "pc", "microvm"} {
-		_, rej := Translate(vmPod(func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationMachine: m} }), qemu.ArchAArch64)
+		_, rej := Translate(podtest.VMPod(func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationMachine: m} }), qemu.ArchAArch64)
 		require.NotNil(t, rej, m)
 		assert.Contains(t, rej.Message, `machine "`+m+`": not a machine of this node's aarch64 guests (want virt)`)
 	}
-	plan, rej = Translate(vmPod(), qemu.ArchX86_64)
+	plan, rej = Translate(podtest.VMPod(), qemu.ArchX86_64)
 	require.Nil(t, rej)
 	assert.Equal(t, "q35", plan.Machine)
 }
@@ -189,7 +165,7 @@ func TestTranslateArch(t *testing.T) {
 // admitted.
 func TestTranslateAdmitsExecProbes(t *testing.T) {
 	exec := &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"test", "-e", "/tmp/ready"}}}}
-	_, rej := Translate(vmPod(func(p *corev1.Pod) {
+	_, rej := Translate(podtest.VMPod(func(p *corev1.Pod) {
 		p.Spec.Containers[0].LivenessProbe = exec
 		p.Spec.Containers[0].ReadinessProbe = exec
 		p.Spec.Containers[0].StartupProbe = exec

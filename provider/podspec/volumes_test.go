@@ -2,12 +2,13 @@ package podspec
 
 import (
 	"context"
-	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"

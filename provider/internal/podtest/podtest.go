@@ -1,4 +1,6 @@
-package provider
+// Package podtest holds the pods and resource lists the provider's tests
+// build their cases from.
+package podtest
 
 import (
 	corev1 "k8s.io/api/core/v1"
@@ -6,9 +8,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// vmPod and rl are the pod and resource list of the tests (the same as
-// package podspec's test helpers).
-func vmPod(mut ...func(*corev1.Pod)) *corev1.Pod {
+// VMPod is a pod as the API server binds it to the node (one container,
+// the service account volume), changed by mut.
+func VMPod(mut ...func(*corev1.Pod)) *corev1.Pod {
 	p := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "uid-p"},
 		Spec: corev1.PodSpec{
@@ -23,7 +25,8 @@ func vmPod(mut ...func(*corev1.Pod)) *corev1.Pod {
 	return p
 }
 
-func rl(kv ...string) corev1.ResourceList {
+// RL is a resource list of name, quantity pairs.
+func RL(kv ...string) corev1.ResourceList {
 	out := corev1.ResourceList{}
 	for i := 0; i < len(kv); i += 2 {
 		out[corev1.ResourceName(kv[i])] = resource.MustParse(kv[i+1])
