@@ -14,6 +14,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/jstest"
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/pb"
 	"github.com/qemu-kubelet/qemu-kubelet/provider"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
@@ -120,7 +121,7 @@ func (e *podEnv) testJumpstarter(t *testing.T) {
 	require.NoError(t, err)
 	p = waitPod(t, e.c, "default", p.Name, 30*time.Second, "PoweredOff", func(p *corev1.Pod) bool {
 		w := p.Status.ContainerStatuses[0].State.Waiting
-		return w != nil && w.Reason == provider.ReasonPoweredOff
+		return w != nil && w.Reason == podstatus.ReasonPoweredOff
 	})
 	assert.Equal(t, corev1.PodRunning, p.Status.Phase)
 	assert.Equal(t, int32(0), p.Status.ContainerStatuses[0].RestartCount)

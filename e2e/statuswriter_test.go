@@ -15,7 +15,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/qemu-kubelet/qemu-kubelet/e2e/cluster"
-	"github.com/qemu-kubelet/qemu-kubelet/provider"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 )
 
 // countingTransport counts the requests a client sends.
@@ -51,7 +51,7 @@ func TestStatusWriterOnAPIServer(t *testing.T) {
 	rc.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { return countingTransport{rt, &requests} }
 	nodeClient, err := kubernetes.NewForConfig(rc)
 	require.NoError(t, err)
-	w := provider.StatusWriter(nodeClient.CoreV1()).Pods("default")
+	w := podstatus.StatusWriter(nodeClient.CoreV1()).Pods("default")
 
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "sw", Labels: map[string]string{"app": "sw"}},
@@ -127,7 +127,7 @@ func TestStatusWriterOnAPIServer(t *testing.T) {
 	// and removes it, in two requests.
 	oldFinal := running.DeepCopy()
 	oldFinal.Status.Phase = corev1.PodSucceeded
-	require.NoError(t, provider.FinalDelete(ctx, nodeClient.CoreV1(), oldFinal))
+	require.NoError(t, podstatus.FinalDelete(ctx, nodeClient.CoreV1(), oldFinal))
 	got, err = admin.Get(ctx, "sw", metav1.GetOptions{})
 	require.NoError(t, err, "the new pod is not deleted by the old one's final delete")
 	assert.Equal(t, again.UID, got.UID)
@@ -138,9 +138,9 @@ func TestStatusWriterOnAPIServer(t *testing.T) {
 		ContainerStatuses: []corev1.ContainerStatus{{Name: "vm", Image: "example.test/os:1",
 			State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed"}}}}}
 	before = requests.Load()
-	require.NoError(t, provider.FinalDelete(ctx, nodeClient.CoreV1(), final))
+	require.NoError(t, podstatus.FinalDelete(ctx, nodeClient.CoreV1(), final))
 	assert.Equal(t, int64(2), requests.Load()-before, "a status patch and a delete")
 	_, err = admin.Get(ctx, "sw", metav1.GetOptions{})
 	assert.True(t, apierrors.IsNotFound(err), "deleted: %v", err)
-	require.NoError(t, provider.FinalDelete(ctx, nodeClient.CoreV1(), final), "a pod already gone is not an error")
+	require.NoError(t, podstatus.FinalDelete(ctx, nodeClient.CoreV1(), final), "a pod already gone is not an error")
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/internal/podtest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
@@ -36,7 +37,7 @@ func TestCreatePodConcurrentAdmission(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	p := NewVMs(ctx, VMsConfig{
 		NodeName: "n1", StateDir: dir, Accelerator: "tcg", Images: store, ImageDir: t.TempDir(),
-		Backoff: Backoff{Initial: time.Hour, Max: time.Hour}, ErrImagePullHold: time.Hour,
+		Backoff: podstatus.Backoff{Initial: time.Hour, Max: time.Hour}, ErrImagePullHold: time.Hour,
 		Allocatable: func() corev1.ResourceList {
 			if arrived.Add(1) == n {
 				close(all)
@@ -95,7 +96,7 @@ func TestCreatePodCountsVMOverhead(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	p := NewVMs(ctx, VMsConfig{
 		NodeName: "n1", StateDir: t.TempDir(), Accelerator: "tcg", Images: store, ImageDir: t.TempDir(),
-		Backoff: Backoff{Initial: time.Hour, Max: time.Hour}, ErrImagePullHold: time.Hour,
+		Backoff: podstatus.Backoff{Initial: time.Hour, Max: time.Hour}, ErrImagePullHold: time.Hour,
 		Allocatable: func() corev1.ResourceList { return podtest.RL("cpu", "8", "memory", "1Gi", "pods", "10") },
 		VMOverhead:  128 << 20,
 	})

@@ -16,6 +16,7 @@ import (
 
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
@@ -63,7 +64,7 @@ const (
 type partitionFlash struct {
 	name string // partition
 	tmp  string // written aside in the flash dir
-	rec  FlashedPartition
+	rec  podstatus.FlashedPartition
 }
 
 var _ jumpstarter.DiskTarget = (*vmTarget)(nil)
@@ -138,7 +139,7 @@ func (t *vmTarget) WritePartition(ctx context.Context, part string, img io.Reade
 		return err
 	}
 	progress(fmt.Sprintf("received %d bytes (%s, %s)", n, format, digest))
-	pf := &partitionFlash{name: part, tmp: tmp, rec: FlashedPartition{
+	pf := &partitionFlash{name: part, tmp: tmp, rec: podstatus.FlashedPartition{
 		File: part + "-" + strings.TrimPrefix(digest, "sha256:")[:12], Digest: digest, Size: n, Format: format}}
 	if t.Powered() {
 		progress("powering off, installing and powering on")
@@ -271,7 +272,7 @@ func (p *VMs) installPartition(rec *podVM, req vmRequest) error {
 	rec.mu.Lock()
 	old := rec.state.Flashed[pf.name]
 	// Copied, never changed in place: copies of the state share the map.
-	fl := make(map[string]FlashedPartition, len(rec.state.Flashed)+1)
+	fl := make(map[string]podstatus.FlashedPartition, len(rec.state.Flashed)+1)
 	for k, v := range rec.state.Flashed {
 		fl[k] = v
 	}
@@ -308,7 +309,7 @@ func (rec *podVM) dropFlashedRootLocked() (file string) {
 	if !ok {
 		return ""
 	}
-	fl := make(map[string]FlashedPartition, len(rec.state.Flashed))
+	fl := make(map[string]podstatus.FlashedPartition, len(rec.state.Flashed))
 	for k, v := range rec.state.Flashed {
 		if k != jumpstarter.PartitionRoot {
 			fl[k] = v

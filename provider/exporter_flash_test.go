@@ -17,6 +17,7 @@ import (
 
 	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -132,7 +133,7 @@ func TestFlashPartitionsFake(t *testing.T) {
 		p := f1.wait(pod.UID, 10*time.Second, "Running flashed", running)
 		assert.Equal(t, "flash/root@"+digest, p.Status.ContainerStatuses[0].ImageID, "the pod shows what it boots")
 		st := vmStateFile(t, dir)
-		assert.Equal(t, FlashedPartition{File: "root-" + digest[7:19], Digest: digest, Size: 3 << 20, Format: "raw"}, st.Flashed["root"])
+		assert.Equal(t, podstatus.FlashedPartition{File: "root-" + digest[7:19], Digest: digest, Size: 3 << 20, Format: "raw"}, st.Flashed["root"])
 		assert.True(t, hasEvent(f1.drainEvents(), "Normal Flashed Partition root replaced"))
 
 		rc, size, err := tgt.ReadPartition(ctx, "root")

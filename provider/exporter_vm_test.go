@@ -26,6 +26,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
@@ -91,9 +92,9 @@ var realExporters = ExporterRunnerFunc(func(ctx context.Context, cfg jumpstarter
 	return e.Run(ctx)
 })
 
-func vmStateFile(t *testing.T, dir string) VMState {
+func vmStateFile(t *testing.T, dir string) podstatus.VMState {
 	t.Helper()
-	var st VMState
+	var st podstatus.VMState
 	b, err := os.ReadFile(filepath.Join(dir, StatusFileName))
 	require.NoError(t, err)
 	require.NoError(t, json.Unmarshal(b, &st))
@@ -254,7 +255,7 @@ func TestJumpstarterExporterVM(t *testing.T) {
 	t.Run("PowerOffAndOn", func(t *testing.T) {
 		_, err := s.Call(ctx, uuidOf("power"), "off")
 		require.NoError(t, err)
-		p := h.wait(pod.UID, 5*time.Second, "PoweredOff", func(p *corev1.Pod) bool { return waitingReason(p) == ReasonPoweredOff })
+		p := h.wait(pod.UID, 5*time.Second, "PoweredOff", func(p *corev1.Pod) bool { return waitingReason(p) == podstatus.ReasonPoweredOff })
 		assert.Equal(t, corev1.PodRunning, p.Status.Phase, "a powered-off pod stays Running")
 		cs := p.Status.ContainerStatuses[0]
 		assert.False(t, cs.Ready)
@@ -536,17 +537,17 @@ func TestJumpstarterExporterVM(t *testing.T) {
 		hb := newHarnessWith(t, filepath.Join(root, "state-backoff"), store, imageDir, func(c *VMsConfig) {
 			c.Secrets = secrets.get
 			c.Exporters = runner
-			c.Backoff = Backoff{Initial: time.Minute, Max: time.Minute}
+			c.Backoff = podstatus.Backoff{Initial: time.Minute, Max: time.Minute}
 		})
 		cp := podFor("u-crash", refs[vmtest.VariantPanic], corev1.RestartPolicyAlways, map[string]string{v1alpha1.JumpstarterSecretAnnotation: "js"})
 		cdir := filepath.Join(root, "state-backoff", VMsDirName, "u-crash")
 		require.NoError(t, hb.vms.CreatePod(ctx, cp))
 		r := runner.next(t, 30*time.Second)
-		hb.wait(cp.UID, 120*time.Second, "CrashLoopBackOff", func(p *corev1.Pod) bool { return waitingReason(p) == ReasonCrashLoopBackOff })
+		hb.wait(cp.UID, 120*time.Second, "CrashLoopBackOff", func(p *corev1.Pod) bool { return waitingReason(p) == podstatus.ReasonCrashLoopBackOff })
 		require.NoError(t, r.cfg.Target.PowerOff(ctx))
-		p := hb.wait(cp.UID, 5*time.Second, "PoweredOff", func(p *corev1.Pod) bool { return waitingReason(p) == ReasonPoweredOff })
+		p := hb.wait(cp.UID, 5*time.Second, "PoweredOff", func(p *corev1.Pod) bool { return waitingReason(p) == podstatus.ReasonPoweredOff })
 		assert.Equal(t, int32(1), p.Status.ContainerStatuses[0].RestartCount)
-		assert.Equal(t, ReasonGuestPanicked, p.Status.ContainerStatuses[0].LastTerminationState.Terminated.Reason)
+		assert.Equal(t, podstatus.ReasonGuestPanicked, p.Status.ContainerStatuses[0].LastTerminationState.Terminated.Reason)
 		assert.Empty(t, vmtest.QEMUPids(cdir))
 		t0 := time.Now()
 		require.NoError(t, r.cfg.Target.PowerOn(ctx), "returns once QEMU runs")
@@ -591,7 +592,7 @@ func TestJumpstarterExporterVM(t *testing.T) {
 		// Off and on again: the flashed disk is still the one that boots.
 		_, err = s2.Call(ctx, pw.GetUuid(), "off")
 		require.NoError(t, err)
-		h2.wait(pod.UID, 5*time.Second, "PoweredOff", func(p *corev1.Pod) bool { return waitingReason(p) == ReasonPoweredOff })
+		h2.wait(pod.UID, 5*time.Second, "PoweredOff", func(p *corev1.Pod) bool { return waitingReason(p) == podstatus.ReasonPoweredOff })
 		s2.Close()
 
 		// The agent restarts again while the VM is off: it stays off (the
@@ -609,7 +610,7 @@ func TestJumpstarterExporterVM(t *testing.T) {
 			return s.Online && s.Registrations > before.Registrations
 		})
 		require.NoError(t, err)
-		p := h3.wait(pod.UID, 10*time.Second, "PoweredOff after the restart", func(p *corev1.Pod) bool { return waitingReason(p) == ReasonPoweredOff })
+		p := h3.wait(pod.UID, 10*time.Second, "PoweredOff after the restart", func(p *corev1.Pod) bool { return waitingReason(p) == podstatus.ReasonPoweredOff })
 		assert.Equal(t, int32(0), p.Status.ContainerStatuses[0].RestartCount)
 		time.Sleep(2 * time.Second)
 		assert.Empty(t, vmtest.QEMUPids(dir), "a powered-off VM stays off across an agent restart")

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -43,7 +44,7 @@ func newFakeVMHarness(t *testing.T, stateDir string, hv *fakeHypervisor, initial
 	f := &fakeVMHarness{imgs: &fakeImages{dir: imageDir}, hv: hv, stateDir: stateDir, forceDeletes: map[types.UID]int{}}
 	f.harness = newHarnessWith(t, stateDir, f.imgs, imageDir, func(c *VMsConfig) {
 		c.Hypervisor = hv
-		c.Backoff = Backoff{Initial: initial, Max: 4 * initial}
+		c.Backoff = podstatus.Backoff{Initial: initial, Max: 4 * initial}
 		c.ForceDelete = func(_ context.Context, pod *corev1.Pod) error {
 			f.mu.Lock()
 			f.forceDeletes[pod.UID]++
@@ -159,9 +160,9 @@ func TestFakeVMCrashRestarts(t *testing.T) {
 			last := p.Status.ContainerStatuses[0].LastTerminationState.Terminated
 			require.NotNil(t, last, "last termination shown")
 			assert.Equal(t, int32(qemu.ExitCodeCrashed), last.ExitCode)
-			assert.Equal(t, ReasonError, last.Reason)
+			assert.Equal(t, podstatus.ReasonError, last.Reason)
 			assert.Equal(t, crashExit().Reason, last.Message)
-			assert.Equal(t, ContainerIDPrefix+"u-crash", last.ContainerID)
+			assert.Equal(t, podstatus.ContainerIDPrefix+"u-crash", last.ContainerID)
 			assert.Equal(t, corev1.PodRunning, p.Status.Phase)
 			evs := f.drainEvents()
 			assert.True(t, hasEvent(evs, "Warning VMExited VM exited with code 139: "+crashExit().Reason), "events %q", evs)
@@ -174,7 +175,7 @@ func TestFakeVMCrashRestarts(t *testing.T) {
 			assert.GreaterOrEqual(t, vm3.startTimes.Begin.Sub(crashed), backoff, "restarted only after the back-off")
 			p = f.wait(pod.UID, 10*time.Second, "second restart", func(p *corev1.Pod) bool { return running(p) && restarts(p) == 2 })
 			assert.Contains(t, f.seenTags(pod.UID), "Running/CrashLoopBackOff")
-			assert.Equal(t, ReasonError, p.Status.ContainerStatuses[0].LastTerminationState.Terminated.Reason)
+			assert.Equal(t, podstatus.ReasonError, p.Status.ContainerStatuses[0].LastTerminationState.Terminated.Reason)
 			evs = f.drainEvents()
 			assert.True(t, hasEvent(evs, "Warning BackOff Back-off restarting failed VM"), "events %q", evs)
 			starts, _ := f.hv.counts()
@@ -204,7 +205,7 @@ func TestFakeVMStartFailsThenRuns(t *testing.T) {
 	p := f.wait(pod.UID, 10*time.Second, "Running", func(p *corev1.Pod) bool { return running(p) && restarts(p) == 2 })
 	last := p.Status.ContainerStatuses[0].LastTerminationState.Terminated
 	require.NotNil(t, last)
-	assert.Equal(t, ReasonStartError, last.Reason)
+	assert.Equal(t, podstatus.ReasonStartError, last.Reason)
 	assert.Equal(t, int32(128), last.ExitCode)
 	assert.Contains(t, last.Message, "fake: QEMU could not start")
 	assert.Contains(t, f.seenTags(pod.UID), "Running/CrashLoopBackOff")
@@ -227,10 +228,10 @@ func TestFakeVMNeverRestarts(t *testing.T) {
 		reason   string
 		exitCode int32
 	}{
-		{"Crash", crashExit(), corev1.PodFailed, ReasonError, qemu.ExitCodeCrashed},
+		{"Crash", crashExit(), corev1.PodFailed, podstatus.ReasonError, qemu.ExitCodeCrashed},
 		{"GuestPanic", qemu.Exit{Class: qemu.ExitPanicked, ExitCode: qemu.ExitCodePanicked, Reason: "guest kernel panicked (pvpanic)"},
-			corev1.PodFailed, ReasonGuestPanicked, qemu.ExitCodePanicked},
-		{"GuestPowerOff", qemu.Exit{Class: qemu.ExitGuestShutdown, Reason: "guest powered off"}, corev1.PodSucceeded, ReasonCompleted, 0},
+			corev1.PodFailed, podstatus.ReasonGuestPanicked, qemu.ExitCodePanicked},
+		{"GuestPowerOff", qemu.Exit{Class: qemu.ExitGuestShutdown, Reason: "guest powered off"}, corev1.PodSucceeded, podstatus.ReasonCompleted, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFakeVMHarness(t, t.TempDir(), newFakeHypervisor(), 20*time.Millisecond)
@@ -283,7 +284,7 @@ func TestFakeVMCrashDuringDelete(t *testing.T) {
 	f.assertNoHolds(t)
 	p := f.wait(pod.UID, time.Second, "terminal status", func(p *corev1.Pod) bool { return terminated(p) != nil })
 	term := terminated(p)
-	assert.Equal(t, ReasonError, term.Reason, "the terminal status is the crash")
+	assert.Equal(t, podstatus.ReasonError, term.Reason, "the terminal status is the crash")
 	assert.Equal(t, int32(qemu.ExitCodeCrashed), term.ExitCode)
 	assert.Equal(t, int32(0), restarts(p))
 	noVMStarted(t, f.hv, 100*time.Millisecond, "crash during the delete")
@@ -415,11 +416,11 @@ func TestFakeVMRecovery(t *testing.T) {
 			term := terminated(p)
 			require.NotNil(t, term, "the VM that died while unsupervised reports how it ended: %+v", p.Status.ContainerStatuses)
 			assert.Equal(t, int32(qemu.ExitCodeCrashed), term.ExitCode)
-			assert.Equal(t, ReasonError, term.Reason)
+			assert.Equal(t, podstatus.ReasonError, term.Reason)
 		case "u-stale":
 			term := terminated(p)
 			require.NotNil(t, term)
-			assert.Equal(t, ReasonStartError, term.Reason)
+			assert.Equal(t, podstatus.ReasonStartError, term.Reason)
 			assert.Contains(t, term.Message, "could not re-adopt the VM after a restart: QMP socket gone")
 		}
 	}
@@ -435,7 +436,7 @@ func TestFakeVMRecovery(t *testing.T) {
 	restarted := nextVM(t, hv)
 	assert.Equal(t, f1.dir(died.UID), restarted.dir)
 	p := f2.wait(died.UID, 10*time.Second, "restarted", func(p *corev1.Pod) bool { return running(p) && restarts(p) == 1 })
-	assert.Equal(t, ReasonError, p.Status.ContainerStatuses[0].LastTerminationState.Terminated.Reason)
+	assert.Equal(t, podstatus.ReasonError, p.Status.ContainerStatuses[0].LastTerminationState.Terminated.Reason)
 
 	// The VM that could not be adopted: Never, so the pod fails and
 	// nothing starts.
@@ -493,7 +494,7 @@ func TestFakeVMRecordRetried(t *testing.T) {
 		require.NoError(t, f.vms.CreatePod(context.Background(), pod), "CreatePod does not write the record")
 		assert.Less(t, time.Since(t0), 2*time.Second)
 		noVMStarted(t, f.hv, 400*time.Millisecond, "unrecorded pod")
-		p := f.wait(pod.UID, 5*time.Second, "waiting", func(p *corev1.Pod) bool { return waitingReason(p) == ReasonContainerCreating })
+		p := f.wait(pod.UID, 5*time.Second, "waiting", func(p *corev1.Pod) bool { return waitingReason(p) == podstatus.ReasonContainerCreating })
 		assert.Equal(t, corev1.PodPending, p.Status.Phase)
 		evs := f.drainEvents()
 		assert.True(t, hasEvent(evs, "Warning "+ReasonFailedToRecordState+" Could not record the pod on the node"), "events %q", evs)
@@ -518,7 +519,7 @@ func TestFakeVMRecordRetried(t *testing.T) {
 		require.NoError(t, os.MkdirAll(filepath.Dir(f.dir(pod.UID)), 0o700))
 		require.NoError(t, os.WriteFile(f.dir(pod.UID), []byte("in the way"), 0o600))
 		require.NoError(t, f.vms.CreatePod(context.Background(), pod))
-		f.wait(pod.UID, 5*time.Second, "waiting", func(p *corev1.Pod) bool { return waitingReason(p) == ReasonContainerCreating })
+		f.wait(pod.UID, 5*time.Second, "waiting", func(p *corev1.Pod) bool { return waitingReason(p) == podstatus.ReasonContainerCreating })
 		rec := f.rec(pod.UID)
 		require.NotNil(t, rec)
 		require.NoError(t, f.vms.DeletePod(context.Background(), deleting(pod)))

@@ -8,6 +8,7 @@ import (
 
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 )
@@ -61,7 +62,7 @@ func (p *VMs) holdForFeatures(ctx context.Context, rec *podVM) bool {
 			if held != "" {
 				klog.FromContext(ctx).Info("Features enabled; starting the pod", "features", held)
 				p.event(pod, corev1.EventTypeNormal, "FeatureEnabled", "feature(s) "+held+" enabled on node "+p.cfg.NodeName+"; starting the VM")
-				p.update(rec, func(st *VMState) { st.SetWaiting(ReasonContainerCreating, "") })
+				p.update(rec, func(st *podstatus.VMState) { st.SetWaiting(podstatus.ReasonContainerCreating, "") })
 			}
 			return true
 		}
@@ -69,7 +70,7 @@ func (p *VMs) holdForFeatures(ctx context.Context, rec *podVM) bool {
 			held = names
 			klog.FromContext(ctx).Info("Pod held: it needs a disabled feature", "features", held)
 			p.event(pod, corev1.EventTypeWarning, ReasonFeatureDisabled, h.Message)
-			p.update(rec, func(st *VMState) { st.SetWaiting(ReasonFeatureDisabled, h.Message) })
+			p.update(rec, func(st *podstatus.VMState) { st.SetWaiting(ReasonFeatureDisabled, h.Message) })
 		}
 		select {
 		case <-ch:

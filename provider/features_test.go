@@ -13,6 +13,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/internal/podtest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -123,9 +124,9 @@ func TestHeldPodStartsWhenEnabled(t *testing.T) {
 	h2.vms.SetFeatures(config.DefaultFeatures())
 	h2.wait(pod.UID, 30*time.Second, "pull attempted", func(p *corev1.Pod) bool {
 		cs, ok := lastState(p).(corev1.ContainerStatus)
-		return ok && cs.State.Waiting != nil && (cs.State.Waiting.Reason == ReasonErrImagePull || cs.State.Waiting.Reason == ReasonImagePullBackOff)
+		return ok && cs.State.Waiting != nil && (cs.State.Waiting.Reason == podstatus.ReasonErrImagePull || cs.State.Waiting.Reason == podstatus.ReasonImagePullBackOff)
 	})
-	assert.Contains(t, h2.seenTags(pod.UID), "Pending/"+ReasonContainerCreating, "left the hold")
+	assert.Contains(t, h2.seenTags(pod.UID), "Pending/"+podstatus.ReasonContainerCreating, "left the hold")
 	assert.Contains(t, strings.Join(h2.drainEvents(), "\n"), "Normal FeatureEnabled feature(s) uefi enabled on node n1")
 	require.NoError(t, h2.vms.DeletePod(ctx, deleting(pod)))
 	waitGoneDir(t, filepath.Join(stateDir, VMsDirName, string(pod.UID)), 10*time.Second)

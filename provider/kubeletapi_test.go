@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/prometheus/common/expfmt"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -372,7 +373,7 @@ func TestViewAndLogErrors(t *testing.T) {
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web", UID: "u1"},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "vm"}}}}
 	rec := &podVM{uid: pod.UID, dir: t.TempDir(), pod: pod, deleteReq: make(chan struct{})}
-	rec.state.SetWaiting(ReasonErrImagePull, "nope")
+	rec.state.SetWaiting(podstatus.ReasonErrImagePull, "nope")
 	p.pods[pod.UID] = rec
 
 	_, err := p.GetContainerLogs(ctx, "ns", "web", "vm", api.ContainerLogOpts{})
@@ -399,7 +400,7 @@ func TestViewAndLogErrors(t *testing.T) {
 
 	// A VM ran once (now in back-off): logs show what it wrote.
 	rec.state.Started = true
-	rec.state.SetWaiting(ReasonCrashLoopBackOff, "")
+	rec.state.SetWaiting(podstatus.ReasonCrashLoopBackOff, "")
 	writeConsole(t, rec.dir, qemu.ConsoleLogName, "last run\n", time.Now())
 	rc, err := p.GetContainerLogs(ctx, "ns", "web", "", api.ContainerLogOpts{})
 	require.NoError(t, err)

@@ -19,6 +19,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
 	"github.com/virtual-kubelet/virtual-kubelet/node"
@@ -82,7 +83,7 @@ type VMsConfig struct {
 	// ends). pod carries the terminal status.
 	ForceDelete func(ctx context.Context, pod *corev1.Pod) error
 	// Backoff for image pulls and crash loops (default DefaultBackoff).
-	Backoff Backoff
+	Backoff podstatus.Backoff
 	// ErrImagePullHold is how long ErrImagePull is shown before
 	// ImagePullBackOff (default 2s).
 	ErrImagePullHold time.Duration
@@ -141,7 +142,7 @@ type VMs struct {
 	// the pods held for features.
 	featuresChanged chan struct{}
 	// pump delivers statuses to notify, per pod, newest only (statuspump.go).
-	pump statusPump
+	pump podstatus.StatusPump
 	// snaps: who creates which memory snapshot (snapshots.go).
 	snaps snapshotStore
 }
@@ -157,7 +158,7 @@ type podVM struct {
 	// mu, never changed in place, so a pointer read under mu stays valid.
 	pod      *corev1.Pod
 	plan     podspec.Plan
-	state    VMState
+	state    podstatus.VMState
 	vm       VM
 	release  func()
 	deleting bool
@@ -218,7 +219,7 @@ type podVM struct {
 // Call Recover before handing it to the pod controller.
 func NewVMs(ctx context.Context, cfg VMsConfig) *VMs {
 	if cfg.Backoff.Initial <= 0 {
-		cfg.Backoff = DefaultBackoff
+		cfg.Backoff = podstatus.DefaultBackoff
 	}
 	if cfg.ErrImagePullHold <= 0 {
 		cfg.ErrImagePullHold = 2 * time.Second
@@ -273,7 +274,7 @@ func (p *VMs) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 		close(rec.done)
 	} else {
 		rec.plan = plan
-		rec.state.SetWaiting(ReasonContainerCreating, "")
+		rec.state.SetWaiting(podstatus.ReasonContainerCreating, "")
 	}
 	p.pods[pod.UID] = rec
 	p.mu.Unlock()
@@ -512,7 +513,7 @@ func (p *VMs) snapshot(rec *podVM) *corev1.Pod {
 	if rec.apiResourceVersion != "" {
 		pod.ResourceVersion = rec.apiResourceVersion // statusresync.go
 	}
-	pod.Status = PodStatus(rec.pod, rec.state, p.cfg.NodeIP, p.now())
+	pod.Status = podstatus.PodStatus(rec.pod, rec.state, p.cfg.NodeIP, p.now())
 	applyProbes(&pod.Status, rec.pod, rec.probes) // probes.go: readiness probe result
 	applyExporter(&pod.Status, rec.exporter)      // exporter.go: Jumpstarter exporter condition
 	applyVMSize(&pod.Status, rec.state.Size)      // vmsize.go: a size set through the exporter
@@ -522,7 +523,7 @@ func (p *VMs) snapshot(rec *podVM) *corev1.Pod {
 // push has the pod's current status sent to the library: asynchronously,
 // coalesced per pod and in order (statuspump.go).
 func (p *VMs) push(rec *podVM) {
-	p.pump.push(rec.uid, func() {
+	p.pump.Push(rec.uid, func() {
 		p.mu.Lock()
 		cb := p.notify
 		p.mu.Unlock()
@@ -557,7 +558,7 @@ func (p *VMs) SetRecorder(r record.EventRecorder) {
 }
 
 // update changes the state under the lock, persists it and pushes it.
-func (p *VMs) update(rec *podVM, f func(st *VMState)) {
+func (p *VMs) update(rec *podVM, f func(st *podstatus.VMState)) {
 	rec.mu.Lock()
 	f(&rec.state)
 	rec.mu.Unlock()
@@ -676,7 +677,7 @@ func (w *worker) step(s podState) workerEvent {
 		term := rec.state.Terminated
 		rec.mu.Unlock()
 		if term == nil { // recovery always records it
-			return workerEvent{kind: evExited, reason: ReasonStartError, exitCode: 128}
+			return workerEvent{kind: evExited, reason: podstatus.ReasonStartError, exitCode: 128}
 		}
 		return workerEvent{kind: evExited, exitCode: term.ExitCode, reason: term.Reason}
 	case stateBackOff:
@@ -705,7 +706,7 @@ func (w *worker) step(s podState) workerEvent {
 			req.reply <- err
 			return workerEvent{kind: evFlashFailed}
 		}
-		p.update(rec, func(st *VMState) { st.PoweredOff = false })
+		p.update(rec, func(st *podstatus.VMState) { st.PoweredOff = false })
 		rec.waiter = req.reply // answered by the start of the new image
 		return workerEvent{kind: evFlashed}
 	case stateTerminating:
@@ -776,7 +777,7 @@ func (w *worker) start() workerEvent {
 		return workerEvent{kind: evDelete}
 	}
 	// The start failed; recorded as a terminated run.
-	e := workerEvent{kind: evStartFailed, exitCode: 128, reason: ReasonStartError}
+	e := workerEvent{kind: evStartFailed, exitCode: 128, reason: podstatus.ReasonStartError}
 	rec.mu.Lock()
 	if t := rec.state.Terminated; t != nil {
 		e.exitCode, e.reason = t.ExitCode, t.Reason
@@ -857,7 +858,7 @@ func (w *worker) waitRunning() workerEvent {
 	rec.mu.Unlock()
 	w.vm = nil
 	p.dropSnapshotClaim(rec)
-	term := TerminatedFromExit(ex, started, ContainerIDPrefix+string(rec.uid))
+	term := podstatus.TerminatedFromExit(ex, started, podstatus.ContainerIDPrefix+string(rec.uid))
 	w.log.Info("VM exited", "exitCode", ex.ExitCode, "class", ex.Class, "reason", ex.Reason)
 	p.cfg.Telemetry.vmExited(rec.uid, ex)
 	typ := corev1.EventTypeNormal
@@ -865,9 +866,9 @@ func (w *worker) waitRunning() workerEvent {
 		typ = corev1.EventTypeWarning
 	}
 	p.event(w.pod, typ, "VMExited", fmt.Sprintf("VM exited with code %d: %s", ex.ExitCode, ex.Reason))
-	p.update(rec, func(st *VMState) { st.SetTerminated(term) })
+	p.update(rec, func(st *podstatus.VMState) { st.SetTerminated(term) })
 	return workerEvent{kind: evExited, exitCode: term.ExitCode, reason: term.Reason,
-		ranLong: ex.At.Sub(started) >= CrashLoopResetAfter}
+		ranLong: ex.At.Sub(started) >= podstatus.CrashLoopResetAfter}
 }
 
 // do carries out the actions of a transition, in order.
@@ -883,10 +884,10 @@ func (w *worker) do(acts []workerAction) {
 			w.req.reply <- p.installImage(rec, w.req)
 		case actPowerOn:
 			w.log.Info("Powering on on request")
-			p.update(rec, func(st *VMState) { st.PoweredOff = false })
+			p.update(rec, func(st *podstatus.VMState) { st.PoweredOff = false })
 		case actOffInBackOff:
-			p.update(rec, func(st *VMState) {
-				st.SetWaiting(ReasonPoweredOff, "powered off on request during the crash-loop back-off; power it on to boot again")
+			p.update(rec, func(st *podstatus.VMState) {
+				st.SetWaiting(podstatus.ReasonPoweredOff, "powered off on request during the crash-loop back-off; power it on to boot again")
 				st.PoweredOff = true
 			})
 			w.req.reply <- nil
@@ -907,7 +908,7 @@ func (w *worker) do(acts []workerAction) {
 			rec.state.RestartCount++
 			rec.mu.Unlock()
 		case actMarkFinal:
-			p.update(rec, func(st *VMState) { st.Final = true })
+			p.update(rec, func(st *podstatus.VMState) { st.Final = true })
 		case actReleaseImage:
 			p.releaseImage(rec)
 		case actStopExporter:
@@ -937,7 +938,7 @@ func (w *worker) beginBackOff(crash int) {
 	p, rec := w.p, w.rec
 	delay := p.cfg.Backoff.RestartDelay(crash)
 	if delay <= 0 {
-		p.update(rec, func(st *VMState) { st.LastTerminated = st.Terminated })
+		p.update(rec, func(st *podstatus.VMState) { st.LastTerminated = st.Terminated })
 		return
 	}
 	name := "vm"
@@ -947,10 +948,10 @@ func (w *worker) beginBackOff(crash int) {
 	}
 	pod := rec.pod.DeepCopy()
 	rec.mu.Unlock()
-	msg := crashLoopMessage(delay, name, string(rec.uid))
-	p.update(rec, func(st *VMState) {
+	msg := podstatus.CrashLoopMessage(delay, name, string(rec.uid))
+	p.update(rec, func(st *podstatus.VMState) {
 		st.LastTerminated = st.Terminated
-		st.SetWaiting(ReasonCrashLoopBackOff, msg)
+		st.SetWaiting(podstatus.ReasonCrashLoopBackOff, msg)
 	})
 	p.event(pod, corev1.EventTypeWarning, "BackOff", "Back-off restarting failed VM")
 	w.stopBackOff()
@@ -1029,13 +1030,15 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (VM, bool) {
 		msg := err.Error()
 		log.Info("Image pull failed", "image", plan.Image, "attempt", attempt, "err", msg)
 		p.event(pod, corev1.EventTypeWarning, "Failed", fmt.Sprintf("Failed to pull image %q: %s", plan.Image, msg))
-		p.update(rec, func(st *VMState) { st.SetWaiting(ReasonErrImagePull, msg) })
+		p.update(rec, func(st *podstatus.VMState) { st.SetWaiting(podstatus.ReasonErrImagePull, msg) })
 		delay := p.cfg.Backoff.Delay(attempt)
 		hold := min(p.cfg.ErrImagePullHold, delay)
 		if !sleepCtx(pctx, hold) {
 			return nil, false
 		}
-		p.update(rec, func(st *VMState) { st.SetWaiting(ReasonImagePullBackOff, pullBackOffMessage(plan.Image, msg)) })
+		p.update(rec, func(st *podstatus.VMState) {
+			st.SetWaiting(podstatus.ReasonImagePullBackOff, podstatus.PullBackOffMessage(plan.Image, msg))
+		})
 		p.event(pod, corev1.EventTypeNormal, "BackOff", fmt.Sprintf("Back-off pulling image %q", plan.Image))
 		if !sleepCtx(pctx, delay-hold) {
 			return nil, false
@@ -1058,10 +1061,10 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (VM, bool) {
 			log.Error(err, "Acquire image")
 		}
 	}
-	p.update(rec, func(st *VMState) {
+	p.update(rec, func(st *podstatus.VMState) {
 		st.ImageDigest = img.Digest
 		st.ImageID = imageID(img)
-		st.SetWaiting(ReasonContainerCreating, "")
+		st.SetWaiting(podstatus.ReasonContainerCreating, "")
 	})
 
 	spec, err := p.vmSpec(ctx, rec, pod, plan, img)
@@ -1070,7 +1073,7 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (VM, bool) {
 		msg := err.Error()
 		log.Info("VM config not available", "err", msg)
 		p.event(pod, corev1.EventTypeWarning, "Failed", "Error: "+msg)
-		p.update(rec, func(st *VMState) { st.SetWaiting(podspec.ReasonCreateContainerConfigError, msg) })
+		p.update(rec, func(st *podstatus.VMState) { st.SetWaiting(podspec.ReasonCreateContainerConfigError, msg) })
 		if !sleepCtx(pctx, min(p.cfg.Backoff.Delay(attempt), podspec.ConfigRetryMax)) {
 			return nil, false
 		}
@@ -1081,17 +1084,17 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (VM, bool) {
 	}
 	att.overlaid(err)
 	if err != nil {
-		reason := ReasonStartError
+		reason := podstatus.ReasonStartError
 		var inv invalidSpec
 		if errors.As(err, &inv) {
-			reason = ReasonInvalidVMSpec
+			reason = podstatus.ReasonInvalidVMSpec
 		}
 		log.Error(err, "VM not started", "reason", reason)
 		p.event(pod, corev1.EventTypeWarning, "Failed", err.Error())
 		now := p.now()
-		p.update(rec, func(st *VMState) {
+		p.update(rec, func(st *podstatus.VMState) {
 			st.SetTerminated(corev1.ContainerStateTerminated{ExitCode: 128, Reason: reason, Message: err.Error(),
-				StartedAt: metaTime(now), FinishedAt: metaTime(now)})
+				StartedAt: podstatus.MetaTime(now), FinishedAt: podstatus.MetaTime(now)})
 		})
 		return nil, false
 	}
@@ -1115,9 +1118,9 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (VM, bool) {
 		log.Error(err, "QEMU start failed")
 		p.event(pod, corev1.EventTypeWarning, "Failed", "Error: "+err.Error())
 		now := p.now()
-		p.update(rec, func(st *VMState) {
-			st.SetTerminated(corev1.ContainerStateTerminated{ExitCode: 128, Reason: ReasonStartError, Message: err.Error(),
-				StartedAt: metaTime(now), FinishedAt: metaTime(now)})
+		p.update(rec, func(st *podstatus.VMState) {
+			st.SetTerminated(corev1.ContainerStateTerminated{ExitCode: 128, Reason: podstatus.ReasonStartError, Message: err.Error(),
+				StartedAt: podstatus.MetaTime(now), FinishedAt: podstatus.MetaTime(now)})
 		})
 		return nil, false
 	}
@@ -1130,7 +1133,7 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (VM, bool) {
 	}
 	log.Info("VM started", "pid", vm.Pid(), "accelerator", spec.Accelerator, "fromSnapshot", spec.Incoming != "")
 	p.event(pod, corev1.EventTypeNormal, "Started", fmt.Sprintf("Started VM (QEMU pid %d, %s, %d vCPU, %d MiB%s)", vm.Pid(), spec.Accelerator, spec.CPUs, spec.MemoryMiB, from))
-	p.update(rec, func(st *VMState) {
+	p.update(rec, func(st *podstatus.VMState) {
 		st.SetRunning(p.now())
 		if st.Size != nil && (st.Size.AppliedMemoryBytes != size.MemoryBytes || st.Size.AppliedDiskBytes != size.DiskBytes) {
 			st.Size.AppliedMemoryBytes, st.Size.AppliedDiskBytes = size.MemoryBytes, size.DiskBytes
@@ -1319,7 +1322,7 @@ func (p *VMs) finishDelete(rec *podVM, vm VM) {
 
 	if !rejected {
 		if vm != nil {
-			acpi := ACPIBudget(grace)
+			acpi := podstatus.ACPIBudget(grace)
 			p.event(pod, corev1.EventTypeNormal, "Killing", fmt.Sprintf("Stopping VM (ACPI power button, %s before quit)", acpi.Round(time.Second)))
 			// Everything is kept until the disk's reclaim policy is applied
 			// below.
@@ -1334,7 +1337,7 @@ func (p *VMs) finishDelete(rec *podVM, vm VM) {
 			if rec.state.Running != nil {
 				started = rec.state.Running.StartedAt.Time
 			}
-			rec.state.SetTerminated(TerminatedFromExit(ex, started, ContainerIDPrefix+string(rec.uid)))
+			rec.state.SetTerminated(podstatus.TerminatedFromExit(ex, started, podstatus.ContainerIDPrefix+string(rec.uid)))
 			rec.vm = nil
 			rec.mu.Unlock()
 		} else {
@@ -1342,7 +1345,7 @@ func (p *VMs) finishDelete(rec *podVM, vm VM) {
 			if rec.state.Terminated == nil {
 				now := p.now()
 				rec.state.SetTerminated(corev1.ContainerStateTerminated{ExitCode: 137, Reason: "ContainerStatusUnknown",
-					Message: "the pod was deleted before its VM started", StartedAt: metaTime(now), FinishedAt: metaTime(now)})
+					Message: "the pod was deleted before its VM started", StartedAt: podstatus.MetaTime(now), FinishedAt: podstatus.MetaTime(now)})
 			}
 			rec.mu.Unlock()
 		}
@@ -1358,7 +1361,7 @@ func (p *VMs) finishDelete(rec *podVM, vm VM) {
 	rec.removed = true
 	rec.mu.Unlock()
 	p.push(rec)
-	p.pump.flush(rec.uid) // the terminal status reaches the library before the pod goes
+	p.pump.Flush(rec.uid) // the terminal status reaches the library before the pod goes
 	p.mu.Lock()
 	if p.pods[rec.uid] == rec {
 		delete(p.pods, rec.uid)

@@ -16,6 +16,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/provider/internal/podtest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/nodestatus"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
@@ -53,7 +54,7 @@ func newHarnessWith(t testing.TB, stateDir string, store ImageStore, imageDir st
 		NodeName: "n1", NodeIP: "10.1.2.3", StateDir: stateDir, Accelerator: "tcg",
 		Images: store, ImageDir: imageDir,
 		Allocatable:      func() corev1.ResourceList { return podtest.RL("cpu", "8", "memory", "8Gi", "pods", "10") },
-		Backoff:          Backoff{Initial: time.Second, Max: 4 * time.Second},
+		Backoff:          podstatus.Backoff{Initial: time.Second, Max: 4 * time.Second},
 		ErrImagePullHold: 300 * time.Millisecond,
 	}
 	if mutate != nil {
@@ -239,7 +240,7 @@ func TestVMLifecycle(t *testing.T) {
 		p = h.wait(pod.UID, 60*time.Second, "terminated", func(p *corev1.Pod) bool { return terminated(p) != nil })
 		term := terminated(p)
 		assert.Equal(t, int32(0), term.ExitCode, "ACPI guest powers off: %+v", term)
-		assert.Equal(t, ReasonCompleted, term.Reason)
+		assert.Equal(t, podstatus.ReasonCompleted, term.Reason)
 		waitGoneDir(t, dir, 10*time.Second)
 		assert.Empty(t, vmtest.QEMUPids(dir))
 		_, err := h.vms.GetPod(ctx, pod.Namespace, pod.Name)
@@ -251,7 +252,7 @@ func TestVMLifecycle(t *testing.T) {
 		require.NoError(t, h.vms.CreatePod(ctx, pod))
 		p := h.wait(pod.UID, 30*time.Second, "ImagePullBackOff", func(p *corev1.Pod) bool {
 			w := p.Status.ContainerStatuses[0].State.Waiting
-			return w != nil && w.Reason == ReasonImagePullBackOff
+			return w != nil && w.Reason == podstatus.ReasonImagePullBackOff
 		})
 		assert.Equal(t, corev1.PodPending, p.Status.Phase)
 		assert.Contains(t, p.Status.ContainerStatuses[0].State.Waiting.Message, "not found")
@@ -286,7 +287,7 @@ func TestVMLifecycle(t *testing.T) {
 		term := terminated(p)
 		require.NotNil(t, term)
 		assert.Equal(t, int32(0), term.ExitCode)
-		assert.Equal(t, ReasonCompleted, term.Reason)
+		assert.Equal(t, podstatus.ReasonCompleted, term.Reason)
 		assert.Equal(t, int32(0), p.Status.ContainerStatuses[0].RestartCount)
 		assert.Contains(t, h.seenTags(pod.UID), "Running/Running")
 		require.NoError(t, h.vms.DeletePod(ctx, deleting(pod)))
@@ -299,7 +300,7 @@ func TestVMLifecycle(t *testing.T) {
 		p := h.wait(pod.UID, 90*time.Second, "Failed", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodFailed })
 		term := terminated(p)
 		require.NotNil(t, term)
-		assert.Equal(t, ReasonGuestPanicked, term.Reason)
+		assert.Equal(t, podstatus.ReasonGuestPanicked, term.Reason)
 		assert.Equal(t, int32(qemu.ExitCodePanicked), term.ExitCode)
 		require.NoError(t, h.vms.DeletePod(ctx, deleting(pod)))
 		waitGoneDir(t, filepath.Join(stateDir, VMsDirName, "u-panic"), 10*time.Second)
@@ -319,7 +320,7 @@ func TestVMLifecycle(t *testing.T) {
 		last := p.Status.ContainerStatuses[0].LastTerminationState.Terminated
 		require.NotNil(t, last)
 		assert.NotEqual(t, int32(0), last.ExitCode)
-		assert.Equal(t, ReasonError, last.Reason)
+		assert.Equal(t, podstatus.ReasonError, last.Reason)
 		newPids := vmtest.QEMUPids(dir)
 		require.Len(t, newPids, 1)
 		assert.NotEqual(t, pids[0], newPids[0])

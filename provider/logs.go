@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
 	"github.com/virtual-kubelet/virtual-kubelet/node/api"
@@ -266,7 +267,7 @@ func (p *VMs) consoleLogs(ctx context.Context, namespace, name, container string
 		// Never ran: as the kubelet says it.
 		reason := v.waiting
 		if reason == "" {
-			reason = ReasonContainerCreating
+			reason = podstatus.ReasonContainerCreating
 		}
 		return nil, errdefs.InvalidInputf("container %q in pod %q is waiting to start: %s", v.container, name, reason)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -172,7 +173,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	for _, c := range []qemu.ExitClass{qemu.ExitGuestShutdown, qemu.ExitPanicked, qemu.ExitCrashed, qemu.ExitKilled} {
 		m.vmExits.WithLabelValues(string(c))
 	}
-	for _, r := range []string{ReasonStartError, ReasonInvalidVMSpec} {
+	for _, r := range []string{podstatus.ReasonStartError, podstatus.ReasonInvalidVMSpec} {
 		m.vmStartFailures.WithLabelValues(r)
 	}
 	for _, ph := range []string{PhasePull, PhaseOverlay, PhaseQEMUStart, PhaseBoot} {

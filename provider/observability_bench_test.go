@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -46,7 +47,7 @@ func BenchmarkStartTelemetry(b *testing.B) {
 		tel.vmExited(pod.UID, ex)
 	}
 	path := filepath.Join(b.TempDir(), StatusFileName)
-	var st VMState
+	var st podstatus.VMState
 	st.SetRunning(time.Now())
 	write := func() {
 		if err := writeJSONAtomic(path, st); err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/internal/podtest"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
@@ -161,7 +162,7 @@ func TestObservability(t *testing.T) {
 		NodeName: "n1", NodeIP: "10.1.2.3", StateDir: filepath.Join(root, "state"), Accelerator: "tcg",
 		Images: store, ImageDir: imageDir,
 		Allocatable:      func() corev1.ResourceList { return podtest.RL("cpu", "8", "memory", "8Gi", "pods", "10") },
-		Backoff:          Backoff{Initial: time.Second, Max: 4 * time.Second},
+		Backoff:          podstatus.Backoff{Initial: time.Second, Max: 4 * time.Second},
 		ErrImagePullHold: 300 * time.Millisecond,
 		Telemetry:        NewTelemetry(m, tp),
 		// Every memory knob on: the guests still boot and answer probes.
@@ -283,7 +284,7 @@ func TestObservability(t *testing.T) {
 		require.NoError(t, vms.CreatePod(ctx, pod))
 		sl.wait(t, pod.UID, 30*time.Second, "ImagePullBackOff", func(p *corev1.Pod) bool {
 			w := p.Status.ContainerStatuses[0].State.Waiting
-			return w != nil && w.Reason == ReasonImagePullBackOff
+			return w != nil && w.Reason == podstatus.ReasonImagePullBackOff
 		})
 		require.NoError(t, vms.DeletePod(ctx, deleting(pod)))
 		sl.wait(t, pod.UID, 10*time.Second, "terminated", func(p *corev1.Pod) bool { return terminated(p) != nil })

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/qemu-kubelet/qemu-kubelet/provider/internal/podtest"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
@@ -31,8 +32,8 @@ func TestPersistFailureSurfaced(t *testing.T) {
 	require.NoError(t, os.MkdirAll(r.dir, 0o700))
 	statusPath := filepath.Join(r.dir, StatusFileName)
 
-	p.update(r, func(st *VMState) { st.SetRunning(time.Now()) })
-	var onDisk VMState
+	p.update(r, func(st *podstatus.VMState) { st.SetRunning(time.Now()) })
+	var onDisk podstatus.VMState
 	b, err := os.ReadFile(statusPath)
 	require.NoError(t, err)
 	require.NoError(t, json.Unmarshal(b, &onDisk))
@@ -42,11 +43,11 @@ func TestPersistFailureSurfaced(t *testing.T) {
 	// Break the write, then record that the VM ended.
 	blocker := statusPath + ".tmp"
 	require.NoError(t, os.MkdirAll(filepath.Join(blocker, "x"), 0o700))
-	p.update(r, func(st *VMState) {
+	p.update(r, func(st *podstatus.VMState) {
 		st.SetTerminated(corev1.ContainerStateTerminated{ExitCode: 1, Reason: "Error"})
 	})
 	if b, err := os.ReadFile(statusPath); err == nil {
-		var st VMState
+		var st podstatus.VMState
 		require.NoError(t, json.Unmarshal(b, &st))
 		assert.Nil(t, st.Running, "status.json still claims the VM runs after a failed write: %s", b)
 	}
@@ -56,15 +57,15 @@ func TestPersistFailureSurfaced(t *testing.T) {
 	assert.Contains(t, evs[0], StatusFileName)
 
 	// A second failure in the same streak logs but sends no new event.
-	p.update(r, func(st *VMState) { st.RestartCount++ })
+	p.update(r, func(st *podstatus.VMState) { st.RestartCount++ })
 	assert.Empty(t, drainEvents(rec))
 
 	// Writing works again: the record is the current state.
 	require.NoError(t, os.RemoveAll(blocker))
-	p.update(r, func(st *VMState) { st.RestartCount++ })
+	p.update(r, func(st *podstatus.VMState) { st.RestartCount++ })
 	b, err = os.ReadFile(statusPath)
 	require.NoError(t, err)
-	onDisk = VMState{}
+	onDisk = podstatus.VMState{}
 	require.NoError(t, json.Unmarshal(b, &onDisk))
 	assert.Nil(t, onDisk.Running)
 	require.NotNil(t, onDisk.Terminated)

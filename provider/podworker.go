@@ -3,6 +3,7 @@ package provider
 import (
 	"fmt"
 
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	corev1 "k8s.io/api/core/v1"
 )
 
@@ -366,7 +367,7 @@ func next(w podWorker, e workerEvent) (podWorker, []workerAction) {
 // afterExit applies the restart policy to the run that just ended: the
 // pod finishes, or the VM restarts after the back-off (crash counted).
 func (w podWorker) afterExit(e workerEvent, acts ...workerAction) (podWorker, []workerAction) {
-	if !RestartDecision(w.policy, e.exitCode) || e.reason == ReasonInvalidVMSpec {
+	if !podstatus.RestartDecision(w.policy, e.exitCode) || e.reason == podstatus.ReasonInvalidVMSpec {
 		// The state dir (console log) stays until the pod is deleted.
 		return w.enter(stateFinished, append(acts, act(actMarkFinal), act(actReleaseImage))...)
 	}

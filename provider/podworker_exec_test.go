@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
@@ -79,7 +80,7 @@ func fastHarness(t *testing.T, initial time.Duration) (*harness, *fakeImages) {
 	imgs := &fakeImages{dir: imageDir}
 	h := newHarnessWith(t, t.TempDir(), imgs, imageDir, func(c *VMsConfig) {
 		c.QEMUBinary = filepath.Join(imageDir, "no-qemu")
-		c.Backoff = Backoff{Initial: initial, Max: 4 * initial}
+		c.Backoff = podstatus.Backoff{Initial: initial, Max: 4 * initial}
 	})
 	return h, imgs
 }
@@ -112,7 +113,7 @@ func deleteAndWaitGone(t *testing.T, h *harness, imgs *fakeImages, pod *corev1.P
 	// No VM ran when it was deleted: the failed start's end, or (deleted
 	// in the back-off) ContainerStatusUnknown as the kubelet shows it.
 	p := h.wait(pod.UID, 5*time.Second, "terminal status", func(p *corev1.Pod) bool { return terminated(p) != nil })
-	assert.Contains(t, []string{"ContainerStatusUnknown", ReasonStartError}, terminated(p).Reason)
+	assert.Contains(t, []string{"ContainerStatusUnknown", podstatus.ReasonStartError}, terminated(p).Reason)
 	assert.Nil(t, h.rec(pod.UID), "deleted pod forgotten")
 	_, holds, _ := imgs.counts()
 	assert.Zero(t, holds, "image hold released")
@@ -143,7 +144,7 @@ func TestPodWorkerFastNeverFinishes(t *testing.T) {
 	require.NoError(t, h.vms.CreatePod(context.Background(), pod))
 	p := h.wait(pod.UID, 10*time.Second, "Failed", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodFailed })
 	assert.Equal(t, int32(0), restarts(p))
-	assert.Equal(t, ReasonStartError, terminated(p).Reason)
+	assert.Equal(t, podstatus.ReasonStartError, terminated(p).Reason)
 	_, holds, _ := imgs.counts()
 	assert.Zero(t, holds, "a finished pod gives its image up")
 	// A finished pod refuses power on at once (it no longer waits for the
@@ -162,7 +163,7 @@ func TestPodWorkerFastDeleteDuringBackOff(t *testing.T) {
 	h, imgs := fastHarness(t, time.Hour)
 	pod := podFor("u-backoff", "reg.example/os:1", corev1.RestartPolicyAlways, nil)
 	require.NoError(t, h.vms.CreatePod(context.Background(), pod))
-	p := h.wait(pod.UID, 10*time.Second, "CrashLoopBackOff", func(p *corev1.Pod) bool { return waitingReason(p) == ReasonCrashLoopBackOff })
+	p := h.wait(pod.UID, 10*time.Second, "CrashLoopBackOff", func(p *corev1.Pod) bool { return waitingReason(p) == podstatus.ReasonCrashLoopBackOff })
 	assert.Equal(t, int32(1), restarts(p), "the first restart has no back-off, the second waits")
 	t0 := time.Now()
 	deleteAndWaitGone(t, h, imgs, pod)
@@ -176,30 +177,30 @@ func TestPodWorkerFastPowerDuringBackOff(t *testing.T) {
 	h, imgs := fastHarness(t, time.Hour)
 	pod := podFor("u-power", "reg.example/os:1", corev1.RestartPolicyAlways, nil)
 	require.NoError(t, h.vms.CreatePod(context.Background(), pod))
-	h.wait(pod.UID, 10*time.Second, "CrashLoopBackOff", func(p *corev1.Pod) bool { return waitingReason(p) == ReasonCrashLoopBackOff })
+	h.wait(pod.UID, 10*time.Second, "CrashLoopBackOff", func(p *corev1.Pod) bool { return waitingReason(p) == podstatus.ReasonCrashLoopBackOff })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	rec := h.rec(pod.UID)
 	require.NoError(t, h.vms.request(ctx, rec, vmRequest{op: opPowerOff}))
-	p := h.wait(pod.UID, 5*time.Second, "PoweredOff", func(p *corev1.Pod) bool { return waitingReason(p) == ReasonPoweredOff })
+	p := h.wait(pod.UID, 5*time.Second, "PoweredOff", func(p *corev1.Pod) bool { return waitingReason(p) == podstatus.ReasonPoweredOff })
 	assert.Equal(t, int32(1), restarts(p), "power off is not a restart")
 	require.NoError(t, h.vms.request(ctx, rec, vmRequest{op: opPowerOff}), "power off when off: done")
 	pulls0, _, _ := imgs.counts()
 	// Power on: answered by the start, which fails.
 	err := h.vms.request(ctx, rec, vmRequest{op: opPowerOn})
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), ReasonStartError)
+	assert.Contains(t, err.Error(), podstatus.ReasonStartError)
 	pulls1, _, _ := imgs.counts()
 	assert.Equal(t, pulls0+1, pulls1, "power on started the VM once")
 	// Power on reset the crash count: the failure restarts at once, then
 	// backs off.
 	h.wait(pod.UID, 10*time.Second, "CrashLoopBackOff again", func(p *corev1.Pod) bool {
-		return waitingReason(p) == ReasonCrashLoopBackOff && restarts(p) == 2
+		return waitingReason(p) == podstatus.ReasonCrashLoopBackOff && restarts(p) == 2
 	})
 	// Power on during the back-off starts now.
 	err = h.vms.request(ctx, rec, vmRequest{op: opPowerOn})
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), ReasonStartError)
+	assert.Contains(t, err.Error(), podstatus.ReasonStartError)
 	deleteAndWaitGone(t, h, imgs, pod)
 }
 

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/stretchr/testify/assert"
 	corev1 "k8s.io/api/core/v1"
 )
@@ -44,11 +45,11 @@ func TestPodWorkerTransitions(t *testing.T) {
 	}{
 		// Starting: pull and start.
 		{"started", podWorker{stateStarting, 2, always}, ev(evStarted), stateRunning, 2, "AnswerStarted,StartProbes,ExporterIfReady"},
-		{"start failed, Always: back-off", podWorker{stateStarting, 0, always}, evStartFail(ReasonStartError), stateBackOff, 1, "AnswerStartError,BeginBackOff(1)"},
-		{"start failed, crash counted on", podWorker{stateStarting, 3, always}, evStartFail(ReasonStartError), stateBackOff, 4, "AnswerStartError,BeginBackOff(4)"},
-		{"start failed, OnFailure: back-off", podWorker{stateStarting, 0, onFailure}, evStartFail(ReasonStartError), stateBackOff, 1, "AnswerStartError,BeginBackOff(1)"},
-		{"start failed, Never: finished", podWorker{stateStarting, 0, never}, evStartFail(ReasonStartError), stateFinished, 0, "AnswerStartError,MarkFinal,ReleaseImage,AnswerFinished,StopExporter"},
-		{"invalid spec never restarts", podWorker{stateStarting, 0, always}, evStartFail(ReasonInvalidVMSpec), stateFinished, 0, "AnswerStartError,MarkFinal,ReleaseImage,AnswerFinished,StopExporter"},
+		{"start failed, Always: back-off", podWorker{stateStarting, 0, always}, evStartFail(podstatus.ReasonStartError), stateBackOff, 1, "AnswerStartError,BeginBackOff(1)"},
+		{"start failed, crash counted on", podWorker{stateStarting, 3, always}, evStartFail(podstatus.ReasonStartError), stateBackOff, 4, "AnswerStartError,BeginBackOff(4)"},
+		{"start failed, OnFailure: back-off", podWorker{stateStarting, 0, onFailure}, evStartFail(podstatus.ReasonStartError), stateBackOff, 1, "AnswerStartError,BeginBackOff(1)"},
+		{"start failed, Never: finished", podWorker{stateStarting, 0, never}, evStartFail(podstatus.ReasonStartError), stateFinished, 0, "AnswerStartError,MarkFinal,ReleaseImage,AnswerFinished,StopExporter"},
+		{"invalid spec never restarts", podWorker{stateStarting, 0, always}, evStartFail(podstatus.ReasonInvalidVMSpec), stateFinished, 0, "AnswerStartError,MarkFinal,ReleaseImage,AnswerFinished,StopExporter"},
 		{"delete while starting", podWorker{stateStarting, 1, always}, ev(evDelete), stateTerminating, 1, "AnswerDeleted"},
 		{"shutdown while starting", podWorker{stateStarting, 0, always}, ev(evShutdown), stateDetached, 0, ""},
 		{"starting takes no request", podWorker{stateStarting, 0, always}, evReq(opPowerOff), stateStarting, 0, ""},
@@ -92,7 +93,7 @@ func TestPodWorkerTransitions(t *testing.T) {
 		// Recovery found the VM ended.
 		{"recovered exit, Always", podWorker{stateExited, 0, always}, evExit(0, "Completed", false), stateBackOff, 1, "BeginBackOff(1)"},
 		{"recovered exit, Never", podWorker{stateExited, 0, never}, evExit(137, "Error", false), stateFinished, 0, "MarkFinal,ReleaseImage,AnswerFinished,StopExporter"},
-		{"recovered unreachable QEMU, OnFailure", podWorker{stateExited, 0, onFailure}, evExit(128, ReasonStartError, false), stateBackOff, 1, "BeginBackOff(1)"},
+		{"recovered unreachable QEMU, OnFailure", podWorker{stateExited, 0, onFailure}, evExit(128, podstatus.ReasonStartError, false), stateBackOff, 1, "BeginBackOff(1)"},
 		{"delete before the recovered exit is handled", podWorker{stateExited, 0, always}, ev(evDelete), stateTerminating, 0, "AnswerDeleted"},
 
 		// Finished: only the delete.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -200,7 +201,7 @@ func (p *VMs) powerOff(ctx context.Context, rec *podVM, vm VM, why string) error
 	}
 	rec.mu.Unlock()
 	log := klog.FromContext(ctx)
-	acpi := ACPIBudget(p.powerGrace(pod))
+	acpi := podstatus.ACPIBudget(p.powerGrace(pod))
 	p.event(pod, corev1.EventTypeNormal, "PoweringOff", fmt.Sprintf("Powering off the VM %s (ACPI power button, %s before quit)", why, acpi.Round(time.Second)))
 	// Not bounded by ctx: a stop once begun finishes (the agent's shutdown
 	// included), so the VM is never left half-stopped.
@@ -212,17 +213,17 @@ func (p *VMs) powerOff(ctx context.Context, rec *podVM, vm VM, why string) error
 		log.Error(err, "Power off: clean state dir")
 	}
 	p.cfg.Telemetry.vmExited(rec.uid, ex)
-	term := TerminatedFromExit(ex, started, ContainerIDPrefix+string(rec.uid))
+	term := podstatus.TerminatedFromExit(ex, started, podstatus.ContainerIDPrefix+string(rec.uid))
 	log.Info("VM powered off on request", "why", why, "exitCode", ex.ExitCode, "reason", ex.Reason)
 	rec.mu.Lock()
 	rec.vm = nil
 	rec.mu.Unlock()
-	p.update(rec, func(st *VMState) {
+	p.update(rec, func(st *podstatus.VMState) {
 		st.LastTerminated = &term
-		st.SetWaiting(ReasonPoweredOff, fmt.Sprintf("powered off %s (%s); power it on to boot again", why, ex.Reason))
+		st.SetWaiting(podstatus.ReasonPoweredOff, fmt.Sprintf("powered off %s (%s); power it on to boot again", why, ex.Reason))
 		st.PoweredOff = true
 	})
-	p.event(pod, corev1.EventTypeNormal, ReasonPoweredOff, fmt.Sprintf("VM powered off %s: %s", why, ex.Reason))
+	p.event(pod, corev1.EventTypeNormal, podstatus.ReasonPoweredOff, fmt.Sprintf("VM powered off %s: %s", why, ex.Reason))
 	return nil
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -33,7 +34,7 @@ func TestHoldReadsPodWhileDeleteWritesIt(t *testing.T) {
 	p.features.Store(featuresWith(config.FeatureJumpstarterExporter))
 	rec := recs[0]
 	rec.pod.Annotations = map[string]string{v1alpha1.JumpstarterSecretAnnotation: "exp"}
-	rec.state = VMState{}
+	rec.state = podstatus.VMState{}
 
 	held := make(chan bool, 1)
 	go func() { held <- p.holdForFeatures(context.Background(), rec) }()
@@ -103,7 +104,7 @@ func TestFlashRecordOrderedWithStatusWrites(t *testing.T) {
 
 	b, err := os.ReadFile(filepath.Join(rec.dir, StatusFileName))
 	require.NoError(t, err)
-	var st VMState
+	var st podstatus.VMState
 	require.NoError(t, json.Unmarshal(b, &st))
 	assert.Equal(t, fmt.Sprintf("sha256:%064d", flashes-1), st.ImageDigest, "status.json holds the last flash")
 }

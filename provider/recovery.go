@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -115,7 +116,7 @@ func (p *VMs) recoverOne(ctx context.Context, dir string) (*podVM, string, error
 	if b, err := os.ReadFile(filepath.Join(dir, StatusFileName)); err == nil {
 		if err := json.Unmarshal(b, &rec.state); err != nil {
 			log.Error(err, "Unreadable status record; starting from scratch")
-			rec.state = VMState{}
+			rec.state = podstatus.VMState{}
 		}
 	}
 	if rec.state.StartTime.IsZero() {
@@ -134,7 +135,7 @@ func (p *VMs) recoverOne(ctx context.Context, dir string) (*podVM, string, error
 
 	if _, err := os.Stat(filepath.Join(dir, qemu.SpecFileName)); err != nil {
 		if !rec.state.Final {
-			rec.state.SetWaiting(ReasonContainerCreating, "")
+			rec.state.SetWaiting(podstatus.ReasonContainerCreating, "")
 		}
 		return rec, "pending", nil
 	}
@@ -146,8 +147,8 @@ func (p *VMs) recoverOne(ctx context.Context, dir string) (*podVM, string, error
 			log.Error(kerr, "Kill unreachable QEMU")
 		}
 		now := p.now()
-		rec.state.SetTerminated(corev1.ContainerStateTerminated{ExitCode: 128, Reason: ReasonStartError,
-			Message: "could not re-adopt the VM after a restart: " + err.Error(), StartedAt: metaTime(now), FinishedAt: metaTime(now)})
+		rec.state.SetTerminated(corev1.ContainerStateTerminated{ExitCode: 128, Reason: podstatus.ReasonStartError,
+			Message: "could not re-adopt the VM after a restart: " + err.Error(), StartedAt: podstatus.MetaTime(now), FinishedAt: podstatus.MetaTime(now)})
 		rec.pendingExit = true
 		return rec, "exited", nil
 	}
@@ -164,7 +165,7 @@ func (p *VMs) recoverOne(ctx context.Context, dir string) (*podVM, string, error
 			started = rec.state.Running.StartedAt.Time
 		}
 		if rec.state.Running != nil || rec.state.Terminated == nil {
-			rec.state.SetTerminated(TerminatedFromExit(ex, started, ContainerIDPrefix+string(pod.UID)))
+			rec.state.SetTerminated(podstatus.TerminatedFromExit(ex, started, podstatus.ContainerIDPrefix+string(pod.UID)))
 		}
 		rec.pendingExit = true
 		return rec, "exited", nil

@@ -10,6 +10,7 @@ import (
 
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/nodestatus"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -202,7 +203,7 @@ func retainedDirName(pod *corev1.Pod) string {
 // the directory, "" when the pod has no disk. Idempotent: a disk already
 // copied (an interrupted earlier call) is not copied again. The caller
 // removes the state dir afterwards, and only if this succeeded.
-func retainDisk(ctx context.Context, stateDir, dir string, pod *corev1.Pod, st VMState, now time.Time) (string, error) {
+func retainDisk(ctx context.Context, stateDir, dir string, pod *corev1.Pod, st podstatus.VMState, now time.Time) (string, error) {
 	dst := filepath.Join(stateDir, nodestatus.RetainedDirName, retainedDirName(pod))
 	disk := filepath.Join(dst, OverlayFileName)
 	src := filepath.Join(dir, OverlayFileName)

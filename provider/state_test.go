@@ -22,6 +22,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/nodestatus"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 )
 
@@ -158,7 +159,7 @@ func TestOverlayAndRetainWithQemuImg(t *testing.T) {
 		OwnerReferences: []metav1.OwnerReference{{Kind: "ExporterSet", Name: "rpi4", Controller: ptr.To(true)}}},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Image: "reg/os:1"}}}}
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	st := VMState{ImageDigest: "sha256:aa", ImageID: "reg/os@sha256:aa"}
+	st := podstatus.VMState{ImageDigest: "sha256:aa", ImageID: "reg/os@sha256:aa"}
 	got, err := retainDisk(ctx, dir, podDir, pod, st, now)
 	require.NoError(t, err)
 	want := filepath.Join(dir, nodestatus.RetainedDirName, "lab_rpi4-x_uid-1")
@@ -226,7 +227,7 @@ func TestFlashDropsTheDisk(t *testing.T) {
 	req := vmRequest{op: opFlash, image: &oci.Image{Ref: "reg/os:2", Digest: "sha256:bb"}, hold: func() { held++ }}
 	require.NoError(t, p.installImage(rec, req))
 	assert.NoFileExists(t, ov)
-	var st VMState
+	var st podstatus.VMState
 	b, err := os.ReadFile(filepath.Join(rec.dir, StatusFileName))
 	require.NoError(t, err)
 	require.NoError(t, json.Unmarshal(b, &st))

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
@@ -73,7 +74,7 @@ func TestStatusNotDelayedByFlood(t *testing.T) {
 			defer wg.Done()
 			for i := range 40 {
 				p.event(r.pod, corev1.EventTypeNormal, "Flood", fmt.Sprint(i))
-				p.update(r, func(st *VMState) { st.RestartCount++ })
+				p.update(r, func(st *podstatus.VMState) { st.RestartCount++ })
 			}
 		}()
 	}
@@ -81,8 +82,8 @@ func TestStatusNotDelayedByFlood(t *testing.T) {
 
 	// The target's new status (its VM ended) arrives at once.
 	start := time.Now()
-	p.update(target, func(st *VMState) {
-		st.SetTerminated(corev1.ContainerStateTerminated{ExitCode: 0, Reason: ReasonCompleted})
+	p.update(target, func(st *podstatus.VMState) {
+		st.SetTerminated(corev1.ContainerStateTerminated{ExitCode: 0, Reason: podstatus.ReasonCompleted})
 		st.Final = true
 	})
 	select {
@@ -107,7 +108,7 @@ func TestStatusNotDelayedByFlood(t *testing.T) {
 	p.mu.Unlock()
 	close(release)
 	for _, r := range recs[1:] {
-		p.pump.flush(r.uid)
+		p.pump.Flush(r.uid)
 	}
 	assert.Equal(t, int64(50), floodCalls.Load(), "no delivery made per push: coalesced")
 	mu.Lock()
@@ -142,7 +143,7 @@ func TestStatusNeverGoesBackwards(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for range each {
-				p.update(r, func(st *VMState) { st.RestartCount++ })
+				p.update(r, func(st *podstatus.VMState) { st.RestartCount++ })
 				if calls.Load()%7 == 0 {
 					p.push(r) // a push without a change (probes, NotifyPods)
 				}
@@ -150,7 +151,7 @@ func TestStatusNeverGoesBackwards(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	p.pump.flush(r.uid)
+	p.pump.Flush(r.uid)
 	mu.Lock()
 	defer mu.Unlock()
 	require.NotEmpty(t, seen)

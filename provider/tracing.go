@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -144,10 +145,10 @@ func (a *startAttempt) overlaid(err error) {
 	}
 	d := a.phaseSpan(SpanOverlay, err)
 	if err != nil {
-		reason := ReasonStartError
+		reason := podstatus.ReasonStartError
 		var inv invalidSpec
 		if errors.As(err, &inv) {
-			reason = ReasonInvalidVMSpec
+			reason = podstatus.ReasonInvalidVMSpec
 		}
 		a.t.metrics.startFailed(reason)
 		a.end(fmt.Errorf("%s: %w", reason, err))
@@ -168,7 +169,7 @@ func (a *startAttempt) qemuStarted(vm VM, err error) {
 	a.t.markQEMU(a.uid, vm) // timeline.go
 	if err != nil {
 		if a.ctx.Err() == nil {
-			a.t.metrics.startFailed(ReasonStartError)
+			a.t.metrics.startFailed(podstatus.ReasonStartError)
 		}
 		a.end(err)
 		return

@@ -13,6 +13,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/provider"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/nodestatus"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/virtual-kubelet/virtual-kubelet/node"
 	"github.com/virtual-kubelet/virtual-kubelet/node/api"
 	"github.com/virtual-kubelet/virtual-kubelet/node/nodeutil"
@@ -77,7 +78,7 @@ func (v *vkNode) run(ctx context.Context, ready func()) error {
 	pc, err := node.NewPodController(node.PodControllerConfig{
 		// StatusWriter: a status written over labels set since the
 		// provider copied the pod is retried with the stored ones.
-		PodClient:                 provider.StatusWriter(v.client.CoreV1()),
+		PodClient:                 podstatus.StatusWriter(v.client.CoreV1()),
 		EventRecorder:             recorder,
 		Provider:                  v.pods,
 		PodInformer:               podInformer,

@@ -10,6 +10,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/provider"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/nodestatus"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -71,7 +72,7 @@ func newVMs(ctx context.Context, cfg *config.Node, facts nodestatus.Facts, clien
 			return client.CoreV1().ConfigMaps(ns).Get(ctx, name, metav1.GetOptions{})
 		},
 		ForceDelete: func(ctx context.Context, pod *corev1.Pod) error {
-			return provider.FinalDelete(ctx, client.CoreV1(), pod)
+			return podstatus.FinalDelete(ctx, client.CoreV1(), pod)
 		},
 		Exporters: provider.ExporterRunnerFunc(runExporter),
 		Memory: qemu.MemoryTuning{

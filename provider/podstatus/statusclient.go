@@ -1,4 +1,4 @@
-package provider
+package podstatus
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package provider
+package podstatus
 
 import (
 	"sync"
@@ -6,7 +6,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 )
 
-// statusPump delivers pod statuses to the library's notify callback, per
+// StatusPump delivers pod statuses to the library's notify callback, per
 // pod: at most one delivery of a pod is in flight, and each delivery sends
 // the pod's state as it is when it is sent (not when it was pushed). So:
 //   - status writes are coalesced per pod: pushes made while a delivery is
@@ -21,7 +21,7 @@ import (
 //
 // The pump owns its slots; a slot exists while its pod has a delivery in
 // flight or pending, and its goroutine ends when nothing is pending.
-type statusPump struct {
+type StatusPump struct {
 	mu    sync.Mutex
 	slots map[types.UID]*pumpSlot
 }
@@ -36,9 +36,9 @@ type pumpSlot struct {
 	idle chan struct{}
 }
 
-// push asks for uid's status to be delivered by deliver, soon, on the
+// Push asks for uid's status to be delivered by deliver, soon, on the
 // pod's own goroutine. Never blocks on a delivery.
-func (s *statusPump) push(uid types.UID, deliver func()) {
+func (s *StatusPump) Push(uid types.UID, deliver func()) {
 	s.mu.Lock()
 	if s.slots == nil {
 		s.slots = map[types.UID]*pumpSlot{}
@@ -55,7 +55,7 @@ func (s *statusPump) push(uid types.UID, deliver func()) {
 }
 
 // drain is the slot's goroutine: deliver until no push is pending.
-func (s *statusPump) drain(uid types.UID, sl *pumpSlot) {
+func (s *StatusPump) drain(uid types.UID, sl *pumpSlot) {
 	s.mu.Lock()
 	for {
 		deliver := sl.deliver
@@ -72,9 +72,9 @@ func (s *statusPump) drain(uid types.UID, sl *pumpSlot) {
 	}
 }
 
-// flush waits until uid has no delivery in flight or pending: everything
+// Flush waits until uid has no delivery in flight or pending: everything
 // pushed before the call has been delivered.
-func (s *statusPump) flush(uid types.UID) {
+func (s *StatusPump) Flush(uid types.UID) {
 	s.mu.Lock()
 	sl := s.slots[uid]
 	s.mu.Unlock()

@@ -1,4 +1,4 @@
-package provider
+package podstatus
 
 import (
 	"fmt"
@@ -290,17 +290,17 @@ func PodStatus(pod *corev1.Pod, st VMState, nodeIP string, now time.Time) corev1
 	return out
 }
 
-// pullBackOffMessage is the ImagePullBackOff message, as the kubelet words it.
-func pullBackOffMessage(image, lastErr string) string {
+// PullBackOffMessage is the ImagePullBackOff message, as the kubelet words it.
+func PullBackOffMessage(image, lastErr string) string {
 	return fmt.Sprintf("Back-off pulling image %q: %s: %s", image, ReasonErrImagePull, lastErr)
 }
 
-// crashLoopMessage is the CrashLoopBackOff message.
-func crashLoopMessage(d time.Duration, name string, uid string) string {
+// CrashLoopMessage is the CrashLoopBackOff message.
+func CrashLoopMessage(d time.Duration, name string, uid string) string {
 	return fmt.Sprintf("back-off %s restarting failed container=%s pod=%s", d.Round(time.Second), name, uid)
 }
 
-func metaTime(t time.Time) metav1.Time { return metav1.NewTime(t.UTC()) }
+func MetaTime(t time.Time) metav1.Time { return metav1.NewTime(t.UTC()) }
 
 // ACPIBudget is how long a deleted pod's guest gets after the ACPI power
 // button, out of its remaining grace period: the rest (a tenth, between 2s
