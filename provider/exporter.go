@@ -455,14 +455,6 @@ func (p *VMs) watchExporterSecret(ctx context.Context, pod *corev1.Pod, cfg jump
 	}
 }
 
-// exporterObserver is the Prometheus side of the exporters (nil: none).
-func (t *Telemetry) exporterObserver() jumpstarter.Observer {
-	if t == nil || t.metrics == nil {
-		return nil
-	}
-	return t.metrics
-}
-
 // ---- the VM as a jumpstarter.Target ----
 
 // vmTarget is one pod's VM as the exporter sees it. Power and flash are

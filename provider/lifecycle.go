@@ -533,7 +533,7 @@ func (p *VMs) push(rec *podVM) {
 			cb(pod)
 		}
 		p.cfg.Telemetry.statusDelivered(p.log, pod, sent, time.Now()) // timeline.go
-		if podReady(pod) {
+		if podstatus.Ready(pod) {
 			p.startExporter(p.base, rec) // exporter.go: first Ready; idempotent
 		}
 	})
@@ -918,7 +918,7 @@ func (w *worker) do(acts []workerAction) {
 		case actStartProbes:
 			p.startProbes(ctx, rec, w.vm) // probes.go: end with this run
 		case actExporterIfReady:
-			if podReady(p.snapshot(rec)) {
+			if podstatus.Ready(p.snapshot(rec)) {
 				// Ready without a status change (no readiness probe, or a
 				// re-adopted VM): push has nothing new to deliver.
 				p.startExporter(ctx, rec) // exporter.go: idempotent
@@ -1085,8 +1085,7 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (VM, bool) {
 	att.overlaid(err)
 	if err != nil {
 		reason := podstatus.ReasonStartError
-		var inv invalidSpec
-		if errors.As(err, &inv) {
+		if _, ok := errors.AsType[podspec.InvalidSpec](err); ok {
 			reason = podstatus.ReasonInvalidVMSpec
 		}
 		log.Error(err, "VM not started", "reason", reason)
@@ -1143,8 +1142,6 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (VM, bool) {
 	return vm, true
 }
 
-type invalidSpec struct{ error }
-
 // presentImage returns the cached image of plan when its pull policy lets
 // the node use it without asking the registry (IfNotPresent, Never), else
 // nil. It never contacts a registry.
@@ -1200,7 +1197,7 @@ func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan pods
 	}
 	p.applyFlashedFirmware(rec, &spec) // exporter_flash.go
 	if img.Kernel == "" && plan.ExtraCmdline != "" {
-		return spec, invalidSpec{fmt.Errorf("annotation %s: image %s has no kernel to pass a command line to", podspec.AnnotationKernelCmdline, plan.Image)}
+		return spec, podspec.InvalidSpec{Err: fmt.Errorf("annotation %s: image %s has no kernel to pass a command line to", podspec.AnnotationKernelCmdline, plan.Image)}
 	}
 	overlay := filepath.Join(rec.dir, OverlayFileName)
 	if img.Disk != "" {
@@ -1219,7 +1216,7 @@ func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan pods
 		base, baseFormat = b, qemu.FormatQCOW2
 	}
 	if err := spec.Validate(); err != nil {
-		return spec, invalidSpec{fmt.Errorf("VM spec for image %s: %w", plan.Image, err)}
+		return spec, podspec.InvalidSpec{Err: fmt.Errorf("VM spec for image %s: %w", plan.Image, err)}
 	}
 	if img.Disk != "" {
 		reason, msg, err := prepareOverlay(ctx, plan.StatePolicy, overlay, base, baseFormat) // state.go

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 
@@ -278,8 +279,18 @@ func (m *Metrics) StreamClosed(kind string) {
 // running and the image cache. Register it with the registry serving
 // /metrics; either field may be nil.
 type StateCollector struct {
-	VMs    *VMs
+	VMs    Pods
 	Images *oci.Store
+}
+
+// Pods is what the collector reads of the node's pods (provider.VMs).
+type Pods interface {
+	// RunningVMs counts the pods whose QEMU process the node supervises.
+	RunningVMs() int
+	// MemoryUse sums the resident set and the proportional set size (what
+	// the VMs cost the host, pages shared between them counted once) of
+	// the running VMs' QEMU processes.
+	MemoryUse() (rss, pss int64)
 }
 
 var (
@@ -305,11 +316,7 @@ func (c StateCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c StateCollector) Collect(ch chan<- prometheus.Metric) {
 	if c.VMs != nil {
 		ch <- prometheus.MustNewConstMetric(descVMsRunning, prometheus.GaugeValue, float64(c.VMs.RunningVMs()))
-		var rss, pss int64
-		for _, ps := range c.VMs.samplePods() {
-			rss += ps.rss
-			pss += ps.workingSet()
-		}
+		rss, pss := c.VMs.MemoryUse()
 		ch <- prometheus.MustNewConstMetric(descVMsRSS, prometheus.GaugeValue, float64(rss))
 		ch <- prometheus.MustNewConstMetric(descVMsPSS, prometheus.GaugeValue, float64(pss))
 	}
@@ -327,23 +334,4 @@ func (c StateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descCacheCount, prometheus.GaugeValue, float64(len(imgs)))
 		ch <- prometheus.MustNewConstMetric(descCacheInUse, prometheus.GaugeValue, float64(inUse))
 	}
-}
-
-// RunningVMs counts the pods whose QEMU process the provider supervises.
-func (p *VMs) RunningVMs() int {
-	p.mu.Lock()
-	recs := make([]*podVM, 0, len(p.pods))
-	for _, r := range p.pods {
-		recs = append(recs, r)
-	}
-	p.mu.Unlock()
-	n := 0
-	for _, r := range recs {
-		r.mu.Lock()
-		if r.vm != nil {
-			n++
-		}
-		r.mu.Unlock()
-	}
-	return n
 }

@@ -202,7 +202,7 @@ func TestObservability(t *testing.T) {
 			PeriodSeconds: 1, TimeoutSeconds: 1, FailureThreshold: 3,
 		}
 		require.NoError(t, vms.CreatePod(ctx, pod))
-		sl.wait(t, pod.UID, 120*time.Second, "Ready", func(p *corev1.Pod) bool { return running(p) && podReady(p) })
+		sl.wait(t, pod.UID, 120*time.Second, "Ready", func(p *corev1.Pod) bool { return running(p) && podstatus.Ready(p) })
 
 		up := scrape(t, url)
 		delta := func(name string, labels map[string]string) float64 {

@@ -16,6 +16,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/internal/podtest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
@@ -37,7 +38,7 @@ func snapshotPod(uid, ref string) *corev1.Pod {
 	return p
 }
 
-func podReadyCond(p *corev1.Pod) bool { return running(p) && podReady(p) }
+func podReadyCond(p *corev1.Pod) bool { return running(p) && podstatus.Ready(p) }
 
 // podVMOf returns the running VM of a pod (test helper).
 func (h *harness) podVMOf(uid types.UID) VM {

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
+	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
@@ -110,7 +112,7 @@ func (t *Telemetry) mark(uid types.UID, step TimelineStep, at time.Time) {
 }
 
 // markQEMU records the steps of a QEMU start (vm nil: the start failed).
-func (t *Telemetry) markQEMU(uid types.UID, vm VM) {
+func (t *Telemetry) markQEMU(uid types.UID, vm StartedVM) {
 	if t == nil || vm == nil {
 		return
 	}
@@ -125,7 +127,7 @@ func (t *Telemetry) markQEMU(uid types.UID, vm VM) {
 // status (handed over at sent, returned now): the first Ready status ends
 // the pod's timeline, which is logged.
 func (t *Telemetry) statusDelivered(log logr.Logger, pod *corev1.Pod, sent, now time.Time) {
-	if t == nil || !podReady(pod) {
+	if t == nil || !podstatus.Ready(pod) {
 		return
 	}
 	t.mu.Lock()
@@ -153,4 +155,9 @@ func (tl *startTimeline) keysAndValues() []any {
 		kv = append(kv, s.String()+"Ms", float64(tl[s].Sub(t0).Microseconds())/1000)
 	}
 	return kv
+}
+
+// StartedVM is what the start timeline reads of a started VM.
+type StartedVM interface {
+	StartTimes() qemu.StartTimes
 }

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"go.opentelemetry.io/otel/attribute"
@@ -146,8 +148,7 @@ func (a *startAttempt) overlaid(err error) {
 	d := a.phaseSpan(SpanOverlay, err)
 	if err != nil {
 		reason := podstatus.ReasonStartError
-		var inv invalidSpec
-		if errors.As(err, &inv) {
+		if _, ok := errors.AsType[podspec.InvalidSpec](err); ok {
 			reason = podstatus.ReasonInvalidVMSpec
 		}
 		a.t.metrics.startFailed(reason)
@@ -161,7 +162,7 @@ func (a *startAttempt) overlaid(err error) {
 // qemuStarted records the QEMU start that returned vm or err. A started VM
 // ends the pod.start span unless a probe gates Ready: then the boot span
 // runs until the pod turns Ready (observeReady) or the VM ends (vmExited).
-func (a *startAttempt) qemuStarted(vm VM, err error) {
+func (a *startAttempt) qemuStarted(vm StartedVM, err error) {
 	if a == nil {
 		return
 	}
@@ -288,24 +289,10 @@ func (t *Telemetry) vmExited(uid types.UID, ex qemu.Exit) {
 	t.abandonBoot(uid, fmt.Errorf("VM exited before the pod was Ready (%s: %s)", ex.Class, ex.Reason))
 }
 
-// observeReady ends the boot span of rec once its pod reports Ready
-// (called on every status push; cheap unless a start waits for Ready).
-func (p *VMs) observeReady(rec *podVM) {
-	t := p.cfg.Telemetry
-	if t == nil || !t.waitingBoot(rec.uid) {
-		return
+// exporterObserver is the Prometheus side of the exporters (nil: none).
+func (t *Telemetry) exporterObserver() jumpstarter.Observer {
+	if t == nil || t.metrics == nil {
+		return nil
 	}
-	pod := p.snapshot(rec)
-	if a := t.takeBooting(rec.uid, func() bool { return podReady(pod) }); a != nil {
-		a.booted()
-	}
-}
-
-func podReady(pod *corev1.Pod) bool {
-	for _, c := range pod.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
+	return t.metrics
 }

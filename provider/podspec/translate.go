@@ -452,3 +452,12 @@ func validateSnapshotStart(spec *corev1.PodSpec, exporterSecret string, bad func
 		bad(f, "not with env or envFrom: the environment disk holds per-pod data, which would end up in a snapshot other pods start from")
 	}
 }
+
+// InvalidSpec is the error of a pod whose VM spec cannot be built from its
+// image and plan: the start ends with ReasonInvalidVMSpec, not
+// ReasonStartError.
+type InvalidSpec struct{ Err error }
+
+func (e InvalidSpec) Error() string { return e.Err.Error() }
+
+func (e InvalidSpec) Unwrap() error { return e.Err }

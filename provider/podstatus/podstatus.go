@@ -310,3 +310,13 @@ func ACPIBudget(grace time.Duration) time.Duration {
 	margin := min(max(grace/10, 2*time.Second), 5*time.Second)
 	return max(grace-margin, time.Second)
 }
+
+// Ready reports whether pod's Ready condition is True.
+func Ready(pod *corev1.Pod) bool {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
