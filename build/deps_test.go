@@ -32,6 +32,7 @@ func TestDependencyDirection(t *testing.T) {
 		// package path.
 		{"provider/podspec", []string{mod + "provider$", "github.com/virtual-kubelet/", mod + "controller", mod + "jumpstarter"}},
 		{"provider/podstatus", []string{mod + "provider$", mod + "provider/nodestatus", "github.com/virtual-kubelet/", mod + "controller", mod + "jumpstarter"}},
+		{"provider/telemetry", []string{mod + "provider$", mod + "provider/nodestatus", "github.com/virtual-kubelet/", mod + "controller"}},
 		{"provider/nodestatus", []string{mod + "provider$", mod + "provider/podspec", "github.com/virtual-kubelet/", mod + "controller", mod + "jumpstarter"}},
 		{"jumpstarter/...", []string{"k8s.io/", "sigs.k8s.io/", "github.com/virtual-kubelet/", mod + "qemu", mod + "oci", mod + "provider", mod + "controller"}},
 	}

@@ -17,7 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/qemu-kubelet/qemu-kubelet/controller"
-	"github.com/qemu-kubelet/qemu-kubelet/provider"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/telemetry"
 )
 
 const dashboardFile = chartDir + "/dashboards/qemu-kubelet.json"
@@ -113,9 +113,9 @@ func (inv inventory) series() map[string][]string {
 func exported(t *testing.T) map[string][]string {
 	t.Helper()
 	inv := inventory{}
-	_, err := provider.RegisterMetrics(inv)
+	_, err := telemetry.RegisterMetrics(inv)
 	require.NoError(t, err)
-	require.NoError(t, inv.Register(provider.StateCollector{}))
+	require.NoError(t, inv.Register(telemetry.StateCollector{}))
 	_, err = controller.NewMetrics(inv)
 	require.NoError(t, err)
 	return inv.series()
@@ -262,10 +262,10 @@ func dashboardQueries(t *testing.T, dash map[string]any) map[string]string {
 func TestDashboardMetricsExported(t *testing.T) {
 	series := exported(t)
 	// The inventory itself: derived, not listed; spot-check its shape.
-	require.Contains(t, series, provider.MetricVMStartDuration+"_bucket", "a histogram has buckets")
-	require.NotContains(t, series, provider.MetricVMStartDuration, "a histogram has no bare series")
+	require.Contains(t, series, telemetry.MetricVMStartDuration+"_bucket", "a histogram has buckets")
+	require.NotContains(t, series, telemetry.MetricVMStartDuration, "a histogram has no bare series")
 	require.Contains(t, series, "process_resident_memory_bytes", "the agent's process collector")
-	require.Contains(t, series, provider.MetricImageCacheSize, "the scrape-time state collector")
+	require.Contains(t, series, telemetry.MetricImageCacheSize, "the scrape-time state collector")
 
 	b, err := os.ReadFile(dashboardFile)
 	require.NoError(t, err)

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/qemu-kubelet/qemu-kubelet/provider"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/telemetry"
 )
 
 // The per-pod timeline of BenchmarkBurst: where a burst's time goes, from
@@ -270,10 +270,10 @@ func TestBurstTimeline(t *testing.T) {
 // provider logs, in its order.
 func TestBurstStepsMatchProvider(t *testing.T) {
 	var node []string
-	for s := provider.StepCreatePod; s.String() != "step"+strconv.Itoa(int(s)); s++ {
+	for s := telemetry.StepCreatePod; s.String() != "step"+strconv.Itoa(int(s)); s++ {
 		node = append(node, s.String())
 	}
-	from := slices.Index(burstSteps, provider.StepCreatePod.String())
+	from := slices.Index(burstSteps, telemetry.StepCreatePod.String())
 	if from < 0 || from+len(node) > len(burstSteps) || !slices.Equal(burstSteps[from:from+len(node)], node) {
 		t.Errorf("burstSteps %v do not hold the provider's steps %v in order", burstSteps, node)
 	}

@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/qemu-kubelet/qemu-kubelet/provider"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/telemetry"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	corev1 "k8s.io/api/core/v1"
@@ -127,7 +127,7 @@ func BenchmarkBurst(b *testing.B) {
 				b.ReportMetric((r.agentRSS-agentRSS0)/float64(n)/(1<<10), "agent-rss-KiB/vm")
 				b.ReportMetric(r.agentIdleCPU*100, "agent-idle-cpu-%")
 				b.ReportMetric(r.hostIdleBusy*100, "host-busy-cpu-%")
-				for _, ph := range []string{provider.PhasePull, provider.PhaseOverlay, provider.PhaseQEMUStart} {
+				for _, ph := range []string{telemetry.PhasePull, telemetry.PhaseOverlay, telemetry.PhaseQEMUStart} {
 					b.ReportMetric(r.phaseAvg[ph]*1000, "phase-"+ph+"-avg-ms")
 				}
 				b.ReportMetric(float64(r.conflicts), "status-conflicts")
@@ -466,8 +466,8 @@ func (e *podBenchEnv) podBurst(b *testing.B, n int, round string, idleWindow tim
 		b.Fatalf("not all %d pods reached the boot marker: %v", n, ctx.Err())
 	}
 	// Host memory per VM as the node measures it (its QEMUs' smaps_rollup).
-	r.rssPerVM = benchGauge(b, e.metricsURL, provider.MetricVMsMemoryRSS) / float64(n)
-	r.pssPerVM = benchGauge(b, e.metricsURL, provider.MetricVMsMemoryPSS) / float64(n)
+	r.rssPerVM = benchGauge(b, e.metricsURL, telemetry.MetricVMsMemoryRSS) / float64(n)
+	r.pssPerVM = benchGauge(b, e.metricsURL, telemetry.MetricVMsMemoryPSS) / float64(n)
 	r.phaseAvg = map[string]float64{}
 	for ph, s := range benchPhaseSums(b, e.metricsURL) {
 		r.phaseAvg[ph] = (s - phasesBefore[ph]) / float64(n)

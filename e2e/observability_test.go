@@ -29,7 +29,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/e2e/cluster"
 	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
-	"github.com/qemu-kubelet/qemu-kubelet/provider"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/telemetry"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 )
 
@@ -57,7 +57,7 @@ func TestObservability(t *testing.T) {
 	url := fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort)
 
 	before := obsScrape(t, url)
-	assert.Equal(t, 0.0, obsValue(before, provider.MetricVMsRunning, nil))
+	assert.Equal(t, 0.0, obsValue(before, telemetry.MetricVMsRunning, nil))
 
 	pod := vmPodSpec("obs", a.name, refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, nil)
 	pod.Spec.Containers[0].Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}}
@@ -81,14 +81,14 @@ func TestObservability(t *testing.T) {
 	delta := func(after map[string]*dto.MetricFamily, name string, labels map[string]string) float64 {
 		return obsValue(after, name, labels) - obsValue(before, name, labels)
 	}
-	assert.Equal(t, 1.0, delta(up, provider.MetricImagePulls, map[string]string{"result": "success"}))
-	assert.Equal(t, 1.0, delta(up, provider.MetricVMStarts, nil))
-	assert.Equal(t, 1.0, delta(up, provider.MetricVMStartDuration, nil))
-	assert.Equal(t, 1.0, delta(up, provider.MetricVMReadyDuration, nil))
-	assert.Equal(t, 1.0, delta(up, provider.MetricVMStartPhaseSeconds, map[string]string{"phase": provider.PhaseBoot}))
-	assert.Equal(t, 1.0, obsValue(up, provider.MetricVMsRunning, nil))
-	assert.Equal(t, 1.0, obsValue(up, provider.MetricImageCacheImages, nil))
-	assert.Greater(t, obsValue(up, provider.MetricImageCacheSize, nil), 1e6)
+	assert.Equal(t, 1.0, delta(up, telemetry.MetricImagePulls, map[string]string{"result": "success"}))
+	assert.Equal(t, 1.0, delta(up, telemetry.MetricVMStarts, nil))
+	assert.Equal(t, 1.0, delta(up, telemetry.MetricVMStartDuration, nil))
+	assert.Equal(t, 1.0, delta(up, telemetry.MetricVMReadyDuration, nil))
+	assert.Equal(t, 1.0, delta(up, telemetry.MetricVMStartPhaseSeconds, map[string]string{"phase": telemetry.PhaseBoot}))
+	assert.Equal(t, 1.0, obsValue(up, telemetry.MetricVMsRunning, nil))
+	assert.Equal(t, 1.0, obsValue(up, telemetry.MetricImageCacheImages, nil))
+	assert.Greater(t, obsValue(up, telemetry.MetricImageCacheSize, nil), 1e6)
 	assert.Greater(t, obsValue(up, "process_resident_memory_bytes", nil), 0.0)
 
 	// The pod.start span tree arrives over OTLP/HTTP.
@@ -97,8 +97,8 @@ func TestObservability(t *testing.T) {
 		tree = sink.tree(string(p.UID))
 		return len(tree) == 5
 	}, 20*time.Second, 100*time.Millisecond, "pod.start and its 4 phases exported")
-	root := tree[provider.SpanPodStart]
-	for _, n := range []string{provider.SpanPull, provider.SpanOverlay, provider.SpanQEMUStart, provider.SpanBoot} {
+	root := tree[telemetry.SpanPodStart]
+	for _, n := range []string{telemetry.SpanPull, telemetry.SpanOverlay, telemetry.SpanQEMUStart, telemetry.SpanBoot} {
 		s := tree[n]
 		require.NotNil(t, s, n)
 		assert.Equal(t, root.GetSpanId(), s.GetParentSpanId(), "%s is a child of pod.start", n)
@@ -111,13 +111,13 @@ func TestObservability(t *testing.T) {
 	require.NoError(t, c.Client().CoreV1().Pods("default").Delete(ctx, p.Name, metav1.DeleteOptions{}))
 	waitPodGone(t, c, "default", p.Name, 90*time.Second)
 	require.Eventually(t, func() bool {
-		return obsValue(obsScrape(t, url), provider.MetricVMsRunning, nil) == 0
+		return obsValue(obsScrape(t, url), telemetry.MetricVMsRunning, nil) == 0
 	}, 30*time.Second, 200*time.Millisecond, "no VM running after the delete")
 	down := obsScrape(t, url)
 	shutdown := map[string]string{"class": "guest-shutdown"}
-	assert.Equal(t, 1.0, delta(down, provider.MetricVMExits, shutdown), "the ACPI guest powered off")
-	assert.Equal(t, 1.0, delta(down, provider.MetricVMExits, nil))
-	assert.Equal(t, 0.0, obsValue(down, provider.MetricImageCacheInUse, nil))
+	assert.Equal(t, 1.0, delta(down, telemetry.MetricVMExits, shutdown), "the ACPI guest powered off")
+	assert.Equal(t, 1.0, delta(down, telemetry.MetricVMExits, nil))
+	assert.Equal(t, 0.0, obsValue(down, telemetry.MetricImageCacheInUse, nil))
 }
 
 // obsStartAgent starts a (as nodeAgent.start does) with extra flags and
@@ -251,7 +251,7 @@ func (s *obsSpanSink) tree(uid string) map[string]*tracepb.Span {
 	out := map[string]*tracepb.Span{}
 	var root *tracepb.Span
 	for _, sp := range s.spans {
-		if sp.GetName() != provider.SpanPodStart {
+		if sp.GetName() != telemetry.SpanPodStart {
 			continue
 		}
 		for _, kv := range sp.GetAttributes() {

@@ -20,9 +20,9 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/e2e/cluster"
 	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
-	"github.com/qemu-kubelet/qemu-kubelet/provider"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/telemetry"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	corev1 "k8s.io/api/core/v1"
@@ -76,7 +76,7 @@ func BenchmarkPodReady(b *testing.B) {
 	b.ReportMetric(pbMs(mm), "create-to-marker-ms")
 	b.ReportMetric(float64(mr)/float64(mb), "x-of-baseline")
 	b.ReportMetric(float64(mm)/float64(mb), "marker-x-of-baseline")
-	for _, ph := range []string{"schedule", provider.PhasePull, provider.PhaseOverlay, provider.PhaseQEMUStart, provider.PhaseBoot} {
+	for _, ph := range []string{"schedule", telemetry.PhasePull, telemetry.PhaseOverlay, telemetry.PhaseQEMUStart, telemetry.PhaseBoot} {
 		v := phases[ph]
 		if len(v) != len(ready) {
 			b.Fatalf("phase %s measured for %d of %d pods: %v", ph, len(v), len(ready), v)
@@ -429,7 +429,7 @@ func benchPhaseSums(b *testing.B, url string) map[string]float64 {
 	b.Helper()
 	fams := benchScrape(b, url)
 	out := map[string]float64{}
-	for _, m := range fams[provider.MetricVMStartPhaseSeconds].GetMetric() {
+	for _, m := range fams[telemetry.MetricVMStartPhaseSeconds].GetMetric() {
 		for _, l := range m.GetLabel() {
 			if l.GetName() == "phase" {
 				out[l.GetValue()] += m.GetHistogram().GetSampleSum()

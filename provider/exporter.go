@@ -390,7 +390,7 @@ func (p *VMs) superviseExporter(ctx context.Context, rec *podVM) {
 		cfg.Target = target
 		cfg.Logs = book
 		cfg.Log = log
-		cfg.Observer = p.cfg.Telemetry.exporterObserver()
+		cfg.Observer = p.cfg.Telemetry.ExporterObserver()
 		cfg.OnState = func(s jumpstarter.State, err error) {
 			msg := ""
 			if err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/telemetry"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -136,15 +137,15 @@ func TestApplyExporterCondition(t *testing.T) {
 }
 
 func TestRegistrationResult(t *testing.T) {
-	assert.Equal(t, "success", RegistrationResult(nil))
-	assert.Equal(t, "token_rejected", RegistrationResult(status.Error(codes.Unauthenticated, "bad token")))
+	assert.Equal(t, "success", telemetry.RegistrationResult(nil))
+	assert.Equal(t, "token_rejected", telemetry.RegistrationResult(status.Error(codes.Unauthenticated, "bad token")))
 	// The real controller reports a bad token as code Unknown.
-	assert.Equal(t, "token_rejected", RegistrationResult(fmt.Errorf("register: %w", status.Error(codes.Unknown, "failed to authenticate token"))))
-	assert.Equal(t, "permission_denied", RegistrationResult(status.Error(codes.PermissionDenied, "x")))
-	assert.Equal(t, "no_exporter", RegistrationResult(status.Error(codes.Unknown, `exporter lab/x: exporters.jumpstarter.dev "x" not found`)))
-	assert.Equal(t, "temporary", RegistrationResult(fmt.Errorf("register: %w", status.Error(codes.Unavailable, "x"))))
-	assert.Equal(t, "temporary", RegistrationResult(errors.New("boom")))
-	assert.Equal(t, "canceled", RegistrationResult(context.Canceled))
+	assert.Equal(t, "token_rejected", telemetry.RegistrationResult(fmt.Errorf("register: %w", status.Error(codes.Unknown, "failed to authenticate token"))))
+	assert.Equal(t, "permission_denied", telemetry.RegistrationResult(status.Error(codes.PermissionDenied, "x")))
+	assert.Equal(t, "no_exporter", telemetry.RegistrationResult(status.Error(codes.Unknown, `exporter lab/x: exporters.jumpstarter.dev "x" not found`)))
+	assert.Equal(t, "temporary", telemetry.RegistrationResult(fmt.Errorf("register: %w", status.Error(codes.Unavailable, "x"))))
+	assert.Equal(t, "temporary", telemetry.RegistrationResult(errors.New("boom")))
+	assert.Equal(t, "canceled", telemetry.RegistrationResult(context.Canceled))
 }
 
 // fakeRunner is an ExporterRunner that records each run and lets the test

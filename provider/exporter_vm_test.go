@@ -28,6 +28,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/telemetry"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
@@ -155,13 +156,13 @@ func TestJumpstarterExporterVM(t *testing.T) {
 		return s
 	}
 	events := &eventLog{}
-	metrics, err := NewMetrics(prometheus.NewRegistry())
+	metrics, err := telemetry.NewMetrics(prometheus.NewRegistry())
 	require.NoError(t, err)
 	cfg := func(c *VMsConfig) {
 		c.Secrets = secrets.get
 		c.Exporters = realExporters
 		c.Recorder = events
-		c.Telemetry = NewTelemetry(metrics, nil)
+		c.Telemetry = telemetry.NewTelemetry(metrics, nil)
 	}
 	h := newHarnessWith(t, stateDir, store, imageDir, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
@@ -526,7 +527,7 @@ func TestJumpstarterExporterVM(t *testing.T) {
 		assert.Equal(t, pids, vmtest.QEMUPids(badDir), "the VM is never restarted for the exporter")
 		assert.Contains(t, events.all(), "Warning ExporterFailed")
 		assert.NotContains(t, events.all(), "not-the-token")
-		assert.GreaterOrEqual(t, promtest.ToFloat64(metrics.jsRegistrations.WithLabelValues("token_rejected")), 1.0)
+		assert.GreaterOrEqual(t, promtest.ToFloat64(metrics.JSRegistrations.WithLabelValues("token_rejected")), 1.0)
 		require.NoError(t, h.vms.DeletePod(ctx, deleting(bad)))
 		waitGoneDir(t, badDir, 30*time.Second)
 	})
@@ -559,9 +560,9 @@ func TestJumpstarterExporterVM(t *testing.T) {
 		waitGoneDir(t, cdir, 30*time.Second)
 	})
 
-	assert.GreaterOrEqual(t, promtest.ToFloat64(metrics.jsRegistrations.WithLabelValues("success")), 1.0)
-	assert.GreaterOrEqual(t, promtest.ToFloat64(metrics.jsDriverCalls.WithLabelValues("power", "on", "OK")), 1.0)
-	assert.Equal(t, 0.0, promtest.ToFloat64(metrics.jsStreams.WithLabelValues("console")), "closed streams are not counted")
+	assert.GreaterOrEqual(t, promtest.ToFloat64(metrics.JSRegistrations.WithLabelValues("success")), 1.0)
+	assert.GreaterOrEqual(t, promtest.ToFloat64(metrics.JSDriverCalls.WithLabelValues("power", "on", "OK")), 1.0)
+	assert.Equal(t, 0.0, promtest.ToFloat64(metrics.JSStreams.WithLabelValues("console")), "closed streams are not counted")
 	s.Close()
 
 	t.Run("AgentRestart", func(t *testing.T) {

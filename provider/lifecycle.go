@@ -20,6 +20,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/telemetry"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
 	"github.com/virtual-kubelet/virtual-kubelet/node"
@@ -94,7 +95,7 @@ type VMsConfig struct {
 	// DefaultGrace is the grace period when a pod gives none (default 30s).
 	DefaultGrace time.Duration
 	// Telemetry receives start/exit metrics and spans (optional; tracing.go).
-	Telemetry *Telemetry
+	Telemetry *telemetry.Telemetry
 	// Exporters runs the Jumpstarter exporters of pods that name an
 	// exporter Secret (exporter.go); nil: such pods show the exporter
 	// condition Failed (their VMs still run).
@@ -279,8 +280,8 @@ func (p *VMs) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	p.pods[pod.UID] = rec
 	p.mu.Unlock()
 	if rej == nil {
-		p.cfg.Telemetry.beginTimeline(pod.UID, called) // timeline.go
-		p.cfg.Telemetry.mark(pod.UID, StepAdmitted, time.Now())
+		p.cfg.Telemetry.BeginTimeline(pod.UID, called) // timeline.go
+		p.cfg.Telemetry.Mark(pod.UID, telemetry.StepAdmitted, time.Now())
 	}
 
 	if rej != nil {
@@ -532,7 +533,7 @@ func (p *VMs) push(rec *podVM) {
 		if cb != nil {
 			cb(pod)
 		}
-		p.cfg.Telemetry.statusDelivered(p.log, pod, sent, time.Now()) // timeline.go
+		p.cfg.Telemetry.StatusDelivered(p.log, pod, sent, time.Now()) // timeline.go
 		if podstatus.Ready(pod) {
 			p.startExporter(p.base, rec) // exporter.go: first Ready; idempotent
 		}
@@ -798,7 +799,7 @@ func (w *worker) record() (e workerEvent, ok bool) {
 	for attempt := 1; ; attempt++ {
 		err := p.writeIntent(rec)
 		if err == nil {
-			p.cfg.Telemetry.mark(rec.uid, StepRecorded, time.Now())
+			p.cfg.Telemetry.Mark(rec.uid, telemetry.StepRecorded, time.Now())
 			return workerEvent{}, true
 		}
 		delay := min(p.cfg.Backoff.Delay(attempt), podspec.ConfigRetryMax)
@@ -860,7 +861,7 @@ func (w *worker) waitRunning() workerEvent {
 	p.dropSnapshotClaim(rec)
 	term := podstatus.TerminatedFromExit(ex, started, podstatus.ContainerIDPrefix+string(rec.uid))
 	w.log.Info("VM exited", "exitCode", ex.ExitCode, "class", ex.Class, "reason", ex.Reason)
-	p.cfg.Telemetry.vmExited(rec.uid, ex)
+	p.cfg.Telemetry.VMExited(rec.uid, ex)
 	typ := corev1.EventTypeNormal
 	if ex.ExitCode != 0 {
 		typ = corev1.EventTypeWarning
@@ -1002,8 +1003,8 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (VM, bool) {
 		case <-pctx.Done():
 		}
 	}()
-	att := p.cfg.Telemetry.beginStart(pctx, rec.uid, pod, plan.Image) // tracing.go: pod.start span, start metrics
-	defer att.done()
+	att := p.cfg.Telemetry.BeginStart(pctx, rec.uid, pod, plan.Image) // tracing.go: pod.start span, start metrics
+	defer att.Done()
 
 	// A flashed root (exporter_flash.go) boots instead of any image.
 	img := p.flashedRoot(rec)
@@ -1011,7 +1012,7 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (VM, bool) {
 		t0 := time.Now()
 		if img = p.presentImage(pctx, plan); img != nil {
 			// As the kubelet: one Pulled event, no Pulling, for a cached image.
-			att.pulled(t0, nil)
+			att.Pulled(t0, nil)
 			p.event(pod, corev1.EventTypeNormal, "Pulled", fmt.Sprintf("Container image %q already present on machine", plan.Image))
 			break
 		}
@@ -1019,7 +1020,7 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (VM, bool) {
 		p.event(pod, corev1.EventTypeNormal, "Pulling", fmt.Sprintf("Pulling image %q", plan.Image))
 		var err error
 		img, err = p.cfg.Images.Pull(pctx, plan.Image, oci.PullOptions{Auth: auth, Policy: plan.PullPolicy})
-		att.pulled(t0, err)
+		att.Pulled(t0, err)
 		if err == nil {
 			p.event(pod, corev1.EventTypeNormal, "Pulled", fmt.Sprintf("Successfully pulled image %q (%s) in %s", plan.Image, img.Digest, time.Since(t0).Round(time.Millisecond)))
 			break
@@ -1082,7 +1083,7 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (VM, bool) {
 		rec.mu.Unlock()
 		spec, err = p.vmSpec(ctx, rec, pod, plan, img)
 	}
-	att.overlaid(err)
+	att.Overlaid(err)
 	if err != nil {
 		reason := podstatus.ReasonStartError
 		if _, ok := errors.AsType[podspec.InvalidSpec](err); ok {
@@ -1109,7 +1110,7 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (VM, bool) {
 			scancel()
 		}
 	}
-	att.qemuStarted(vm, err)
+	att.QEMUStarted(vm, err)
 	if err != nil {
 		if pctx.Err() != nil {
 			return nil, false
@@ -1328,7 +1329,7 @@ func (p *VMs) finishDelete(rec *podVM, vm VM) {
 				log.Error(err, "Stop VM")
 			}
 			log.Info("VM stopped", "exitCode", ex.ExitCode, "reason", ex.Reason)
-			p.cfg.Telemetry.vmExited(rec.uid, ex)
+			p.cfg.Telemetry.VMExited(rec.uid, ex)
 			rec.mu.Lock()
 			started := time.Now()
 			if rec.state.Running != nil {

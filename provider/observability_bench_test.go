@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/telemetry"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -22,29 +23,29 @@ import (
 // with OTLP.
 func BenchmarkStartTelemetry(b *testing.B) {
 	reg := prometheus.NewRegistry()
-	m, err := NewMetrics(reg)
+	m, err := telemetry.NewMetrics(reg)
 	if err != nil {
 		b.Fatal(err)
 	}
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp))
 	b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	tel := NewTelemetry(m, tp)
+	tel := telemetry.NewTelemetry(m, tp)
 	pod := podFor("bench", "registry.example/os:1", corev1.RestartPolicyAlways, nil)
 	pod.Spec.Containers[0].ReadinessProbe = &corev1.Probe{}
 	ctx := context.Background()
 	ex := qemu.Exit{Class: qemu.ExitGuestShutdown}
 
 	start := func() {
-		a := tel.beginStart(ctx, pod.UID, pod, "registry.example/os:1")
-		a.pulled(time.Now(), nil)
-		a.overlaid(nil)
-		a.qemuStarted(nil, nil)
-		if got := tel.takeBooting(pod.UID, nil); got != nil {
-			got.booted()
+		a := tel.BeginStart(ctx, pod.UID, pod, "registry.example/os:1")
+		a.Pulled(time.Now(), nil)
+		a.Overlaid(nil)
+		a.QEMUStarted(nil, nil)
+		if got := tel.TakeBooting(pod.UID, nil); got != nil {
+			got.Booted()
 		}
-		a.done()
-		tel.vmExited(pod.UID, ex)
+		a.Done()
+		tel.VMExited(pod.UID, ex)
 	}
 	path := filepath.Join(b.TempDir(), StatusFileName)
 	var st podstatus.VMState

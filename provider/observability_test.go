@@ -20,6 +20,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/internal/podtest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/telemetry"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
@@ -107,7 +108,7 @@ func spanTree(t *testing.T, sr *tracetest.SpanRecorder, uid string) (sdktrace.Re
 	t.Helper()
 	var root sdktrace.ReadOnlySpan
 	for _, s := range sr.Ended() {
-		if s.Name() != SpanPodStart {
+		if s.Name() != telemetry.SpanPodStart {
 			continue
 		}
 		for _, a := range s.Attributes() {
@@ -116,7 +117,7 @@ func spanTree(t *testing.T, sr *tracetest.SpanRecorder, uid string) (sdktrace.Re
 			}
 		}
 	}
-	require.NotNil(t, root, "no ended %s span for pod %s", SpanPodStart, uid)
+	require.NotNil(t, root, "no ended %s span for pod %s", telemetry.SpanPodStart, uid)
 	kids := map[string][]sdktrace.ReadOnlySpan{}
 	for _, s := range sr.Ended() {
 		if s.Parent().SpanID() == root.SpanContext().SpanID() && s.SpanContext().TraceID() == root.SpanContext().TraceID() {
@@ -150,7 +151,7 @@ func TestObservability(t *testing.T) {
 	t.Cleanup(func() { store.Close() })
 
 	promReg := prometheus.NewRegistry()
-	m, err := NewMetrics(promReg)
+	m, err := telemetry.NewMetrics(promReg)
 	require.NoError(t, err)
 	sr := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
@@ -164,11 +165,11 @@ func TestObservability(t *testing.T) {
 		Allocatable:      func() corev1.ResourceList { return podtest.RL("cpu", "8", "memory", "8Gi", "pods", "10") },
 		Backoff:          podstatus.Backoff{Initial: time.Second, Max: 4 * time.Second},
 		ErrImagePullHold: 300 * time.Millisecond,
-		Telemetry:        NewTelemetry(m, tp),
+		Telemetry:        telemetry.NewTelemetry(m, tp),
 		// Every memory knob on: the guests still boot and answer probes.
 		Memory: qemu.MemoryTuning{TCGTranslationBufferMiB: 32, FreePageReporting: true, MemMerge: true},
 	})
-	promReg.MustRegister(StateCollector{VMs: vms, Images: store}, collectors.NewGoCollector())
+	promReg.MustRegister(telemetry.StateCollector{VMs: vms, Images: store}, collectors.NewGoCollector())
 	srv := httptest.NewServer(promhttp.HandlerFor(promReg, promhttp.HandlerOpts{}))
 	t.Cleanup(srv.Close)
 	url := srv.URL + "/metrics"
@@ -188,7 +189,7 @@ func TestObservability(t *testing.T) {
 		problems, err := promlint.NewWithMetricFamilies(mfs).Lint()
 		require.NoError(t, err)
 		assert.Empty(t, problems)
-		for _, n := range []string{MetricImagePulls, MetricVMExits, MetricVMStartFailures, MetricVMsRunning, MetricImageCacheSize, MetricImageCacheImages, MetricVMsMemoryRSS, MetricVMsMemoryPSS} {
+		for _, n := range []string{telemetry.MetricImagePulls, telemetry.MetricVMExits, telemetry.MetricVMStartFailures, telemetry.MetricVMsRunning, telemetry.MetricImageCacheSize, telemetry.MetricImageCacheImages, telemetry.MetricVMsMemoryRSS, telemetry.MetricVMsMemoryPSS} {
 			assert.Contains(t, fams, n, "exposed from the start")
 		}
 	})
@@ -208,21 +209,21 @@ func TestObservability(t *testing.T) {
 		delta := func(name string, labels map[string]string) float64 {
 			return value(up, name, labels) - value(before, name, labels)
 		}
-		assert.Equal(t, 1.0, delta(MetricImagePulls, map[string]string{"result": PullSuccess}))
-		assert.Equal(t, 1.0, delta(MetricImagePulls, nil), "one pull in all")
-		assert.Equal(t, 1.0, delta(MetricImagePullDuration, map[string]string{"result": PullSuccess}))
-		assert.Equal(t, 1.0, delta(MetricVMStarts, nil))
-		assert.Equal(t, 0.0, delta(MetricVMStartFailures, nil))
-		assert.Equal(t, 1.0, delta(MetricVMStartDuration, nil))
-		assert.Equal(t, 1.0, delta(MetricVMReadyDuration, nil))
-		for _, ph := range []string{PhasePull, PhaseOverlay, PhaseQEMUStart, PhaseBoot} {
-			assert.Equal(t, 1.0, delta(MetricVMStartPhaseSeconds, map[string]string{"phase": ph}), "phase %s", ph)
+		assert.Equal(t, 1.0, delta(telemetry.MetricImagePulls, map[string]string{"result": telemetry.PullSuccess}))
+		assert.Equal(t, 1.0, delta(telemetry.MetricImagePulls, nil), "one pull in all")
+		assert.Equal(t, 1.0, delta(telemetry.MetricImagePullDuration, map[string]string{"result": telemetry.PullSuccess}))
+		assert.Equal(t, 1.0, delta(telemetry.MetricVMStarts, nil))
+		assert.Equal(t, 0.0, delta(telemetry.MetricVMStartFailures, nil))
+		assert.Equal(t, 1.0, delta(telemetry.MetricVMStartDuration, nil))
+		assert.Equal(t, 1.0, delta(telemetry.MetricVMReadyDuration, nil))
+		for _, ph := range []string{telemetry.PhasePull, telemetry.PhaseOverlay, telemetry.PhaseQEMUStart, telemetry.PhaseBoot} {
+			assert.Equal(t, 1.0, delta(telemetry.MetricVMStartPhaseSeconds, map[string]string{"phase": ph}), "phase %s", ph)
 		}
-		assert.Equal(t, 1.0, value(up, MetricVMsRunning, nil))
-		assert.Equal(t, 1.0, value(up, MetricImageCacheImages, nil))
-		assert.Equal(t, 1.0, value(up, MetricImageCacheInUse, nil))
-		assert.Greater(t, value(up, MetricImageCacheSize, nil), 1e6, "kernel + initrd are megabytes")
-		rss, pss := value(up, MetricVMsMemoryRSS, nil), value(up, MetricVMsMemoryPSS, nil)
+		assert.Equal(t, 1.0, value(up, telemetry.MetricVMsRunning, nil))
+		assert.Equal(t, 1.0, value(up, telemetry.MetricImageCacheImages, nil))
+		assert.Equal(t, 1.0, value(up, telemetry.MetricImageCacheInUse, nil))
+		assert.Greater(t, value(up, telemetry.MetricImageCacheSize, nil), 1e6, "kernel + initrd are megabytes")
+		rss, pss := value(up, telemetry.MetricVMsMemoryRSS, nil), value(up, telemetry.MetricVMsMemoryPSS, nil)
 		assert.Greater(t, rss, float64(64<<20), "a booted VM's QEMU holds tens of MiB")
 		assert.Greater(t, pss, float64(32<<20))
 		assert.LessOrEqual(t, pss, rss, "PSS never exceeds RSS")
@@ -232,7 +233,7 @@ func TestObservability(t *testing.T) {
 		assert.Equal(t, "default", attr(rootSpan, "k8s.namespace.name"))
 		assert.Equal(t, "vm-o-boot", attr(rootSpan, "k8s.pod.name"))
 		assert.Equal(t, refs[vmtest.VariantACPI], attr(rootSpan, "container.image.name"))
-		order := []string{SpanPull, SpanOverlay, SpanQEMUStart, SpanBoot}
+		order := []string{telemetry.SpanPull, telemetry.SpanOverlay, telemetry.SpanQEMUStart, telemetry.SpanBoot}
 		for i, n := range order {
 			require.Len(t, kids[n], 1, "one %s span under pod.start; children: %v", n, kids)
 			s := kids[n][0]
@@ -243,19 +244,19 @@ func TestObservability(t *testing.T) {
 				assert.False(t, s.StartTime().Before(kids[order[i-1]][0].EndTime()), "%s follows %s", n, order[i-1])
 			}
 		}
-		assert.Equal(t, PullSuccess, attr(kids[SpanPull][0], "result"))
-		assert.Greater(t, kids[SpanBoot][0].EndTime().Sub(kids[SpanBoot][0].StartTime()), 100*time.Millisecond,
+		assert.Equal(t, telemetry.PullSuccess, attr(kids[telemetry.SpanPull][0], "result"))
+		assert.Greater(t, kids[telemetry.SpanBoot][0].EndTime().Sub(kids[telemetry.SpanBoot][0].StartTime()), 100*time.Millisecond,
 			"boot lasts until the guest answers the probe")
 
 		require.NoError(t, vms.DeletePod(ctx, deleting(pod)))
 		sl.wait(t, pod.UID, 60*time.Second, "terminated", func(p *corev1.Pod) bool { return terminated(p) != nil })
 		require.Eventually(t, func() bool { return vms.RunningVMs() == 0 }, 10*time.Second, 50*time.Millisecond)
 		down := scrape(t, url)
-		assert.Equal(t, 1.0, value(down, MetricVMExits, map[string]string{"class": "guest-shutdown"})-value(before, MetricVMExits, map[string]string{"class": "guest-shutdown"}),
+		assert.Equal(t, 1.0, value(down, telemetry.MetricVMExits, map[string]string{"class": "guest-shutdown"})-value(before, telemetry.MetricVMExits, map[string]string{"class": "guest-shutdown"}),
 			"the ACPI image powers off on delete")
-		assert.Equal(t, 1.0, value(down, MetricVMExits, nil)-value(before, MetricVMExits, nil))
-		assert.Equal(t, 0.0, value(down, MetricVMsRunning, nil))
-		assert.Equal(t, 0.0, value(down, MetricImageCacheInUse, nil), "released with the pod")
+		assert.Equal(t, 1.0, value(down, telemetry.MetricVMExits, nil)-value(before, telemetry.MetricVMExits, nil))
+		assert.Equal(t, 0.0, value(down, telemetry.MetricVMsRunning, nil))
+		assert.Equal(t, 0.0, value(down, telemetry.MetricImageCacheInUse, nil), "released with the pod")
 	})
 
 	t.Run("PanicCountsExitClass", func(t *testing.T) {
@@ -265,15 +266,15 @@ func TestObservability(t *testing.T) {
 		sl.wait(t, pod.UID, 120*time.Second, "Failed", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodFailed })
 		after := scrape(t, url)
 		panicked := map[string]string{"class": "panicked"}
-		assert.Equal(t, 1.0, value(after, MetricVMExits, panicked)-value(before, MetricVMExits, panicked))
-		assert.Equal(t, 1.0, value(after, MetricVMExits, nil)-value(before, MetricVMExits, nil))
-		assert.Equal(t, 1.0, value(after, MetricVMStarts, nil)-value(before, MetricVMStarts, nil))
-		assert.Equal(t, 0.0, value(after, MetricVMReadyDuration, nil)-value(before, MetricVMReadyDuration, nil), "no probe: Ready is not a boot")
+		assert.Equal(t, 1.0, value(after, telemetry.MetricVMExits, panicked)-value(before, telemetry.MetricVMExits, panicked))
+		assert.Equal(t, 1.0, value(after, telemetry.MetricVMExits, nil)-value(before, telemetry.MetricVMExits, nil))
+		assert.Equal(t, 1.0, value(after, telemetry.MetricVMStarts, nil)-value(before, telemetry.MetricVMStarts, nil))
+		assert.Equal(t, 0.0, value(after, telemetry.MetricVMReadyDuration, nil)-value(before, telemetry.MetricVMReadyDuration, nil), "no probe: Ready is not a boot")
 		// No probe: pod.start ends when QEMU runs, without a boot span.
 		rootSpan, kids := spanTree(t, sr, "o-panic")
 		assert.Equal(t, codes.Unset, rootSpan.Status().Code)
-		assert.Len(t, kids[SpanQEMUStart], 1)
-		assert.Empty(t, kids[SpanBoot])
+		assert.Len(t, kids[telemetry.SpanQEMUStart], 1)
+		assert.Empty(t, kids[telemetry.SpanBoot])
 		require.NoError(t, vms.DeletePod(ctx, deleting(pod)))
 		waitGoneDir(t, filepath.Join(root, "state", VMsDirName, "o-panic"), 10*time.Second)
 	})
@@ -290,26 +291,26 @@ func TestObservability(t *testing.T) {
 		sl.wait(t, pod.UID, 10*time.Second, "terminated", func(p *corev1.Pod) bool { return terminated(p) != nil })
 		after := scrape(t, url)
 		notFound := map[string]string{"result": "not_found"}
-		canceled := map[string]string{"result": PullCanceled}
-		n := value(after, MetricImagePulls, notFound) - value(before, MetricImagePulls, notFound)
-		nc := value(after, MetricImagePulls, canceled) - value(before, MetricImagePulls, canceled)
+		canceled := map[string]string{"result": telemetry.PullCanceled}
+		n := value(after, telemetry.MetricImagePulls, notFound) - value(before, telemetry.MetricImagePulls, notFound)
+		nc := value(after, telemetry.MetricImagePulls, canceled) - value(before, telemetry.MetricImagePulls, canceled)
 		assert.GreaterOrEqual(t, n, 1.0)
 		assert.LessOrEqual(t, nc, 1.0, "at most the attempt in flight at the delete is canceled")
-		assert.Equal(t, n+nc, value(after, MetricImagePulls, nil)-value(before, MetricImagePulls, nil), "every pull of the missing image is not_found (or canceled by the delete)")
-		assert.Equal(t, 0.0, value(after, MetricVMStarts, nil)-value(before, MetricVMStarts, nil))
+		assert.Equal(t, n+nc, value(after, telemetry.MetricImagePulls, nil)-value(before, telemetry.MetricImagePulls, nil), "every pull of the missing image is not_found (or canceled by the delete)")
+		assert.Equal(t, 0.0, value(after, telemetry.MetricVMStarts, nil)-value(before, telemetry.MetricVMStarts, nil))
 
 		rootSpan, kids := spanTree(t, sr, "o-missing")
 		assert.Equal(t, codes.Error, rootSpan.Status().Code, "a start that never ran is an error")
 		assert.Contains(t, rootSpan.Status().Description, "not found", "names the last pull error")
-		require.NotEmpty(t, kids[SpanPull])
-		assert.Len(t, kids[SpanPull], int(n+nc), "one pull span per attempt")
-		for _, s := range kids[SpanPull] {
+		require.NotEmpty(t, kids[telemetry.SpanPull])
+		assert.Len(t, kids[telemetry.SpanPull], int(n+nc), "one pull span per attempt")
+		for _, s := range kids[telemetry.SpanPull] {
 			assert.Equal(t, codes.Error, s.Status().Code)
-			assert.Contains(t, []string{"not_found", PullCanceled}, attr(s, "result"))
+			assert.Contains(t, []string{"not_found", telemetry.PullCanceled}, attr(s, "result"))
 			require.NotEmpty(t, s.Events(), "the error is recorded as an exception event")
 			assert.Equal(t, "exception", s.Events()[0].Name)
 		}
-		assert.Empty(t, kids[SpanQEMUStart])
+		assert.Empty(t, kids[telemetry.SpanQEMUStart])
 	})
 }
 
@@ -318,15 +319,15 @@ func TestPullResult(t *testing.T) {
 		err  error
 		want string
 	}{
-		{nil, PullSuccess},
+		{nil, telemetry.PullSuccess},
 		{&oci.PullError{Ref: "r", Kind: oci.ErrNotFound}, "not_found"},
 		{&oci.PullError{Ref: "r", Kind: oci.ErrUnauthorized}, "unauthorized"},
 		{&oci.PullError{Ref: "r", Kind: oci.ErrRegistryUnavailable}, "registry_unavailable"},
 		{&oci.PullError{Ref: "r", Kind: oci.ErrHostileContent}, "hostile_content"},
 		{&oci.PullError{Ref: "r", Kind: oci.ErrInvalidReference}, "invalid_reference"},
-		{context.Canceled, PullCanceled},
-		{assert.AnError, PullOther},
+		{context.Canceled, telemetry.PullCanceled},
+		{assert.AnError, telemetry.PullOther},
 	} {
-		assert.Equal(t, tc.want, PullResult(tc.err), "%v", tc.err)
+		assert.Equal(t, tc.want, telemetry.PullResult(tc.err), "%v", tc.err)
 	}
 }

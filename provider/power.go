@@ -212,7 +212,7 @@ func (p *VMs) powerOff(ctx context.Context, rec *podVM, vm VM, why string) error
 	if err != nil {
 		log.Error(err, "Power off: clean state dir")
 	}
-	p.cfg.Telemetry.vmExited(rec.uid, ex)
+	p.cfg.Telemetry.VMExited(rec.uid, ex)
 	term := podstatus.TerminatedFromExit(ex, started, podstatus.ContainerIDPrefix+string(rec.uid))
 	log.Info("VM powered off on request", "why", why, "exitCode", ex.ExitCode, "reason", ex.Reason)
 	rec.mu.Lock()

@@ -13,6 +13,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/nodestatus"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/telemetry"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	statsv1alpha1 "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
@@ -281,8 +282,8 @@ func buildMetrics(h hostSample, pods []podSample) []*dto.MetricFamily {
 	podCPU := fam("pod_cpu_usage_seconds_total", "Cumulative cpu time consumed by the pod in core-seconds", counter)
 	podMem := fam("pod_memory_working_set_bytes", "Current working set of the pod in bytes", gauge)
 	scrapeErr := fam("resource_scrape_error", "1 if there was an error while getting container metrics, 0 otherwise", gauge)
-	vmRSS := fam(MetricVMMemoryRSS, "Resident memory of the pod's QEMU process (guest RAM it touched and QEMU's own) in bytes", gauge)
-	vmPSS := fam(MetricVMMemoryPSS, "Proportional set size of the pod's QEMU process in bytes: pages shared with other processes (KSM-merged guest pages, libraries) counted in part", gauge)
+	vmRSS := fam(telemetry.MetricVMMemoryRSS, "Resident memory of the pod's QEMU process (guest RAM it touched and QEMU's own) in bytes", gauge)
+	vmPSS := fam(telemetry.MetricVMMemoryPSS, "Proportional set size of the pod's QEMU process in bytes: pages shared with other processes (KSM-merged guest pages, libraries) counted in part", gauge)
 
 	failed := 0.0
 	if h.cpuErr == nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/provider"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/telemetry"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
@@ -90,7 +91,7 @@ func tracingFromEnv(getenv func(string) string) (tracingConfig, error) {
 // behind /metrics and the tracer provider of the pod.start spans.
 type observability struct {
 	registry  *prometheus.Registry
-	telemetry *provider.Telemetry
+	telemetry *telemetry.Telemetry
 	tp        *sdktrace.TracerProvider // nil: spans are not exported
 	server    *http.Server
 	addr      net.Addr // where /metrics listens; nil: disabled
@@ -98,9 +99,9 @@ type observability struct {
 
 // newRegistry is the registry /metrics serves: Go runtime and process
 // collectors plus the provider's metrics.
-func newRegistry() (*prometheus.Registry, *provider.Metrics, error) {
+func newRegistry() (*prometheus.Registry, *telemetry.Metrics, error) {
 	reg := prometheus.NewRegistry()
-	m, err := provider.RegisterMetrics(reg)
+	m, err := telemetry.RegisterMetrics(reg)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -128,7 +129,7 @@ func startObservability(ctx context.Context, o observabilityOptions, nodeName st
 		tp = obs.tp
 		logger.Info("Exporting traces over OTLP", "protocol", tc.Protocol, "endpoint", tc.Endpoint)
 	}
-	obs.telemetry = provider.NewTelemetry(m, tp)
+	obs.telemetry = telemetry.NewTelemetry(m, tp)
 
 	if o.metricsAddr != "" && o.metricsAddr != "0" {
 		l, err := net.Listen("tcp", o.metricsAddr)
@@ -184,7 +185,7 @@ func newTracerProvider(ctx context.Context, tc tracingConfig, nodeName string) (
 
 // register adds the scrape-time state (running VMs, image cache).
 func (o *observability) register(vms *provider.VMs, images *oci.Store) error {
-	if err := o.registry.Register(provider.StateCollector{VMs: vms, Images: images}); err != nil {
+	if err := o.registry.Register(telemetry.StateCollector{VMs: vms, Images: images}); err != nil {
 		return fmt.Errorf("register state metrics: %w", err)
 	}
 	return nil

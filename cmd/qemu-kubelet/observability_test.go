@@ -16,7 +16,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
-	"github.com/qemu-kubelet/qemu-kubelet/provider"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/telemetry"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
@@ -109,7 +109,7 @@ func TestMetricsEndpoint(t *testing.T) {
 	require.NoError(t, obs.register(nil, nil))
 	url := "http://" + obs.addr.String() + "/metrics"
 	fams := scrapeText(t, url)
-	for _, n := range []string{provider.MetricImagePulls, provider.MetricVMExits, provider.MetricVMStartDuration, provider.MetricVMStartPhaseSeconds,
+	for _, n := range []string{telemetry.MetricImagePulls, telemetry.MetricVMExits, telemetry.MetricVMStartDuration, telemetry.MetricVMStartPhaseSeconds,
 		"go_goroutines", "process_start_time_seconds"} {
 		assert.Contains(t, fams, n)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/nodestatus"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/telemetry"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -42,7 +43,7 @@ func openImages(ctx context.Context, cfg *config.Node) (*oci.Store, string, erro
 }
 
 // newVMs builds the VM pod handler and re-adopts the VMs of the state dir.
-func newVMs(ctx context.Context, cfg *config.Node, facts nodestatus.Facts, client kubernetes.Interface, images *oci.Store, imageDir string, allocatable func() corev1.ResourceList, tel *provider.Telemetry) (*provider.VMs, error) {
+func newVMs(ctx context.Context, cfg *config.Node, facts nodestatus.Facts, client kubernetes.Interface, images *oci.Store, imageDir string, allocatable func() corev1.ResourceList, tel *telemetry.Telemetry) (*provider.VMs, error) {
 	var arch qemu.Arch // "": the host's
 	if cfg.GuestArch != "" {
 		a, err := qemu.ParseArch(cfg.GuestArch)

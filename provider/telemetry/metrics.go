@@ -1,4 +1,4 @@
-package provider
+package telemetry
 
 import (
 	"context"
@@ -108,9 +108,9 @@ type Metrics struct {
 	readyDuration   prometheus.Histogram
 	phaseDuration   *prometheus.HistogramVec
 
-	jsRegistrations *prometheus.CounterVec
-	jsDriverCalls   *prometheus.CounterVec
-	jsStreams       *prometheus.GaugeVec
+	JSRegistrations *prometheus.CounterVec
+	JSDriverCalls   *prometheus.CounterVec
+	JSStreams       *prometheus.GaugeVec
 }
 
 // RegisterMetrics registers with reg what the node agent's /metrics
@@ -150,18 +150,18 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		phaseDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: MetricVMStartPhaseSeconds,
 			Help: "Duration of each phase of a VM start: pull, overlay, qemu_start, boot (QEMU running to pod Ready; pods with a readiness or startup probe only).", Buckets: startBuckets},
 			[]string{"phase"}),
-		jsRegistrations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricJumpstarterRegistrations,
+		JSRegistrations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricJumpstarterRegistrations,
 			Help: "Register calls of the node's Jumpstarter exporters with their controller, by result: success, token_rejected, permission_denied, no_exporter, temporary or canceled."},
 			[]string{"result"}),
-		jsDriverCalls: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricJumpstarterDriverCalls,
+		JSDriverCalls: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricJumpstarterDriverCalls,
 			Help: "Driver calls served by the node's Jumpstarter exporters, by driver name (root for the root driver), method and gRPC status code (OK, NotFound, ...)."},
 			[]string{"driver", "method", "code"}),
-		jsStreams: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricJumpstarterStreamsActive,
+		JSStreams: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricJumpstarterStreamsActive,
 			Help: "Byte streams (console, guest TCP, flashed or dumped files) open through the node's Jumpstarter exporters, by kind."},
 			[]string{"kind"}),
 	}
 	for _, c := range []prometheus.Collector{m.pulls, m.pullDuration, m.vmStarts, m.vmStartFailures, m.vmExits, m.startDuration, m.readyDuration, m.phaseDuration,
-		m.jsRegistrations, m.jsDriverCalls, m.jsStreams} {
+		m.JSRegistrations, m.JSDriverCalls, m.JSStreams} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register node agent metrics: %w", err)
 		}
@@ -180,7 +180,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	for _, ph := range []string{PhasePull, PhaseOverlay, PhaseQEMUStart, PhaseBoot} {
 		m.phaseDuration.WithLabelValues(ph)
 	}
-	m.jsRegistrations.WithLabelValues(PullSuccess)
+	m.JSRegistrations.WithLabelValues(PullSuccess)
 	return m, nil
 }
 
@@ -233,7 +233,7 @@ func (m *Metrics) Registration(err error) {
 	if m == nil {
 		return
 	}
-	m.jsRegistrations.WithLabelValues(RegistrationResult(err)).Inc()
+	m.JSRegistrations.WithLabelValues(RegistrationResult(err)).Inc()
 }
 
 // RegistrationResult is the result label of a Register that returned err:
@@ -256,7 +256,7 @@ func (m *Metrics) DriverCall(driver, method, code string) {
 	if driver == "" {
 		driver = "root"
 	}
-	m.jsDriverCalls.WithLabelValues(driver, method, code).Inc()
+	m.JSDriverCalls.WithLabelValues(driver, method, code).Inc()
 }
 
 // StreamOpened and StreamClosed track open byte streams (jumpstarter.Observer).
@@ -264,7 +264,7 @@ func (m *Metrics) StreamOpened(kind string) {
 	if m == nil {
 		return
 	}
-	m.jsStreams.WithLabelValues(kind).Inc()
+	m.JSStreams.WithLabelValues(kind).Inc()
 }
 
 // StreamClosed: see StreamOpened.
@@ -272,7 +272,7 @@ func (m *Metrics) StreamClosed(kind string) {
 	if m == nil {
 		return
 	}
-	m.jsStreams.WithLabelValues(kind).Dec()
+	m.JSStreams.WithLabelValues(kind).Dec()
 }
 
 // StateCollector reports, at scrape time, the state the node holds: VMs

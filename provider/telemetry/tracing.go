@@ -1,4 +1,4 @@
-package provider
+package telemetry
 
 import (
 	"context"
@@ -76,9 +76,9 @@ type startAttempt struct {
 	boot    trace.Span
 }
 
-// beginStart opens the pod.start span of a VM start of pod. ctx is the
+// BeginStart opens the pod.start span of a VM start of pod. ctx is the
 // start's context (canceled when the pod is deleted).
-func (t *Telemetry) beginStart(ctx context.Context, uid types.UID, pod *corev1.Pod, image string) *startAttempt {
+func (t *Telemetry) BeginStart(ctx context.Context, uid types.UID, pod *corev1.Pod, image string) *startAttempt {
 	if t == nil {
 		return nil
 	}
@@ -93,7 +93,7 @@ func (t *Telemetry) beginStart(ctx context.Context, uid types.UID, pod *corev1.P
 			attribute.String("container.image.name", image),
 		))
 	a := &startAttempt{t: t, uid: uid, ctx: ctx, sctx: sctx, span: span, begin: now, mark: now}
-	t.mark(uid, StepWorker, now) // timeline.go
+	t.Mark(uid, StepWorker, now) // timeline.go
 	if len(pod.Spec.Containers) > 0 {
 		c := pod.Spec.Containers[0]
 		a.probe = c.ReadinessProbe != nil || c.StartupProbe != nil
@@ -118,8 +118,8 @@ func (a *startAttempt) phaseSpan(name string, err error, attrs ...attribute.KeyV
 	return now.Sub(from)
 }
 
-// pulled records one pull attempt that began at t0 and returned err.
-func (a *startAttempt) pulled(t0 time.Time, err error) {
+// Pulled records one pull attempt that began at t0 and returned err.
+func (a *startAttempt) Pulled(t0 time.Time, err error) {
 	if a == nil {
 		return
 	}
@@ -134,14 +134,14 @@ func (a *startAttempt) pulled(t0 time.Time, err error) {
 	a.t.metrics.pulled(result, d.Seconds())
 	if err == nil {
 		a.t.metrics.phase(PhasePull, d.Seconds())
-		a.t.mark(a.uid, StepImage, t0.Add(d))
+		a.t.Mark(a.uid, StepImage, t0.Add(d))
 	} else {
 		a.span.AddEvent("pull failed", trace.WithAttributes(attribute.String("result", result)))
 	}
 }
 
-// overlaid records the VM spec and overlay creation that returned err.
-func (a *startAttempt) overlaid(err error) {
+// Overlaid records the VM spec and overlay creation that returned err.
+func (a *startAttempt) Overlaid(err error) {
 	if a == nil {
 		return
 	}
@@ -156,13 +156,13 @@ func (a *startAttempt) overlaid(err error) {
 		return
 	}
 	a.t.metrics.phase(PhaseOverlay, d.Seconds())
-	a.t.mark(a.uid, StepOverlay, time.Now())
+	a.t.Mark(a.uid, StepOverlay, time.Now())
 }
 
-// qemuStarted records the QEMU start that returned vm or err. A started VM
+// QEMUStarted records the QEMU start that returned vm or err. A started VM
 // ends the pod.start span unless a probe gates Ready: then the boot span
 // runs until the pod turns Ready (observeReady) or the VM ends (vmExited).
-func (a *startAttempt) qemuStarted(vm StartedVM, err error) {
+func (a *startAttempt) QEMUStarted(vm StartedVM, err error) {
 	if a == nil {
 		return
 	}
@@ -192,9 +192,9 @@ func (a *startAttempt) qemuStarted(vm StartedVM, err error) {
 	a.t.mu.Unlock()
 }
 
-// done ends a start that stopped short of a running VM without a recorded
+// Done ends a start that stopped short of a running VM without a recorded
 // failure: the pod was deleted or the node is shutting down.
-func (a *startAttempt) done() {
+func (a *startAttempt) Done() {
 	if a == nil {
 		return
 	}
@@ -231,8 +231,8 @@ func (a *startAttempt) end(err error) {
 	a.span.End()
 }
 
-// booted ends the boot span and the pod.start span: the pod is Ready.
-func (a *startAttempt) booted() {
+// Booted ends the boot span and the pod.start span: the pod is Ready.
+func (a *startAttempt) Booted() {
 	now := time.Now()
 	a.mu.Lock()
 	boot, since := a.boot, a.running
@@ -255,8 +255,8 @@ func (a *startAttempt) failBoot(err error) {
 	a.end(err)
 }
 
-// takeBooting removes and returns the start of uid waiting for Ready.
-func (t *Telemetry) takeBooting(uid types.UID, ready func() bool) *startAttempt {
+// TakeBooting removes and returns the start of uid waiting for Ready.
+func (t *Telemetry) TakeBooting(uid types.UID, ready func() bool) *startAttempt {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	a := t.booting[uid]
@@ -268,20 +268,20 @@ func (t *Telemetry) takeBooting(uid types.UID, ready func() bool) *startAttempt 
 }
 
 func (t *Telemetry) abandonBoot(uid types.UID, err error) {
-	if a := t.takeBooting(uid, nil); a != nil {
+	if a := t.TakeBooting(uid, nil); a != nil {
 		a.failBoot(err)
 	}
 }
 
-func (t *Telemetry) waitingBoot(uid types.UID) bool {
+func (t *Telemetry) WaitingBoot(uid types.UID) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.booting[uid] != nil
 }
 
-// vmExited counts the exit of uid's VM; a start still waiting for Ready
+// VMExited counts the exit of uid's VM; a start still waiting for Ready
 // ends with an error.
-func (t *Telemetry) vmExited(uid types.UID, ex qemu.Exit) {
+func (t *Telemetry) VMExited(uid types.UID, ex qemu.Exit) {
 	if t == nil {
 		return
 	}
@@ -289,8 +289,8 @@ func (t *Telemetry) vmExited(uid types.UID, ex qemu.Exit) {
 	t.abandonBoot(uid, fmt.Errorf("VM exited before the pod was Ready (%s: %s)", ex.Class, ex.Reason))
 }
 
-// exporterObserver is the Prometheus side of the exporters (nil: none).
-func (t *Telemetry) exporterObserver() jumpstarter.Observer {
+// ExporterObserver is the Prometheus side of the exporters (nil: none).
+func (t *Telemetry) ExporterObserver() jumpstarter.Observer {
 	if t == nil || t.metrics == nil {
 		return nil
 	}

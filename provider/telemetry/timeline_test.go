@@ -1,4 +1,4 @@
-package provider
+package telemetry
 
 import (
 	"strconv"
@@ -32,20 +32,20 @@ func TestStartTimeline(t *testing.T) {
 			Status: corev1.PodStatus{Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: st}}}}
 	}
 
-	tel.beginTimeline("a", t0)
-	tel.mark("a", StepAdmitted, at(1))
-	tel.mark("a", StepRecorded, at(20))
-	tel.mark("a", StepImage, at(25))
-	tel.mark("a", StepImage, at(30)) // a retried step: the last time counts
-	tel.mark("a", StepQMP, at(900))
-	tel.mark("a", StepOverlay, time.Time{}) // not reached: ignored
-	tel.mark("unknown", StepAdmitted, at(1))
-	tel.statusDelivered(log, pod("a", false), at(950), at(951))
+	tel.BeginTimeline("a", t0)
+	tel.Mark("a", StepAdmitted, at(1))
+	tel.Mark("a", StepRecorded, at(20))
+	tel.Mark("a", StepImage, at(25))
+	tel.Mark("a", StepImage, at(30)) // a retried step: the last time counts
+	tel.Mark("a", StepQMP, at(900))
+	tel.Mark("a", StepOverlay, time.Time{}) // not reached: ignored
+	tel.Mark("unknown", StepAdmitted, at(1))
+	tel.StatusDelivered(log, pod("a", false), at(950), at(951))
 	if len(lines) != 0 {
 		t.Fatalf("logged before Ready: %q", lines)
 	}
-	tel.statusDelivered(log, pod("a", true), at(1000), at(1002))
-	tel.statusDelivered(log, pod("a", true), at(2000), at(2001)) // once only
+	tel.StatusDelivered(log, pod("a", true), at(1000), at(1002))
+	tel.StatusDelivered(log, pod("a", true), at(2000), at(2001)) // once only
 	if len(lines) != 1 {
 		t.Fatalf("logged %d lines, want 1: %q", len(lines), lines)
 	}
@@ -60,14 +60,14 @@ func TestStartTimeline(t *testing.T) {
 	if strings.Contains(lines[0], "overlayMs") {
 		t.Errorf("timeline %s names a step not reached", lines[0])
 	}
-	tel.statusDelivered(log, pod("unknown", true), at(1), at(2))
+	tel.StatusDelivered(log, pod("unknown", true), at(1), at(2))
 	if len(lines) != 1 {
 		t.Errorf("a pod without a timeline logged: %q", lines[1:])
 	}
 
 	// A pod that never turns Ready is dropped by a later CreatePod.
-	tel.beginTimeline("stuck", t0)
-	tel.beginTimeline("late", t0.Add(timelineMaxAge+time.Second))
+	tel.BeginTimeline("stuck", t0)
+	tel.BeginTimeline("late", t0.Add(timelineMaxAge+time.Second))
 	tel.mu.Lock()
 	_, kept := tel.timelines["stuck"]
 	n := len(tel.timelines)
@@ -77,10 +77,10 @@ func TestStartTimeline(t *testing.T) {
 	}
 
 	var none *Telemetry // VMsConfig.Telemetry is optional
-	none.beginTimeline("a", t0)
-	none.mark("a", StepAdmitted, t0)
+	none.BeginTimeline("a", t0)
+	none.Mark("a", StepAdmitted, t0)
 	none.markQEMU("a", nil)
-	none.statusDelivered(log, pod("a", true), t0, t0)
+	none.StatusDelivered(log, pod("a", true), t0, t0)
 	if len(lines) != 1 {
 		t.Errorf("a nil Telemetry logged: %q", lines[1:])
 	}

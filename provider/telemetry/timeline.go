@@ -1,4 +1,4 @@
-package provider
+package telemetry
 
 import (
 	"strconv"
@@ -81,9 +81,9 @@ type startTimeline [numTimelineSteps]time.Time
 // is kept (a pod deleted while starting, a crash loop).
 const timelineMaxAge = 10 * time.Minute
 
-// beginTimeline starts uid's timeline at CreatePod; it sweeps timelines
+// BeginTimeline starts uid's timeline at CreatePod; it sweeps timelines
 // older than timelineMaxAge.
-func (t *Telemetry) beginTimeline(uid types.UID, at time.Time) {
+func (t *Telemetry) BeginTimeline(uid types.UID, at time.Time) {
 	if t == nil {
 		return
 	}
@@ -99,8 +99,8 @@ func (t *Telemetry) beginTimeline(uid types.UID, at time.Time) {
 	t.timelines[uid] = tl
 }
 
-// mark records step of uid's timeline at at (no timeline: nothing).
-func (t *Telemetry) mark(uid types.UID, step TimelineStep, at time.Time) {
+// Mark records step of uid's timeline at at (no timeline: nothing).
+func (t *Telemetry) Mark(uid types.UID, step TimelineStep, at time.Time) {
 	if t == nil || at.IsZero() {
 		return
 	}
@@ -117,16 +117,16 @@ func (t *Telemetry) markQEMU(uid types.UID, vm StartedVM) {
 		return
 	}
 	st := vm.StartTimes()
-	t.mark(uid, StepQEMUExec, st.Exec)
-	t.mark(uid, StepQMPSocket, st.Socket)
-	t.mark(uid, StepQMP, st.QMP)
-	t.mark(uid, StepStarted, st.Released)
+	t.Mark(uid, StepQEMUExec, st.Exec)
+	t.Mark(uid, StepQMPSocket, st.Socket)
+	t.Mark(uid, StepQMP, st.QMP)
+	t.Mark(uid, StepStarted, st.Released)
 }
 
-// statusDelivered is called after the library's callback took pod's
+// StatusDelivered is called after the library's callback took pod's
 // status (handed over at sent, returned now): the first Ready status ends
 // the pod's timeline, which is logged.
-func (t *Telemetry) statusDelivered(log logr.Logger, pod *corev1.Pod, sent, now time.Time) {
+func (t *Telemetry) StatusDelivered(log logr.Logger, pod *corev1.Pod, sent, now time.Time) {
 	if t == nil || !podstatus.Ready(pod) {
 		return
 	}
