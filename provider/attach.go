@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"syscall"
 
-	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
 	"github.com/virtual-kubelet/virtual-kubelet/node/api"
 	"k8s.io/klog/v2"
 )
@@ -46,7 +45,7 @@ func lockConsoleWriter(dir string) (func(), error) {
 // VM exits; the end of stdin gives up the writer role but keeps the output
 // flowing, as a kubelet does for a container without stdinOnce. Terminal
 // resizes are accepted and ignored (a serial line has no window size).
-func AttachConsole(ctx context.Context, vm VM, dir string, attach api.AttachIO) error {
+func AttachConsole(ctx context.Context, vm GuestVM, dir string, attach api.AttachIO) error {
 	log := klog.FromContext(ctx)
 	stdin := attach.Stdin()
 	release := func() {}
@@ -125,18 +124,3 @@ func AttachConsole(ctx context.Context, vm VM, dir string, attach api.AttachIO) 
 type nopWriteCloser struct{ io.Writer }
 
 func (nopWriteCloser) Close() error { return nil }
-
-// attachToConsole serves AttachToContainer.
-func (p *VMs) attachToConsole(ctx context.Context, namespace, name, container string, attach api.AttachIO) error {
-	v, err := p.view(namespace, name, container)
-	if err != nil {
-		return err
-	}
-	if v.vm == nil {
-		return errdefs.InvalidInputf("attach to pod %s/%s: its VM is not running", namespace, name)
-	}
-	if err := AttachConsole(ctx, v.vm, v.dir, attach); err != nil {
-		return fmt.Errorf("attach to the console of pod %s/%s: %w", namespace, name, err)
-	}
-	return nil
-}

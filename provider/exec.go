@@ -30,15 +30,9 @@ var ExecTimeout = 5 * time.Minute
 // ErrExecTTY: kubectl exec -t asks for an interactive terminal.
 var ErrExecTTY = errors.New("interactive exec with a tty (kubectl exec -t) is not supported by VM pods: commands run through qemu-guest-agent's guest-exec, which takes the whole stdin first and returns the output when the command exited; drop -t (kubectl exec -i works), or use kubectl attach -it for the serial console")
 
-// execInVM serves RunInContainer (see above).
-func (p *VMs) execInVM(ctx context.Context, namespace, name, container string, cmd []string, attach api.AttachIO) error {
-	v, err := p.view(namespace, name, container)
-	if err != nil {
-		return err
-	}
-	if v.vm == nil {
-		return errdefs.InvalidInputf("exec in pod %s/%s: its VM is not running", namespace, name)
-	}
+// Exec runs cmd in the guest of vm, the VM of pod namespace/name (see
+// above).
+func Exec(ctx context.Context, vm GuestVM, namespace, name string, cmd []string, attach api.AttachIO) error {
 	if len(cmd) == 0 || cmd[0] == "" {
 		return errdefs.InvalidInputf("exec in pod %s/%s: no command given", namespace, name)
 	}
@@ -51,11 +45,12 @@ func (p *VMs) execInVM(ctx context.Context, namespace, name, container string, c
 
 	var stdin []byte
 	if attach != nil && attach.Stdin() != nil {
+		var err error
 		if stdin, err = readStdin(ctx, attach.Stdin()); err != nil {
 			return fmt.Errorf("exec %s in pod %s/%s: stdin: %w", cmd[0], namespace, name, err)
 		}
 	}
-	res, err := v.vm.GuestExec(ctx, qemu.ExecRequest{Path: cmd[0], Args: cmd[1:], Stdin: stdin})
+	res, err := vm.GuestExec(ctx, qemu.ExecRequest{Path: cmd[0], Args: cmd[1:], Stdin: stdin})
 	if err != nil {
 		return fmt.Errorf("exec %s in pod %s/%s: %w", cmd[0], namespace, name, err)
 	}

@@ -514,11 +514,7 @@ func (t *vmTarget) DialGuest(ctx context.Context, port int) (net.Conn, error) {
 	if vm == nil {
 		return nil, fmt.Errorf("guest port %d: %w", port, ErrVMPoweredOff)
 	}
-	gc, first, err := dialGuest(ctx, vm, port)
-	if err != nil {
-		return nil, err
-	}
-	return &prefixedConn{guestConn: gc, pending: first}, nil
+	return DialGuest(ctx, vm, port)
 }
 
 // Flash pulls and verifies ref through the node's image store (the pod's

@@ -2,7 +2,6 @@ package provider
 
 import (
 	"context"
-	"io"
 	"net"
 
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
@@ -31,8 +30,6 @@ type Hypervisor interface {
 // ended, the guest-side methods fail. The types are package qemu's plain
 // data types.
 type VM interface {
-	// Done is closed once the VM has ended and its Exit is known.
-	Done() <-chan struct{}
 	// Exit is how the VM ended; false while it runs.
 	Exit() (qemu.Exit, bool)
 	// Stop ends the VM gracefully (ACPI power button, then quit after
@@ -57,19 +54,11 @@ type VM interface {
 	// ended.
 	Stats() (qemu.ProcStats, error)
 
-	// GuestExec runs a command in the guest (its guest agent).
-	GuestExec(ctx context.Context, req qemu.ExecRequest) (qemu.ExecResult, error)
-	// ForwardPort forwards host port hostPort (0: any free one, returned)
-	// to guest TCP port guestPort; RemoveForward removes it.
-	ForwardPort(ctx context.Context, guestPort, hostPort int) (int, error)
-	RemoveForward(ctx context.Context, hostPort int) error
-	// AttachConsole is a connection to the serial console.
-	AttachConsole(ctx context.Context) (io.ReadWriteCloser, error)
+	// The guest side: exec, port forwards, the console, QMP.
+	GuestVM
 	// DialDisplay is a connection to the VNC server of a VM with a
 	// display (qemu.Spec.Display); an error for one without.
 	DialDisplay(ctx context.Context) (net.Conn, error)
-	// QMP runs a QEMU monitor command, decoding its return into out.
-	QMP(ctx context.Context, command string, args, out any) error
 	// SaveState saves the memory and device state to path, calling
 	// whileStopped with the guest paused.
 	SaveState(ctx context.Context, path string, whileStopped func() error) (qemu.SavedState, error)

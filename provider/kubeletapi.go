@@ -1,9 +1,14 @@
 package provider
 
 import (
+	"context"
+	"fmt"
+	"io"
 	"time"
 
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
+	"github.com/virtual-kubelet/virtual-kubelet/node/api"
 	corev1 "k8s.io/api/core/v1"
 )
 
@@ -55,4 +60,69 @@ func (p *VMs) view(namespace, name, container string) (podView, error) {
 		return podView{}, errdefs.InvalidInputf("container %s is not valid for pod %s (a VM pod has one container, %q)", container, name, v.container)
 	}
 	return v, nil
+}
+
+// consoleLogs serves GetContainerLogs.
+func (p *VMs) consoleLogs(ctx context.Context, namespace, name, container string, opts api.ContainerLogOpts) (io.ReadCloser, error) {
+	v, err := p.view(namespace, name, container)
+	if err != nil {
+		return nil, err
+	}
+	if v.vm == nil && !v.everStarted && !opts.Previous {
+		// Never ran: as the kubelet says it.
+		reason := v.waiting
+		if reason == "" {
+			reason = podstatus.ReasonContainerCreating
+		}
+		return nil, errdefs.InvalidInputf("container %q in pod %q is waiting to start: %s", v.container, name, reason)
+	}
+	src := ConsoleLogSource{Dir: v.dir, Pod: namespace + "/" + name, Now: p.now}
+	if v.vm != nil {
+		src.Done = v.vm.Done()
+	}
+	return ConsoleLogs(ctx, src, opts)
+}
+
+// attachToConsole serves AttachToContainer.
+func (p *VMs) attachToConsole(ctx context.Context, namespace, name, container string, attach api.AttachIO) error {
+	v, err := p.view(namespace, name, container)
+	if err != nil {
+		return err
+	}
+	if v.vm == nil {
+		return errdefs.InvalidInputf("attach to pod %s/%s: its VM is not running", namespace, name)
+	}
+	if err := AttachConsole(ctx, v.vm, v.dir, attach); err != nil {
+		return fmt.Errorf("attach to the console of pod %s/%s: %w", namespace, name, err)
+	}
+	return nil
+}
+
+// portForward serves PortForward.
+func (p *VMs) portForward(ctx context.Context, namespace, name string, port int32, stream io.ReadWriteCloser) error {
+	v, err := p.view(namespace, name, "")
+	if err != nil {
+		stream.Close()
+		return err
+	}
+	if v.vm == nil {
+		stream.Close()
+		return errdefs.InvalidInputf("port-forward to pod %s/%s: its VM is not running", namespace, name)
+	}
+	if err := ForwardGuestPort(ctx, v.vm, port, stream); err != nil {
+		return fmt.Errorf("port-forward to port %d of pod %s/%s: %w", port, namespace, name, err)
+	}
+	return nil
+}
+
+// execInVM serves RunInContainer (see above).
+func (p *VMs) execInVM(ctx context.Context, namespace, name, container string, cmd []string, attach api.AttachIO) error {
+	v, err := p.view(namespace, name, container)
+	if err != nil {
+		return err
+	}
+	if v.vm == nil {
+		return errdefs.InvalidInputf("exec in pod %s/%s: its VM is not running", namespace, name)
+	}
+	return Exec(ctx, v.vm, namespace, name, cmd, attach)
 }

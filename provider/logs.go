@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
 	"github.com/virtual-kubelet/virtual-kubelet/node/api"
@@ -255,25 +254,4 @@ func (s *stampWriter) Write(p []byte) (int, error) {
 		return 0, err
 	}
 	return len(p), nil
-}
-
-// consoleLogs serves GetContainerLogs.
-func (p *VMs) consoleLogs(ctx context.Context, namespace, name, container string, opts api.ContainerLogOpts) (io.ReadCloser, error) {
-	v, err := p.view(namespace, name, container)
-	if err != nil {
-		return nil, err
-	}
-	if v.vm == nil && !v.everStarted && !opts.Previous {
-		// Never ran: as the kubelet says it.
-		reason := v.waiting
-		if reason == "" {
-			reason = podstatus.ReasonContainerCreating
-		}
-		return nil, errdefs.InvalidInputf("container %q in pod %q is waiting to start: %s", v.container, name, reason)
-	}
-	src := ConsoleLogSource{Dir: v.dir, Pod: namespace + "/" + name, Now: p.now}
-	if v.vm != nil {
-		src.Done = v.vm.Done()
-	}
-	return ConsoleLogs(ctx, src, opts)
 }

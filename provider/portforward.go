@@ -12,7 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
 	"k8s.io/klog/v2"
 )
 
@@ -66,7 +65,7 @@ func guestAccepted(out string, hostPort int) bool {
 // usernetQuery returns QEMU's `info usernet` text.
 type usernetQuery func(ctx context.Context) (string, error)
 
-func vmUsernet(vm VM) usernetQuery {
+func vmUsernet(vm GuestVM) usernetQuery {
 	return func(ctx context.Context) (string, error) {
 		var out string
 		err := vm.QMP(ctx, "human-monitor-command", map[string]any{"command-line": "info usernet"}, &out)
@@ -119,7 +118,7 @@ func awaitGuest(ctx context.Context, query usernetQuery, conn net.Conn, hostPort
 // guestPort of the VM: a runtime forward 127.0.0.1:<free port> -> guest
 // port is added for this connection and removed when it ends. A guest port
 // nothing listens on gives ErrGuestPortClosed.
-func ForwardGuestPort(ctx context.Context, vm VM, guestPort int32, stream io.ReadWriteCloser) error {
+func ForwardGuestPort(ctx context.Context, vm GuestVM, guestPort int32, stream io.ReadWriteCloser) error {
 	defer stream.Close()
 	gc, first, err := dialGuest(ctx, vm, int(guestPort))
 	if err != nil {
@@ -152,7 +151,7 @@ func (c *guestConn) Close() error {
 // (the one kubectl port-forward uses) and waits until the guest accepted:
 // a port nothing listens on gives ErrGuestPortClosed. first holds bytes
 // the guest already sent.
-func dialGuest(ctx context.Context, vm VM, guestPort int) (*guestConn, []byte, error) {
+func dialGuest(ctx context.Context, vm GuestVM, guestPort int) (*guestConn, []byte, error) {
 	log := klog.FromContext(ctx)
 	hostPort, err := vm.ForwardPort(ctx, guestPort, 0)
 	if err != nil {
@@ -219,19 +218,13 @@ func pipeBoth(ctx context.Context, conn *net.TCPConn, stream io.ReadWriteCloser)
 	return nil
 }
 
-// portForward serves PortForward.
-func (p *VMs) portForward(ctx context.Context, namespace, name string, port int32, stream io.ReadWriteCloser) error {
-	v, err := p.view(namespace, name, "")
+// DialGuest connects to TCP port port of vm's guest (ErrGuestPortClosed
+// when nothing listens there): the connection reads first what the guest
+// sent while the dial checked it accepted.
+func DialGuest(ctx context.Context, vm GuestVM, port int) (net.Conn, error) {
+	gc, first, err := dialGuest(ctx, vm, port)
 	if err != nil {
-		stream.Close()
-		return err
+		return nil, err
 	}
-	if v.vm == nil {
-		stream.Close()
-		return errdefs.InvalidInputf("port-forward to pod %s/%s: its VM is not running", namespace, name)
-	}
-	if err := ForwardGuestPort(ctx, v.vm, port, stream); err != nil {
-		return fmt.Errorf("port-forward to port %d of pod %s/%s: %w", port, namespace, name, err)
-	}
-	return nil
+	return &prefixedConn{guestConn: gc, pending: first}, nil
 }
