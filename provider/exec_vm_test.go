@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/guest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
@@ -105,7 +106,7 @@ func TestExecRealVM(t *testing.T) {
 	})
 	t.Run("TTYRefused", func(t *testing.T) {
 		err := exec(&execIO{tty: true}, "sh")
-		require.ErrorIs(t, err, ErrExecTTY)
+		require.ErrorIs(t, err, guest.ErrExecTTY)
 	})
 	t.Run("ProbeTimeoutHonoured", func(t *testing.T) {
 		v, err := h.vms.view("default", pod.Name, "")

@@ -17,6 +17,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/guest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -514,7 +515,7 @@ func (t *vmTarget) DialGuest(ctx context.Context, port int) (net.Conn, error) {
 	if vm == nil {
 		return nil, fmt.Errorf("guest port %d: %w", port, ErrVMPoweredOff)
 	}
-	return DialGuest(ctx, vm, port)
+	return guest.DialGuest(ctx, vm, port)
 }
 
 // Flash pulls and verifies ref through the node's image store (the pod's
@@ -602,7 +603,7 @@ func (c *consoleSession) Write(b []byte) (int, error) {
 		return 0, io.ErrClosedPipe
 	}
 	if c.release == nil {
-		rel, err := lockConsoleWriter(c.dir)
+		rel, err := guest.LockConsoleWriter(c.dir)
 		if err != nil {
 			c.mu.Unlock()
 			return 0, fmt.Errorf("console: %w", err)

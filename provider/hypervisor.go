@@ -5,6 +5,7 @@ import (
 	"net"
 
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/guest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 )
 
@@ -55,7 +56,7 @@ type VM interface {
 	Stats() (qemu.ProcStats, error)
 
 	// The guest side: exec, port forwards, the console, QMP.
-	GuestVM
+	guest.VM
 	// DialDisplay is a connection to the VNC server of a VM with a
 	// display (qemu.Spec.Display); an error for one without.
 	DialDisplay(ctx context.Context) (net.Conn, error)

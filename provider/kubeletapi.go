@@ -6,6 +6,7 @@ import (
 	"io"
 	"time"
 
+	"github.com/qemu-kubelet/qemu-kubelet/provider/guest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
 	"github.com/virtual-kubelet/virtual-kubelet/node/api"
@@ -76,11 +77,11 @@ func (p *VMs) consoleLogs(ctx context.Context, namespace, name, container string
 		}
 		return nil, errdefs.InvalidInputf("container %q in pod %q is waiting to start: %s", v.container, name, reason)
 	}
-	src := ConsoleLogSource{Dir: v.dir, Pod: namespace + "/" + name, Now: p.now}
+	src := guest.ConsoleLogSource{Dir: v.dir, Pod: namespace + "/" + name, Now: p.now}
 	if v.vm != nil {
 		src.Done = v.vm.Done()
 	}
-	return ConsoleLogs(ctx, src, opts)
+	return guest.ConsoleLogs(ctx, src, opts)
 }
 
 // attachToConsole serves AttachToContainer.
@@ -92,7 +93,7 @@ func (p *VMs) attachToConsole(ctx context.Context, namespace, name, container st
 	if v.vm == nil {
 		return errdefs.InvalidInputf("attach to pod %s/%s: its VM is not running", namespace, name)
 	}
-	if err := AttachConsole(ctx, v.vm, v.dir, attach); err != nil {
+	if err := guest.AttachConsole(ctx, v.vm, v.dir, attach); err != nil {
 		return fmt.Errorf("attach to the console of pod %s/%s: %w", namespace, name, err)
 	}
 	return nil
@@ -109,7 +110,7 @@ func (p *VMs) portForward(ctx context.Context, namespace, name string, port int3
 		stream.Close()
 		return errdefs.InvalidInputf("port-forward to pod %s/%s: its VM is not running", namespace, name)
 	}
-	if err := ForwardGuestPort(ctx, v.vm, port, stream); err != nil {
+	if err := guest.ForwardGuestPort(ctx, v.vm, port, stream); err != nil {
 		return fmt.Errorf("port-forward to port %d of pod %s/%s: %w", port, namespace, name, err)
 	}
 	return nil
@@ -124,5 +125,5 @@ func (p *VMs) execInVM(ctx context.Context, namespace, name, container string, c
 	if v.vm == nil {
 		return errdefs.InvalidInputf("exec in pod %s/%s: its VM is not running", namespace, name)
 	}
-	return Exec(ctx, v.vm, namespace, name, cmd, attach)
+	return guest.Exec(ctx, v.vm, namespace, name, cmd, attach)
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/qemu-kubelet/qemu-kubelet/provider/guest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/virtual-kubelet/virtual-kubelet/node/api"
@@ -27,13 +28,13 @@ func BenchmarkConsoleLogsTail(b *testing.B) {
 	for i := 0; line.Len() < 4<<20; i++ {
 		fmt.Fprintf(&line, "[%8d.000000] guest console line number %d with some text\n", i, i)
 	}
-	for _, n := range []string{consoleRotatedName, qemu.ConsoleLogName} {
+	for _, n := range []string{guest.ConsoleRotatedName, qemu.ConsoleLogName} {
 		if err := os.WriteFile(filepath.Join(dir, n), line.Bytes(), 0o600); err != nil {
 			b.Fatal(err)
 		}
 	}
 	ours := func() int {
-		rc, err := ConsoleLogs(context.Background(), ConsoleLogSource{Dir: dir, Pod: "ns/p"}, api.ContainerLogOpts{Tail: 100})
+		rc, err := guest.ConsoleLogs(context.Background(), guest.ConsoleLogSource{Dir: dir, Pod: "ns/p"}, api.ContainerLogOpts{Tail: 100})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -114,7 +115,7 @@ func BenchmarkPortForwardConnect(b *testing.B) {
 	ours := func() {
 		client, server := net.Pipe()
 		done := make(chan error, 1)
-		go func() { done <- ForwardGuestPort(ctx, vm, 8080, server) }()
+		go func() { done <- guest.ForwardGuestPort(ctx, vm, 8080, server) }()
 		get(client)
 		if err := <-done; err != nil {
 			b.Fatal(err)

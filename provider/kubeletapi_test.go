@@ -6,6 +6,8 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -163,4 +165,11 @@ func TestViewAndLogErrors(t *testing.T) {
 	b, _ := io.ReadAll(rc)
 	rc.Close()
 	assert.Equal(t, "last run\n", string(b))
+}
+
+func writeConsole(t *testing.T, dir, name, content string, mtime time.Time) {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	require.NoError(t, os.WriteFile(p, []byte(content), 0o600))
+	require.NoError(t, os.Chtimes(p, mtime, mtime))
 }

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/qemu-kubelet/qemu-kubelet/provider/guest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -199,7 +200,7 @@ func (g *guestProber) check(ctx context.Context, timeout time.Duration) (bool, s
 		if err != nil {
 			return false, err.Error()
 		}
-		return tcpCheck(ctx, boundedQuery(vmUsernet(g.vm), timeout), hp, port, timeout)
+		return tcpCheck(ctx, boundedQuery(guest.Usernet(g.vm), timeout), hp, port, timeout)
 	case h.HTTPGet != nil:
 		port, err := probePort(h.HTTPGet.Port, g.c)
 		if err != nil {
@@ -334,7 +335,7 @@ const probeQMPMin = 5 * time.Second
 
 // boundedQuery bounds each QMP query of q by max(timeout, probeQMPMin): a
 // probe against a hung QEMU fails instead of waiting forever.
-func boundedQuery(q usernetQuery, timeout time.Duration) usernetQuery {
+func boundedQuery(q guest.UsernetQuery, timeout time.Duration) guest.UsernetQuery {
 	return func(ctx context.Context) (string, error) {
 		ctx, cancel := context.WithTimeout(ctx, max(timeout, probeQMPMin))
 		defer cancel()
@@ -344,14 +345,14 @@ func boundedQuery(q usernetQuery, timeout time.Duration) usernetQuery {
 
 // tcpCheck connects through the forward and waits up to timeout for the
 // guest to accept (see awaitGuest).
-func tcpCheck(ctx context.Context, query usernetQuery, hostPort, guestPort int, timeout time.Duration) (bool, string) {
+func tcpCheck(ctx context.Context, query guest.UsernetQuery, hostPort, guestPort int, timeout time.Duration) (bool, string) {
 	d := net.Dialer{Timeout: timeout}
 	conn, err := d.DialContext(ctx, "tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(hostPort)))
 	if err != nil {
 		return false, fmt.Sprintf("dial tcp guest port %d: %v", guestPort, err)
 	}
 	defer conn.Close()
-	if _, err := awaitGuest(ctx, query, conn, hostPort, timeout); err != nil {
+	if _, err := guest.AwaitGuest(ctx, query, conn, hostPort, timeout); err != nil {
 		return false, fmt.Sprintf("dial tcp guest port %d: %v", guestPort, err)
 	}
 	return true, ""

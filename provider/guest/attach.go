@@ -1,4 +1,4 @@
-package provider
+package guest
 
 import (
 	"context"
@@ -21,9 +21,9 @@ const ConsoleWriterLockName = "console.writer.lock"
 // ErrConsoleBusy: another attachment already writes to the console.
 var ErrConsoleBusy = errors.New("another session is attached to the console with stdin (one writer at a time); attach without -i/--stdin to only read")
 
-// lockConsoleWriter takes the console writer lock of the state dir dir
+// LockConsoleWriter takes the console writer lock of the state dir dir
 // without waiting. The returned func releases it.
-func lockConsoleWriter(dir string) (func(), error) {
+func LockConsoleWriter(dir string) (func(), error) {
 	f, err := os.OpenFile(filepath.Join(dir, ConsoleWriterLockName), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("console writer lock: %w", err)
@@ -45,13 +45,13 @@ func lockConsoleWriter(dir string) (func(), error) {
 // VM exits; the end of stdin gives up the writer role but keeps the output
 // flowing, as a kubelet does for a container without stdinOnce. Terminal
 // resizes are accepted and ignored (a serial line has no window size).
-func AttachConsole(ctx context.Context, vm GuestVM, dir string, attach api.AttachIO) error {
+func AttachConsole(ctx context.Context, vm VM, dir string, attach api.AttachIO) error {
 	log := klog.FromContext(ctx)
 	stdin := attach.Stdin()
 	release := func() {}
 	if stdin != nil {
 		var err error
-		if release, err = lockConsoleWriter(dir); err != nil {
+		if release, err = LockConsoleWriter(dir); err != nil {
 			return err
 		}
 	}

@@ -1,4 +1,4 @@
-package provider
+package guest
 
 import (
 	"context"
@@ -7,9 +7,9 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 )
 
-// GuestVM is what the kubelet API's streams (logs, attach, port-forward,
+// VM is what the kubelet API's streams (logs, attach, port-forward,
 // exec) use of a running VM.
-type GuestVM interface {
+type VM interface {
 	// Done is closed once the VM has ended and its Exit is known.
 	Done() <-chan struct{}
 	// GuestExec runs a command in the guest (its guest agent).

@@ -1,4 +1,4 @@
-package provider
+package guest
 
 import (
 	"context"
@@ -23,7 +23,7 @@ import (
 // host port, which is unique to one connection here (every forward gets its
 // own host port and carries one connection at a time).
 
-// awaitGuest looks at QEMU's connections after guestPollFirst, then at
+// AwaitGuest looks at QEMU's connections after guestPollFirst, then at
 // doubling intervals up to guestPollMax (a guest on the same host answers in
 // about a millisecond; a booting one takes seconds).
 const (
@@ -62,10 +62,10 @@ func guestAccepted(out string, hostPort int) bool {
 	return false
 }
 
-// usernetQuery returns QEMU's `info usernet` text.
-type usernetQuery func(ctx context.Context) (string, error)
+// UsernetQuery returns QEMU's `info usernet` text.
+type UsernetQuery func(ctx context.Context) (string, error)
 
-func vmUsernet(vm GuestVM) usernetQuery {
+func Usernet(vm VM) UsernetQuery {
 	return func(ctx context.Context) (string, error) {
 		var out string
 		err := vm.QMP(ctx, "human-monitor-command", map[string]any{"command-line": "info usernet"}, &out)
@@ -73,11 +73,11 @@ func vmUsernet(vm GuestVM) usernetQuery {
 	}
 }
 
-// awaitGuest waits up to timeout until the guest accepted the connection
+// AwaitGuest waits up to timeout until the guest accepted the connection
 // conn made to forward host port hostPort. Bytes the guest already sent
 // are returned (they must reach the client). A closed connection before
 // that is ErrGuestPortClosed; no answer in time is ErrGuestNoAnswer.
-func awaitGuest(ctx context.Context, query usernetQuery, conn net.Conn, hostPort int, timeout time.Duration) ([]byte, error) {
+func AwaitGuest(ctx context.Context, query UsernetQuery, conn net.Conn, hostPort int, timeout time.Duration) ([]byte, error) {
 	deadline := time.Now().Add(timeout)
 	interval := guestPollFirst
 	buf := make([]byte, 32<<10)
@@ -118,7 +118,7 @@ func awaitGuest(ctx context.Context, query usernetQuery, conn net.Conn, hostPort
 // guestPort of the VM: a runtime forward 127.0.0.1:<free port> -> guest
 // port is added for this connection and removed when it ends. A guest port
 // nothing listens on gives ErrGuestPortClosed.
-func ForwardGuestPort(ctx context.Context, vm GuestVM, guestPort int32, stream io.ReadWriteCloser) error {
+func ForwardGuestPort(ctx context.Context, vm VM, guestPort int32, stream io.ReadWriteCloser) error {
 	defer stream.Close()
 	gc, first, err := dialGuest(ctx, vm, int(guestPort))
 	if err != nil {
@@ -151,7 +151,7 @@ func (c *guestConn) Close() error {
 // (the one kubectl port-forward uses) and waits until the guest accepted:
 // a port nothing listens on gives ErrGuestPortClosed. first holds bytes
 // the guest already sent.
-func dialGuest(ctx context.Context, vm GuestVM, guestPort int) (*guestConn, []byte, error) {
+func dialGuest(ctx context.Context, vm VM, guestPort int) (*guestConn, []byte, error) {
 	log := klog.FromContext(ctx)
 	hostPort, err := vm.ForwardPort(ctx, guestPort, 0)
 	if err != nil {
@@ -170,7 +170,7 @@ func dialGuest(ctx context.Context, vm GuestVM, guestPort int) (*guestConn, []by
 		remove()
 		return nil, nil, fmt.Errorf("connect to guest port %d: %w", guestPort, err)
 	}
-	first, err := awaitGuest(ctx, vmUsernet(vm), conn, hostPort, GuestAcceptTimeout)
+	first, err := AwaitGuest(ctx, Usernet(vm), conn, hostPort, GuestAcceptTimeout)
 	if err != nil {
 		conn.Close()
 		remove()
@@ -221,7 +221,7 @@ func pipeBoth(ctx context.Context, conn *net.TCPConn, stream io.ReadWriteCloser)
 // DialGuest connects to TCP port port of vm's guest (ErrGuestPortClosed
 // when nothing listens there): the connection reads first what the guest
 // sent while the dial checked it accepted.
-func DialGuest(ctx context.Context, vm GuestVM, port int) (net.Conn, error) {
+func DialGuest(ctx context.Context, vm VM, port int) (net.Conn, error) {
 	gc, first, err := dialGuest(ctx, vm, port)
 	if err != nil {
 		return nil, err

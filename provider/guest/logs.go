@@ -1,4 +1,4 @@
-package provider
+package guest
 
 import (
 	"bytes"
@@ -32,8 +32,8 @@ import (
 // --tail 0 cannot be told from "no --tail" (the library parses both to 0),
 // so it shows everything.
 
-// consoleRotatedName is package qemu's rotated generation of console.log.
-const consoleRotatedName = qemu.ConsoleLogName + ".1"
+// ConsoleRotatedName is package qemu's rotated generation of console.log.
+const ConsoleRotatedName = qemu.ConsoleLogName + ".1"
 
 // consoleSegment is one console file's content and modification time.
 type consoleSegment struct {
@@ -153,7 +153,7 @@ func ConsoleLogs(ctx context.Context, src ConsoleLogSource, opts api.ContainerLo
 	}
 	since := logSince(opts, now())
 	var segs []consoleSegment
-	names := []string{consoleRotatedName, qemu.ConsoleLogName}
+	names := []string{ConsoleRotatedName, qemu.ConsoleLogName}
 	if opts.Previous {
 		names = []string{qemu.ConsolePreviousLogName}
 		if _, err := os.Stat(filepath.Join(src.Dir, qemu.ConsolePreviousLogName)); errors.Is(err, os.ErrNotExist) {

@@ -1,4 +1,4 @@
-package provider
+package guest
 
 import (
 	"context"
@@ -32,7 +32,7 @@ var ErrExecTTY = errors.New("interactive exec with a tty (kubectl exec -t) is no
 
 // Exec runs cmd in the guest of vm, the VM of pod namespace/name (see
 // above).
-func Exec(ctx context.Context, vm GuestVM, namespace, name string, cmd []string, attach api.AttachIO) error {
+func Exec(ctx context.Context, vm VM, namespace, name string, cmd []string, attach api.AttachIO) error {
 	if len(cmd) == 0 || cmd[0] == "" {
 		return errdefs.InvalidInputf("exec in pod %s/%s: no command given", namespace, name)
 	}

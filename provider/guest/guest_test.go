@@ -1,10 +1,11 @@
-package provider
+package guest
 
 import (
 	"bytes"
 	"context"
 	"errors"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -112,7 +113,7 @@ func TestLimitAndStampWriters(t *testing.T) {
 	assert.Equal(t, ts+"one\n"+ts+"two\n"+ts+"three\n", buf.String())
 }
 
-// writeConsole fakes a pod state dir's console files with given mtimes.
+// WriteConsole fakes a pod state dir's console files with given mtimes.
 func writeConsole(t *testing.T, dir, name, content string, mtime time.Time) {
 	t.Helper()
 	p := filepath.Join(dir, name)
@@ -123,7 +124,7 @@ func writeConsole(t *testing.T, dir, name, content string, mtime time.Time) {
 func TestConsoleLogsFiles(t *testing.T) {
 	dir := t.TempDir()
 	old := time.Now().Add(-time.Hour)
-	writeConsole(t, dir, consoleRotatedName, "rot1\nrot2\n", old)
+	writeConsole(t, dir, ConsoleRotatedName, "rot1\nrot2\n", old)
 	writeConsole(t, dir, qemu.ConsoleLogName, "cur1\ncur2\n", time.Now())
 	read := func(opts api.ContainerLogOpts) (string, error) {
 		rc, err := ConsoleLogs(context.Background(), ConsoleLogSource{Dir: dir, Pod: "ns/p"}, opts)
@@ -186,12 +187,12 @@ func TestConsoleLogsFollow(t *testing.T) {
 
 func TestConsoleWriterLock(t *testing.T) {
 	dir := t.TempDir()
-	rel, err := lockConsoleWriter(dir)
+	rel, err := LockConsoleWriter(dir)
 	require.NoError(t, err)
-	_, err = lockConsoleWriter(dir)
+	_, err = LockConsoleWriter(dir)
 	assert.ErrorIs(t, err, ErrConsoleBusy)
 	rel()
-	rel2, err := lockConsoleWriter(dir)
+	rel2, err := LockConsoleWriter(dir)
 	require.NoError(t, err, "the lock is free again once released")
 	rel2()
 }
@@ -219,23 +220,23 @@ func TestGuestAccepted(t *testing.T) {
 
 func TestAwaitGuest(t *testing.T) {
 	ctx := context.Background()
-	fixed := func(out string) usernetQuery {
+	fixed := func(out string) UsernetQuery {
 		return func(context.Context) (string, error) { return out, nil }
 	}
 	// QEMU closes the host side: the guest refused.
 	a, b := tcpPair(t)
 	b.Close()
-	_, err := awaitGuest(ctx, fixed(usernetSample), a, 18931, 2*time.Second)
+	_, err := AwaitGuest(ctx, fixed(usernetSample), a, 18931, 2*time.Second)
 	assert.ErrorIs(t, err, ErrGuestPortClosed)
 
 	// Still SYN_SENT at the deadline: no answer.
 	a, _ = tcpPair(t)
-	_, err = awaitGuest(ctx, fixed(usernetSample), a, 18931, 200*time.Millisecond)
+	_, err = AwaitGuest(ctx, fixed(usernetSample), a, 18931, 200*time.Millisecond)
 	assert.ErrorIs(t, err, ErrGuestNoAnswer)
 
 	// Established: accepted, nothing read.
 	a, b = tcpPair(t)
-	got, err := awaitGuest(ctx, fixed(usernetSample), a, 18932, time.Second)
+	got, err := AwaitGuest(ctx, fixed(usernetSample), a, 18932, time.Second)
 	require.NoError(t, err)
 	assert.Empty(t, got)
 
@@ -249,12 +250,30 @@ func TestAwaitGuest(t *testing.T) {
 		}
 		return usernetSample, nil
 	}
-	got, err = awaitGuest(ctx, later, a, 18931, 5*time.Second)
+	got, err = AwaitGuest(ctx, later, a, 18931, 5*time.Second)
 	require.NoError(t, err)
 	assert.Equal(t, "SSH-2.0-x\r\n", string(got))
 
 	// QEMU cannot be asked: an error naming that.
 	a, _ = tcpPair(t)
-	_, err = awaitGuest(ctx, func(context.Context) (string, error) { return "", errors.New("QMP gone") }, a, 1, time.Second)
+	_, err = AwaitGuest(ctx, func(context.Context) (string, error) { return "", errors.New("QMP gone") }, a, 1, time.Second)
 	assert.ErrorContains(t, err, "ask QEMU for the connection state: QMP gone")
+}
+
+func tcpPair(t *testing.T) (net.Conn, net.Conn) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	acc := make(chan net.Conn, 1)
+	go func() {
+		c, _ := l.Accept()
+		acc <- c
+	}()
+	a, err := net.Dial("tcp", l.Addr().String())
+	require.NoError(t, err)
+	b := <-acc
+	require.NotNil(t, b)
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return a, b
 }
