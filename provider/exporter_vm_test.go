@@ -444,7 +444,7 @@ func TestJumpstarterExporterVM(t *testing.T) {
 
 		_, err = s.Call(ctx, uuidOf("power"), "off")
 		require.NoError(t, err)
-		h.wait(pod.UID, 5*time.Second, "PoweredOff", func(p *corev1.Pod) bool { return waitingReason(p) == ReasonPoweredOff })
+		h.wait(pod.UID, 5*time.Second, "PoweredOff", func(p *corev1.Pod) bool { return waitingReason(p) == podstatus.ReasonPoweredOff })
 		back := sha256.New()
 		cw := &countWriter{w: back}
 		require.NoError(t, s.Dump(ctx, uuidOf("flasher"), cw, "root", ""))
