@@ -6,11 +6,13 @@ import (
 	"io"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/guest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
 	"github.com/virtual-kubelet/virtual-kubelet/node/api"
 	corev1 "k8s.io/api/core/v1"
+	statsv1alpha1 "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 )
 
 // podView is what the kubelet API handlers (logs, attach, port-forward,
@@ -126,4 +128,34 @@ func (p *VMs) execInVM(ctx context.Context, namespace, name, container string, c
 		return errdefs.InvalidInputf("exec in pod %s/%s: its VM is not running", namespace, name)
 	}
 	return guest.Exec(ctx, v.vm, namespace, name, cmd, attach)
+}
+
+// GetContainerLogs returns the VM's serial console (logs.go).
+func (p *VMs) GetContainerLogs(ctx context.Context, namespace, podName, containerName string, opts api.ContainerLogOpts) (io.ReadCloser, error) {
+	return p.consoleLogs(ctx, namespace, podName, containerName, opts)
+}
+
+// RunInContainer: exec needs a guest agent (exec.go).
+func (p *VMs) RunInContainer(ctx context.Context, namespace, podName, containerName string, cmd []string, attach api.AttachIO) error {
+	return p.execInVM(ctx, namespace, podName, containerName, cmd, attach)
+}
+
+// AttachToContainer attaches to the VM's serial console (attach.go).
+func (p *VMs) AttachToContainer(ctx context.Context, namespace, podName, containerName string, attach api.AttachIO) error {
+	return p.attachToConsole(ctx, namespace, podName, containerName, attach)
+}
+
+// PortForward forwards to a guest TCP port (portforward.go).
+func (p *VMs) PortForward(ctx context.Context, namespace, pod string, port int32, stream io.ReadWriteCloser) error {
+	return p.portForward(ctx, namespace, pod, port, stream)
+}
+
+// GetStatsSummary reports the node and each VM's QEMU process (stats.go).
+func (p *VMs) GetStatsSummary(ctx context.Context) (*statsv1alpha1.Summary, error) {
+	return p.statsSummary(ctx)
+}
+
+// GetMetricsResource is /metrics/resource for metrics-server (stats.go).
+func (p *VMs) GetMetricsResource(ctx context.Context) ([]*dto.MetricFamily, error) {
+	return p.metricsResource(ctx)
 }

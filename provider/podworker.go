@@ -8,7 +8,7 @@ import (
 )
 
 // The pod worker as a state machine, like the kubelet's pod workers: one
-// goroutine per pod (run, in lifecycle.go) owns the pod's VM; it waits in
+// goroutine per pod (run, in worker.go) owns the pod's VM; it waits in
 // the current state for the next event (a step: start the VM, wait for its
 // exit, a request, the back-off timer, a delete), asks next what that event
 // means, and carries out the actions next returns. next is pure: every

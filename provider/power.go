@@ -18,7 +18,7 @@ import (
 
 // Power and flash requests: the pod's exporter (exporter.go, the
 // jumpstarter.Target of the VM) sends them to the pod's worker (run in
-// lifecycle.go), which alone stops, starts and re-images the VM.
+// worker.go), which alone stops, starts and re-images the VM.
 
 // vmOp is what a request asks of the worker.
 type vmOp int
@@ -82,7 +82,7 @@ func (r *vmRequest) refuse(err error) {
 }
 
 // workerPhase is a phase of the pod worker in which it serves requests
-// (lifecycle.go describes them all).
+// (worker.go describes them all).
 type workerPhase int
 
 const (

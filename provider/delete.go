@@ -1,0 +1,85 @@
+package provider
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
+	"github.com/qemu-kubelet/qemu-kubelet/qemu"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+)
+
+// finishDelete stops the VM (if any) within the grace period, removes the
+// state dir, pushes the terminal status and forgets the pod.
+func (p *VMs) finishDelete(rec *podVM, vm VM) {
+	rec.mu.Lock()
+	if vm == nil {
+		vm = rec.vm
+	}
+	grace := rec.grace
+	pod := rec.pod.DeepCopy()
+	rejected := rec.state.Rejection != nil
+	rec.mu.Unlock()
+	log := p.log.WithValues("pod", klog.KObj(pod), "uid", rec.uid)
+	ctx := context.WithoutCancel(p.base)
+	// The exporter unregisters first: no lease lands on a VM going away.
+	rec.stopExporter()
+	p.dropSnapshotClaim(rec)
+
+	if !rejected {
+		if vm != nil {
+			acpi := podstatus.ACPIBudget(grace)
+			p.event(pod, corev1.EventTypeNormal, "Killing", fmt.Sprintf("Stopping VM (ACPI power button, %s before quit)", acpi.Round(time.Second)))
+			// Everything is kept until the disk's reclaim policy is applied
+			// below.
+			ex, err := vm.Stop(ctx, qemu.StopOptions{Grace: acpi, QuitGrace: 2 * time.Second, Keep: []string{"*"}})
+			if err != nil {
+				log.Error(err, "Stop VM")
+			}
+			log.Info("VM stopped", "exitCode", ex.ExitCode, "reason", ex.Reason)
+			p.cfg.Telemetry.VMExited(rec.uid, ex)
+			rec.mu.Lock()
+			started := time.Now()
+			if rec.state.Running != nil {
+				started = rec.state.Running.StartedAt.Time
+			}
+			rec.state.SetTerminated(podstatus.TerminatedFromExit(ex, started, podstatus.ContainerIDPrefix+string(rec.uid)))
+			rec.vm = nil
+			rec.mu.Unlock()
+		} else {
+			rec.mu.Lock()
+			if rec.state.Terminated == nil {
+				now := p.now()
+				rec.state.SetTerminated(corev1.ContainerStateTerminated{ExitCode: 137, Reason: "ContainerStatusUnknown",
+					Message: "the pod was deleted before its VM started", StartedAt: podstatus.MetaTime(now), FinishedAt: podstatus.MetaTime(now)})
+			}
+			rec.mu.Unlock()
+		}
+		if p.reclaimDisk(ctx, rec, pod) { // state.go: the disk kept first, if asked
+			if err := qemu.CleanStateDir(rec.dir, nil); err != nil {
+				log.Error(err, "Remove pod state dir")
+			}
+		}
+		p.releaseImage(rec)
+	}
+	rec.mu.Lock()
+	rec.state.Final = true
+	rec.removed = true
+	rec.mu.Unlock()
+	p.push(rec)
+	p.pump.Flush(rec.uid) // the terminal status reaches the library before the pod goes
+	p.mu.Lock()
+	if p.pods[rec.uid] == rec {
+		delete(p.pods, rec.uid)
+	}
+	p.mu.Unlock()
+	rec.waitExporter(10 * time.Second)
+	log.Info("Pod deleted from node")
+	if p.cfg.ForceDelete != nil && pod.DeletionTimestamp != nil {
+		if err := p.cfg.ForceDelete(ctx, p.snapshot(rec)); err != nil {
+			log.V(1).Info("Final delete of pod", "err", err)
+		}
+	}
+}

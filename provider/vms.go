@@ -1,0 +1,339 @@
+package provider
+
+import (
+	"context"
+	"encoding/json"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/telemetry"
+	"github.com/qemu-kubelet/qemu-kubelet/qemu"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+)
+
+// Files of a pod's state dir (<stateDir>/vms/<pod uid>/), next to the
+// ones package qemu keeps there (spec.json, console.log, sockets...).
+const (
+	// PodFileName is the intent record: the pod as bound, written by its
+	// worker before anything else is created for it, so a restart finds
+	// every pod it had started to create a VM for.
+	PodFileName = "pod.json"
+	// StatusFileName is the VMState, rewritten on every transition.
+	StatusFileName = "status.json"
+	// OverlayFileName is the VM's writable disk (qcow2 over the image).
+	OverlayFileName = "disk.qcow2"
+	// VMsDirName is the directory under the node's state dir holding one
+	// directory per pod UID.
+	VMsDirName = "vms"
+)
+
+// VMsConfig configures the VM pod handler.
+type VMsConfig struct {
+	NodeName string
+	// NodeIP is reported as hostIP and podIP.
+	NodeIP string
+	// StateDir is the node's state dir; pods live under StateDir/vms/<uid>.
+	StateDir   string
+	QEMUBinary string
+	// Hypervisor starts and re-adopts the VMs (nil: QEMU{}, package
+	// qemu); tests pass fakes.
+	Hypervisor Hypervisor
+	// Arch is the guest architecture of the node's VMs (default the
+	// host's): machine types, the kernel console and the QEMU binary follow.
+	Arch qemu.Arch
+	// Accelerator the node probed: "kvm" or "tcg".
+	Accelerator string
+	// Images is the image cache; ImageDir its root (VMs may open files
+	// under it read-only). nil: no store (flash is refused).
+	Images   ImageStore
+	ImageDir string
+	// Allocatable returns the node's current allocatable (admission).
+	Allocatable func() corev1.ResourceList
+	// Secrets reads a pull secret (nil: pull secrets are ignored) or a
+	// secret a volume or env var refers to (nil: such pods wait).
+	Secrets func(ctx context.Context, namespace, name string) (*corev1.Secret, error)
+	// ConfigMaps reads a config map a volume or env var refers to.
+	ConfigMaps func(ctx context.Context, namespace, name string) (*corev1.ConfigMap, error)
+	// Recorder receives kubelet-style pod events (optional).
+	Recorder record.EventRecorder
+	// ForceDelete writes the final status of a deleted pod and removes it
+	// from the API server once its VM is gone, as the kubelet does
+	// (optional: the library otherwise deletes it when the grace period
+	// ends). pod carries the terminal status.
+	ForceDelete func(ctx context.Context, pod *corev1.Pod) error
+	// Backoff for image pulls and crash loops (default DefaultBackoff).
+	Backoff podstatus.Backoff
+	// ErrImagePullHold is how long ErrImagePull is shown before
+	// ImagePullBackOff (default 2s).
+	ErrImagePullHold time.Duration
+	// UEFICode and UEFIVars are OVMF files; empty: UEFI pods are refused.
+	UEFICode, UEFIVars string
+	// StartTimeout bounds a QEMU start (default 60s).
+	StartTimeout time.Duration
+	// DefaultGrace is the grace period when a pod gives none (default 30s).
+	DefaultGrace time.Duration
+	// Telemetry receives start/exit metrics and spans (optional; tracing.go).
+	Telemetry *telemetry.Telemetry
+	// Exporters runs the Jumpstarter exporters of pods that name an
+	// exporter Secret (exporter.go); nil: such pods show the exporter
+	// condition Failed (their VMs still run).
+	Exporters ExporterRunner
+	// Memory is the node's memory tuning, given to every VM (vmMemory in
+	// the node configuration).
+	Memory qemu.MemoryTuning
+	// VMNice is the nice value of every QEMU (vmNice in the node
+	// configuration).
+	VMNice int
+	// EmulatedKernelArgs are added to the command line of an x86-64
+	// kernel booted directly under TCG (emulatedKernelArgs in the node
+	// configuration; EmulatedKernelCmdline).
+	EmulatedKernelArgs []string
+	// VMOverhead is QEMU's own memory per VM in bytes, counted by
+	// admission next to the pod's memory request (podspec.Admit).
+	VMOverhead int64
+	// VMCgroup, when set (vmCgroup mode Own), runs every QEMU in a cgroup
+	// of its own under its Root and Parent, with the limits VMCgroup
+	// (cgroup.go) derives from the pod; nil: the agent's cgroup.
+	VMCgroup *qemu.Cgroup
+	// Features in force at start (nil: the defaults); SetFeatures swaps
+	// them on a reload (features.go).
+	Features *config.FeatureConfig
+}
+
+// VMs is the pod side of the provider: every pod bound to the node becomes
+// one QEMU VM. It implements the virtual-kubelet PodLifecycleHandler and
+// PodNotifier: status is pushed on every transition (pull results, VM start,
+// VM exit events), never polled.
+type VMs struct {
+	cfg  VMsConfig
+	base context.Context
+	log  klog.Logger
+	now  func() time.Time
+
+	// features are the features in force: written by SetFeatures (the
+	// reload's owner), read anywhere (features.go).
+	features atomic.Pointer[config.FeatureConfig]
+
+	mu     sync.Mutex
+	pods   map[types.UID]*podVM
+	notify func(*corev1.Pod)
+	// featuresChanged is closed (and replaced) by SetFeatures: it wakes
+	// the pods held for features.
+	featuresChanged chan struct{}
+	// pump delivers statuses to notify, per pod, newest only (statuspump.go).
+	pump podstatus.StatusPump
+	// snaps: who creates which memory snapshot (snapshots.go).
+	snaps snapshotStore
+}
+
+// podVM is one pod and its VM. Its worker goroutine owns the VM; other
+// methods only read the state and send requests.
+type podVM struct {
+	uid types.UID
+	dir string
+
+	mu sync.Mutex
+	// pod is the pod as bound, with its current metadata: replaced under
+	// mu, never changed in place, so a pointer read under mu stays valid.
+	pod      *corev1.Pod
+	plan     podspec.Plan
+	state    podstatus.VMState
+	vm       VM
+	release  func()
+	deleting bool
+	grace    time.Duration
+	removed  bool
+	// pendingExit: recovered with a VM that ended while nobody watched;
+	// the restart policy still has to be applied.
+	pendingExit bool
+	// probes is the readiness of the current run (probes.go); nil: no
+	// readiness probe.
+	probes *probeState
+	// Snapshot start (snapshots.go), set by the worker: snapClaim is the
+	// snapshot this run saves at readiness (taken by captureSnapshot);
+	// snapUsed the snapshot the run was restored from; snapRestoreFailed
+	// makes the next decision boot.
+	snapClaim         *snapshotClaim
+	snapUsed          *snapshotUse
+	snapRestoreFailed bool
+
+	// apiResourceVersion: the resourceVersion of the API server's copy
+	// whose status disagreed with the node's (statusresync.go); sent with
+	// the next status so the library does not skip it as already sent.
+	apiResourceVersion string
+	resyncs            int
+
+	// ctl carries power and flash requests (exporter.go) to the worker.
+	ctl chan vmRequest
+	// exporter is the state of the pod's Jumpstarter exporter (nil: none),
+	// shown as a pod condition; written by the exporter supervisor.
+	exporter *exporterStatus
+	// waiter is a power on or flash request answered by the next start's
+	// result (worker goroutine only).
+	waiter chan<- error
+	// stopExp ends the exporter supervisor; expDone is closed when it has
+	// ended (both nil: no exporter).
+	stopExp context.CancelFunc
+	expDone chan struct{}
+	// expStarted: the supervisor was started once (never again: it lives
+	// with the pod).
+	expStarted bool
+	// persistMu orders the writes of status.json (persist.go);
+	// persistFailing: the last write failed (an event was sent).
+	persistMu      sync.Mutex
+	persistFailing bool
+	// unrecorded: the intent record (pod.json) is not written yet: the
+	// worker writes it before anything of the VM exists (record). Set by
+	// CreatePod before the worker starts; the worker's alone after.
+	unrecorded bool
+
+	deleteReq chan struct{} // closed by DeletePod
+	confirmed chan struct{} // closed once the pod is known to still exist
+	confirm   sync.Once
+	done      chan struct{} // closed when the worker ends
+}
+
+// NewVMs returns the pod handler. ctx bounds the workers: when it ends they
+// detach from their VMs, which keep running for the next start to adopt.
+// Call Recover before handing it to the pod controller.
+func NewVMs(ctx context.Context, cfg VMsConfig) *VMs {
+	if cfg.Backoff.Initial <= 0 {
+		cfg.Backoff = podstatus.DefaultBackoff
+	}
+	if cfg.ErrImagePullHold <= 0 {
+		cfg.ErrImagePullHold = 2 * time.Second
+	}
+	if cfg.StartTimeout <= 0 {
+		cfg.StartTimeout = 60 * time.Second
+	}
+	if cfg.DefaultGrace <= 0 {
+		cfg.DefaultGrace = 30 * time.Second
+	}
+	if cfg.Hypervisor == nil {
+		cfg.Hypervisor = QEMU{}
+	}
+	p := &VMs{cfg: cfg, base: ctx, log: klog.FromContext(ctx).WithName("vms"), now: time.Now, pods: map[types.UID]*podVM{}, featuresChanged: make(chan struct{})}
+	p.features.Store(cfg.Features)
+	return p
+}
+
+func (p *VMs) vmsDir() string { return filepath.Join(p.cfg.StateDir, VMsDirName) }
+
+func (p *VMs) podDir(uid types.UID) string { return filepath.Join(p.vmsDir(), string(uid)) }
+
+// findLocked returns the live record for namespace/name: the one not being
+// deleted, else any.
+func (p *VMs) findLocked(namespace, name string) *podVM {
+	var any *podVM
+	for _, r := range p.pods {
+		r.mu.Lock()
+		match := r.pod.Namespace == namespace && r.pod.Name == name && !r.removed
+		deleting := r.deleting
+		r.mu.Unlock()
+		if !match {
+			continue
+		}
+		if !deleting {
+			return r
+		}
+		any = r
+	}
+	return any
+}
+
+// activePodsLocked: admitted, not finished, not being deleted.
+func (p *VMs) activePodsLocked() []*corev1.Pod {
+	var out []*corev1.Pod
+	for _, r := range p.pods {
+		r.mu.Lock()
+		if !r.deleting && !r.state.Final && r.state.Rejection == nil {
+			out = append(out, podspec.WithMemoryClaim(r.pod, r.state.Size.memoryBytes())) // vmsize.go
+		}
+		r.mu.Unlock()
+	}
+	return out
+}
+
+func (p *VMs) allocatable() corev1.ResourceList {
+	if p.cfg.Allocatable == nil {
+		return nil
+	}
+	return p.cfg.Allocatable()
+}
+
+// snapshot is the pod with its current status.
+func (p *VMs) snapshot(rec *podVM) *corev1.Pod {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	pod := rec.pod.DeepCopy()
+	if rec.apiResourceVersion != "" {
+		pod.ResourceVersion = rec.apiResourceVersion // statusresync.go
+	}
+	pod.Status = podstatus.PodStatus(rec.pod, rec.state, p.cfg.NodeIP, p.now())
+	applyProbes(&pod.Status, rec.pod, rec.probes) // probes.go: readiness probe result
+	applyExporter(&pod.Status, rec.exporter)      // exporter.go: Jumpstarter exporter condition
+	applyVMSize(&pod.Status, rec.state.Size)      // vmsize.go: a size set through the exporter
+	return pod
+}
+
+// push has the pod's current status sent to the library: asynchronously,
+// coalesced per pod and in order (statuspump.go).
+func (p *VMs) push(rec *podVM) {
+	p.pump.Push(rec.uid, func() {
+		p.mu.Lock()
+		cb := p.notify
+		p.mu.Unlock()
+		pod := p.snapshot(rec)
+		sent := time.Now()
+		if cb != nil {
+			cb(pod)
+		}
+		p.cfg.Telemetry.StatusDelivered(p.log, pod, sent, time.Now()) // timeline.go
+		if podstatus.Ready(pod) {
+			p.startExporter(p.base, rec) // exporter.go: first Ready; idempotent
+		}
+	})
+	p.observeReady(rec) // tracing.go: boot ends when the pod turns Ready
+}
+
+func (p *VMs) event(pod *corev1.Pod, typ, reason, msg string) {
+	p.mu.Lock()
+	r := p.cfg.Recorder
+	p.mu.Unlock()
+	if r != nil {
+		r.Event(pod, typ, reason, msg)
+	}
+}
+
+// SetRecorder sets the recorder of pod events (e.g. once the pod
+// controller's event broadcaster exists).
+func (p *VMs) SetRecorder(r record.EventRecorder) {
+	p.mu.Lock()
+	p.cfg.Recorder = r
+	p.mu.Unlock()
+}
+
+// update changes the state under the lock, persists it and pushes it.
+func (p *VMs) update(rec *podVM, f func(st *podstatus.VMState)) {
+	rec.mu.Lock()
+	f(&rec.state)
+	rec.mu.Unlock()
+	p.persist(rec) // persist.go
+	p.push(rec)
+}
+
+func writeJSONAtomic(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(path, append(b, '\n')) // persist.go
+}

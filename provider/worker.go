@@ -1,0 +1,409 @@
+package provider
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/telemetry"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+)
+
+// The pod worker's executor: it waits for the events of the pure
+// machine in podworker.go and carries out its actions.
+
+// Who owns what (one pod):
+//   - the worker goroutine (run) alone starts, stops and replaces the VM,
+//     its overlay and the image it boots: every power and flash request of
+//     the pod's Jumpstarter exporter (exporter.go) is sent to it on rec.ctl
+//     and answered on the request's reply channel, so power, flash, delete,
+//     restart and recovery never race;
+//   - the console and guest port forwards (kubectl attach/port-forward,
+//     the exporter's console and TCP drivers) use the running VM
+//     read from rec.vm under rec.mu; they never change its lifecycle
+//     (VM methods are safe for concurrent use);
+//   - the exporter supervisor goroutine (exporter.go) owns the exporter
+//     and rec.exporter (the condition it shows).
+//
+// The worker is a state machine (podworker.go): its states, events and
+// transitions are there; run only waits for events and does the actions.
+// The exporter (exporter.go) starts once the pod is first Ready (push) or
+// is found powered off, and then lives with the pod: a lease never lands on
+// a target still pulling its image or booting, and a powered-off VM still
+// answers power on.
+
+// worker is the executor of one pod's state machine: what the pure state
+// (podWorker) does not hold. Worker goroutine only.
+type worker struct {
+	p   *VMs
+	rec *podVM
+	ctx context.Context
+	log klog.Logger
+	pod *corev1.Pod
+	// vm is the running VM (nil: none).
+	vm VM
+	// req is the request being served (evRequest, statePoweringOff,
+	// stateFlashing).
+	req vmRequest
+	// backoff fires at the end of the crash-loop back-off (nil: no wait).
+	backoff *time.Timer
+}
+
+// run owns one pod's VM until the pod is deleted or the provider stops.
+func (p *VMs) run(rec *podVM) {
+	defer close(rec.done)
+	rec.mu.Lock()
+	pod := rec.pod.DeepCopy()
+	f := recoveredFacts{final: rec.state.Final, vm: rec.vm != nil, pendingExit: rec.pendingExit, poweredOff: rec.state.PoweredOff}
+	w := &worker{p: p, rec: rec, pod: pod, vm: rec.vm}
+	rec.pendingExit = false
+	rec.mu.Unlock()
+	w.log = p.log.WithValues("pod", klog.KObj(pod), "uid", rec.uid)
+	w.ctx = klog.NewContext(p.base, w.log)
+	defer w.answer(errWorkerGone)
+	defer w.stopBackOff()
+
+	st, acts := initialWorker(pod.Spec.RestartPolicy, f)
+	for {
+		w.do(acts)
+		if st.state.ended() {
+			return
+		}
+		e := w.step(st.state)
+		from := st.state
+		st, acts = next(st, e)
+		if st.state != from {
+			w.log.V(2).Info("Pod worker", "from", from, "event", e.kind, "to", st.state, "actions", acts)
+		}
+		if st.state != stateBackOff {
+			w.stopBackOff()
+		}
+	}
+}
+
+// answer answers the request waiting for the next start (rec.waiter), once.
+func (w *worker) answer(err error) {
+	if w.rec.waiter != nil {
+		w.rec.waiter <- err
+		w.rec.waiter = nil
+	}
+}
+
+func (w *worker) stopBackOff() {
+	if w.backoff != nil {
+		w.backoff.Stop()
+		w.backoff = nil
+	}
+}
+
+// step waits in state s for its next event (and, in the states that work,
+// does the work).
+func (w *worker) step(s podState) workerEvent {
+	p, rec, ctx := w.p, w.rec, w.ctx
+	if s != stateTerminating && p.deleteRequested(rec) {
+		return workerEvent{kind: evDelete}
+	}
+	switch s {
+	case stateStarting:
+		return w.start()
+	case stateRunning:
+		return w.waitRunning()
+	case stateExited:
+		rec.mu.Lock()
+		term := rec.state.Terminated
+		rec.mu.Unlock()
+		if term == nil { // recovery always records it
+			return workerEvent{kind: evExited, reason: podstatus.ReasonStartError, exitCode: 128}
+		}
+		return workerEvent{kind: evExited, exitCode: term.ExitCode, reason: term.Reason}
+	case stateBackOff:
+		if w.backoff == nil {
+			return workerEvent{kind: evBackOffDone}
+		}
+		return w.wait(w.backoff.C)
+	case statePoweredOff, stateFinished:
+		return w.wait(nil)
+	case statePoweringOff:
+		err := p.powerOff(ctx, rec, w.vm, "on request")
+		w.req.reply <- err
+		if err != nil {
+			return workerEvent{kind: evStopFailed}
+		}
+		w.vm = nil
+		return workerEvent{kind: evStopped}
+	case stateFlashing:
+		req := w.req
+		if err := p.powerOff(ctx, rec, w.vm, "to flash "+req.what()); err != nil {
+			req.refuse(err)
+			return workerEvent{kind: evStopFailed}
+		}
+		w.vm = nil
+		if err := p.installImage(rec, req); err != nil {
+			req.reply <- err
+			return workerEvent{kind: evFlashFailed}
+		}
+		p.update(rec, func(st *podstatus.VMState) { st.PoweredOff = false })
+		rec.waiter = req.reply // answered by the start of the new image
+		return workerEvent{kind: evFlashed}
+	case stateTerminating:
+		p.finishDelete(rec, w.vm)
+		w.vm = nil
+		return workerEvent{kind: evDeleted}
+	}
+	panic(fmt.Sprintf("pod worker: no step for state %s", s))
+}
+
+// wait waits for a delete, the shutdown, a request or the back-off timer
+// (nil: none).
+func (w *worker) wait(timer <-chan time.Time) workerEvent {
+	select {
+	case <-timer:
+		w.backoff = nil
+		return workerEvent{kind: evBackOffDone}
+	case <-w.rec.deleteReq:
+		return workerEvent{kind: evDelete}
+	case <-w.ctx.Done():
+		return workerEvent{kind: evShutdown}
+	case req := <-w.rec.ctl:
+		return w.request(req)
+	}
+}
+
+// request takes a request as the current one.
+func (w *worker) request(req vmRequest) workerEvent {
+	w.req = req
+	return workerEvent{kind: evRequest, op: req.op}
+}
+
+// start is stateStarting's step: wait for the pod to be confirmed and its
+// features, pull the image and start QEMU.
+func (w *worker) start() workerEvent {
+	p, rec, ctx := w.p, w.rec, w.ctx
+	// A recovered pod whose VM must be (re)started waits until the library
+	// shows the pod still exists (or deletes it).
+	select {
+	case <-rec.confirmed:
+	case <-rec.deleteReq:
+		return workerEvent{kind: evDelete}
+	case <-ctx.Done():
+		return workerEvent{kind: evShutdown}
+	}
+	if rec.unrecorded {
+		if e, ok := w.record(); !ok {
+			return e
+		}
+		rec.unrecorded = false
+	}
+	// A pod needing a disabled feature waits (features.go).
+	if !p.holdForFeatures(ctx, rec) {
+		if ctx.Err() != nil {
+			return workerEvent{kind: evShutdown}
+		}
+		return workerEvent{kind: evDelete}
+	}
+	vm, ok := p.pullAndStart(ctx, rec)
+	if ok {
+		w.vm = vm
+		return workerEvent{kind: evStarted}
+	}
+	if ctx.Err() != nil {
+		return workerEvent{kind: evShutdown}
+	}
+	if p.deleteRequested(rec) {
+		return workerEvent{kind: evDelete}
+	}
+	// The start failed; recorded as a terminated run.
+	e := workerEvent{kind: evStartFailed, exitCode: 128, reason: podstatus.ReasonStartError}
+	rec.mu.Lock()
+	if t := rec.state.Terminated; t != nil {
+		e.exitCode, e.reason = t.ExitCode, t.Reason
+	}
+	rec.mu.Unlock()
+	return e
+}
+
+// record writes a new pod's intent record (pod.json, then status.json)
+// before anything of its VM exists: from here on a crash of the agent is
+// reconciled at the next start (recovery.go); before it, the next start
+// knows nothing of the pod and the library creates it again. A record that
+// cannot be written (a full disk) is retried with the back-off while the
+// pod waits in ContainerCreating with a FailedToRecordState event; a
+// delete or the agent's shutdown ends the wait (ok false, with its event).
+func (w *worker) record() (e workerEvent, ok bool) {
+	p, rec, ctx := w.p, w.rec, w.ctx
+	for attempt := 1; ; attempt++ {
+		err := p.writeIntent(rec)
+		if err == nil {
+			p.cfg.Telemetry.Mark(rec.uid, telemetry.StepRecorded, time.Now())
+			return workerEvent{}, true
+		}
+		delay := min(p.cfg.Backoff.Delay(attempt), podspec.ConfigRetryMax)
+		w.log.Error(err, "Pod not recorded on the node; retrying", "attempt", attempt, "in", delay)
+		p.event(w.pod, corev1.EventTypeWarning, ReasonFailedToRecordState,
+			fmt.Sprintf("Could not record the pod on the node (retrying in %s; its VM starts once it is recorded): %v", delay.Round(time.Second), err))
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-rec.deleteReq:
+			t.Stop()
+			return workerEvent{kind: evDelete}, false
+		case <-ctx.Done():
+			t.Stop()
+			return workerEvent{kind: evShutdown}, false
+		}
+	}
+}
+
+// writeIntent writes rec's state dir, pod.json (the pod as it is now) and
+// status.json; a failed pod.json leaves no dir behind.
+func (p *VMs) writeIntent(rec *podVM) error {
+	rec.mu.Lock()
+	pod := rec.pod.DeepCopy()
+	rec.mu.Unlock()
+	if err := os.MkdirAll(rec.dir, 0o700); err != nil {
+		return fmt.Errorf("create state dir for pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	if err := writeJSONAtomic(filepath.Join(rec.dir, PodFileName), pod); err != nil {
+		os.RemoveAll(rec.dir)
+		return fmt.Errorf("record pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	p.persist(rec)
+	return nil
+}
+
+// waitRunning is stateRunning's step: wait for the VM's exit (recorded
+// here), a request, a delete or the shutdown.
+func (w *worker) waitRunning() workerEvent {
+	p, rec, ctx, vm := w.p, w.rec, w.ctx, w.vm
+	select {
+	case <-ctx.Done():
+		return workerEvent{kind: evShutdown}
+	case <-rec.deleteReq:
+		return workerEvent{kind: evDelete}
+	case req := <-rec.ctl:
+		return w.request(req)
+	case <-vm.Done():
+	}
+	ex, _ := vm.Exit()
+	rec.mu.Lock()
+	started := time.Now()
+	if rec.state.Running != nil {
+		started = rec.state.Running.StartedAt.Time
+	}
+	rec.vm = nil
+	rec.mu.Unlock()
+	w.vm = nil
+	p.dropSnapshotClaim(rec)
+	term := podstatus.TerminatedFromExit(ex, started, podstatus.ContainerIDPrefix+string(rec.uid))
+	w.log.Info("VM exited", "exitCode", ex.ExitCode, "class", ex.Class, "reason", ex.Reason)
+	p.cfg.Telemetry.VMExited(rec.uid, ex)
+	typ := corev1.EventTypeNormal
+	if ex.ExitCode != 0 {
+		typ = corev1.EventTypeWarning
+	}
+	p.event(w.pod, typ, "VMExited", fmt.Sprintf("VM exited with code %d: %s", ex.ExitCode, ex.Reason))
+	p.update(rec, func(st *podstatus.VMState) { st.SetTerminated(term) })
+	return workerEvent{kind: evExited, exitCode: term.ExitCode, reason: term.Reason,
+		ranLong: ex.At.Sub(started) >= podstatus.CrashLoopResetAfter}
+}
+
+// do carries out the actions of a transition, in order.
+func (w *worker) do(acts []workerAction) {
+	p, rec, ctx := w.p, w.rec, w.ctx
+	for _, a := range acts {
+		switch a.kind {
+		case actReply:
+			w.req.reply <- nil
+		case actRefuseFinished:
+			w.req.refuse(errPodFinished)
+		case actInstallImage:
+			w.req.reply <- p.installImage(rec, w.req)
+		case actPowerOn:
+			w.log.Info("Powering on on request")
+			p.update(rec, func(st *podstatus.VMState) { st.PoweredOff = false })
+		case actOffInBackOff:
+			p.update(rec, func(st *podstatus.VMState) {
+				st.SetWaiting(podstatus.ReasonPoweredOff, "powered off on request during the crash-loop back-off; power it on to boot again")
+				st.PoweredOff = true
+			})
+			w.req.reply <- nil
+		case actAwaitStart:
+			rec.waiter = w.req.reply
+		case actAnswerStarted:
+			w.answer(nil)
+		case actAnswerStartError:
+			w.answer(p.startError(rec))
+		case actAnswerFinished:
+			w.answer(errPodFinished)
+		case actAnswerDeleted:
+			w.answer(errPodDeleted)
+		case actBeginBackOff:
+			w.beginBackOff(a.crash)
+		case actCountRestart:
+			rec.mu.Lock()
+			rec.state.RestartCount++
+			rec.mu.Unlock()
+		case actMarkFinal:
+			p.update(rec, func(st *podstatus.VMState) { st.Final = true })
+		case actReleaseImage:
+			p.releaseImage(rec)
+		case actStopExporter:
+			rec.stopExporter()
+		case actStartExporter:
+			p.startExporter(ctx, rec) // idempotent
+		case actStartProbes:
+			p.startProbes(ctx, rec, w.vm) // probes.go: end with this run
+		case actExporterIfReady:
+			if podstatus.Ready(p.snapshot(rec)) {
+				// Ready without a status change (no readiness probe, or a
+				// re-adopted VM): push has nothing new to deliver.
+				p.startExporter(ctx, rec) // exporter.go: idempotent
+			}
+		case actDetach:
+			w.vm.Detach()
+		default:
+			panic(fmt.Sprintf("pod worker: unknown action %s", a))
+		}
+	}
+}
+
+// beginBackOff starts the crash-loop back-off before the restart after
+// crash number crash: CrashLoopBackOff with a timer, or, with no delay, the
+// ended run becomes the last state at once.
+func (w *worker) beginBackOff(crash int) {
+	p, rec := w.p, w.rec
+	delay := p.cfg.Backoff.RestartDelay(crash)
+	if delay <= 0 {
+		p.update(rec, func(st *podstatus.VMState) { st.LastTerminated = st.Terminated })
+		return
+	}
+	name := "vm"
+	rec.mu.Lock()
+	if len(rec.pod.Spec.Containers) > 0 {
+		name = rec.pod.Spec.Containers[0].Name
+	}
+	pod := rec.pod.DeepCopy()
+	rec.mu.Unlock()
+	msg := podstatus.CrashLoopMessage(delay, name, string(rec.uid))
+	p.update(rec, func(st *podstatus.VMState) {
+		st.LastTerminated = st.Terminated
+		st.SetWaiting(podstatus.ReasonCrashLoopBackOff, msg)
+	})
+	p.event(pod, corev1.EventTypeWarning, "BackOff", "Back-off restarting failed VM")
+	w.stopBackOff()
+	w.backoff = time.NewTimer(delay)
+}
+
+func (p *VMs) deleteRequested(rec *podVM) bool {
+	select {
+	case <-rec.deleteReq:
+		return true
+	default:
+		return false
+	}
+}
