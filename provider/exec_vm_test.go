@@ -13,6 +13,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/guest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/probe"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
@@ -112,11 +113,11 @@ func TestExecRealVM(t *testing.T) {
 		v, err := h.vms.view("default", pod.Name, "")
 		require.NoError(t, err)
 		start := time.Now()
-		ok, msg := execCheck(ctx, v.vm, []string{"sleep", "5"}, time.Second)
+		ok, msg := probe.ExecCheck(ctx, v.vm, []string{"sleep", "5"}, time.Second)
 		assert.False(t, ok)
 		assert.Contains(t, msg, "timed out after 1s")
 		assert.Less(t, time.Since(start), 4*time.Second)
-		ok, msg = execCheck(ctx, v.vm, []string{"sh", "-c", "echo not yet; exit 1"}, 10*time.Second)
+		ok, msg = probe.ExecCheck(ctx, v.vm, []string{"sh", "-c", "echo not yet; exit 1"}, 10*time.Second)
 		assert.False(t, ok)
 		assert.Contains(t, msg, "exited with 1: not yet")
 	})

@@ -1,10 +1,15 @@
 package provider
 
-import "context"
+import (
+	"context"
+	"time"
+
+	"github.com/qemu-kubelet/qemu-kubelet/provider/probe"
+)
 
 // startProbes starts the probes of the pod's container for this run of
 // vm (runProbes); rec.probes carries their results for the pod status
-// (applyProbes). They report through the pod's probeSink.
+// (applyProbes). They report through the pod's Sink.
 func (p *VMs) startProbes(ctx context.Context, rec *podVM, vm VM) {
 	rec.mu.Lock()
 	if len(rec.pod.Spec.Containers) == 0 {
@@ -12,13 +17,14 @@ func (p *VMs) startProbes(ctx context.Context, rec *podVM, vm VM) {
 		return
 	}
 	c := rec.pod.Spec.Containers[0].DeepCopy()
-	state := &probeState{msg: "probes have not succeeded yet"}
+	var run time.Time
 	if rec.state.Running != nil {
-		state.run = rec.state.Running.StartedAt.Time
+		run = rec.state.Running.StartedAt.Time
 	}
+	state := probe.NewState(run)
 	rec.probes = state
 	rec.mu.Unlock()
-	runProbes(ctx, vm, c, state, rec.deleteReq, podProbeSink{p: p, rec: rec, ctx: ctx, vm: vm})
+	probe.Start(ctx, vm, c, state, rec.deleteReq, podProbeSink{p: p, rec: rec, ctx: ctx, vm: vm})
 }
 
 // podProbeSink reports a run's probes to its pod: events, status pushes,

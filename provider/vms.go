@@ -11,6 +11,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/probe"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/telemetry"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	corev1 "k8s.io/api/core/v1"
@@ -156,7 +157,7 @@ type podVM struct {
 	pendingExit bool
 	// probes is the readiness of the current run (probes.go); nil: no
 	// readiness probe.
-	probes *probeState
+	probes *probe.State
 	// Snapshot start (snapshots.go), set by the worker: snapClaim is the
 	// snapshot this run saves at readiness (taken by captureSnapshot);
 	// snapUsed the snapshot the run was restored from; snapRestoreFailed
@@ -278,7 +279,7 @@ func (p *VMs) snapshot(rec *podVM) *corev1.Pod {
 		pod.ResourceVersion = rec.apiResourceVersion // statusresync.go
 	}
 	pod.Status = podstatus.PodStatus(rec.pod, rec.state, p.cfg.NodeIP, p.now())
-	applyProbes(&pod.Status, rec.pod, rec.probes) // probes.go: readiness probe result
+	probe.Apply(&pod.Status, rec.pod, rec.probes) // probes.go: readiness probe result
 	applyExporter(&pod.Status, rec.exporter)      // exporter.go: Jumpstarter exporter condition
 	applyVMSize(&pod.Status, rec.state.Size)      // vmsize.go: a size set through the exporter
 	return pod

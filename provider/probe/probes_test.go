@@ -1,4 +1,4 @@
-package provider
+package probe
 
 import (
 	"context"
@@ -63,7 +63,7 @@ func TestApplyProbes(t *testing.T) {
 	probed.Spec.Containers[0].ReadinessProbe = &corev1.Probe{}
 
 	s := status()
-	applyProbes(s, plain, nil)
+	Apply(s, plain, nil)
 	assert.True(t, s.ContainerStatuses[0].Ready, "no readiness probe: as PodStatus says")
 
 	notReady := func(s *corev1.PodStatus) {
@@ -78,55 +78,55 @@ func TestApplyProbes(t *testing.T) {
 	}
 	// A readiness probe whose run has not reported yet: not ready.
 	s = status()
-	applyProbes(s, probed, nil)
+	Apply(s, probed, nil)
 	notReady(s)
 
-	ps := &probeState{run: started.Time}
+	ps := &State{run: started.Time}
 	s = status()
-	applyProbes(s, probed, ps)
+	Apply(s, probed, ps)
 	notReady(s)
 	assert.True(t, ps.set(true, ""))
 	assert.False(t, ps.set(true, ""), "no change")
 	s = status()
-	applyProbes(s, probed, ps)
+	Apply(s, probed, ps)
 	assert.True(t, s.ContainerStatuses[0].Ready)
 	assert.Equal(t, corev1.ConditionTrue, s.Conditions[2].Status)
 
 	// The previous run's result does not make a new run ready.
 	s = status()
 	s.ContainerStatuses[0].State.Running.StartedAt = metav1.NewTime(started.Add(time.Minute))
-	applyProbes(s, probed, ps)
+	Apply(s, probed, ps)
 	notReady(s)
 
 	// A startup probe holds Started and Ready until it succeeded.
 	startup := probed.DeepCopy()
 	startup.Spec.Containers[0].StartupProbe = &corev1.Probe{}
-	st := &probeState{run: started.Time, ready: true}
+	st := &State{run: started.Time, ready: true}
 	s = status()
-	applyProbes(s, startup, st)
+	Apply(s, startup, st)
 	notReady(s)
 	require.NotNil(t, s.ContainerStatuses[0].Started)
 	assert.False(t, *s.ContainerStatuses[0].Started)
 	st.setStarted()
 	s = status()
-	applyProbes(s, startup, st)
+	Apply(s, startup, st)
 	assert.True(t, s.ContainerStatuses[0].Ready)
 	assert.True(t, *s.ContainerStatuses[0].Started)
 	// Startup probe only: ready once started.
 	onlyStartup := plain.DeepCopy()
 	onlyStartup.Spec.Containers[0].StartupProbe = &corev1.Probe{}
 	s = status()
-	applyProbes(s, onlyStartup, &probeState{run: started.Time})
+	Apply(s, onlyStartup, &State{run: started.Time})
 	notReady(s)
 	s = status()
-	applyProbes(s, onlyStartup, st)
+	Apply(s, onlyStartup, st)
 	assert.True(t, s.ContainerStatuses[0].Ready)
 
 	// Not running: untouched.
 	s = status()
 	s.ContainerStatuses[0].State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{}}
 	s.ContainerStatuses[0].Ready = false
-	applyProbes(s, probed, ps)
+	Apply(s, probed, ps)
 	assert.False(t, s.ContainerStatuses[0].Ready)
 }
 
