@@ -26,6 +26,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/pb"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/internal/podtest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/telemetry"
@@ -173,7 +174,7 @@ func TestJumpstarterExporterVM(t *testing.T) {
 		p := podFor(uid, refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, map[string]string{v1alpha1.JumpstarterSecretAnnotation: secret, podspec.AnnotationDisplay: podspec.DisplayVNC})
 		p.Labels = map[string]string{"jumpstarter.dev/board": "qemu-test", "app": "x"}
 		// A request and no limit: the VM may be resized up to what the node has.
-		p.Spec.Containers[0].Resources = corev1.ResourceRequirements{Requests: rl("cpu", "1", "memory", "256Mi")}
+		p.Spec.Containers[0].Resources = corev1.ResourceRequirements{Requests: podtest.RL("cpu", "1", "memory", "256Mi")}
 		p.Spec.TerminationGracePeriodSeconds = &grace
 		p.Spec.Containers[0].Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}, {Name: "ssh", ContainerPort: 22}}
 		return p
@@ -349,10 +350,10 @@ func TestJumpstarterExporterVM(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, int64(400<<20), vmStateFile(t, dir).Size.MemoryBytes, "recorded before the call returned")
 		p := h.wait(pod.UID, 5*time.Second, "VMResized pending", func(p *corev1.Pod) bool {
-			c := podCond(p, ConditionVMResized)
-			return c != nil && c.Reason == ReasonResizePendingPowerOn
+			c := podCond(p, podstatus.ConditionVMResized)
+			return c != nil && c.Reason == podstatus.ReasonResizePendingPowerOn
 		})
-		assert.Equal(t, "memory 400Mi from the next power on (set through the Jumpstarter exporter)", podCond(p, ConditionVMResized).Message)
+		assert.Equal(t, "memory 400Mi from the next power on (set through the Jumpstarter exporter)", podCond(p, podstatus.ConditionVMResized).Message)
 		assert.InDelta(t, float64(before), float64(memTotal()), float64(8<<20), "the running VM keeps its memory")
 
 		_, err = s.Call(ctx, uuidOf("power"), "off")
@@ -366,8 +367,8 @@ func TestJumpstarterExporterVM(t *testing.T) {
 		t.Logf("guest MemTotal %d MiB before, %d MiB after set_memory_size 400M", before>>20, after>>20)
 		assert.InDelta(t, float64(144<<20), float64(after-before), float64(8<<20), "the guest has 144 MiB more (256Mi -> 400Mi)")
 		h.wait(pod.UID, 5*time.Second, "VMResized applied", func(p *corev1.Pod) bool {
-			c := podCond(p, ConditionVMResized)
-			return c != nil && c.Status == corev1.ConditionTrue && c.Reason == ReasonResizeApplied
+			c := podCond(p, podstatus.ConditionVMResized)
+			return c != nil && c.Status == corev1.ConditionTrue && c.Reason == podstatus.ReasonResizeApplied
 		})
 		assert.Contains(t, events.all(), "Normal Resized VM memory will be 400Mi from its next power on")
 
@@ -627,8 +628,8 @@ func TestJumpstarterExporterVM(t *testing.T) {
 		// The size set before both agent restarts still applies.
 		assert.Equal(t, int64(400<<20), vmStateFile(t, dir).Size.MemoryBytes)
 		h3.wait(pod.UID, 5*time.Second, "VMResized applied", func(p *corev1.Pod) bool {
-			c := podCond(p, ConditionVMResized)
-			return c != nil && c.Reason == ReasonResizeApplied
+			c := podCond(p, podstatus.ConditionVMResized)
+			return c != nil && c.Reason == podstatus.ReasonResizeApplied
 		})
 		waitConsole(t, dir, "QK-AGENT-OK", 90*time.Second)
 		if resizedMemTotal > 0 {

@@ -2,7 +2,6 @@ package provider
 
 import (
 	"testing"
-	"time"
 
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter"
@@ -15,25 +14,6 @@ import (
 // Tests of what the node adds to upstream's QEMU driver calls (issue 27):
 // the resize condition, the exporter's login and display settings (the
 // pure checks are podspec's).
-
-func TestApplyVMSize(t *testing.T) {
-	var st corev1.PodStatus
-	applyVMSize(&st, nil)
-	assert.Empty(t, st.Conditions)
-	at := time.Date(2026, 11, 26, 9, 0, 0, 0, time.UTC)
-	applyVMSize(&st, &VMSize{MemoryBytes: 2 << 30, DiskBytes: 20 << 30, AppliedMemoryBytes: 2 << 30, Changed: at})
-	require.Len(t, st.Conditions, 1)
-	c := st.Conditions[0]
-	assert.Equal(t, ConditionVMResized, c.Type)
-	assert.Equal(t, corev1.ConditionFalse, c.Status)
-	assert.Equal(t, ReasonResizePendingPowerOn, c.Reason)
-	assert.Equal(t, "memory 2Gi, disk 20Gi from the next power on (set through the Jumpstarter exporter)", c.Message)
-	assert.True(t, c.LastTransitionTime.Time.Equal(at))
-	st = corev1.PodStatus{}
-	applyVMSize(&st, &VMSize{MemoryBytes: 2 << 30, AppliedMemoryBytes: 2 << 30})
-	assert.Equal(t, corev1.ConditionTrue, st.Conditions[0].Status)
-	assert.Equal(t, ReasonResizeApplied, st.Conditions[0].Reason)
-}
 
 func TestExporterSettingsLoginAndDisplay(t *testing.T) {
 	pod := exporterPod(nil, corev1.ContainerPort{Name: "vnc", ContainerPort: 5900}, corev1.ContainerPort{Name: "ssh", ContainerPort: 22})

@@ -31,7 +31,7 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (VM, bool) {
 		// Flashed (exporter.go): boot that image, pinned by digest.
 		plan.Image, plan.PullPolicy = rec.state.FlashedImage, oci.PullIfNotPresent
 	}
-	var size VMSize // set through the exporter (vmsize.go)
+	var size podstatus.VMSize // set through the exporter (vmsize.go)
 	if rec.state.Size != nil {
 		size = *rec.state.Size
 		if size.MemoryBytes > 0 {
@@ -282,7 +282,7 @@ func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan pods
 				return spec, err
 			}
 			if grew {
-				p.event(pod, corev1.EventTypeNormal, ReasonResized, fmt.Sprintf("VM disk grown to %s", podspec.BytesOf(plan.DiskBytes)))
+				p.event(pod, corev1.EventTypeNormal, podstatus.ReasonResized, fmt.Sprintf("VM disk grown to %s", podspec.BytesOf(plan.DiskBytes)))
 			}
 		}
 	}

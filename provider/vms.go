@@ -256,7 +256,7 @@ func (p *VMs) activePodsLocked() []*corev1.Pod {
 	for _, r := range p.pods {
 		r.mu.Lock()
 		if !r.deleting && !r.state.Final && r.state.Rejection == nil {
-			out = append(out, podspec.WithMemoryClaim(r.pod, r.state.Size.memoryBytes())) // vmsize.go
+			out = append(out, podspec.WithMemoryClaim(r.pod, r.state.Size.MemoryOrZero())) // vmsize.go
 		}
 		r.mu.Unlock()
 	}
@@ -279,9 +279,9 @@ func (p *VMs) snapshot(rec *podVM) *corev1.Pod {
 		pod.ResourceVersion = rec.apiResourceVersion // statusresync.go
 	}
 	pod.Status = podstatus.PodStatus(rec.pod, rec.state, p.cfg.NodeIP, p.now())
-	probe.Apply(&pod.Status, rec.pod, rec.probes) // probes.go: readiness probe result
-	applyExporter(&pod.Status, rec.exporter)      // exporter.go: Jumpstarter exporter condition
-	applyVMSize(&pod.Status, rec.state.Size)      // vmsize.go: a size set through the exporter
+	probe.Apply(&pod.Status, rec.pod, rec.probes)      // probes.go: readiness probe result
+	applyExporter(&pod.Status, rec.exporter)           // exporter.go: Jumpstarter exporter condition
+	podstatus.ApplyVMSize(&pod.Status, rec.state.Size) // vmsize.go: a size set through the exporter
 	return pod
 }
 

@@ -7,15 +7,14 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
-	"time"
 
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
 )
 
@@ -31,69 +30,7 @@ import (
 //     that size, the disk grown to it (never shrunk);
 //   - the VM's claim on node memory is the larger of its memory request and
 //     the size set (admission of later pods counts it);
-//   - the pod shows it as condition ConditionVMResized.
-
-// ConditionVMResized shows a size set through the exporter: True (reason
-// Applied) once the running VM has it, False (reason PendingPowerOn) while
-// it waits for the next start; the message gives the sizes.
-const ConditionVMResized corev1.PodConditionType = "qemu-kubelet.io/VMResized"
-
-// Reasons of ConditionVMResized and the resize event.
-const (
-	ReasonResizeApplied        = "Applied"
-	ReasonResizePendingPowerOn = "PendingPowerOn"
-	ReasonResized              = "Resized"
-)
-
-// VMSize is the memory and disk size set through the exporter, and what
-// the current run started with. Zero means "the pod's own".
-type VMSize struct {
-	MemoryBytes int64 `json:"memoryBytes,omitempty"`
-	DiskBytes   int64 `json:"diskBytes,omitempty"`
-	// AppliedMemoryBytes and AppliedDiskBytes are the sizes the last VM
-	// start used (written by the worker at the start).
-	AppliedMemoryBytes int64 `json:"appliedMemoryBytes,omitempty"`
-	AppliedDiskBytes   int64 `json:"appliedDiskBytes,omitempty"`
-	// Changed is when a size was last set or applied.
-	Changed time.Time `json:"changed,omitempty"`
-}
-
-// memoryBytes is the memory set (0: none); nil-safe.
-func (s *VMSize) memoryBytes() int64 {
-	if s == nil {
-		return 0
-	}
-	return s.MemoryBytes
-}
-
-// pending: a size was set since the VM last started.
-func (s *VMSize) pending() bool {
-	return s.MemoryBytes != s.AppliedMemoryBytes || s.DiskBytes != s.AppliedDiskBytes
-}
-
-// applyVMSize adds ConditionVMResized to a status. Pure.
-func applyVMSize(status *corev1.PodStatus, s *VMSize) {
-	if s == nil || (s.MemoryBytes == 0 && s.DiskBytes == 0) {
-		return
-	}
-	msg := ""
-	if s.MemoryBytes > 0 {
-		msg = "memory " + resource.NewQuantity(s.MemoryBytes, resource.BinarySI).String()
-	}
-	if s.DiskBytes > 0 {
-		if msg != "" {
-			msg += ", "
-		}
-		msg += "disk " + resource.NewQuantity(s.DiskBytes, resource.BinarySI).String()
-	}
-	c := corev1.PodCondition{Type: ConditionVMResized, Status: corev1.ConditionTrue, Reason: ReasonResizeApplied,
-		Message: msg + " (set through the Jumpstarter exporter)", LastTransitionTime: metav1.NewTime(s.Changed)}
-	if s.pending() {
-		c.Status, c.Reason = corev1.ConditionFalse, ReasonResizePendingPowerOn
-		c.Message = msg + " from the next power on (set through the Jumpstarter exporter)"
-	}
-	status.Conditions = append(status.Conditions, c)
-}
+//   - the pod shows it as condition podstatus.ConditionVMResized.
 
 // nodeCapacity is what admission checks pods against.
 func (p *VMs) nodeCapacity() podspec.NodeCapacity {
@@ -117,9 +54,9 @@ func (t *vmTarget) SetMemorySize(ctx context.Context, bytes int64) error {
 	pod := rec.pod
 	rec.mu.Unlock()
 	err := refused(podspec.CheckMemorySize(pod, bytes, node, others))
-	var old *VMSize
+	var old *podstatus.VMSize
 	if err == nil {
-		old = t.changeSize(func(s *VMSize) { s.MemoryBytes = int64(podspec.MemoryMiB(bytes)) << 20 })
+		old = t.changeSize(func(s *podstatus.VMSize) { s.MemoryBytes = int64(podspec.MemoryMiB(bytes)) << 20 })
 	}
 	p.mu.Unlock()
 	if err == nil {
@@ -140,7 +77,7 @@ func (t *vmTarget) SetDiskSize(ctx context.Context, bytes int64) error {
 		err = refused(podspec.CheckDiskSize(pod, bytes, f))
 	}
 	if err == nil {
-		err = t.recordSize(t.changeSize(func(s *VMSize) { s.DiskBytes = bytes }))
+		err = t.recordSize(t.changeSize(func(s *podstatus.VMSize) { s.DiskBytes = bytes }))
 	}
 	return t.sizeResult(ctx, "disk", bytes, err)
 }
@@ -202,7 +139,7 @@ func (t *vmTarget) diskFacts(ctx context.Context) (podspec.DiskFacts, error) {
 
 // changeSize changes the size in memory and returns the one before (nil:
 // none).
-func (t *vmTarget) changeSize(change func(*VMSize)) (old *VMSize) {
+func (t *vmTarget) changeSize(change func(*podstatus.VMSize)) (old *podstatus.VMSize) {
 	rec := t.rec
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
@@ -210,7 +147,7 @@ func (t *vmTarget) changeSize(change func(*VMSize)) (old *VMSize) {
 		c := *rec.state.Size
 		old = &c
 	} else {
-		rec.state.Size = &VMSize{}
+		rec.state.Size = &podstatus.VMSize{}
 	}
 	change(rec.state.Size)
 	rec.state.Size.Changed = t.p.now().UTC()
@@ -219,7 +156,7 @@ func (t *vmTarget) changeSize(change func(*VMSize)) (old *VMSize) {
 
 // recordSize writes status.json before the call returns: a size that
 // cannot be recorded is not kept (the call fails, the size is old again).
-func (t *vmTarget) recordSize(old *VMSize) error {
+func (t *vmTarget) recordSize(old *podstatus.VMSize) error {
 	rec := t.rec
 	if err := rec.persist(); err != nil {
 		rec.mu.Lock()
@@ -244,7 +181,7 @@ func (t *vmTarget) sizeResult(ctx context.Context, what string, bytes int64, err
 		return err
 	}
 	log.Info("VM resized for the next power on", "what", what, "bytes", bytes)
-	p.event(pod, corev1.EventTypeNormal, ReasonResized, fmt.Sprintf("VM %s will be %s from its next power on (Jumpstarter set_%s_size)", what, podspec.BytesOf(bytes), what))
+	p.event(pod, corev1.EventTypeNormal, podstatus.ReasonResized, fmt.Sprintf("VM %s will be %s from its next power on (Jumpstarter set_%s_size)", what, podspec.BytesOf(bytes), what))
 	p.push(rec)
 	return nil
 }

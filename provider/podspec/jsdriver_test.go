@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/qemu-kubelet/qemu-kubelet/provider/internal/podtest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -237,7 +238,7 @@ func TestPlanGuestDisksLogin(t *testing.T) {
 	assert.Empty(t, disks, "no login, no seed")
 }
 func TestTranslateDisplay(t *testing.T) {
-	pod := vmPod(func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationDisplay: "vnc"} })
+	pod := podtest.VMPod(func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationDisplay: "vnc"} })
 	plan, rej := Translate(pod, qemu.ArchX86_64)
 	require.Nil(t, rej)
 	assert.True(t, plan.Display)
