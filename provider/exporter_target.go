@@ -1,0 +1,191 @@
+package provider
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter"
+	"github.com/qemu-kubelet/qemu-kubelet/oci"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/guest"
+	corev1 "k8s.io/api/core/v1"
+)
+
+// The VM as a jumpstarter.Target.
+
+// vmTarget is one pod's VM as the exporter sees it. Power and flash are
+// requests to the pod's worker; console and guest connections use the
+// running VM as kubectl attach and port-forward do.
+type vmTarget struct {
+	p   *VMs
+	rec *podVM
+}
+
+var (
+	_ jumpstarter.Target            = (*vmTarget)(nil)
+	_ jumpstarter.Displayer         = (*vmTarget)(nil)
+	_ jumpstarter.CredentialFlasher = (*vmTarget)(nil)
+)
+
+func (t *vmTarget) PowerOn(ctx context.Context) error {
+	return t.p.request(ctx, t.rec, vmRequest{op: opPowerOn})
+}
+
+func (t *vmTarget) PowerOff(ctx context.Context) error {
+	return t.p.request(ctx, t.rec, vmRequest{op: opPowerOff})
+}
+
+func (t *vmTarget) Powered() bool {
+	return t.vm() != nil
+}
+
+func (t *vmTarget) vm() VM {
+	t.rec.mu.Lock()
+	defer t.rec.mu.Unlock()
+	return t.rec.vm
+}
+
+// Console attaches to the serial console. Reading needs nothing; the first
+// Write takes the console writer lock kubectl attach -i takes (a second
+// writer gets ErrConsoleBusy).
+func (t *vmTarget) Console(ctx context.Context) (io.ReadWriteCloser, error) {
+	vm := t.vm()
+	if vm == nil {
+		return nil, fmt.Errorf("console: %w", ErrVMPoweredOff)
+	}
+	c, err := vm.AttachConsole(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("console: %w", err)
+	}
+	return &consoleSession{ReadWriteCloser: c, dir: t.rec.dir}, nil
+}
+
+// DialGuest connects to a guest TCP port (ErrGuestPortClosed when nothing
+// listens there).
+func (t *vmTarget) DialGuest(ctx context.Context, port int) (net.Conn, error) {
+	if port < 1 || port > 65535 {
+		return nil, fmt.Errorf("guest port %d: not in 1-65535", port)
+	}
+	vm := t.vm()
+	if vm == nil {
+		return nil, fmt.Errorf("guest port %d: %w", port, ErrVMPoweredOff)
+	}
+	return guest.DialGuest(ctx, vm, port)
+}
+
+// Flash pulls and verifies ref through the node's image store (the pod's
+// pull secrets apply) before anything else; then the worker powers the VM
+// off, makes ref the image it boots and powers it on again if it was on.
+func (t *vmTarget) Flash(ctx context.Context, ref string, progress func(string)) error {
+	return t.flash(ctx, ref, nil, progress)
+}
+
+// FlashWithCredentials is Flash pulling with the call's registry
+// credentials for ref's registry (over the pod's pull secrets). They are
+// used for this pull only and kept nowhere.
+func (t *vmTarget) FlashWithCredentials(ctx context.Context, ref string, creds jumpstarter.RegistryCredentials, progress func(string)) error {
+	return t.flash(ctx, ref, &oci.Credentials{Username: creds.Username, Password: creds.Password}, progress)
+}
+
+// Display connects to the VM's VNC server (a pod with a display).
+func (t *vmTarget) Display(ctx context.Context) (io.ReadWriteCloser, error) {
+	vm := t.vm()
+	if vm == nil {
+		return nil, fmt.Errorf("display: %w", ErrVMPoweredOff)
+	}
+	return vm.DialDisplay(ctx)
+}
+
+func (t *vmTarget) flash(ctx context.Context, ref string, creds *oci.Credentials, progress func(string)) error {
+	if progress == nil {
+		progress = func(string) {}
+	}
+	p, rec := t.p, t.rec
+	ref = strings.TrimPrefix(strings.TrimSpace(ref), "oci://")
+	if p.cfg.Images == nil {
+		return errors.New("flash: this node has no image store")
+	}
+	rec.mu.Lock()
+	pod := rec.pod.DeepCopy()
+	plan := rec.plan
+	rec.mu.Unlock()
+	policy := oci.PullAlways
+	if strings.Contains(ref, "@") {
+		policy = oci.PullIfNotPresent
+	}
+	progress(fmt.Sprintf("pulling %s", ref))
+	p.event(pod, corev1.EventTypeNormal, "Pulling", fmt.Sprintf("Pulling image %q to flash", ref))
+	t0 := time.Now()
+	img, err := p.cfg.Images.Pull(ctx, ref, oci.PullOptions{Auth: p.pullSecrets(ctx, pod, plan.PullSecrets), Credentials: creds, Policy: policy})
+	if err != nil {
+		p.event(pod, corev1.EventTypeWarning, "FlashFailed", fmt.Sprintf("Failed to pull image %q to flash: %v", ref, err))
+		return fmt.Errorf("flash %s: %w", ref, err)
+	}
+	p.event(pod, corev1.EventTypeNormal, "Pulled", fmt.Sprintf("Successfully pulled image %q (%s) in %s", ref, img.Digest, time.Since(t0).Round(time.Millisecond)))
+	progress(fmt.Sprintf("pulled %s (%s)", ref, img.Digest))
+	hold, err := p.cfg.Images.Acquire(img.Digest)
+	if err != nil {
+		return fmt.Errorf("flash %s: hold the image: %w", ref, err)
+	}
+	was := t.Powered()
+	if was {
+		progress("powering off, replacing the disk and powering on")
+	} else {
+		progress("replacing the disk (the VM stays off)")
+	}
+	if err := p.request(ctx, rec, vmRequest{op: opFlash, image: img, hold: hold}); err != nil {
+		p.event(pod, corev1.EventTypeWarning, "FlashFailed", fmt.Sprintf("Flash of image %q: %v", ref, err))
+		return fmt.Errorf("flash %s: %w", ref, err)
+	}
+	progress(fmt.Sprintf("flashed %s", imageID(img)))
+	return nil
+}
+
+// consoleSession is one exporter console stream.
+type consoleSession struct {
+	io.ReadWriteCloser
+	dir string
+
+	mu      sync.Mutex
+	release func() // console writer lock, once the session wrote
+	closed  bool
+}
+
+func (c *consoleSession) Write(b []byte) (int, error) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return 0, io.ErrClosedPipe
+	}
+	if c.release == nil {
+		rel, err := guest.LockConsoleWriter(c.dir)
+		if err != nil {
+			c.mu.Unlock()
+			return 0, fmt.Errorf("console: %w", err)
+		}
+		c.release = rel
+	}
+	c.mu.Unlock()
+	return c.ReadWriteCloser.Write(b)
+}
+
+func (c *consoleSession) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	rel := c.release
+	c.release = nil
+	c.mu.Unlock()
+	if rel != nil {
+		rel()
+	}
+	return c.ReadWriteCloser.Close()
+}
