@@ -8,7 +8,7 @@ import (
 )
 
 // startProbes starts the probes of the pod's container for this run of
-// vm (runProbes); rec.probes carries their results for the pod status
+// vm (probe.Start); rec.probes carries their results for the pod status
 // (applyProbes). They report through the pod's Sink.
 func (p *VMs) startProbes(ctx context.Context, rec *podVM, vm VM) {
 	rec.mu.Lock()
