@@ -9,7 +9,7 @@ import (
 
 // startProbes starts the probes of the pod's container for this run of
 // vm (probe.Start); rec.probes carries their results for the pod status
-// (applyProbes). They report through the pod's Sink.
+// (probe.Apply). They report through the pod's probe.Sink (podProbeSink).
 func (p *VMs) startProbes(ctx context.Context, rec *podVM, vm VM) {
 	rec.mu.Lock()
 	if len(rec.pod.Spec.Containers) == 0 {
