@@ -93,24 +93,24 @@ func TestExporterSettings(t *testing.T) {
 
 func TestDecideRequest(t *testing.T) {
 	for _, tc := range []struct {
-		phase workerPhase
+		state podState
 		op    vmOp
 		want  reqAction
 	}{
-		{phaseRunning, opPowerOn, actAnswer},
-		{phaseRunning, opPowerOff, actPowerOff},
-		{phaseRunning, opFlash, actReimage},
-		{phasePoweredOff, opPowerOn, actStart},
-		{phasePoweredOff, opPowerOff, actAnswer},
-		{phasePoweredOff, opFlash, actInstall},
-		{phaseBackOff, opPowerOn, actStart},
-		{phaseBackOff, opPowerOff, actStayOff},
-		{phaseBackOff, opFlash, actInstall},
-		{phaseFinished, opPowerOn, actRefuse},
-		{phaseFinished, opPowerOff, actRefuse},
-		{phaseFinished, opFlash, actRefuse},
+		{stateRunning, opPowerOn, reqAnswer},
+		{stateRunning, opPowerOff, reqPowerOff},
+		{stateRunning, opFlash, reqReimage},
+		{statePoweredOff, opPowerOn, reqStart},
+		{statePoweredOff, opPowerOff, reqAnswer},
+		{statePoweredOff, opFlash, reqInstall},
+		{stateBackOff, opPowerOn, reqStart},
+		{stateBackOff, opPowerOff, reqStayOff},
+		{stateBackOff, opFlash, reqInstall},
+		{stateFinished, opPowerOn, reqRefuse},
+		{stateFinished, opPowerOff, reqRefuse},
+		{stateFinished, opFlash, reqRefuse},
 	} {
-		assert.Equal(t, tc.want, decideRequest(tc.phase, tc.op), "phase %d, %s", tc.phase, tc.op)
+		assert.Equal(t, tc.want, decideRequest(tc.state, tc.op), "state %s, %s", tc.state, tc.op)
 	}
 }
 

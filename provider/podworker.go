@@ -298,10 +298,10 @@ func next(w podWorker, e workerEvent) (podWorker, []workerAction) {
 			}
 			return w.afterExit(e)
 		case evRequest:
-			switch decideRequest(phaseRunning, e.op) {
-			case actPowerOff:
+			switch decideRequest(stateRunning, e.op) {
+			case reqPowerOff:
 				return w.enter(statePoweringOff)
-			case actReimage:
+			case reqReimage:
 				return w.enter(stateFlashing)
 			}
 			return w, []workerAction{act(actReply)}
@@ -315,23 +315,23 @@ func next(w podWorker, e workerEvent) (podWorker, []workerAction) {
 		case evBackOffDone:
 			return w.enter(stateStarting, act(actCountRestart))
 		case evRequest:
-			switch decideRequest(phaseBackOff, e.op) {
-			case actStart: // start now, not at the end of the back-off
+			switch decideRequest(stateBackOff, e.op) {
+			case reqStart: // start now, not at the end of the back-off
 				return w.enter(stateStarting, act(actAwaitStart), act(actCountRestart))
-			case actStayOff:
+			case reqStayOff:
 				return w.enter(statePoweredOff, act(actOffInBackOff))
-			case actInstall:
+			case reqInstall:
 				return w, []workerAction{act(actInstallImage)}
 			}
 			return w, []workerAction{act(actRefuseFinished)}
 		}
 	case statePoweredOff:
 		if e.kind == evRequest {
-			switch decideRequest(phasePoweredOff, e.op) {
-			case actStart:
+			switch decideRequest(statePoweredOff, e.op) {
+			case reqStart:
 				w.crashes = 0
 				return w.enter(stateStarting, act(actPowerOn), act(actAwaitStart))
-			case actInstall:
+			case reqInstall:
 				return w, []workerAction{act(actInstallImage)}
 			}
 			return w, []workerAction{act(actReply)}

@@ -12,7 +12,6 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 )
 
@@ -81,69 +80,61 @@ func (r *vmRequest) refuse(err error) {
 	r.reply <- err
 }
 
-// workerPhase is a phase of the pod worker in which it serves requests
-// (worker.go describes them all).
-type workerPhase int
-
-const (
-	phaseRunning workerPhase = iota + 1
-	phasePoweredOff
-	phaseFinished
-	// phaseBackOff: waiting to restart a VM that ended (CrashLoopBackOff).
-	phaseBackOff
-)
-
-// reqAction is what the worker does with a request.
+// reqAction is what the worker does with a request (decideRequest); the
+// worker's transition (next, podworker.go) turns it into a state and
+// actionKinds.
 type reqAction int
 
 const (
-	// actAnswer: nothing to do (already in the asked state): answer at once.
-	actAnswer reqAction = iota + 1
-	// actRefuse: the pod cannot run again: answer with errPodFinished.
-	actRefuse
-	// actPowerOff: stop the VM and stay off.
-	actPowerOff
-	// actStart: leave the powered-off state and start; answered by the start.
-	actStart
-	// actInstall: make the flashed image the one to boot; stay off.
-	actInstall
-	// actReimage: stop the VM, install the flashed image, start; answered by
+	// reqAnswer: nothing to do (already in the asked state): answer at once.
+	reqAnswer reqAction = iota + 1
+	// reqRefuse: the pod cannot run again: answer with errPodFinished.
+	reqRefuse
+	// reqPowerOff: stop the VM and stay off.
+	reqPowerOff
+	// reqStart: leave the powered-off state and start; answered by the start.
+	reqStart
+	// reqInstall: make the flashed image the one to boot; stay off.
+	reqInstall
+	// reqReimage: stop the VM, install the flashed image, start; answered by
 	// the start.
-	actReimage
-	// actStayOff: no VM runs (back-off): do not restart it, stay off.
-	actStayOff
+	reqReimage
+	// reqStayOff: no VM runs (back-off): do not restart it, stay off.
+	reqStayOff
 )
 
-// decideRequest is what the worker does with op in phase. Pure.
-func decideRequest(phase workerPhase, op vmOp) reqAction {
-	switch phase {
-	case phaseRunning:
+// decideRequest is what the worker does with op in its state s (only
+// stateRunning, statePoweredOff and stateBackOff serve requests; every
+// other state refuses). Pure.
+func decideRequest(s podState, op vmOp) reqAction {
+	switch s {
+	case stateRunning:
 		switch op {
 		case opPowerOff:
-			return actPowerOff
+			return reqPowerOff
 		case opFlash:
-			return actReimage
+			return reqReimage
 		}
-		return actAnswer
-	case phasePoweredOff:
+		return reqAnswer
+	case statePoweredOff:
 		switch op {
 		case opPowerOn:
-			return actStart
+			return reqStart
 		case opFlash:
-			return actInstall
+			return reqInstall
 		}
-		return actAnswer
-	case phaseBackOff:
+		return reqAnswer
+	case stateBackOff:
 		switch op {
 		case opPowerOn:
-			return actStart
+			return reqStart
 		case opPowerOff:
-			return actStayOff
+			return reqStayOff
 		case opFlash:
-			return actInstall
+			return reqInstall
 		}
 	}
-	return actRefuse
+	return reqRefuse
 }
 
 // Why a request was not served.
@@ -152,11 +143,6 @@ var (
 	errPodFinished = errors.New("the pod has finished (its restart policy does not run the VM again); recreate the pod")
 	errWorkerGone  = errors.New("the node agent is shutting down")
 )
-
-func newPodVM(uid types.UID, dir string, pod *corev1.Pod) *podVM {
-	return &podVM{uid: uid, dir: dir, pod: pod, ctl: make(chan vmRequest),
-		deleteReq: make(chan struct{}), confirmed: make(chan struct{}), done: make(chan struct{})}
-}
 
 // request sends a request to the pod's worker and waits for its answer
 // (or ctx). The worker keeps serving a request the caller gave up on.

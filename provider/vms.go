@@ -202,6 +202,13 @@ type podVM struct {
 	done      chan struct{} // closed when the worker ends
 }
 
+// newPodVM is the record of a new pod (CreatePod) or a recovered one
+// (recovery.go), before its worker starts.
+func newPodVM(uid types.UID, dir string, pod *corev1.Pod) *podVM {
+	return &podVM{uid: uid, dir: dir, pod: pod, ctl: make(chan vmRequest),
+		deleteReq: make(chan struct{}), confirmed: make(chan struct{}), done: make(chan struct{})}
+}
+
 // NewVMs returns the pod handler. ctx bounds the workers: when it ends they
 // detach from their VMs, which keep running for the next start to adopt.
 // Call Recover before handing it to the pod controller.
