@@ -18,7 +18,7 @@ func (p *VMs) finishDelete(rec *podVM, vm VM) {
 	if vm == nil {
 		vm = rec.vm
 	}
-	grace := rec.grace
+	grace := rec.del.grace
 	pod := rec.pod.DeepCopy()
 	rejected := rec.state.Rejection != nil
 	rec.mu.Unlock()
@@ -66,7 +66,7 @@ func (p *VMs) finishDelete(rec *podVM, vm VM) {
 	}
 	rec.mu.Lock()
 	rec.state.Final = true
-	rec.removed = true
+	rec.del.removed = true
 	rec.mu.Unlock()
 	p.push(rec)
 	p.pump.Flush(rec.uid) // the terminal status reaches the library before the pod goes

@@ -277,7 +277,7 @@ func exporterEvent(s jumpstarter.State) (typ, reason string) {
 // makes no new event.
 func (p *VMs) setExporterState(rec *podVM, s jumpstarter.State, msg string) {
 	rec.mu.Lock()
-	prev := rec.exporter
+	prev := rec.exp.status
 	if prev != nil && prev.state == s && prev.msg == msg {
 		rec.mu.Unlock()
 		return
@@ -286,7 +286,7 @@ func (p *VMs) setExporterState(rec *podVM, s jumpstarter.State, msg string) {
 	if prev != nil && prev.state == s {
 		since = prev.since
 	}
-	rec.exporter = &exporterStatus{state: s, msg: msg, since: since}
+	rec.exp.status = &exporterStatus{state: s, msg: msg, since: since}
 	pod := rec.pod.DeepCopy()
 	rec.mu.Unlock()
 	if typ, reason := exporterEvent(s); reason != "" {
@@ -305,9 +305,9 @@ func (p *VMs) setExporterState(rec *podVM, s jumpstarter.State, msg string) {
 func (p *VMs) startExporter(ctx context.Context, rec *podVM) {
 	rec.mu.Lock()
 	pod := rec.pod.DeepCopy()
-	skip := rec.state.Rejection != nil || rec.state.Final || rec.deleting || rec.expStarted
+	skip := rec.state.Rejection != nil || rec.state.Final || rec.del.deleting || rec.exp.started
 	if podspec.ExporterSecretName(pod) != "" && !skip {
-		rec.expStarted = true
+		rec.exp.started = true
 	}
 	rec.mu.Unlock()
 	if podspec.ExporterSecretName(pod) == "" || skip {
@@ -320,7 +320,7 @@ func (p *VMs) startExporter(ctx context.Context, rec *podVM) {
 	ectx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	rec.mu.Lock()
-	rec.stopExp, rec.expDone = cancel, done
+	rec.exp.stop, rec.exp.done = cancel, done
 	rec.mu.Unlock()
 	go func() {
 		defer close(done)
@@ -331,7 +331,7 @@ func (p *VMs) startExporter(ctx context.Context, rec *podVM) {
 // stopExporter ends the exporter supervisor (it unregisters); idempotent.
 func (rec *podVM) stopExporter() {
 	rec.mu.Lock()
-	stop := rec.stopExp
+	stop := rec.exp.stop
 	rec.mu.Unlock()
 	if stop != nil {
 		stop()
@@ -341,7 +341,7 @@ func (rec *podVM) stopExporter() {
 // waitExporter waits up to d for the exporter supervisor to end.
 func (rec *podVM) waitExporter(d time.Duration) {
 	rec.mu.Lock()
-	done := rec.expDone
+	done := rec.exp.done
 	rec.mu.Unlock()
 	if done == nil {
 		return

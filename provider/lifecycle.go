@@ -65,7 +65,7 @@ func (p *VMs) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	// The intent record is the worker's first step (worker.record): the
 	// library's pod sync workers are not held by disk writes, so a burst's
 	// pods reach their workers at once.
-	rec.unrecorded = true
+	rec.handoff.unrecorded = true
 	log.Info("Pod admitted; creating VM", "image", plan.Image, "cpus", plan.CPUs, "memoryMiB", plan.MemoryMiB, "machine", plan.Machine)
 	p.push(rec)
 	go p.run(rec)
@@ -152,10 +152,10 @@ func (p *VMs) DeletePod(ctx context.Context, pod *corev1.Pod) error {
 
 func (p *VMs) requestDelete(rec *podVM, grace time.Duration) {
 	rec.mu.Lock()
-	first := !rec.deleting
+	first := !rec.del.deleting
 	if first {
-		rec.deleting = true
-		rec.grace = grace
+		rec.del.deleting = true
+		rec.del.grace = grace
 		close(rec.deleteReq)
 	}
 	rec.mu.Unlock()
@@ -174,7 +174,7 @@ func (p *VMs) GetPod(_ context.Context, namespace, name string) (*corev1.Pod, er
 	p.mu.Unlock()
 	if rec != nil {
 		rec.mu.Lock()
-		stopping := rec.deleting
+		stopping := rec.del.deleting
 		rec.mu.Unlock()
 		if stopping {
 			// A pod being stopped is gone for the library: a new pod of the

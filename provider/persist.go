@@ -28,8 +28,8 @@ const (
 func (p *VMs) persist(rec *podVM) {
 	err := rec.persist()
 	rec.mu.Lock()
-	was := rec.persistFailing
-	rec.persistFailing = err != nil
+	was := rec.statusFile.failing
+	rec.statusFile.failing = err != nil
 	pod := rec.pod.DeepCopy()
 	rec.mu.Unlock()
 	log := p.log.WithValues("pod", klog.KObj(pod), "uid", rec.uid)
@@ -51,10 +51,10 @@ func (p *VMs) persist(rec *podVM) {
 // the newest state is the last written. On failure the stale record is
 // removed (see VMs.persist) and the error says what failed.
 func (rec *podVM) persist() error {
-	rec.persistMu.Lock()
-	defer rec.persistMu.Unlock()
+	rec.statusFile.mu.Lock()
+	defer rec.statusFile.mu.Unlock()
 	rec.mu.Lock()
-	removed := rec.removed
+	removed := rec.del.removed
 	b, err := json.MarshalIndent(rec.state, "", "  ")
 	rec.mu.Unlock()
 	if removed {

@@ -149,7 +149,7 @@ func (p *VMs) recoverOne(ctx context.Context, dir string) (*podVM, string, error
 		now := p.now()
 		rec.state.SetTerminated(corev1.ContainerStateTerminated{ExitCode: 128, Reason: podstatus.ReasonStartError,
 			Message: "could not re-adopt the VM after a restart: " + err.Error(), StartedAt: podstatus.MetaTime(now), FinishedAt: podstatus.MetaTime(now)})
-		rec.pendingExit = true
+		rec.handoff.pendingExit = true
 		return rec, "exited", nil
 	}
 	if ex, exited := vm.Exit(); exited {
@@ -167,7 +167,7 @@ func (p *VMs) recoverOne(ctx context.Context, dir string) (*podVM, string, error
 		if rec.state.Running != nil || rec.state.Terminated == nil {
 			rec.state.SetTerminated(podstatus.TerminatedFromExit(ex, started, podstatus.ContainerIDPrefix+string(pod.UID)))
 		}
-		rec.pendingExit = true
+		rec.handoff.pendingExit = true
 		return rec, "exited", nil
 	}
 	rec.vm = vm

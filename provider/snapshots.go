@@ -303,13 +303,13 @@ func (p *VMs) prepareSnapshotStart(ctx context.Context, rec *podVM, pod *corev1.
 	kdir := filepath.Join(dir, key)
 	meta, published := readSnapshot(kdir)
 	rec.mu.Lock()
-	afterFailed := rec.snapRestoreFailed
+	afterFailed := rec.snap.restoreFailed
 	rec.mu.Unlock()
 	switch decideSnapshot(published, afterFailed, p.snaps.creator(key), rec.uid) {
 	case snapRestore:
 		spec.Incoming = filepath.Join(kdir, SnapshotStateFile)
 		rec.mu.Lock()
-		rec.snapUsed = &snapshotUse{key: key, kdir: kdir}
+		rec.snap.used = &snapshotUse{key: key, kdir: kdir}
 		rec.mu.Unlock()
 		if meta.Disk {
 			return filepath.Join(kdir, SnapshotDiskFile)
@@ -335,7 +335,7 @@ func (p *VMs) prepareSnapshotStart(ctx context.Context, rec *podVM, pod *corev1.
 			CreatedByPod: pod.Namespace + "/" + pod.Name,
 		}}
 		rec.mu.Lock()
-		rec.snapClaim = c
+		rec.snap.claim = c
 		rec.mu.Unlock()
 	}
 	return ""
@@ -345,8 +345,8 @@ func (p *VMs) prepareSnapshotStart(ctx context.Context, rec *podVM, pod *corev1.
 // readiness, or the pod goes).
 func (p *VMs) dropSnapshotClaim(rec *podVM) {
 	rec.mu.Lock()
-	c := rec.snapClaim
-	rec.snapClaim = nil
+	c := rec.snap.claim
+	rec.snap.claim = nil
 	rec.mu.Unlock()
 	if c != nil {
 		p.snaps.release(c.key, rec.uid)
@@ -372,8 +372,8 @@ func discardSnapshot(u *snapshotUse) error {
 // released when it ends.
 func (p *VMs) captureSnapshot(ctx context.Context, rec *podVM, vm VM) {
 	rec.mu.Lock()
-	c := rec.snapClaim
-	rec.snapClaim = nil
+	c := rec.snap.claim
+	rec.snap.claim = nil
 	pod := rec.pod.DeepCopy()
 	rec.mu.Unlock()
 	if c == nil {
@@ -492,8 +492,8 @@ func syncPath(p string) error {
 // is returned.
 func (p *VMs) restoreFailed(ctx context.Context, rec *podVM, pod *corev1.Pod, plan podspec.Plan, img *oci.Image, startErr error) (qemu.Spec, error) {
 	rec.mu.Lock()
-	u := rec.snapUsed
-	rec.snapUsed, rec.snapRestoreFailed = nil, true
+	u := rec.snap.used
+	rec.snap.used, rec.snap.restoreFailed = nil, true
 	rec.mu.Unlock()
 	msg := fmt.Sprintf("Starting from the memory snapshot failed; discarded it, booting instead: %v", startErr)
 	if u != nil {

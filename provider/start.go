@@ -24,7 +24,7 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (VM, bool) {
 	log := klog.FromContext(ctx)
 	p.dropSnapshotClaim(rec) // an earlier run's, unused
 	rec.mu.Lock()
-	rec.snapUsed, rec.snapRestoreFailed = nil, false
+	rec.snap.used, rec.snap.restoreFailed = nil, false
 	pod := rec.pod.DeepCopy()
 	plan := rec.plan
 	if rec.state.FlashedImage != "" {

@@ -245,7 +245,7 @@ func (p *VMs) reclaimDisk(ctx context.Context, rec *podVM, pod *corev1.Pod) bool
 	if !retainOnDelete(pod) {
 		return true
 	}
-	if rec.unrecorded { // worker goroutine (finishDelete)
+	if rec.handoff.unrecorded { // worker goroutine (finishDelete)
 		return true // deleted before it was recorded: no disk to keep
 	}
 	rec.mu.Lock()

@@ -49,7 +49,7 @@ func (p *VMs) ResyncStatus(apiPod *corev1.Pod) {
 		return
 	}
 	rec.mu.Lock()
-	removed := rec.removed
+	removed := rec.del.removed
 	rec.mu.Unlock()
 	if removed {
 		return
@@ -63,10 +63,10 @@ func (p *VMs) ResyncStatus(apiPod *corev1.Pod) {
 	rec.mu.Lock()
 	// The mark only has to differ from the last status sent: the library
 	// sets the resourceVersion it writes from its own copy.
-	rec.resyncs++
-	rec.apiResourceVersion = apiPod.ResourceVersion
-	if rec.apiResourceVersion == "" {
-		rec.apiResourceVersion = "resync-" + strconv.Itoa(rec.resyncs)
+	rec.resync.count++
+	rec.resync.apiResourceVersion = apiPod.ResourceVersion
+	if rec.resync.apiResourceVersion == "" {
+		rec.resync.apiResourceVersion = "resync-" + strconv.Itoa(rec.resync.count)
 	}
 	rec.mu.Unlock()
 	p.push(rec)

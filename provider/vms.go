@@ -135,71 +135,127 @@ type VMs struct {
 	snaps snapshotStore
 }
 
-// podVM is one pod and its VM. Its worker goroutine owns the VM; other
-// methods only read the state and send requests.
+// podVM is one pod's record, shared by the goroutines that serve the pod:
+// its worker (worker.go), which alone starts, stops and replaces the VM;
+// the kubelet-API entry points (CreatePod, UpdatePod, DeletePod, GetPod...);
+// the status pump; the probes; the exporter supervisor; the status resync.
+// Each group below says who writes it and which lock guards it. The
+// worker's own state (the request it serves, the request waiting for the
+// next start, the back-off timer) is on worker (worker.go), off this record.
 type podVM struct {
+	// Identity: set by newPodVM, never changed (no lock).
 	uid types.UID
 	dir string
 
+	// Signals: made by newPodVM, never replaced (no lock).
+	//
+	// ctl carries power and flash requests (exporter.go) to the worker.
+	ctl       chan vmRequest
+	deleteReq chan struct{} // closed by DeletePod
+	confirmed chan struct{} // closed (through confirm) once the pod is known to still exist
+	confirm   sync.Once
+	done      chan struct{} // closed when the worker ends
+
+	// mu guards the record and every group below but statusFile.mu. It is
+	// taken after VMs.mu and after statusFile.mu, never before them
+	// (docs/architecture.md).
 	mu sync.Mutex
+	// The record, read by every owner under mu.
+	//
 	// pod is the pod as bound, with its current metadata: replaced under
-	// mu, never changed in place, so a pointer read under mu stays valid.
-	pod      *corev1.Pod
-	plan     podspec.Plan
-	state    podstatus.VMState
-	vm       VM
-	release  func()
-	deleting bool
-	grace    time.Duration
-	removed  bool
+	// mu (UpdatePod, DeletePod), never changed in place, so a pointer read
+	// under mu stays valid.
+	pod *corev1.Pod
+	// plan is the pod's VM plan (podspec), set when the pod is admitted.
+	plan podspec.Plan
+	// state is the pod's VMState: written by its worker, by recovery
+	// before the worker starts, and by the exporter (a VM size); persisted
+	// to status.json (persist.go).
+	state podstatus.VMState
+	// vm is the running VM (nil: none): written by the worker alone; the
+	// console, port-forward, exec and stats read it.
+	vm VM
+	// release gives up the pod's hold on its image (nil: none): the worker's.
+	release func()
+	// probes is the readiness of the current run (probes.go); nil: no
+	// readiness probe. Replaced by the worker at each start.
+	probes *probe.State
+
+	handoff workerHandoff
+	del     podDeletion
+	snap    snapshotRun
+	exp     exporterRecord
+	resync  statusResync
+	// statusFile: the writes of status.json (persist.go).
+	statusFile statusFileWriter
+}
+
+// workerHandoff is what the pod's creator leaves its worker: written by
+// CreatePod or Recover before the worker goroutine starts, the worker's
+// alone after (run reads and clears pendingExit under podVM.mu).
+type workerHandoff struct {
 	// pendingExit: recovered with a VM that ended while nobody watched;
 	// the restart policy still has to be applied.
 	pendingExit bool
-	// probes is the readiness of the current run (probes.go); nil: no
-	// readiness probe.
-	probes *probe.State
-	// Snapshot start (snapshots.go), set by the worker: snapClaim is the
-	// snapshot this run saves at readiness (taken by captureSnapshot);
-	// snapUsed the snapshot the run was restored from; snapRestoreFailed
-	// makes the next decision boot.
-	snapClaim         *snapshotClaim
-	snapUsed          *snapshotUse
-	snapRestoreFailed bool
-
-	// apiResourceVersion: the resourceVersion of the API server's copy
-	// whose status disagreed with the node's (statusresync.go); sent with
-	// the next status so the library does not skip it as already sent.
-	apiResourceVersion string
-	resyncs            int
-
-	// ctl carries power and flash requests (exporter.go) to the worker.
-	ctl chan vmRequest
-	// exporter is the state of the pod's Jumpstarter exporter (nil: none),
-	// shown as a pod condition; written by the exporter supervisor.
-	exporter *exporterStatus
-	// waiter is a power on or flash request answered by the next start's
-	// result (worker goroutine only).
-	waiter chan<- error
-	// stopExp ends the exporter supervisor; expDone is closed when it has
-	// ended (both nil: no exporter).
-	stopExp context.CancelFunc
-	expDone chan struct{}
-	// expStarted: the supervisor was started once (never again: it lives
-	// with the pod).
-	expStarted bool
-	// persistMu orders the writes of status.json (persist.go);
-	// persistFailing: the last write failed (an event was sent).
-	persistMu      sync.Mutex
-	persistFailing bool
 	// unrecorded: the intent record (pod.json) is not written yet: the
-	// worker writes it before anything of the VM exists (record). Set by
-	// CreatePod before the worker starts; the worker's alone after.
+	// worker writes it before anything of the VM exists (record).
 	unrecorded bool
+}
 
-	deleteReq chan struct{} // closed by DeletePod
-	confirmed chan struct{} // closed once the pod is known to still exist
-	confirm   sync.Once
-	done      chan struct{} // closed when the worker ends
+// podDeletion is the pod's deletion (lifecycle.go, delete.go), under
+// podVM.mu: DeletePod sets deleting and grace; the worker's finishDelete
+// sets removed once the state dir is gone.
+type podDeletion struct {
+	deleting bool
+	grace    time.Duration
+	removed  bool
+}
+
+// snapshotRun is the current run's memory snapshot (snapshots.go), under
+// podVM.mu: written by the worker when it starts the VM; the claim is
+// taken by captureSnapshot (at readiness) or dropped by the worker.
+type snapshotRun struct {
+	// claim is the snapshot this run saves at readiness.
+	claim *snapshotClaim
+	// used is the snapshot the run was restored from.
+	used *snapshotUse
+	// restoreFailed makes the next decision boot.
+	restoreFailed bool
+}
+
+// exporterRecord is the pod's Jumpstarter exporter (exporter.go), under
+// podVM.mu: startExporter sets started, stop and done once; the exporter
+// supervisor writes status (shown as a pod condition).
+type exporterRecord struct {
+	// status is the exporter's state (nil: none).
+	status *exporterStatus
+	// stop ends the exporter supervisor; done is closed when it has ended
+	// (both nil: no exporter).
+	stop context.CancelFunc
+	done chan struct{}
+	// started: the supervisor was started once (never again: it lives
+	// with the pod).
+	started bool
+}
+
+// statusResync is the status resync's (statusresync.go), under podVM.mu.
+type statusResync struct {
+	// apiResourceVersion: the resourceVersion of the API server's copy
+	// whose status disagreed with the node's; sent with the next status so
+	// the library does not skip it as already sent.
+	apiResourceVersion string
+	// count is the number of resyncs (a made-up resourceVersion when the
+	// API server's copy has none).
+	count int
+}
+
+// statusFileWriter orders the writes of status.json (persist.go).
+type statusFileWriter struct {
+	// mu serializes the writes; taken before podVM.mu.
+	mu sync.Mutex
+	// failing: the last write failed (an event was sent); under podVM.mu,
+	// written by whoever persists.
+	failing bool
 }
 
 // newPodVM is the record of a new pod (CreatePod) or a recovered one
@@ -243,8 +299,8 @@ func (p *VMs) findLocked(namespace, name string) *podVM {
 	var any *podVM
 	for _, r := range p.pods {
 		r.mu.Lock()
-		match := r.pod.Namespace == namespace && r.pod.Name == name && !r.removed
-		deleting := r.deleting
+		match := r.pod.Namespace == namespace && r.pod.Name == name && !r.del.removed
+		deleting := r.del.deleting
 		r.mu.Unlock()
 		if !match {
 			continue
@@ -262,7 +318,7 @@ func (p *VMs) activePodsLocked() []*corev1.Pod {
 	var out []*corev1.Pod
 	for _, r := range p.pods {
 		r.mu.Lock()
-		if !r.deleting && !r.state.Final && r.state.Rejection == nil {
+		if !r.del.deleting && !r.state.Final && r.state.Rejection == nil {
 			out = append(out, podspec.WithMemoryClaim(r.pod, r.state.Size.MemoryOrZero())) // vmsize.go
 		}
 		r.mu.Unlock()
@@ -282,12 +338,12 @@ func (p *VMs) snapshot(rec *podVM) *corev1.Pod {
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	pod := rec.pod.DeepCopy()
-	if rec.apiResourceVersion != "" {
-		pod.ResourceVersion = rec.apiResourceVersion // statusresync.go
+	if rec.resync.apiResourceVersion != "" {
+		pod.ResourceVersion = rec.resync.apiResourceVersion // statusresync.go
 	}
 	pod.Status = podstatus.PodStatus(rec.pod, rec.state, p.cfg.NodeIP, p.now())
 	probe.Apply(&pod.Status, rec.pod, rec.probes)      // probes.go: readiness probe result
-	applyExporter(&pod.Status, rec.exporter)           // exporter.go: Jumpstarter exporter condition
+	applyExporter(&pod.Status, rec.exp.status)         // exporter.go: Jumpstarter exporter condition
 	podstatus.ApplyVMSize(&pod.Status, rec.state.Size) // vmsize.go: a size set through the exporter
 	return pod
 }

@@ -28,7 +28,7 @@ import (
 //     read from rec.vm under rec.mu; they never change its lifecycle
 //     (VM methods are safe for concurrent use);
 //   - the exporter supervisor goroutine (exporter.go) owns the exporter
-//     and rec.exporter (the condition it shows).
+//     and rec.exp.status (the condition it shows).
 //
 // The worker is a state machine (podworker.go): its states, events and
 // transitions are there; run only waits for events and does the actions.
@@ -52,6 +52,9 @@ type worker struct {
 	req vmRequest
 	// backoff fires at the end of the crash-loop back-off (nil: no wait).
 	backoff *time.Timer
+	// waiter is a power on or flash request answered by the next start's
+	// result (nil: none).
+	waiter chan<- error
 }
 
 // run owns one pod's VM until the pod is deleted or the provider stops.
@@ -59,9 +62,9 @@ func (p *VMs) run(rec *podVM) {
 	defer close(rec.done)
 	rec.mu.Lock()
 	pod := rec.pod.DeepCopy()
-	f := recoveredFacts{final: rec.state.Final, vm: rec.vm != nil, pendingExit: rec.pendingExit, poweredOff: rec.state.PoweredOff}
+	f := recoveredFacts{final: rec.state.Final, vm: rec.vm != nil, pendingExit: rec.handoff.pendingExit, poweredOff: rec.state.PoweredOff}
 	w := &worker{p: p, rec: rec, pod: pod, vm: rec.vm}
-	rec.pendingExit = false
+	rec.handoff.pendingExit = false
 	rec.mu.Unlock()
 	w.log = p.log.WithValues("pod", klog.KObj(pod), "uid", rec.uid)
 	w.ctx = klog.NewContext(p.base, w.log)
@@ -86,11 +89,11 @@ func (p *VMs) run(rec *podVM) {
 	}
 }
 
-// answer answers the request waiting for the next start (rec.waiter), once.
+// answer answers the request waiting for the next start (w.waiter), once.
 func (w *worker) answer(err error) {
-	if w.rec.waiter != nil {
-		w.rec.waiter <- err
-		w.rec.waiter = nil
+	if w.waiter != nil {
+		w.waiter <- err
+		w.waiter = nil
 	}
 }
 
@@ -148,7 +151,7 @@ func (w *worker) step(s podState) workerEvent {
 			return workerEvent{kind: evFlashFailed}
 		}
 		p.update(rec, func(st *podstatus.VMState) { st.PoweredOff = false })
-		rec.waiter = req.reply // answered by the start of the new image
+		w.waiter = req.reply // answered by the start of the new image
 		return workerEvent{kind: evFlashed}
 	case stateTerminating:
 		p.finishDelete(rec, w.vm)
@@ -193,11 +196,11 @@ func (w *worker) start() workerEvent {
 	case <-ctx.Done():
 		return workerEvent{kind: evShutdown}
 	}
-	if rec.unrecorded {
+	if rec.handoff.unrecorded {
 		if e, ok := w.record(); !ok {
 			return e
 		}
-		rec.unrecorded = false
+		rec.handoff.unrecorded = false
 	}
 	// A pod needing a disabled feature waits (features.go).
 	if !p.holdForFeatures(ctx, rec) {
@@ -333,7 +336,7 @@ func (w *worker) do(acts []workerAction) {
 			})
 			w.req.reply <- nil
 		case actAwaitStart:
-			rec.waiter = w.req.reply
+			w.waiter = w.req.reply
 		case actAnswerStarted:
 			w.answer(nil)
 		case actAnswerStartError:
