@@ -19,27 +19,13 @@ import (
 // pullAndStart pulls the image (retrying with back-off, showing
 // ErrImagePull / ImagePullBackOff) and starts the VM. ok is false when
 // interrupted (delete, shutdown) or when the start failed (recorded as a
-// terminated run).
+// terminated run). Each job is a step below: the run's plan, the pull, the
+// image hold, the VM spec (waiting for its config), the QEMU start and the
+// record of the started run.
 func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (VM, bool) {
 	log := klog.FromContext(ctx)
 	p.dropSnapshotClaim(rec) // an earlier run's, unused
-	rec.mu.Lock()
-	rec.snap.used, rec.snap.restoreFailed = nil, false
-	pod := rec.pod.DeepCopy()
-	plan := rec.plan
-	if rec.state.FlashedImage != "" {
-		// Flashed (exporter.go): boot that image, pinned by digest.
-		plan.Image, plan.PullPolicy = rec.state.FlashedImage, oci.PullIfNotPresent
-	}
-	var size podstatus.VMSize // set through the exporter (vmsize.go)
-	if rec.state.Size != nil {
-		size = *rec.state.Size
-		if size.MemoryBytes > 0 {
-			plan.MemoryMiB = podspec.MemoryMiB(size.MemoryBytes)
-		}
-		plan.DiskBytes = size.DiskBytes
-	}
-	rec.mu.Unlock()
+	pod, plan, size := p.runPlan(rec)
 
 	// Cancel the pull when the pod is deleted.
 	pctx, cancel := context.WithCancel(ctx)
@@ -54,26 +40,97 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (VM, bool) {
 	att := p.cfg.Telemetry.BeginStart(pctx, rec.uid, pod, plan.Image) // tracing.go: pod.start span, start metrics
 	defer att.Done()
 
+	img, ok := p.pullImage(pctx, rec, pod, plan, att)
+	if !ok {
+		return nil, false
+	}
+	p.holdImage(ctx, rec, img)
+
+	pod, spec, ok, err := p.waitForSpec(ctx, pctx, rec, pod, plan, img)
+	if !ok {
+		return nil, false
+	}
+	att.Overlaid(err)
+	if err != nil {
+		reason := podstatus.ReasonStartError
+		if _, ok := errors.AsType[podspec.InvalidSpec](err); ok {
+			reason = podstatus.ReasonInvalidVMSpec
+		}
+		log.Error(err, "VM not started", "reason", reason)
+		p.event(pod, corev1.EventTypeWarning, "Failed", err.Error())
+		p.recordStartError(rec, reason, err)
+		return nil, false
+	}
+	vm, spec, err := p.startQEMU(ctx, pctx, rec, pod, plan, img, spec)
+	att.QEMUStarted(vm, err)
+	if err != nil {
+		if pctx.Err() != nil {
+			return nil, false
+		}
+		log.Error(err, "QEMU start failed")
+		p.event(pod, corev1.EventTypeWarning, "Failed", "Error: "+err.Error())
+		p.recordStartError(rec, podstatus.ReasonStartError, err)
+		return nil, false
+	}
+	p.recordStarted(ctx, rec, pod, vm, spec, size)
+	return vm, true
+}
+
+// runPlan is what this run boots: the pod's plan with a flashed image and
+// a size set through the exporter (vmsize.go) applied, and that size.
+// It also forgets the previous run's snapshot use.
+func (p *VMs) runPlan(rec *podVM) (*corev1.Pod, podspec.Plan, podstatus.VMSize) {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	rec.snap.used, rec.snap.restoreFailed = nil, false
+	pod := rec.pod.DeepCopy()
+	plan := rec.plan
+	if rec.state.FlashedImage != "" {
+		// Flashed (exporter.go): boot that image, pinned by digest.
+		plan.Image, plan.PullPolicy = rec.state.FlashedImage, oci.PullIfNotPresent
+	}
+	var size podstatus.VMSize
+	if rec.state.Size != nil {
+		size = *rec.state.Size
+		if size.MemoryBytes > 0 {
+			plan.MemoryMiB = podspec.MemoryMiB(size.MemoryBytes)
+		}
+		plan.DiskBytes = size.DiskBytes
+	}
+	return pod, plan, size
+}
+
+// pullObserver sees each pull attempt (the start's telemetry).
+type pullObserver interface {
+	Pulled(t0 time.Time, err error)
+}
+
+// pullImage returns the image to boot: a flashed root (exporter_flash.go),
+// the cached image when the pull policy allows it, else a pull retried with
+// back-off (ErrImagePull, then ImagePullBackOff). ok is false when ctx
+// ended (delete, shutdown).
+func (p *VMs) pullImage(ctx context.Context, rec *podVM, pod *corev1.Pod, plan podspec.Plan, att pullObserver) (img *oci.Image, ok bool) {
+	log := klog.FromContext(ctx)
 	// A flashed root (exporter_flash.go) boots instead of any image.
-	img := p.flashedRoot(rec)
+	img = p.flashedRoot(rec)
 	for attempt := 1; img == nil; attempt++ {
 		t0 := time.Now()
-		if img = p.presentImage(pctx, plan); img != nil {
+		if img = p.presentImage(ctx, plan); img != nil {
 			// As the kubelet: one Pulled event, no Pulling, for a cached image.
 			att.Pulled(t0, nil)
 			p.event(pod, corev1.EventTypeNormal, "Pulled", fmt.Sprintf("Container image %q already present on machine", plan.Image))
 			break
 		}
-		auth := p.pullSecrets(pctx, pod, plan.PullSecrets)
+		auth := p.pullSecrets(ctx, pod, plan.PullSecrets)
 		p.event(pod, corev1.EventTypeNormal, "Pulling", fmt.Sprintf("Pulling image %q", plan.Image))
 		var err error
-		img, err = p.cfg.Images.Pull(pctx, plan.Image, oci.PullOptions{Auth: auth, Policy: plan.PullPolicy})
+		img, err = p.cfg.Images.Pull(ctx, plan.Image, oci.PullOptions{Auth: auth, Policy: plan.PullPolicy})
 		att.Pulled(t0, err)
 		if err == nil {
 			p.event(pod, corev1.EventTypeNormal, "Pulled", fmt.Sprintf("Successfully pulled image %q (%s) in %s", plan.Image, img.Digest, time.Since(t0).Round(time.Millisecond)))
 			break
 		}
-		if pctx.Err() != nil {
+		if ctx.Err() != nil {
 			return nil, false
 		}
 		msg := err.Error()
@@ -82,19 +139,23 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (VM, bool) {
 		p.update(rec, func(st *podstatus.VMState) { st.SetWaiting(podstatus.ReasonErrImagePull, msg) })
 		delay := p.cfg.Backoff.Delay(attempt)
 		hold := min(p.cfg.ErrImagePullHold, delay)
-		if !sleepCtx(pctx, hold) {
+		if !sleepCtx(ctx, hold) {
 			return nil, false
 		}
 		p.update(rec, func(st *podstatus.VMState) {
 			st.SetWaiting(podstatus.ReasonImagePullBackOff, podstatus.PullBackOffMessage(plan.Image, msg))
 		})
 		p.event(pod, corev1.EventTypeNormal, "BackOff", fmt.Sprintf("Back-off pulling image %q", plan.Image))
-		if !sleepCtx(pctx, delay-hold) {
+		if !sleepCtx(ctx, delay-hold) {
 			return nil, false
 		}
 	}
+	return img, true
+}
 
-	// Hold the image while the pod lives.
+// holdImage holds img while the pod lives (the previous image's hold is
+// given up) and records it as the pod's image: ContainerCreating.
+func (p *VMs) holdImage(ctx context.Context, rec *podVM, img *oci.Image) {
 	rec.mu.Lock()
 	haveRelease := rec.release != nil && rec.state.ImageDigest == img.Digest
 	rec.mu.Unlock()
@@ -107,7 +168,7 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (VM, bool) {
 			rec.release = rel
 			rec.mu.Unlock()
 		} else {
-			log.Error(err, "Acquire image")
+			klog.FromContext(ctx).Error(err, "Acquire image")
 		}
 	}
 	p.update(rec, func(st *podstatus.VMState) {
@@ -115,37 +176,35 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (VM, bool) {
 		st.ImageID = imageID(img)
 		st.SetWaiting(podstatus.ReasonContainerCreating, "")
 	})
+}
 
+// waitForSpec builds the VM spec (vmSpec), waiting with back-off while a
+// Secret or ConfigMap it needs is missing (CreateContainerConfigError, as
+// a kubelet: podspec.PrepareGuestDisks). It returns the pod as last read
+// and vmSpec's result; ok is false when pctx ended while waiting.
+func (p *VMs) waitForSpec(ctx, pctx context.Context, rec *podVM, pod *corev1.Pod, plan podspec.Plan, img *oci.Image) (_ *corev1.Pod, _ qemu.Spec, ok bool, _ error) {
+	log := klog.FromContext(ctx)
 	spec, err := p.vmSpec(ctx, rec, pod, plan, img)
 	for attempt := 1; err != nil && podspec.IsConfigError(err); attempt++ {
-		// A missing Secret/ConfigMap: wait for it, as a kubelet (podspec.PrepareGuestDisks).
 		msg := err.Error()
 		log.Info("VM config not available", "err", msg)
 		p.event(pod, corev1.EventTypeWarning, "Failed", "Error: "+msg)
 		p.update(rec, func(st *podstatus.VMState) { st.SetWaiting(podspec.ReasonCreateContainerConfigError, msg) })
 		if !sleepCtx(pctx, min(p.cfg.Backoff.Delay(attempt), podspec.ConfigRetryMax)) {
-			return nil, false
+			return pod, spec, false, err
 		}
 		rec.mu.Lock()
 		pod = rec.pod.DeepCopy()
 		rec.mu.Unlock()
 		spec, err = p.vmSpec(ctx, rec, pod, plan, img)
 	}
-	att.Overlaid(err)
-	if err != nil {
-		reason := podstatus.ReasonStartError
-		if _, ok := errors.AsType[podspec.InvalidSpec](err); ok {
-			reason = podstatus.ReasonInvalidVMSpec
-		}
-		log.Error(err, "VM not started", "reason", reason)
-		p.event(pod, corev1.EventTypeWarning, "Failed", err.Error())
-		now := p.now()
-		p.update(rec, func(st *podstatus.VMState) {
-			st.SetTerminated(corev1.ContainerStateTerminated{ExitCode: 128, Reason: reason, Message: err.Error(),
-				StartedAt: podstatus.MetaTime(now), FinishedAt: podstatus.MetaTime(now)})
-		})
-		return nil, false
-	}
+	return pod, spec, true, err
+}
+
+// startQEMU starts the VM of spec, bounded by StartTimeout; a memory
+// snapshot QEMU cannot load is discarded and the VM booted instead
+// (snapshots.go). It returns the spec that started.
+func (p *VMs) startQEMU(ctx, pctx context.Context, rec *podVM, pod *corev1.Pod, plan podspec.Plan, img *oci.Image, spec qemu.Spec) (VM, qemu.Spec, error) {
 	sctx, scancel := context.WithTimeout(pctx, p.cfg.StartTimeout)
 	vm, err := p.cfg.Hypervisor.Start(sctx, spec, rec.dir)
 	scancel()
@@ -158,20 +217,22 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (VM, bool) {
 			scancel()
 		}
 	}
-	att.QEMUStarted(vm, err)
-	if err != nil {
-		if pctx.Err() != nil {
-			return nil, false
-		}
-		log.Error(err, "QEMU start failed")
-		p.event(pod, corev1.EventTypeWarning, "Failed", "Error: "+err.Error())
-		now := p.now()
-		p.update(rec, func(st *podstatus.VMState) {
-			st.SetTerminated(corev1.ContainerStateTerminated{ExitCode: 128, Reason: podstatus.ReasonStartError, Message: err.Error(),
-				StartedAt: podstatus.MetaTime(now), FinishedAt: podstatus.MetaTime(now)})
-		})
-		return nil, false
-	}
+	return vm, spec, err
+}
+
+// recordStartError records a start that failed as a terminated run (exit
+// code 128, reason StartError or InvalidVMSpec).
+func (p *VMs) recordStartError(rec *podVM, reason string, err error) {
+	now := p.now()
+	p.update(rec, func(st *podstatus.VMState) {
+		st.SetTerminated(corev1.ContainerStateTerminated{ExitCode: 128, Reason: reason, Message: err.Error(),
+			StartedAt: podstatus.MetaTime(now), FinishedAt: podstatus.MetaTime(now)})
+	})
+}
+
+// recordStarted records the started run: the pod's VM, the Started event,
+// Running, and the size this run applied.
+func (p *VMs) recordStarted(ctx context.Context, rec *podVM, pod *corev1.Pod, vm VM, spec qemu.Spec, size podstatus.VMSize) {
 	rec.mu.Lock()
 	rec.vm = vm
 	rec.mu.Unlock()
@@ -179,7 +240,7 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (VM, bool) {
 	if spec.Incoming != "" {
 		from = ", restored from a memory snapshot"
 	}
-	log.Info("VM started", "pid", vm.Pid(), "accelerator", spec.Accelerator, "fromSnapshot", spec.Incoming != "")
+	klog.FromContext(ctx).Info("VM started", "pid", vm.Pid(), "accelerator", spec.Accelerator, "fromSnapshot", spec.Incoming != "")
 	p.event(pod, corev1.EventTypeNormal, "Started", fmt.Sprintf("Started VM (QEMU pid %d, %s, %d vCPU, %d MiB%s)", vm.Pid(), spec.Accelerator, spec.CPUs, spec.MemoryMiB, from))
 	p.update(rec, func(st *podstatus.VMState) {
 		st.SetRunning(p.now())
@@ -188,7 +249,6 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (VM, bool) {
 			st.Size.Changed = p.now().UTC()
 		}
 	})
-	return vm, true
 }
 
 // presentImage returns the cached image of plan when its pull policy lets
