@@ -119,8 +119,11 @@ func TestConfigReload(t *testing.T) {
 	assert.Zero(t, states())
 
 	// A bad file (noticed by its content change): rejected, features kept.
+	// A target's state is set before its event is recorded (applyLocked):
+	// each step waits for the event, the last thing a reload does.
 	write("stateDir: " + dir + "/state\nfeatures: {uefi: true, bogus: true}\n")
-	waitFor("rejection shown", func() bool { return states() == 1 })
+	waitFor("rejection shown", func() bool { _, _, e := n1.counts(); return e == 1 })
+	assert.Equal(t, 1, states())
 	fc, st, ev := n1.last()
 	assert.Nil(t, fc, "features not swapped")
 	assert.Contains(t, st.Error, `unknown field "features.bogus"`)
@@ -133,23 +136,22 @@ func TestConfigReload(t *testing.T) {
 	_, _, before := n1.counts()
 	write("stateDir: " + dir + "/state\nfeatures: {uefi: true}\n")
 	hup <- nil
-	waitFor("reload applied", func() bool { fc, _, _ := n1.last(); return fc != nil })
-	fc, st, ev = n1.last()
+	waitFor("reload applied", func() bool { return strings.Contains(n1.eventsSince(before), "uefi: false -> true") })
+	fc, st, _ = n1.last()
 	assert.True(t, fc.Enabled(config.FeatureUEFI))
 	assert.Empty(t, st.Error)
 	assert.Empty(t, st.RestartRequired)
-	assert.Contains(t, ev, "Normal ConfigReloaded")
-	assert.Contains(t, n1.eventsSince(before), "uefi: false -> true")
+	assert.Contains(t, n1.eventsSince(before), "Normal ConfigReloaded")
 
 	// A restart-only field: reported, not applied; features still are.
+	_, _, before = n1.counts()
 	write("stateDir: " + dir + "/elsewhere\nfeatures: {uefi: true, attach: false}\n")
 	hup <- nil
-	waitFor("restart required", func() bool { _, st, _ := n1.last(); return len(st.RestartRequired) > 0 })
-	fc, st, ev = n1.last()
+	waitFor("restart required", func() bool { return strings.Contains(n1.eventsSince(before), "Warning RestartRequired") })
+	fc, st, _ = n1.last()
 	assert.Equal(t, []string{"stateDir"}, st.RestartRequired)
 	assert.False(t, fc.Enabled(config.FeatureAttach))
-	assert.Contains(t, ev, "Warning RestartRequired")
-	assert.Contains(t, ev, "stateDir")
+	assert.Contains(t, n1.eventsSince(before), "restart: stateDir")
 
 	// A node coming up after reloads gets the state in force.
 	n2 := &fakeNode{}
