@@ -493,7 +493,9 @@ func TestPresignedRequests(t *testing.T) {
 		}
 	}))
 	defer srv.Close()
-	mutate, target := withDisk(jumpstarter.ResourceOptions{AllowLocalFetch: true, StallTimeout: 500 * time.Millisecond})
+	// Healthy transfers get a stall bound no loaded -race run reaches; the
+	// stall case runs on an exporter of its own with a short one.
+	mutate, target := withDisk(jumpstarter.ResourceOptions{AllowLocalFetch: true, StallTimeout: time.Minute})
 	e, s, uuidOf := leased(t, mutate)
 	ctx := ctxT(t, 5*time.Minute)
 	fl := uuidOf("flasher")
@@ -522,8 +524,12 @@ func TestPresignedRequests(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, status.Convert(err).Message(), "403")
 	assert.NotContains(t, status.Convert(err).Message(), "wrong", "the query is redacted")
-	_, err = s.Call(ctx, fl, "flash", presigned("GET", "/stall"), "root")
+	mutateStall, targetStall := withDisk(jumpstarter.ResourceOptions{AllowLocalFetch: true, StallTimeout: 500 * time.Millisecond})
+	_, sStall, uuidOfStall := leased(t, mutateStall)
+	_, err = sStall.Call(ctx, uuidOfStall("flasher"), "flash", presigned("GET", "/stall"), "root")
 	assert.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
+	_, stallWrites := targetStall().part("root")
+	assert.Equal(t, 0, stallWrites, "a stalled fetch installs nothing")
 	_, err = s.Call(ctx, fl, "dump", presigned("GET", "/dump"), "root")
 	assert.Equal(t, codes.InvalidArgument, status.Code(err), "dump needs a PUT: %v", err)
 
