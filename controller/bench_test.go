@@ -23,6 +23,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
+	"github.com/qemu-kubelet/qemu-kubelet/internal/pinned"
 )
 
 // Both controllers talk to the apiserver with the same client-side limits,
@@ -46,7 +47,7 @@ func startKCM(b *testing.B) {
 	// Its own group, killed in cleanup; and killed with the test binary if
 	// that dies first.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	if err := pinned.Start(cmd); err != nil {
 		b.Fatalf("start kube-controller-manager: %v", err)
 	}
 	b.Cleanup(func() {

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/qemu-kubelet/qemu-kubelet/internal/pinned"
 )
 
 // AccelPolicy is the caller's choice of accelerator.
@@ -244,7 +246,7 @@ func runProbeImage(ctx context.Context, opts ProbeOptions, accel Accelerator, im
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 2 * time.Second
-	err := cmd.Run()
+	err := pinned.Run(cmd)
 	msg := strings.TrimSpace(stderr.String())
 	var ee *exec.ExitError
 	name := strings.ToUpper(string(accel))

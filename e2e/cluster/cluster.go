@@ -28,6 +28,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/qemu-kubelet/qemu-kubelet/internal/pinned"
 )
 
 // KubeletClientUser is the identity the apiserver presents to kubelet APIs
@@ -438,7 +440,7 @@ func (c *Cluster) spawn(name string, args ...string) error {
 	// Own process group so Stop reaches any children; Pdeathsig kills the
 	// component if the test process dies (panic, timeout, SIGKILL).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	if err := pinned.Start(cmd); err != nil {
 		logf.Close()
 		return fmt.Errorf("start %s: %w", name, err)
 	}

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/qemu-kubelet/qemu-kubelet/internal/pinned"
 	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 )
 
@@ -111,7 +112,7 @@ http:
 	cmd := exec.Command("/usr/bin/docker-registry", "serve", cfgPath)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	if err := pinned.Start(cmd); err != nil {
 		tb.Fatalf("start docker-registry: %v", err)
 	}
 	exited := make(chan struct{})
@@ -177,6 +178,8 @@ func RunErr(ctx context.Context, dir string, name string, args ...string) (strin
 	cmd.Dir = dir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	out, err := cmd.CombinedOutput()
-	return string(out), err
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := pinned.Run(cmd)
+	return out.String(), err
 }
