@@ -102,8 +102,19 @@ func TestSnapshotStart(t *testing.T) {
 	ref := refs[vmtest.VariantACPI]
 	dirOf := func(uid string) string { return filepath.Join(stateDir, VMsDirName, uid) }
 
+	// The snapshot is saved at Ready. The guest's HTTP server starts before
+	// init prints the boot marker, so with an HTTP probe the snapshot may
+	// hold a guest that has yet to print it (and a restored VM then does).
+	// Here Ready is the guest agent answering an exec probe: init starts
+	// the agent just before it prints the marker, so the saved guest has
+	// printed it and a VM that prints it again has booted.
+	agentReady := func(p *corev1.Pod) *corev1.Pod {
+		p.Spec.Containers[0].ReadinessProbe.ProbeHandler = corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"cat", "/www/index.html"}}}
+		return p
+	}
+
 	// 1. The creator boots, becomes Ready, and saves the snapshot.
-	a := snapshotPod("snap-a", ref)
+	a := agentReady(snapshotPod("snap-a", ref))
 	require.NoError(t, h.vms.CreatePod(ctx, a))
 	h.wait(a.UID, 3*time.Minute, "Ready", podReadyCond)
 	waitConsole(t, dirOf("snap-a"), vmtest.BootMarker, time.Second)
@@ -130,7 +141,7 @@ func TestSnapshotStart(t *testing.T) {
 	con.Close()
 
 	// 2. The next pod is restored, not booted, and works.
-	b := snapshotPod("snap-b", ref)
+	b := agentReady(snapshotPod("snap-b", ref))
 	require.NoError(t, h.vms.CreatePod(ctx, b))
 	h.wait(b.UID, 2*time.Minute, "Ready", podReadyCond)
 	waitEvent(t, h, &seen, 10*time.Second, "Started", "restored from a memory snapshot")
