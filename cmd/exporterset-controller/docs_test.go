@@ -13,15 +13,7 @@ import (
 // docs/exporterset.md is the flag set of exporterset-controller: its own
 // flags (addFlags), controller-runtime's --kubeconfig and klog's -v.
 func TestFlagTableDocumented(t *testing.T) {
-	doc, err := doctest.Read("docs/exporterset.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sec, err := doc.Section("Controller flags")
-	if err != nil {
-		t.Fatal(err)
-	}
-	table, err := sec.Table("Flag")
+	table, err := doctest.TableIn("docs/exporterset.md", "Controller flags", "Flag")
 	if err != nil {
 		t.Fatal(err)
 	}

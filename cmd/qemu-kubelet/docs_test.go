@@ -14,15 +14,7 @@ import (
 // documented by -v alone), every row names a real flag, and each row's
 // default is the flag's.
 func TestFlagTableDocumented(t *testing.T) {
-	doc, err := doctest.Read("docs/node-config.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sec, err := doc.Section("Flags")
-	if err != nil {
-		t.Fatal(err)
-	}
-	table, err := sec.Table("Flag")
+	table, err := doctest.TableIn("docs/node-config.md", "Flags", "Flag")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -231,6 +231,21 @@ func CodeSpans(s string) []string {
 	return out
 }
 
+// TableIn reads docs file rel (relative to the repository root) and
+// returns the table whose first header cell is first in its section titled
+// section.
+func TableIn(rel, section, first string) (Table, error) {
+	doc, err := Read(rel)
+	if err != nil {
+		return Table{}, err
+	}
+	sec, err := doc.Section(section)
+	if err != nil {
+		return Table{}, err
+	}
+	return sec.Table(first)
+}
+
 // FlagTableErrors holds a flag table (first column: the flags as code spans,
 // `--name` or `-name`, with an optional argument after a space or =;
 // second column: the default as the flag package prints it, as the cell's
