@@ -119,15 +119,22 @@ run: deps build
 # $(BENCH_OUT) and draws BenchmarkBurst's create->Ready vs N into $(BENCH_PNG).
 # Packages run one at a time (-p 1): a benchmark that starts VMs must not share
 # the host's two cores with another package's VMs.
+# BENCH (a -bench pattern) and BENCH_PKGS pick a subset, e.g.
+# make bench BENCH='ApplyToLogs|LeaseFromZero' BENCH_PKGS=./e2e/
+# (a subset draws no plot unless BENCH_PNG is given).
+BENCH ?= .
+BENCH_PKGS ?= ./...
+ifeq ($(BENCH),.)
 BENCH_PNG ?= docs/performance-burst.png
+endif
 bench: deps
 	@echo "# qemu-kubelet benchmarks $$(date -u +%FT%TZ) $$(git rev-parse --short HEAD 2>/dev/null) load $$(cut -d' ' -f1-3 /proc/loadavg)" > $(BENCH_OUT)
 	@date +%s > $(BENCH_OUT).start
 	bash -o pipefail -c 'QK_CONTROL_PLANE_BIN=$$(hack/build-control-plane.sh) \
-	  $(GO) test -p 1 -run "^$$" -bench . -benchtime $(BENCHTIME) -benchmem -timeout 60m ./... 2>&1 | tee -a $(BENCH_OUT)'
+	  $(GO) test -p 1 -run "^$$" -bench "$(BENCH)" -benchtime $(BENCHTIME) -benchmem -timeout 60m $(BENCH_PKGS) 2>&1 | tee -a $(BENCH_OUT)'
 	@echo "# summary $$(date -u +%FT%TZ) load $$(cut -d' ' -f1-3 /proc/loadavg) elapsed $$(( $$(date +%s) - $$(cat $(BENCH_OUT).start) ))s" >> $(BENCH_OUT); rm -f $(BENCH_OUT).start
-	cd hack/benchplot && $(GO) run . -in $(abspath $(BENCH_OUT)) -png $(abspath $(BENCH_PNG)) >> $(abspath $(BENCH_OUT))
-	@echo "results: $(BENCH_OUT), plot: $(BENCH_PNG)"
+	cd hack/benchplot && $(GO) run . -in $(abspath $(BENCH_OUT)) -png "$(if $(BENCH_PNG),$(abspath $(BENCH_PNG)))" >> $(abspath $(BENCH_OUT))
+	@echo "results: $(BENCH_OUT) $(if $(BENCH_PNG),plot: $(BENCH_PNG))"
 
 # soak: e2e TestSoak for SOAK_DURATION (Go duration) with random faults;
 # SOAK_SEED replays a run's choices. The test timeout is the duration plus

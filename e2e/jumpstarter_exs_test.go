@@ -85,6 +85,33 @@ func (e *exsEnv) jumpstarter(tb testing.TB) *jsEnv {
 }
 
 // jsSet is a Jumpstarter-mode set of the env's test image.
+// waitColdExporter waits until set (at zero) has exactly one Exporter, its
+// cold one, carrying the set's exporter labels. A Lease created before it
+// exists matches no Exporter and Jumpstarter ends it Unsatisfiable, as
+// upstream's controller does: a lease from zero needs the cold Exporter
+// first.
+func (e *exsEnv) waitColdExporter(tb testing.TB, js *jsEnv, set *v1alpha1.ExporterSet) {
+	tb.Helper()
+	want := set.Spec.Jumpstarter.ExporterLabels
+	require.Eventually(tb, func() bool {
+		exps := js.exporters(tb, e.ns, set.Name)
+		if len(exps) != 1 {
+			return false
+		}
+		for _, x := range exps {
+			if x.GetLabels()[v1alpha1.ExporterPodLabel] != v1alpha1.ExporterPodCold {
+				return false
+			}
+			for k, v := range want {
+				if x.GetLabels()[k] != v {
+					return false
+				}
+			}
+		}
+		return true
+	}, 30*time.Second, 200*time.Millisecond, "exporterset %s: one cold exporter carrying %v", set.Name, want)
+}
+
 func (e *exsEnv) jsSet(name string, replicas, minAvailable int32, js *jsEnv) *v1alpha1.ExporterSet {
 	set := e.newSet(name, e.image, replicas, minAvailable)
 	set.Spec.Jumpstarter = &v1alpha1.JumpstarterSpec{
@@ -278,15 +305,7 @@ func (e *exsEnv) testJumpstarterFromZero(t *testing.T) {
 	e.createSet(t, set)
 
 	// 1. No VM, one cold Exporter carrying the exporter labels.
-	require.Eventually(t, func() bool {
-		exps := js.exporters(t, e.ns, name)
-		for _, x := range exps {
-			if x.GetLabels()[v1alpha1.ExporterPodLabel] == v1alpha1.ExporterPodCold && x.GetLabels()["board"] == sel["board"] {
-				return len(exps) == 1
-			}
-		}
-		return false
-	}, 30*time.Second, 200*time.Millisecond, "one cold exporter")
+	e.waitColdExporter(t, js, set)
 	pods, err := e.livePods(ctx, name)
 	require.NoError(t, err)
 	assert.Empty(t, pods, "replicas 0: no VM before a lease waits")

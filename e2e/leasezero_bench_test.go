@@ -49,6 +49,7 @@ func BenchmarkLeaseFromZero(b *testing.B) {
 	js := e.jumpstarter(b)
 	set := e.jsSet("jslz", 0, 0, js)
 	e.createSet(b, set)
+	e.waitColdExporter(b, js, set)
 	bare := newBareGuest(b)
 
 	n := 0
