@@ -300,7 +300,7 @@ func (p *VMs) setExporterState(rec *podVM, s jumpstarter.State, msg string) {
 }
 
 // startExporter starts the pod's exporter supervisor if the pod asks for
-// one and it has not started yet: when the pod is first Ready (push) or
+// one and it has not started yet: when the pod is first Ready (the worker's evReady) or
 // found powered off by recovery (the worker). Idempotent.
 func (p *VMs) startExporter(ctx context.Context, rec *podVM) {
 	rec.mu.Lock()

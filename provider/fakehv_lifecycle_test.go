@@ -39,7 +39,7 @@ type fakeVMHarness struct {
 	forceDeletes map[types.UID]int
 }
 
-func newFakeVMHarness(t *testing.T, stateDir string, hv *fakeHypervisor, initial time.Duration) *fakeVMHarness {
+func newFakeVMHarness(t *testing.T, stateDir string, hv *fakeHypervisor, initial time.Duration, more ...func(*VMsConfig)) *fakeVMHarness {
 	imageDir := t.TempDir()
 	f := &fakeVMHarness{imgs: &fakeImages{dir: imageDir}, hv: hv, stateDir: stateDir, forceDeletes: map[types.UID]int{}}
 	f.harness = newHarnessWith(t, stateDir, f.imgs, imageDir, func(c *VMsConfig) {
@@ -50,6 +50,9 @@ func newFakeVMHarness(t *testing.T, stateDir string, hv *fakeHypervisor, initial
 			f.forceDeletes[pod.UID]++
 			f.mu.Unlock()
 			return nil
+		}
+		for _, m := range more {
+			m(c)
 		}
 	})
 	return f

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
@@ -36,6 +37,9 @@ type fakeHypervisor struct {
 	adopts   int
 	// started receives every VM started (buffered; never blocks a start).
 	started chan *fakeVM
+	// guestUp: the guests of the VMs answer exec with exit code 0 (else
+	// GuestExec fails, as with no guest agent).
+	guestUp atomic.Bool
 }
 
 func newFakeHypervisor() *fakeHypervisor {
@@ -70,7 +74,7 @@ func (h *fakeHypervisor) Start(ctx context.Context, spec qemu.Spec, dir string) 
 	}
 	h.nextPid++
 	h.starts++
-	vm := &fakeVM{dir: dir, pid: h.nextPid, spec: spec, done: make(chan struct{}), stopCalled: make(chan struct{}),
+	vm := &fakeVM{dir: dir, pid: h.nextPid, spec: spec, done: make(chan struct{}), stopCalled: make(chan struct{}), guestUp: &h.guestUp,
 		startTimes: qemu.StartTimes{Begin: time.Now(), Exec: time.Now(), QMP: time.Now(), Released: time.Now()}}
 	h.procs[dir] = vm
 	h.started <- vm
@@ -144,6 +148,8 @@ type fakeVM struct {
 	done       chan struct{}
 	// stopCalled is closed by the first Stop.
 	stopCalled chan struct{}
+	// guestUp is its hypervisor's.
+	guestUp *atomic.Bool
 
 	mu       sync.Mutex
 	exit     *qemu.Exit
@@ -258,6 +264,9 @@ func (v *fakeVM) Stats() (qemu.ProcStats, error) {
 var errNoGuest = errors.New("fake VM: no guest")
 
 func (v *fakeVM) GuestExec(context.Context, qemu.ExecRequest) (qemu.ExecResult, error) {
+	if v.guestUp != nil && v.guestUp.Load() {
+		return qemu.ExecResult{}, nil
+	}
 	return qemu.ExecResult{}, errNoGuest
 }
 

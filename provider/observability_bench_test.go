@@ -41,7 +41,7 @@ func BenchmarkStartTelemetry(b *testing.B) {
 		a.Pulled(time.Now(), nil)
 		a.Overlaid(nil)
 		a.QEMUStarted(nil, nil)
-		if got := tel.TakeBooting(pod.UID, nil); got != nil {
+		if got := tel.TakeBooting(pod.UID); got != nil {
 			got.Booted()
 		}
 		a.Done()

@@ -26,7 +26,8 @@ const (
 	// (CreateContainerConfigError), make the overlay (or restore a memory
 	// snapshot: snapshots.go) and start QEMU.
 	stateStarting podState = iota + 1
-	// stateRunning: the VM runs: wait for its exit, a request or a delete.
+	// stateRunning: the VM runs: wait for its exit, a request, a delete,
+	// and (until the run was Ready) for the pod to turn Ready.
 	stateRunning
 	// stateExited: recovery found the VM ended while nobody watched (its
 	// Terminated is in the state): the restart policy still applies.
@@ -102,12 +103,16 @@ const (
 	evFlashFailed
 	// evDeleted: finishDelete is done.
 	evDeleted
+	// evReady: the pod is Ready (stateRunning): its probes' results made
+	// it so, or it has no readiness or startup probe and the VM runs.
+	evReady
 )
 
 var eventKindNames = map[eventKind]string{
 	evDelete: "Delete", evShutdown: "Shutdown", evStarted: "Started", evStartFailed: "StartFailed",
 	evExited: "Exited", evBackOffDone: "BackOffDone", evRequest: "Request", evStopped: "Stopped",
 	evStopFailed: "StopFailed", evFlashed: "Flashed", evFlashFailed: "FlashFailed", evDeleted: "Deleted",
+	evReady: "Ready",
 }
 
 func (k eventKind) String() string {
@@ -172,9 +177,8 @@ const (
 	actStartExporter
 	// actStartProbes starts this run's probes (probes.go).
 	actStartProbes
-	// actExporterIfReady starts the exporter when the pod is already Ready
-	// (no readiness probe, or an adopted VM).
-	actExporterIfReady
+	// actEndBoot ends the run's boot span: the pod is Ready (telemetry.go).
+	actEndBoot
 	// actDetach lets go of the VM, which keeps running.
 	actDetach
 )
@@ -186,7 +190,7 @@ var actionKindNames = map[actionKind]string{
 	actAnswerFinished: "AnswerFinished", actAnswerDeleted: "AnswerDeleted",
 	actBeginBackOff: "BeginBackOff", actCountRestart: "CountRestart", actMarkFinal: "MarkFinal",
 	actReleaseImage: "ReleaseImage", actStopExporter: "StopExporter", actStartExporter: "StartExporter",
-	actStartProbes: "StartProbes", actExporterIfReady: "ExporterIfReady", actDetach: "Detach",
+	actStartProbes: "StartProbes", actEndBoot: "EndBoot", actDetach: "Detach",
 }
 
 func (k actionKind) String() string {
@@ -219,6 +223,10 @@ type podWorker struct {
 	crashes int
 	// policy is the pod's restart policy.
 	policy corev1.RestartPolicy
+	// ready: the current run of the VM was Ready (evReady); a new run
+	// (stateStarting) clears it. Until it is set, stateRunning waits for
+	// the pod to turn Ready too.
+	ready bool
 }
 
 // recoveredFacts is what the worker knows of its pod when it starts.
@@ -249,8 +257,10 @@ func initialWorker(policy corev1.RestartPolicy, f recoveredFacts) (podWorker, []
 func (w podWorker) enter(s podState, acts ...workerAction) (podWorker, []workerAction) {
 	w.state = s
 	switch s {
+	case stateStarting:
+		w.ready = false
 	case stateRunning:
-		acts = append(acts, act(actStartProbes), act(actExporterIfReady))
+		acts = append(acts, act(actStartProbes))
 	case statePoweredOff:
 		acts = append(acts, act(actStartExporter))
 	case stateFinished:
@@ -305,6 +315,16 @@ func next(w podWorker, e workerEvent) (podWorker, []workerAction) {
 				return w.enter(stateFlashing)
 			}
 			return w, []workerAction{act(actReply)}
+		case evReady:
+			// The run's first Ready ends its boot and starts the pod's
+			// exporter, which from then on lives with the pod (a later run's
+			// first Ready finds it running): a lease never lands on a target
+			// still pulling its image or booting.
+			if w.ready {
+				return w, nil
+			}
+			w.ready = true
+			return w, []workerAction{act(actEndBoot), act(actStartExporter)}
 		}
 	case stateExited:
 		if e.kind == evExited {

@@ -19,6 +19,15 @@ func actsString(acts []workerAction) string {
 	return strings.Join(s, ",")
 }
 
+// pw is a worker in state s after crashes crashes, under policy, whose
+// current run was not Ready yet.
+func pw(s podState, crashes int, policy corev1.RestartPolicy) podWorker {
+	return podWorker{state: s, crashes: crashes, policy: policy}
+}
+
+// wasReady is w with its current run having been Ready.
+func wasReady(w podWorker) podWorker { w.ready = true; return w }
+
 func ev(k eventKind) workerEvent { return workerEvent{kind: k} }
 func evReq(op vmOp) workerEvent  { return workerEvent{kind: evRequest, op: op} }
 func evExit(code int32, reason string, ranLong bool) workerEvent {
@@ -44,69 +53,78 @@ func TestPodWorkerTransitions(t *testing.T) {
 		wantActions string
 	}{
 		// Starting: pull and start.
-		{"started", podWorker{stateStarting, 2, always}, ev(evStarted), stateRunning, 2, "AnswerStarted,StartProbes,ExporterIfReady"},
-		{"start failed, Always: back-off", podWorker{stateStarting, 0, always}, evStartFail(podstatus.ReasonStartError), stateBackOff, 1, "AnswerStartError,BeginBackOff(1)"},
-		{"start failed, crash counted on", podWorker{stateStarting, 3, always}, evStartFail(podstatus.ReasonStartError), stateBackOff, 4, "AnswerStartError,BeginBackOff(4)"},
-		{"start failed, OnFailure: back-off", podWorker{stateStarting, 0, onFailure}, evStartFail(podstatus.ReasonStartError), stateBackOff, 1, "AnswerStartError,BeginBackOff(1)"},
-		{"start failed, Never: finished", podWorker{stateStarting, 0, never}, evStartFail(podstatus.ReasonStartError), stateFinished, 0, "AnswerStartError,MarkFinal,ReleaseImage,AnswerFinished,StopExporter"},
-		{"invalid spec never restarts", podWorker{stateStarting, 0, always}, evStartFail(podstatus.ReasonInvalidVMSpec), stateFinished, 0, "AnswerStartError,MarkFinal,ReleaseImage,AnswerFinished,StopExporter"},
-		{"delete while starting", podWorker{stateStarting, 1, always}, ev(evDelete), stateTerminating, 1, "AnswerDeleted"},
-		{"shutdown while starting", podWorker{stateStarting, 0, always}, ev(evShutdown), stateDetached, 0, ""},
-		{"starting takes no request", podWorker{stateStarting, 0, always}, evReq(opPowerOff), stateStarting, 0, ""},
+		{"started", pw(stateStarting, 2, always), ev(evStarted), stateRunning, 2, "AnswerStarted,StartProbes"},
+		{"start failed, Always: back-off", pw(stateStarting, 0, always), evStartFail(podstatus.ReasonStartError), stateBackOff, 1, "AnswerStartError,BeginBackOff(1)"},
+		{"start failed, crash counted on", pw(stateStarting, 3, always), evStartFail(podstatus.ReasonStartError), stateBackOff, 4, "AnswerStartError,BeginBackOff(4)"},
+		{"start failed, OnFailure: back-off", pw(stateStarting, 0, onFailure), evStartFail(podstatus.ReasonStartError), stateBackOff, 1, "AnswerStartError,BeginBackOff(1)"},
+		{"start failed, Never: finished", pw(stateStarting, 0, never), evStartFail(podstatus.ReasonStartError), stateFinished, 0, "AnswerStartError,MarkFinal,ReleaseImage,AnswerFinished,StopExporter"},
+		{"invalid spec never restarts", pw(stateStarting, 0, always), evStartFail(podstatus.ReasonInvalidVMSpec), stateFinished, 0, "AnswerStartError,MarkFinal,ReleaseImage,AnswerFinished,StopExporter"},
+		{"delete while starting", pw(stateStarting, 1, always), ev(evDelete), stateTerminating, 1, "AnswerDeleted"},
+		{"shutdown while starting", pw(stateStarting, 0, always), ev(evShutdown), stateDetached, 0, ""},
+		{"starting takes no request", pw(stateStarting, 0, always), evReq(opPowerOff), stateStarting, 0, ""},
 
 		// Running: the VM's exit and the restart policy.
-		{"exit 0, Always: back-off", podWorker{stateRunning, 0, always}, evExit(0, "Completed", false), stateBackOff, 1, "BeginBackOff(1)"},
-		{"exit 1, Always: back-off", podWorker{stateRunning, 2, always}, evExit(1, "Error", false), stateBackOff, 3, "BeginBackOff(3)"},
-		{"long run resets the crash count", podWorker{stateRunning, 5, always}, evExit(1, "Error", true), stateBackOff, 1, "BeginBackOff(1)"},
-		{"exit 0, OnFailure: finished", podWorker{stateRunning, 0, onFailure}, evExit(0, "Completed", false), stateFinished, 0, "MarkFinal,ReleaseImage,AnswerFinished,StopExporter"},
-		{"exit 1, OnFailure: back-off", podWorker{stateRunning, 0, onFailure}, evExit(1, "Error", false), stateBackOff, 1, "BeginBackOff(1)"},
-		{"exit 1, Never: finished", podWorker{stateRunning, 0, never}, evExit(1, "Error", false), stateFinished, 0, "MarkFinal,ReleaseImage,AnswerFinished,StopExporter"},
-		{"unset policy is Always", podWorker{stateRunning, 0, ""}, evExit(0, "Completed", false), stateBackOff, 1, "BeginBackOff(1)"},
-		{"delete while running", podWorker{stateRunning, 0, always}, ev(evDelete), stateTerminating, 0, "AnswerDeleted"},
-		{"shutdown while running detaches", podWorker{stateRunning, 0, always}, ev(evShutdown), stateDetached, 0, "Detach"},
-		{"power on while running", podWorker{stateRunning, 0, always}, evReq(opPowerOn), stateRunning, 0, "Reply"},
-		{"power off while running", podWorker{stateRunning, 0, always}, evReq(opPowerOff), statePoweringOff, 0, ""},
-		{"flash while running", podWorker{stateRunning, 0, always}, evReq(opFlash), stateFlashing, 0, ""},
+		{"exit 0, Always: back-off", pw(stateRunning, 0, always), evExit(0, "Completed", false), stateBackOff, 1, "BeginBackOff(1)"},
+		{"exit 1, Always: back-off", pw(stateRunning, 2, always), evExit(1, "Error", false), stateBackOff, 3, "BeginBackOff(3)"},
+		{"long run resets the crash count", pw(stateRunning, 5, always), evExit(1, "Error", true), stateBackOff, 1, "BeginBackOff(1)"},
+		{"exit 0, OnFailure: finished", pw(stateRunning, 0, onFailure), evExit(0, "Completed", false), stateFinished, 0, "MarkFinal,ReleaseImage,AnswerFinished,StopExporter"},
+		{"exit 1, OnFailure: back-off", pw(stateRunning, 0, onFailure), evExit(1, "Error", false), stateBackOff, 1, "BeginBackOff(1)"},
+		{"exit 1, Never: finished", pw(stateRunning, 0, never), evExit(1, "Error", false), stateFinished, 0, "MarkFinal,ReleaseImage,AnswerFinished,StopExporter"},
+		{"unset policy is Always", pw(stateRunning, 0, ""), evExit(0, "Completed", false), stateBackOff, 1, "BeginBackOff(1)"},
+		{"delete while running", pw(stateRunning, 0, always), ev(evDelete), stateTerminating, 0, "AnswerDeleted"},
+		{"shutdown while running detaches", pw(stateRunning, 0, always), ev(evShutdown), stateDetached, 0, "Detach"},
+		{"power on while running", pw(stateRunning, 0, always), evReq(opPowerOn), stateRunning, 0, "Reply"},
+		{"power off while running", pw(stateRunning, 0, always), evReq(opPowerOff), statePoweringOff, 0, ""},
+		{"flash while running", pw(stateRunning, 0, always), evReq(opFlash), stateFlashing, 0, ""},
+
+		// Running: the run's first Ready ends the boot and starts the exporter.
+		{"first Ready: boot over, exporter on", pw(stateRunning, 1, always), ev(evReady), stateRunning, 1, "EndBoot,StartExporter"},
+		{"Ready again in the same run", wasReady(pw(stateRunning, 0, always)), ev(evReady), stateRunning, 0, ""},
+		{"exit after Ready: back-off", wasReady(pw(stateRunning, 0, always)), evExit(1, "Error", false), stateBackOff, 1, "BeginBackOff(1)"},
+		{"Ready ignored while starting", pw(stateStarting, 0, always), ev(evReady), stateStarting, 0, ""},
+		{"Ready ignored while powering off", pw(statePoweringOff, 0, always), ev(evReady), statePoweringOff, 0, ""},
+		{"Ready ignored when off", pw(statePoweredOff, 0, always), ev(evReady), statePoweredOff, 0, ""},
+		{"Ready ignored when finished", pw(stateFinished, 0, never), ev(evReady), stateFinished, 0, ""},
 
 		// Power off and flash of a running VM.
-		{"powered off", podWorker{statePoweringOff, 2, always}, ev(evStopped), statePoweredOff, 2, "StartExporter"},
-		{"power off failed: still running", podWorker{statePoweringOff, 0, always}, ev(evStopFailed), stateRunning, 0, "StartProbes,ExporterIfReady"},
-		{"flashed: boot the new image", podWorker{stateFlashing, 0, always}, ev(evFlashed), stateStarting, 0, ""},
-		{"flash: stop failed", podWorker{stateFlashing, 0, always}, ev(evStopFailed), stateRunning, 0, "StartProbes,ExporterIfReady"},
-		{"flash: install failed, stays off", podWorker{stateFlashing, 0, always}, ev(evFlashFailed), statePoweredOff, 0, "StartExporter"},
+		{"powered off", pw(statePoweringOff, 2, always), ev(evStopped), statePoweredOff, 2, "StartExporter"},
+		{"power off failed: still running", pw(statePoweringOff, 0, always), ev(evStopFailed), stateRunning, 0, "StartProbes"},
+		{"flashed: boot the new image", pw(stateFlashing, 0, always), ev(evFlashed), stateStarting, 0, ""},
+		{"flash: stop failed", pw(stateFlashing, 0, always), ev(evStopFailed), stateRunning, 0, "StartProbes"},
+		{"flash: install failed, stays off", pw(stateFlashing, 0, always), ev(evFlashFailed), statePoweredOff, 0, "StartExporter"},
 
 		// Crash-loop back-off.
-		{"back-off over: restart", podWorker{stateBackOff, 3, always}, ev(evBackOffDone), stateStarting, 3, "CountRestart"},
-		{"delete during back-off", podWorker{stateBackOff, 3, always}, ev(evDelete), stateTerminating, 3, "AnswerDeleted"},
-		{"shutdown during back-off", podWorker{stateBackOff, 3, always}, ev(evShutdown), stateDetached, 3, ""},
-		{"power on during back-off: start now", podWorker{stateBackOff, 3, always}, evReq(opPowerOn), stateStarting, 3, "AwaitStart,CountRestart"},
-		{"power off during back-off: stay off", podWorker{stateBackOff, 3, always}, evReq(opPowerOff), statePoweredOff, 3, "OffInBackOff,StartExporter"},
-		{"flash during back-off: install, keep waiting", podWorker{stateBackOff, 3, always}, evReq(opFlash), stateBackOff, 3, "InstallImage"},
+		{"back-off over: restart", pw(stateBackOff, 3, always), ev(evBackOffDone), stateStarting, 3, "CountRestart"},
+		{"delete during back-off", pw(stateBackOff, 3, always), ev(evDelete), stateTerminating, 3, "AnswerDeleted"},
+		{"shutdown during back-off", pw(stateBackOff, 3, always), ev(evShutdown), stateDetached, 3, ""},
+		{"power on during back-off: start now", pw(stateBackOff, 3, always), evReq(opPowerOn), stateStarting, 3, "AwaitStart,CountRestart"},
+		{"power off during back-off: stay off", pw(stateBackOff, 3, always), evReq(opPowerOff), statePoweredOff, 3, "OffInBackOff,StartExporter"},
+		{"flash during back-off: install, keep waiting", pw(stateBackOff, 3, always), evReq(opFlash), stateBackOff, 3, "InstallImage"},
 
 		// Powered off on request.
-		{"power on", podWorker{statePoweredOff, 4, always}, evReq(opPowerOn), stateStarting, 0, "PowerOn,AwaitStart"},
-		{"power off when off", podWorker{statePoweredOff, 0, always}, evReq(opPowerOff), statePoweredOff, 0, "Reply"},
-		{"flash when off", podWorker{statePoweredOff, 0, always}, evReq(opFlash), statePoweredOff, 0, "InstallImage"},
-		{"delete when off", podWorker{statePoweredOff, 0, always}, ev(evDelete), stateTerminating, 0, "AnswerDeleted"},
-		{"shutdown when off", podWorker{statePoweredOff, 0, always}, ev(evShutdown), stateDetached, 0, ""},
+		{"power on", pw(statePoweredOff, 4, always), evReq(opPowerOn), stateStarting, 0, "PowerOn,AwaitStart"},
+		{"power off when off", pw(statePoweredOff, 0, always), evReq(opPowerOff), statePoweredOff, 0, "Reply"},
+		{"flash when off", pw(statePoweredOff, 0, always), evReq(opFlash), statePoweredOff, 0, "InstallImage"},
+		{"delete when off", pw(statePoweredOff, 0, always), ev(evDelete), stateTerminating, 0, "AnswerDeleted"},
+		{"shutdown when off", pw(statePoweredOff, 0, always), ev(evShutdown), stateDetached, 0, ""},
 
 		// Recovery found the VM ended.
-		{"recovered exit, Always", podWorker{stateExited, 0, always}, evExit(0, "Completed", false), stateBackOff, 1, "BeginBackOff(1)"},
-		{"recovered exit, Never", podWorker{stateExited, 0, never}, evExit(137, "Error", false), stateFinished, 0, "MarkFinal,ReleaseImage,AnswerFinished,StopExporter"},
-		{"recovered unreachable QEMU, OnFailure", podWorker{stateExited, 0, onFailure}, evExit(128, podstatus.ReasonStartError, false), stateBackOff, 1, "BeginBackOff(1)"},
-		{"delete before the recovered exit is handled", podWorker{stateExited, 0, always}, ev(evDelete), stateTerminating, 0, "AnswerDeleted"},
+		{"recovered exit, Always", pw(stateExited, 0, always), evExit(0, "Completed", false), stateBackOff, 1, "BeginBackOff(1)"},
+		{"recovered exit, Never", pw(stateExited, 0, never), evExit(137, "Error", false), stateFinished, 0, "MarkFinal,ReleaseImage,AnswerFinished,StopExporter"},
+		{"recovered unreachable QEMU, OnFailure", pw(stateExited, 0, onFailure), evExit(128, podstatus.ReasonStartError, false), stateBackOff, 1, "BeginBackOff(1)"},
+		{"delete before the recovered exit is handled", pw(stateExited, 0, always), ev(evDelete), stateTerminating, 0, "AnswerDeleted"},
 
 		// Finished: only the delete.
-		{"finished refuses power on", podWorker{stateFinished, 0, never}, evReq(opPowerOn), stateFinished, 0, "RefuseFinished"},
-		{"finished refuses flash", podWorker{stateFinished, 0, never}, evReq(opFlash), stateFinished, 0, "RefuseFinished"},
-		{"delete when finished", podWorker{stateFinished, 0, never}, ev(evDelete), stateTerminating, 0, "AnswerDeleted"},
-		{"shutdown when finished", podWorker{stateFinished, 0, never}, ev(evShutdown), stateDetached, 0, ""},
+		{"finished refuses power on", pw(stateFinished, 0, never), evReq(opPowerOn), stateFinished, 0, "RefuseFinished"},
+		{"finished refuses flash", pw(stateFinished, 0, never), evReq(opFlash), stateFinished, 0, "RefuseFinished"},
+		{"delete when finished", pw(stateFinished, 0, never), ev(evDelete), stateTerminating, 0, "AnswerDeleted"},
+		{"shutdown when finished", pw(stateFinished, 0, never), ev(evShutdown), stateDetached, 0, ""},
 
 		// Terminating and the ends.
-		{"deleted", podWorker{stateTerminating, 0, always}, ev(evDeleted), stateTerminated, 0, ""},
-		{"second delete while terminating", podWorker{stateTerminating, 0, always}, ev(evDelete), stateTerminating, 0, ""},
-		{"nothing after terminated", podWorker{stateTerminated, 0, always}, ev(evDelete), stateTerminated, 0, ""},
-		{"nothing after detached", podWorker{stateDetached, 0, always}, ev(evStarted), stateDetached, 0, ""},
+		{"deleted", pw(stateTerminating, 0, always), ev(evDeleted), stateTerminated, 0, ""},
+		{"second delete while terminating", pw(stateTerminating, 0, always), ev(evDelete), stateTerminating, 0, ""},
+		{"nothing after terminated", pw(stateTerminated, 0, always), ev(evDelete), stateTerminated, 0, ""},
+		{"nothing after detached", pw(stateDetached, 0, always), ev(evStarted), stateDetached, 0, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, acts := next(tc.from, tc.e)
@@ -125,7 +143,7 @@ func TestPodWorkerInitialState(t *testing.T) {
 		acts string
 	}{
 		{recoveredFacts{}, stateStarting, ""},
-		{recoveredFacts{vm: true}, stateRunning, "StartProbes,ExporterIfReady"},
+		{recoveredFacts{vm: true}, stateRunning, "StartProbes"},
 		{recoveredFacts{pendingExit: true}, stateExited, ""},
 		{recoveredFacts{poweredOff: true}, statePoweredOff, "StartExporter"},
 		{recoveredFacts{final: true}, stateFinished, "AnswerFinished,StopExporter"},
@@ -193,10 +211,54 @@ func TestPodWorkerAlwaysEnds(t *testing.T) {
 		w, _ = next(podWorker{state: s}, ev(evShutdown))
 		assert.Equal(t, stateDetached, w.state, "shutdown in %s", s)
 	}
-	for k := evDelete; k <= evDeleted; k++ {
+	for k := evDelete; k <= evReady; k++ {
 		assert.NotContains(t, k.String(), "eventKind(", fmt.Sprint("event ", int(k)))
 	}
 	for k := actReply; k <= actDetach; k++ {
 		assert.NotContains(t, k.String(), "actionKind(", fmt.Sprint("action ", int(k)))
 	}
+}
+
+// The run's Ready as the worker meets it: a run's first Ready ends its
+// boot and starts the exporter, once; a failed power off keeps the run
+// (and its Ready); every new run (restart, power on, flash) waits for its
+// own first Ready.
+func TestPodWorkerReadyPerRun(t *testing.T) {
+	firstReady := "EndBoot,StartExporter"
+	w, _ := initialWorker(corev1.RestartPolicyAlways, recoveredFacts{})
+	w, _ = next(w, ev(evStarted))
+	assert.False(t, w.ready, "a started run is not Ready yet")
+	w, acts := next(w, ev(evReady))
+	assert.Equal(t, firstReady, actsString(acts))
+	assert.True(t, w.ready)
+	_, acts = next(w, ev(evReady))
+	assert.Empty(t, acts, "one first Ready per run")
+
+	// A power off that fails leaves the same run running.
+	w, _ = next(w, evReq(opPowerOff))
+	w, _ = next(w, ev(evStopFailed))
+	assert.Equal(t, stateRunning, w.state)
+	assert.True(t, w.ready, "the run goes on: no second first Ready")
+
+	// A crash and restart: the new run waits for its own Ready.
+	w, _ = next(w, evExit(1, "Error", false))
+	assert.True(t, w.ready, "the back-off keeps what the ended run saw")
+	w, _ = next(w, ev(evBackOffDone))
+	assert.Equal(t, stateStarting, w.state)
+	assert.False(t, w.ready, "a new run")
+	w, _ = next(w, ev(evStarted))
+	_, acts = next(w, ev(evReady))
+	assert.Equal(t, firstReady, actsString(acts))
+
+	// Power on and flash start new runs too.
+	off := wasReady(pw(statePoweredOff, 0, corev1.RestartPolicyAlways))
+	on, _ := next(off, evReq(opPowerOn))
+	assert.False(t, on.ready, "power on: a new run")
+	fl, _ := next(wasReady(pw(stateFlashing, 0, corev1.RestartPolicyAlways)), ev(evFlashed))
+	assert.False(t, fl.ready, "flashed: a new run")
+
+	// A recovered running VM is a run this worker has not seen Ready.
+	rw, _ := initialWorker(corev1.RestartPolicyAlways, recoveredFacts{vm: true})
+	_, acts = next(rw, ev(evReady))
+	assert.Equal(t, firstReady, actsString(acts))
 }

@@ -9,8 +9,9 @@ import (
 
 // startProbes starts the probes of the pod's container for this run of
 // vm (probe.Start); rec.probes carries their results for the pod status
-// (probe.Apply). They report through the pod's probe.Sink (podProbeSink).
-func (p *VMs) startProbes(ctx context.Context, rec *podVM, vm VM) {
+// (probe.Apply). They report through the pod's probe.Sink (podProbeSink),
+// which wakes the worker on probed when their results change.
+func (p *VMs) startProbes(ctx context.Context, rec *podVM, vm VM, probed chan<- struct{}) {
 	rec.mu.Lock()
 	if len(rec.pod.Spec.Containers) == 0 {
 		rec.mu.Unlock()
@@ -24,16 +25,20 @@ func (p *VMs) startProbes(ctx context.Context, rec *podVM, vm VM) {
 	state := probe.NewState(run)
 	rec.probes = state
 	rec.mu.Unlock()
-	probe.Start(ctx, vm, c, state, rec.deleteReq, podProbeSink{p: p, rec: rec, ctx: ctx, vm: vm})
+	probe.Start(ctx, vm, c, state, rec.deleteReq, podProbeSink{p: p, rec: rec, ctx: ctx, vm: vm, probed: probed})
 }
 
 // podProbeSink reports a run's probes to its pod: events, status pushes,
-// and the memory snapshot a creator saves at readiness (snapshots.go).
+// a wake-up of the pod's worker (which turns a first Ready into its
+// evReady), and the memory snapshot a creator saves at readiness
+// (snapshots.go).
 type podProbeSink struct {
 	p   *VMs
 	rec *podVM
 	ctx context.Context
 	vm  VM
+	// probed is the worker's (worker.probed): one pending wake-up is enough.
+	probed chan<- struct{}
 }
 
 func (s podProbeSink) Event(typ, reason, msg string) {
@@ -43,6 +48,12 @@ func (s podProbeSink) Event(typ, reason, msg string) {
 	s.p.event(pod, typ, reason, msg)
 }
 
-func (s podProbeSink) Changed() { s.p.push(s.rec) }
+func (s podProbeSink) Changed() {
+	s.p.push(s.rec)
+	select {
+	case s.probed <- struct{}{}:
+	default:
+	}
+}
 
 func (s podProbeSink) Ready() { s.p.captureSnapshot(s.ctx, s.rec, s.vm) }

@@ -1,7 +1,5 @@
 package provider
 
-import "github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
-
 // The pods' side of the node's telemetry (package telemetry): what it
 // reads of the pods.
 
@@ -28,15 +26,14 @@ func (p *VMs) RunningVMs() int {
 	return n
 }
 
-// observeReady ends the boot span of rec once its pod reports Ready
-// (called on every status push; cheap unless a start waits for Ready).
-func (p *VMs) observeReady(rec *podVM) {
+// endBoot ends the boot span of rec's current start, if one waits for
+// Ready: the worker's action on the run's first Ready (podworker.go).
+func (p *VMs) endBoot(rec *podVM) {
 	t := p.cfg.Telemetry
-	if t == nil || !t.WaitingBoot(rec.uid) {
+	if t == nil {
 		return
 	}
-	pod := p.snapshot(rec)
-	if a := t.TakeBooting(rec.uid, func() bool { return podstatus.Ready(pod) }); a != nil {
+	if a := t.TakeBooting(rec.uid); a != nil {
 		a.Booted()
 	}
 }

@@ -361,11 +361,7 @@ func (p *VMs) push(rec *podVM) {
 			cb(pod)
 		}
 		p.cfg.Telemetry.StatusDelivered(p.log, pod, sent, time.Now()) // timeline.go
-		if podstatus.Ready(pod) {
-			p.startExporter(p.base, rec) // exporter.go: first Ready; idempotent
-		}
 	})
-	p.observeReady(rec) // tracing.go: boot ends when the pod turns Ready
 }
 
 func (p *VMs) event(pod *corev1.Pod, typ, reason, msg string) {

@@ -32,10 +32,10 @@ import (
 //
 // The worker is a state machine (podworker.go): its states, events and
 // transitions are there; run only waits for events and does the actions.
-// The exporter (exporter.go) starts once the pod is first Ready (push) or
-// is found powered off, and then lives with the pod: a lease never lands on
-// a target still pulling its image or booting, and a powered-off VM still
-// answers power on.
+// The exporter (exporter.go) starts when the pod is first Ready (the
+// worker's evReady) or is found powered off, and then lives with the pod:
+// a lease never lands on a target still pulling its image or booting, and
+// a powered-off VM still answers power on.
 
 // worker is the executor of one pod's state machine: what the pure state
 // (podWorker) does not hold. Worker goroutine only.
@@ -55,6 +55,9 @@ type worker struct {
 	// waiter is a power on or flash request answered by the next start's
 	// result (nil: none).
 	waiter chan<- error
+	// probed wakes the worker when the probes' results changed (the
+	// probes' sink sends, never blocking): the pod may have turned Ready.
+	probed chan struct{}
 }
 
 // run owns one pod's VM until the pod is deleted or the provider stops.
@@ -63,7 +66,7 @@ func (p *VMs) run(rec *podVM) {
 	rec.mu.Lock()
 	pod := rec.pod.DeepCopy()
 	f := recoveredFacts{final: rec.state.Final, vm: rec.vm != nil, pendingExit: rec.handoff.pendingExit, poweredOff: rec.state.PoweredOff}
-	w := &worker{p: p, rec: rec, pod: pod, vm: rec.vm}
+	w := &worker{p: p, rec: rec, pod: pod, vm: rec.vm, probed: make(chan struct{}, 1)}
 	rec.handoff.pendingExit = false
 	rec.mu.Unlock()
 	w.log = p.log.WithValues("pod", klog.KObj(pod), "uid", rec.uid)
@@ -77,7 +80,7 @@ func (p *VMs) run(rec *podVM) {
 		if st.state.ended() {
 			return
 		}
-		e := w.step(st.state)
+		e := w.step(st)
 		from := st.state
 		st, acts = next(st, e)
 		if st.state != from {
@@ -104,10 +107,10 @@ func (w *worker) stopBackOff() {
 	}
 }
 
-// step waits in state s for its next event (and, in the states that work,
-// does the work).
-func (w *worker) step(s podState) workerEvent {
-	p, rec, ctx := w.p, w.rec, w.ctx
+// step waits in st's state for its next event (and, in the states that
+// work, does the work).
+func (w *worker) step(st podWorker) workerEvent {
+	p, rec, ctx, s := w.p, w.rec, w.ctx, st.state
 	if s != stateTerminating && p.deleteRequested(rec) {
 		return workerEvent{kind: evDelete}
 	}
@@ -115,7 +118,7 @@ func (w *worker) step(s podState) workerEvent {
 	case stateStarting:
 		return w.start()
 	case stateRunning:
-		return w.waitRunning()
+		return w.waitRunning(st.ready)
 	case stateExited:
 		rec.mu.Lock()
 		term := rec.state.Terminated
@@ -280,17 +283,34 @@ func (p *VMs) writeIntent(rec *podVM) error {
 }
 
 // waitRunning is stateRunning's step: wait for the VM's exit (recorded
-// here), a request, a delete or the shutdown.
-func (w *worker) waitRunning() workerEvent {
+// here), a request, a delete or the shutdown; and, until the run was Ready
+// (ready), for the pod to turn Ready: at once when it is (no readiness or
+// startup probe, or an adopted VM whose pod shows Ready), else when its
+// probes' results change to Ready.
+func (w *worker) waitRunning(ready bool) workerEvent {
 	p, rec, ctx, vm := w.p, w.rec, w.ctx, w.vm
-	select {
-	case <-ctx.Done():
-		return workerEvent{kind: evShutdown}
-	case <-rec.deleteReq:
-		return workerEvent{kind: evDelete}
-	case req := <-rec.ctl:
-		return w.request(req)
-	case <-vm.Done():
+	var probed <-chan struct{}
+	if !ready {
+		if podstatus.Ready(p.snapshot(rec)) {
+			return workerEvent{kind: evReady}
+		}
+		probed = w.probed
+	}
+	for exited := false; !exited; {
+		select {
+		case <-ctx.Done():
+			return workerEvent{kind: evShutdown}
+		case <-rec.deleteReq:
+			return workerEvent{kind: evDelete}
+		case req := <-rec.ctl:
+			return w.request(req)
+		case <-probed:
+			if podstatus.Ready(p.snapshot(rec)) {
+				return workerEvent{kind: evReady}
+			}
+		case <-vm.Done():
+			exited = true
+		}
 	}
 	ex, _ := vm.Exit()
 	rec.mu.Lock()
@@ -360,13 +380,9 @@ func (w *worker) do(acts []workerAction) {
 		case actStartExporter:
 			p.startExporter(ctx, rec) // idempotent
 		case actStartProbes:
-			p.startProbes(ctx, rec, w.vm) // probes.go: end with this run
-		case actExporterIfReady:
-			if podstatus.Ready(p.snapshot(rec)) {
-				// Ready without a status change (no readiness probe, or a
-				// re-adopted VM): push has nothing new to deliver.
-				p.startExporter(ctx, rec) // exporter.go: idempotent
-			}
+			p.startProbes(ctx, rec, w.vm, w.probed) // probes.go: end with this run
+		case actEndBoot:
+			p.endBoot(rec) // telemetry.go
 		case actDetach:
 			w.vm.Detach()
 		default:

@@ -161,7 +161,7 @@ func (a *startAttempt) Overlaid(err error) {
 
 // QEMUStarted records the QEMU start that returned vm or err. A started VM
 // ends the pod.start span unless a probe gates Ready: then the boot span
-// runs until the pod turns Ready (observeReady) or the VM ends (vmExited).
+// runs until the pod turns Ready (the pod worker's first Ready) or the VM ends (vmExited).
 func (a *startAttempt) QEMUStarted(vm StartedVM, err error) {
 	if a == nil {
 		return
@@ -255,28 +255,20 @@ func (a *startAttempt) failBoot(err error) {
 	a.end(err)
 }
 
-// TakeBooting removes and returns the start of uid waiting for Ready.
-func (t *Telemetry) TakeBooting(uid types.UID, ready func() bool) *startAttempt {
+// TakeBooting removes and returns the start of uid waiting for Ready
+// (nil: none).
+func (t *Telemetry) TakeBooting(uid types.UID) *startAttempt {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	a := t.booting[uid]
-	if a == nil || (ready != nil && !ready()) {
-		return nil
-	}
 	delete(t.booting, uid)
 	return a
 }
 
 func (t *Telemetry) abandonBoot(uid types.UID, err error) {
-	if a := t.TakeBooting(uid, nil); a != nil {
+	if a := t.TakeBooting(uid); a != nil {
 		a.failBoot(err)
 	}
-}
-
-func (t *Telemetry) WaitingBoot(uid types.UID) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.booting[uid] != nil
 }
 
 // VMExited counts the exit of uid's VM; a start still waiting for Ready
