@@ -27,8 +27,8 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/e2e/jsfake"
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/jstest"
-	"github.com/qemu-kubelet/qemu-kubelet/provider"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/snapshot"
 )
 
 // jsEnv is the Jumpstarter side of an exsEnv: Jumpstarter's CRDs in the
@@ -123,7 +123,7 @@ func (e *exsEnv) jsSet(name string, replicas, minAvailable int32, js *jsEnv) *v1
 }
 
 // jsSnapSet is jsSet whose pods start from a memory snapshot
-// (provider.AnnotationStartFromSnapshot in the template; the template's
+// (podspec.AnnotationStartFromSnapshot in the template; the template's
 // readiness probe gives the snapshot's ready point).
 func (e *exsEnv) jsSnapSet(name string, replicas, minAvailable int32, js *jsEnv) *v1alpha1.ExporterSet {
 	set := e.jsSet(name, replicas, minAvailable, js)
@@ -146,7 +146,7 @@ func (e *exsEnv) makeSnapshot(tb testing.TB, js *jsEnv, name string) string {
 		return ok && st.Online
 	})
 	creator := pods[0]
-	saved := e.waitPodEvent(tb, creator.Name, provider.ReasonSnapshotSaved, "", time.Minute)
+	saved := e.waitPodEvent(tb, creator.Name, snapshot.ReasonSaved, "", time.Minute)
 	e.scaleSet(tb, name, 0, 0)
 	e.waitVMGone(tb, creator, 2*time.Minute)
 	e.waitSet(tb, name, time.Minute, "no VM", func(_ *v1alpha1.ExporterSet, ps []corev1.Pod) bool { return len(ps) == 0 })
@@ -442,9 +442,9 @@ func (e *exsEnv) testJumpstarterSnapshot(t *testing.T) {
 	evs, err := e.podEvents(context.Background(), exp)
 	require.NoError(t, err)
 	for _, ev := range evs {
-		assert.NotContains(t, ev, provider.ReasonSnapshotRestoreFailed, "pod %s", exp)
-		assert.NotContains(t, ev, provider.ReasonSnapshotSkipped, "pod %s", exp)
-		assert.NotContains(t, ev, provider.ReasonSnapshotSaved, "pod %s: a restored VM saves no snapshot", exp)
+		assert.NotContains(t, ev, snapshot.ReasonRestoreFailed, "pod %s", exp)
+		assert.NotContains(t, ev, snapshot.ReasonSkipped, "pod %s", exp)
+		assert.NotContains(t, ev, snapshot.ReasonSaved, "pod %s: a restored VM saves no snapshot", exp)
 	}
 	st, ok := js.ctl.ExporterState(e.ns, exp)
 	require.True(t, ok, "the restored VM's exporter registered")

@@ -17,6 +17,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/provider/internal/podtest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/snapshot"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
@@ -118,16 +119,16 @@ func TestSnapshotStart(t *testing.T) {
 	require.NoError(t, h.vms.CreatePod(ctx, a))
 	h.wait(a.UID, 3*time.Minute, "Ready", podReadyCond)
 	waitConsole(t, dirOf("snap-a"), vmtest.BootMarker, time.Second)
-	waitEvent(t, h, &seen, 2*time.Minute, ReasonSnapshotSaved)
+	waitEvent(t, h, &seen, 2*time.Minute, snapshot.ReasonSaved)
 	img, err := store.Pull(ctx, ref, oci.PullOptions{Policy: oci.PullNever})
 	require.NoError(t, err)
-	sdir, err := store.AuxDir(img.Digest, snapshotAuxName)
+	sdir, err := store.AuxDir(img.Digest, snapshot.AuxName)
 	require.NoError(t, err)
 	ents, err := os.ReadDir(sdir)
 	require.NoError(t, err)
 	require.Len(t, ents, 1, "one published snapshot, no temp dirs left: %v", ents)
 	kdir := filepath.Join(sdir, ents[0].Name())
-	meta, ok := readSnapshot(kdir)
+	meta, ok := snapshot.Read(kdir)
 	require.True(t, ok, "snapshot complete")
 	assert.Equal(t, "default/vm-snap-a", meta.CreatedByPod)
 	assert.Equal(t, 128, meta.MemoryMiB)
@@ -167,7 +168,7 @@ func TestSnapshotStart(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Error("port-forward did not end when the client closed")
 	}
-	assert.Equal(t, 1, countEvents(h.drainEvents(), ReasonSnapshotSaved)+countEvents(seen, ReasonSnapshotSaved), "a restored VM saves no snapshot")
+	assert.Equal(t, 1, countEvents(h.drainEvents(), snapshot.ReasonSaved)+countEvents(seen, snapshot.ReasonSaved), "a restored VM saves no snapshot")
 	for _, p := range []*corev1.Pod{a, b} {
 		require.NoError(t, h.vms.DeletePod(ctx, deleting(p)))
 	}
@@ -175,7 +176,7 @@ func TestSnapshotStart(t *testing.T) {
 	// 3. A corrupt snapshot (same size, garbage): both pods starting at
 	// once fall back to booting, the snapshot is discarded, and exactly one
 	// of them saves a new one.
-	statePath := filepath.Join(kdir, SnapshotStateFile)
+	statePath := filepath.Join(kdir, snapshot.StateFile)
 	require.NoError(t, os.Chmod(statePath, 0o600))
 	garbage := make([]byte, meta.StateBytes)
 	for i := range garbage {
@@ -188,14 +189,14 @@ func TestSnapshotStart(t *testing.T) {
 	require.NoError(t, h.vms.CreatePod(ctx, d))
 	h.wait(c.UID, 3*time.Minute, "Ready", podReadyCond)
 	h.wait(d.UID, 3*time.Minute, "Ready", podReadyCond)
-	waitEvent(t, h, &seen, 10*time.Second, ReasonSnapshotRestoreFailed, "discarded it, booting instead")
-	waitEvent(t, h, &seen, 2*time.Minute, ReasonSnapshotSaved)
+	waitEvent(t, h, &seen, 10*time.Second, snapshot.ReasonRestoreFailed, "discarded it, booting instead")
+	waitEvent(t, h, &seen, 2*time.Minute, snapshot.ReasonSaved)
 	waitConsole(t, dirOf("snap-c"), vmtest.BootMarker, time.Second)
 	waitConsole(t, dirOf("snap-d"), vmtest.BootMarker, time.Second)
 	time.Sleep(2 * time.Second) // a second creator would have saved by now
 	seen = append(seen, h.drainEvents()...)
-	assert.Equal(t, 1, countEvents(seen, ReasonSnapshotSaved), "one creator: %q", seen)
-	m2, ok := readSnapshot(kdir)
+	assert.Equal(t, 1, countEvents(seen, snapshot.ReasonSaved), "one creator: %q", seen)
+	m2, ok := snapshot.Read(kdir)
 	require.True(t, ok, "a new snapshot replaced the corrupt one")
 	assert.Contains(t, []string{"default/vm-snap-c", "default/vm-snap-d"}, m2.CreatedByPod)
 	mb, _ := json.Marshal(m2)
@@ -229,7 +230,7 @@ func BenchmarkSnapshotStart(b *testing.B) {
 		b.Fatal(err)
 	}
 	e.h.wait(creator.UID, 3*time.Minute, "Ready", podReadyCond)
-	saved := waitEventB(b, e.h, &seen, 2*time.Minute, ReasonSnapshotSaved)
+	saved := waitEventB(b, e.h, &seen, 2*time.Minute, snapshot.ReasonSaved)
 	b.Logf("creator: %s", saved)
 	if err := e.h.vms.DeletePod(ctx, deleting(creator)); err != nil {
 		b.Fatal(err)
@@ -321,19 +322,19 @@ func TestSnapshotStartDisk(t *testing.T) {
 	a := snapshotPod("disk-a", ref)
 	require.NoError(t, h.vms.CreatePod(ctx, a))
 	h.wait(a.UID, 4*time.Minute, "Ready", podReadyCond)
-	waitEvent(t, h, &seen, 2*time.Minute, ReasonSnapshotSaved)
+	waitEvent(t, h, &seen, 2*time.Minute, snapshot.ReasonSaved)
 	img, err := store.Pull(ctx, ref, oci.PullOptions{Policy: oci.PullNever})
 	require.NoError(t, err)
-	sdir, err := store.AuxDir(img.Digest, snapshotAuxName)
+	sdir, err := store.AuxDir(img.Digest, snapshot.AuxName)
 	require.NoError(t, err)
 	ents, err := os.ReadDir(sdir)
 	require.NoError(t, err)
 	require.Len(t, ents, 1)
 	kdir := filepath.Join(sdir, ents[0].Name())
-	meta, ok := readSnapshot(kdir)
+	meta, ok := snapshot.Read(kdir)
 	require.True(t, ok)
 	assert.True(t, meta.Disk, "the overlay copy is part of the snapshot")
-	info, err := qemu.InspectImage(ctx, filepath.Join(kdir, SnapshotDiskFile))
+	info, err := qemu.InspectImage(ctx, filepath.Join(kdir, snapshot.DiskFile))
 	require.NoError(t, err)
 	assert.Equal(t, img.Disk, info.BackingFile, "the snapshot's disk is an overlay over the image's")
 
@@ -343,7 +344,7 @@ func TestSnapshotStartDisk(t *testing.T) {
 	waitEvent(t, h, &seen, 10*time.Second, "Started", "restored from a memory snapshot")
 	info, err = qemu.InspectImage(ctx, filepath.Join(stateDir, VMsDirName, "disk-b", OverlayFileName))
 	require.NoError(t, err)
-	assert.Equal(t, filepath.Join(kdir, SnapshotDiskFile), info.BackingFile, "the restored VM's overlay is over the snapshot's disk")
+	assert.Equal(t, filepath.Join(kdir, snapshot.DiskFile), info.BackingFile, "the restored VM's overlay is over the snapshot's disk")
 	con, err := h.podVMOf(b.UID).AttachConsole(ctx)
 	require.NoError(t, err)
 	_, err = con.Write([]byte("hello-disk\n"))

@@ -12,6 +12,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/probe"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/snapshot"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/telemetry"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	corev1 "k8s.io/api/core/v1"
@@ -131,8 +132,8 @@ type VMs struct {
 	featuresChanged chan struct{}
 	// pump delivers statuses to notify, per pod, newest only (statuspump.go).
 	pump podstatus.StatusPump
-	// snaps: who creates which memory snapshot (snapshots.go).
-	snaps snapshotStore
+	// snaps: who creates which memory snapshot (package snapshot).
+	snaps snapshot.Store
 }
 
 // podVM is one pod's record, shared by the goroutines that serve the pod:
@@ -211,14 +212,15 @@ type podDeletion struct {
 	removed  bool
 }
 
-// snapshotRun is the current run's memory snapshot (snapshots.go), under
+// snapshotRun is the current run's memory snapshot (snapshots.go, package
+// snapshot), under
 // podVM.mu: written by the worker when it starts the VM; the claim is
 // taken by captureSnapshot (at readiness) or dropped by the worker.
 type snapshotRun struct {
 	// claim is the snapshot this run saves at readiness.
-	claim *snapshotClaim
+	claim *snapshot.Claim
 	// used is the snapshot the run was restored from.
-	used *snapshotUse
+	used *snapshot.Use
 	// restoreFailed makes the next decision boot.
 	restoreFailed bool
 }

@@ -192,7 +192,7 @@ func Translate(pod *corev1.Pod, arch qemu.Arch) (Plan, *Rejection) {
 	}
 	translateAnnotations(pod.Annotations, arch, bad, &plan)
 	if plan.SnapshotStart {
-		validateSnapshotStart(spec, pod.Annotations[v1alpha1.JumpstarterSecretAnnotation], bad) // snapshots.go
+		validateSnapshotStart(spec, pod.Annotations[v1alpha1.JumpstarterSecretAnnotation], bad)
 		if plan.StatePolicy == v1alpha1.StatePolicyRetain {
 			// A snapshot's memory belongs with the snapshot's disk: restored
 			// over a disk the guest changed since, it corrupts the guest.

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
 func TestTranslateAccepts(t *testing.T) {
@@ -184,4 +185,46 @@ func TestVMCgroup(t *testing.T) {
 	assert.Equal(t, int64(0), base.CPUMilli, "the node's base is not modified")
 	got = VMCgroup(base, Plan{CPUs: 2, MemoryMiB: 512}, 0)
 	assert.Equal(t, &qemu.Cgroup{Root: "/sys/fs/cgroup", Parent: "qemu-kubelet"}, got, "no CPU limit, no overhead: no caps")
+}
+
+func TestTranslateSnapshotStart(t *testing.T) {
+	pod := func(mut func(*corev1.Pod)) *corev1.Pod {
+		p := podtest.VMPod(func(p *corev1.Pod) {
+			p.Annotations = map[string]string{AnnotationStartFromSnapshot: "true"}
+			p.Spec.RestartPolicy = corev1.RestartPolicyAlways
+		})
+		p.Spec.Containers[0].ReadinessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(22)}}}
+		if mut != nil {
+			mut(p)
+		}
+		return p
+	}
+	plan, rej := Translate(pod(nil), qemu.ArchX86_64)
+	require.Nil(t, rej)
+	assert.True(t, plan.SnapshotStart)
+	plan, rej = Translate(pod(func(p *corev1.Pod) { p.Annotations[AnnotationStartFromSnapshot] = "false" }), qemu.ArchX86_64)
+	require.Nil(t, rej)
+	assert.False(t, plan.SnapshotStart)
+
+	_, rej = Translate(pod(func(p *corev1.Pod) { p.Annotations[AnnotationStartFromSnapshot] = "yes" }), qemu.ArchX86_64)
+	require.NotNil(t, rej)
+	assert.Contains(t, rej.Message, `"yes": want "true" or "false"`)
+	_, rej = Translate(pod(func(p *corev1.Pod) { p.Spec.Containers[0].ReadinessProbe = nil }), qemu.ArchX86_64)
+	require.NotNil(t, rej)
+	assert.Contains(t, rej.Message, "needs a readinessProbe")
+	_, rej = Translate(pod(func(p *corev1.Pod) {
+		p.Spec.Volumes = []corev1.Volume{{Name: "cfg", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: "c"}}}}}
+	}), qemu.ArchX86_64)
+	require.NotNil(t, rej)
+	assert.Contains(t, rej.Message, `not with volume "cfg"`)
+	_, rej = Translate(pod(func(p *corev1.Pod) { p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "A", Value: "b"}} }), qemu.ArchX86_64)
+	require.NotNil(t, rej)
+	assert.Contains(t, rej.Message, "not with env or envFrom")
+	// The exporter's Secret volume stays on the host: allowed.
+	plan, rej = Translate(pod(func(p *corev1.Pod) {
+		p.Annotations["qemu-kubelet.io/jumpstarter-exporter-secret"] = "js"
+		p.Spec.Volumes = []corev1.Volume{{Name: "js", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "js"}}}}
+	}), qemu.ArchX86_64)
+	require.Nil(t, rej)
+	assert.True(t, plan.SnapshotStart)
 }

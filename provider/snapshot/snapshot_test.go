@@ -1,4 +1,4 @@
-package provider
+package snapshot
 
 import (
 	"context"
@@ -8,13 +8,10 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
 func snapSpec() qemu.Spec {
@@ -98,7 +95,7 @@ func TestDecideSnapshot(t *testing.T) {
 }
 
 func TestSnapshotClaimOneCreator(t *testing.T) {
-	var s snapshotStore
+	var s Store
 	var wg sync.WaitGroup
 	wins := make(chan types.UID, 20)
 	for i := 0; i < 20; i++ {
@@ -127,28 +124,28 @@ func TestSnapshotClaimOneCreator(t *testing.T) {
 
 func TestReadSnapshot(t *testing.T) {
 	dir := t.TempDir()
-	_, ok := readSnapshot(dir)
+	_, ok := Read(dir)
 	assert.False(t, ok, "empty dir")
-	require.NoError(t, os.WriteFile(filepath.Join(dir, SnapshotStateFile), []byte("12345"), 0o400))
-	_, ok = readSnapshot(dir)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, StateFile), []byte("12345"), 0o400))
+	_, ok = Read(dir)
 	assert.False(t, ok, "no meta.json: not published")
-	require.NoError(t, os.WriteFile(filepath.Join(dir, SnapshotMetaFile), []byte(`{"stateBytes":4}`), 0o444))
-	_, ok = readSnapshot(dir)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, MetaFile), []byte(`{"stateBytes":4}`), 0o444))
+	_, ok = Read(dir)
 	assert.False(t, ok, "state of another size (truncated or grown)")
-	require.NoError(t, os.Remove(filepath.Join(dir, SnapshotMetaFile)))
-	require.NoError(t, os.WriteFile(filepath.Join(dir, SnapshotMetaFile), []byte(`{"stateBytes":5,"disk":true}`), 0o444))
-	_, ok = readSnapshot(dir)
+	require.NoError(t, os.Remove(filepath.Join(dir, MetaFile)))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, MetaFile), []byte(`{"stateBytes":5,"disk":true}`), 0o444))
+	_, ok = Read(dir)
 	assert.False(t, ok, "disk missing")
-	require.NoError(t, os.WriteFile(filepath.Join(dir, SnapshotDiskFile), nil, 0o444))
-	m, ok := readSnapshot(dir)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, DiskFile), nil, 0o444))
+	m, ok := Read(dir)
 	assert.True(t, ok)
 	assert.Equal(t, int64(5), m.StateBytes)
 
-	u := &snapshotUse{key: "k", kdir: dir}
-	require.NoError(t, discardSnapshot(u))
+	u := &Use{key: "k", kdir: dir}
+	require.NoError(t, Discard(u))
 	_, err := os.Stat(dir)
 	assert.True(t, os.IsNotExist(err), "discarded")
-	assert.NoError(t, discardSnapshot(u), "discarding twice is fine")
+	assert.NoError(t, Discard(u), "discarding twice is fine")
 	left, _ := os.ReadDir(filepath.Dir(dir))
 	for _, e := range left {
 		assert.False(t, strings.Contains(e.Name(), ".bad-"), "no trash left: %s", e.Name())
@@ -159,7 +156,7 @@ func TestQEMUVersionCached(t *testing.T) {
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "fake-qemu")
 	require.NoError(t, os.WriteFile(bin, []byte("#!/bin/sh\necho 'QEMU emulator version 7.2.99'\necho Copyright\n"), 0o755))
-	var s snapshotStore
+	var s Store
 	v, err := s.qemuVersion(context.Background(), bin)
 	require.NoError(t, err)
 	assert.True(t, strings.HasPrefix(v, "7.2.99 ("+bin+" "), v)
@@ -168,43 +165,4 @@ func TestQEMUVersionCached(t *testing.T) {
 	require.NoError(t, os.WriteFile(bin, []byte("#!/bin/sh\nexit 3\n"), 0o755))
 	_, err = s.qemuVersion(context.Background(), bin)
 	assert.Error(t, err, "a changed binary is asked again")
-}
-
-func TestTranslateSnapshotStart(t *testing.T) {
-	pod := func(mut func(*corev1.Pod)) *corev1.Pod {
-		p := podFor("u", "img", corev1.RestartPolicyAlways, map[string]string{podspec.AnnotationStartFromSnapshot: "true"})
-		p.Spec.Containers[0].ReadinessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(22)}}}
-		if mut != nil {
-			mut(p)
-		}
-		return p
-	}
-	plan, rej := podspec.Translate(pod(nil), qemu.ArchX86_64)
-	require.Nil(t, rej)
-	assert.True(t, plan.SnapshotStart)
-	plan, rej = podspec.Translate(pod(func(p *corev1.Pod) { p.Annotations[podspec.AnnotationStartFromSnapshot] = "false" }), qemu.ArchX86_64)
-	require.Nil(t, rej)
-	assert.False(t, plan.SnapshotStart)
-
-	_, rej = podspec.Translate(pod(func(p *corev1.Pod) { p.Annotations[podspec.AnnotationStartFromSnapshot] = "yes" }), qemu.ArchX86_64)
-	require.NotNil(t, rej)
-	assert.Contains(t, rej.Message, `"yes": want "true" or "false"`)
-	_, rej = podspec.Translate(pod(func(p *corev1.Pod) { p.Spec.Containers[0].ReadinessProbe = nil }), qemu.ArchX86_64)
-	require.NotNil(t, rej)
-	assert.Contains(t, rej.Message, "needs a readinessProbe")
-	_, rej = podspec.Translate(pod(func(p *corev1.Pod) {
-		p.Spec.Volumes = []corev1.Volume{{Name: "cfg", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: "c"}}}}}
-	}), qemu.ArchX86_64)
-	require.NotNil(t, rej)
-	assert.Contains(t, rej.Message, `not with volume "cfg"`)
-	_, rej = podspec.Translate(pod(func(p *corev1.Pod) { p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "A", Value: "b"}} }), qemu.ArchX86_64)
-	require.NotNil(t, rej)
-	assert.Contains(t, rej.Message, "not with env or envFrom")
-	// The exporter's Secret volume stays on the host: allowed.
-	plan, rej = podspec.Translate(pod(func(p *corev1.Pod) {
-		p.Annotations["qemu-kubelet.io/jumpstarter-exporter-secret"] = "js"
-		p.Spec.Volumes = []corev1.Volume{{Name: "js", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "js"}}}}
-	}), qemu.ArchX86_64)
-	require.Nil(t, rej)
-	assert.True(t, plan.SnapshotStart)
 }
