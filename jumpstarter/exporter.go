@@ -142,7 +142,7 @@ func New(cfg Config) (*Exporter, error) {
 		MinTime: 10 * time.Second, PermitWithoutStream: true,
 	}), grpc.InitialWindowSize(innerStreamWindow), grpc.InitialConnWindowSize(innerConnWindow),
 		grpc.WriteBufferSize(innerBuffer), grpc.ReadBufferSize(innerBuffer),
-		experimental.BufferPool(streamconn.BufferPool))
+		experimental.BufferPool(streamconn.BufferPool), grpc.ForceServerCodecV2(streamconn.Codec))
 	srv := &server{e: e}
 	pb.RegisterExporterServiceServer(e.srv, srv)
 	pb.RegisterRouterServiceServer(e.srv, srv)
@@ -747,7 +747,7 @@ func (e *Exporter) serveConn(lr *leaseRun, endpoint, token string) {
 		e.log.Info("router stream failed", "lease", lr.name, "router", endpoint, "error", err.Error())
 		return
 	}
-	c := streamconn.New(streamconn.ClientFrames(st), cancel, "router:"+endpoint)
+	c := streamconn.New(streamconn.Pooled(streamconn.ClientFrames(st)), cancel, "router:"+endpoint)
 	if !lr.track(c) {
 		_ = c.Close()
 		return
@@ -770,7 +770,7 @@ func (lr *leaseRun) router(endpoint string, creds credentials.TransportCredentia
 	}
 	cc, err := grpc.NewClient(endpoint, grpc.WithTransportCredentials(creds), clientKeepalive,
 		grpc.WithInitialWindowSize(innerStreamWindow), grpc.WithInitialConnWindowSize(innerConnWindow),
-		experimental.WithBufferPool(streamconn.BufferPool))
+		experimental.WithBufferPool(streamconn.BufferPool), grpc.WithDefaultCallOptions(grpc.ForceCodecV2(streamconn.Codec)))
 	if err != nil {
 		return nil, err
 	}

@@ -189,7 +189,7 @@ func (s *server) resourceStream(st pb.RouterService_StreamServer, req streamRequ
 	}
 	hb, _ := json.Marshal(handle)
 	md.Set("resource", string(hb))
-	c.conn = streamconn.New(streamconn.ServerFrames(st), nil, "resource:"+c.id)
+	c.conn = streamconn.New(streamconn.Pooled(streamconn.ServerFrames(st)), nil, "resource:"+c.id)
 	s.e.res.add(c)
 	defer s.e.res.remove(c.id)
 	if o := s.e.cfg.Observer; o != nil {

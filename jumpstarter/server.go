@@ -443,7 +443,7 @@ func (s *server) Stream(st pb.RouterService_StreamServer) error {
 	if err := st.SendHeader(metadata.MD{}); err != nil {
 		return err
 	}
-	conn := streamconn.New(streamconn.ServerFrames(st), nil, "client")
+	conn := streamconn.New(streamconn.Pooled(streamconn.ServerFrames(st)), nil, "client")
 	defer conn.Close()
 	return pipe(ctx, conn, res)
 }

@@ -14,8 +14,6 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/grpc/mem"
-
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/pb"
 )
 
@@ -26,19 +24,6 @@ import (
 // zeroes the whole buffer, so 32 KiB of payload plus a few bytes cost a
 // megabyte each.
 const MaxFrame = 32<<10 - 64
-
-// BufferPool is a gRPC buffer pool whose tiers also fit the 64 KiB frames
-// upstream's Python clients send (a file read in 64 KiB chunks) and larger
-// messages, instead of gRPC's default jump from 32 KiB to 1 MiB. Use it on
-// every gRPC connection that carries router streams
-// (experimental.BufferPool, experimental.WithBufferPool).
-var BufferPool = func() mem.BufferPool {
-	p, err := mem.NewBinaryTieredBufferPool(8, 12, 14, 15, 16, 17, 18, 19, 20, 21, 22)
-	if err != nil {
-		panic(err)
-	}
-	return p
-}()
 
 // CloseGrace bounds how long Close leaves the stream open after its GOAWAY
 // for the peer to end it (see Close).
@@ -108,9 +93,11 @@ type Conn struct {
 	done     chan struct{} // closed by Close
 	rerr     error         // set before data is closed
 	buf      []byte        // unread rest of the last frame (Read side only)
+	frame    []byte        // the frame buf is the rest of, released once read
 	readMu   sync.Mutex
 
 	writeMu   sync.Mutex
+	maxFrame  int // payload bound of a DATA frame written (writeMu)
 	closeOnce sync.Once
 
 	dlMu          sync.Mutex
@@ -121,7 +108,7 @@ type Conn struct {
 
 // New wraps f. cancel (may be nil) ends the stream's context on Close.
 func New(f Frames, cancel context.CancelFunc, addr string) *Conn {
-	c := &Conn{f: f, cancel: cancel, addr: Addr(addr), data: make(chan []byte, 4), recvDone: make(chan struct{}),
+	c := &Conn{f: f, cancel: cancel, addr: Addr(addr), maxFrame: MaxFrame, data: make(chan []byte, 4), recvDone: make(chan struct{}),
 		finished: make(chan struct{}), done: make(chan struct{}), deadlineWake: make(chan struct{})}
 	go c.recvLoop()
 	return c
@@ -163,12 +150,31 @@ func (c *Conn) Read(b []byte) (int, error) {
 		c.dlMu.Lock()
 		dl, wake := c.readDeadline, c.deadlineWake
 		c.dlMu.Unlock()
-		var timer <-chan time.Time
+		var d time.Duration
 		if !dl.IsZero() {
-			d := time.Until(dl)
-			if d <= 0 {
+			if d = time.Until(dl); d <= 0 {
 				return 0, os.ErrDeadlineExceeded
 			}
+		}
+		select {
+		case <-c.done:
+			return 0, net.ErrClosed
+		default:
+		}
+		select { // a frame already waiting needs no timer
+		case p, ok := <-c.data:
+			if !ok {
+				if c.rerr != nil {
+					return 0, c.rerr
+				}
+				return 0, io.EOF
+			}
+			c.buf, c.frame = p, p
+			continue
+		default:
+		}
+		var timer <-chan time.Time
+		if d > 0 {
 			t := time.NewTimer(d)
 			defer t.Stop()
 			timer = t.C
@@ -181,7 +187,7 @@ func (c *Conn) Read(b []byte) (int, error) {
 				}
 				return 0, io.EOF
 			}
-			c.buf = p
+			c.buf, c.frame = p, p
 		case <-c.done:
 			return 0, net.ErrClosed
 		case <-timer:
@@ -191,6 +197,12 @@ func (c *Conn) Read(b []byte) (int, error) {
 	}
 	n := copy(b, c.buf)
 	c.buf = c.buf[n:]
+	if len(c.buf) == 0 {
+		if r, ok := c.f.(interface{ release([]byte) }); ok {
+			r.release(c.frame) // read: the frame's buffer goes back to its pool
+		}
+		c.frame = nil
+	}
 	return n, nil
 }
 
@@ -206,7 +218,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 	}
 	n := 0
 	for n < len(b) {
-		end := min(n+MaxFrame, len(b))
+		end := min(n+c.maxFrame, len(b))
 		// Copy: the stream may hold the slice after Send returns.
 		p := append([]byte(nil), b[n:end]...)
 		if err := c.f.Send(p, pb.FrameType_FRAME_TYPE_DATA); err != nil {
@@ -215,6 +227,15 @@ func (c *Conn) Write(b []byte) (int, error) {
 		n = end
 	}
 	return n, nil
+}
+
+// SetMaxFrame bounds the payload of the DATA frames Write sends to n
+// bytes instead of MaxFrame (a peer's frame size, as upstream's Python
+// client sends a file in 64 KiB frames).
+func (c *Conn) SetMaxFrame(n int) {
+	c.writeMu.Lock()
+	defer c.writeMu.Unlock()
+	c.maxFrame = max(n, 1)
 }
 
 // CloseWrite sends GOAWAY (end of our bytes) without closing the read side.
