@@ -92,8 +92,10 @@ func (s *Session) Flash(ctx context.Context, flasher string, src io.Reader, part
 	}
 	sent := make(chan error, 1)
 	go func() {
-		// Frames of streamconn.MaxFrame (io.Copy's 32 KiB would split in two).
-		_, err := io.CopyBuffer(r.Conn, struct{ io.Reader }{src}, make([]byte, streamconn.MaxFrame))
+		// The file in frames of 64 KiB, as upstream's client reads it
+		// (client/flasher.py: f.read(65536)).
+		r.Conn.SetMaxFrame(ClientFrame)
+		_, err := io.CopyBuffer(r.Conn, struct{ io.Reader }{src}, make([]byte, ClientFrame))
 		if err == nil {
 			err = r.Conn.CloseWrite() // GOAWAY: the end of the bytes
 		}
