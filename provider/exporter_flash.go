@@ -12,6 +12,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter"
@@ -156,59 +158,144 @@ func (t *vmTarget) WritePartition(ctx context.Context, part string, img io.Reade
 	return nil
 }
 
+// Buffers of a flash in flight (writeSparse): flashBuffers of flashBlock
+// bytes, the most a flash holds beyond what the transport buffers.
+const (
+	flashBlock   = 1 << 20
+	flashBuffers = 4
+	// flashWriteback starts the disk's writeback every this many bytes
+	// written, so the final fsync has little left to wait for.
+	flashWriteback = 16 << 20
+)
+
+// flashChunk is one block of the image on its way to the hash and the file.
+type flashChunk struct {
+	b    []byte
+	off  int64
+	left atomic.Int32 // stages still using b
+}
+
 // writeSparse copies r into f (at most limit bytes), hashing every byte
 // and seeking over all-zero blocks so a mostly empty disk image stays
-// sparse. Errors of r are returned as they are (they say what the
-// transfer did); errors of f name the file.
+// sparse. Reading (the transfer, its decoding) runs on the caller's
+// goroutine, hashing and writing on one goroutine each, over flashBuffers
+// blocks that go round: a slower disk or hash holds the reader
+// (back-pressure), and memory stays bounded. Errors of r are returned as
+// they are (they say what the transfer did); errors of f name the file.
 func writeSparse(f *os.File, r io.Reader, h hash.Hash, limit int64) (int64, error) {
-	const block = 1 << 20
-	buf := make([]byte, block)
-	var n int64
-	var zeros [4096]byte
-	for {
-		k, rerr := io.ReadFull(r, buf)
-		if k > 0 {
-			if n+int64(k) > limit {
-				return n, fmt.Errorf("%w: the image is larger than the partition may hold (%d bytes)", jumpstarter.ErrInvalidArgument, limit)
-			}
-			b := buf[:k]
-			h.Write(b)
-			for off := 0; off < len(b); {
-				end := min(off+len(zeros), len(b))
-				if bytes.Equal(b[off:end], zeros[:end-off]) {
-					off = end
-					continue
-				}
-				// a run of non-zero pages
-				run := end
-				for run < len(b) {
-					e := min(run+len(zeros), len(b))
-					if bytes.Equal(b[run:e], zeros[:e-run]) {
-						break
-					}
-					run = e
-				}
-				if _, err := f.WriteAt(b[off:run], n+int64(off)); err != nil {
-					return n, fmt.Errorf("write %s: %w", f.Name(), err)
-				}
-				off = run
-			}
-			n += int64(k)
-		}
-		if errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF) {
-			break
-		}
-		if rerr != nil {
-			return n, rerr
+	free := make(chan *flashChunk, flashBuffers)
+	for range flashBuffers {
+		free <- &flashChunk{b: make([]byte, flashBlock)}
+	}
+	// Each stage's channel holds every block: sends never wait.
+	toHash := make(chan *flashChunk, flashBuffers)
+	toWrite := make(chan *flashChunk, flashBuffers)
+	done := func(c *flashChunk) {
+		if c.left.Add(-1) == 0 {
+			free <- c
 		}
 	}
-	if n == 0 {
+	var werr error                // the writer's, read after wg.Wait
+	failed := make(chan struct{}) // closed by the writer on error
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		for c := range toHash {
+			h.Write(c.b)
+			done(c)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		var synced int64
+		for c := range toWrite {
+			if werr == nil {
+				if werr = writeNonZero(f, c.b, c.off); werr != nil {
+					close(failed)
+				} else if end := c.off + int64(len(c.b)); end-synced >= flashWriteback {
+					// Best effort: the final fsync reports what fails.
+					_ = unix.SyncFileRange(int(f.Fd()), synced, end-synced, unix.SYNC_FILE_RANGE_WRITE)
+					synced = end
+				}
+			}
+			done(c)
+		}
+	}()
+	var n int64
+	var rerr error
+	for rerr == nil {
+		var c *flashChunk
+		select {
+		case c = <-free:
+		case <-failed:
+		}
+		if c == nil {
+			break
+		}
+		k, err := io.ReadFull(r, c.b[:cap(c.b)])
+		switch {
+		case k > 0 && n+int64(k) > limit:
+			rerr = fmt.Errorf("%w: the image is larger than the partition may hold (%d bytes)", jumpstarter.ErrInvalidArgument, limit)
+		case k > 0:
+			c.b, c.off = c.b[:k], n
+			c.left.Store(2)
+			toHash <- c
+			toWrite <- c
+			n += int64(k)
+			c = nil
+		}
+		if c != nil {
+			free <- c
+		}
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			break
+		}
+		if rerr == nil {
+			rerr = err
+		}
+	}
+	close(toHash)
+	close(toWrite)
+	wg.Wait()
+	switch {
+	case werr != nil:
+		return n, werr
+	case rerr != nil:
+		return n, rerr
+	case n == 0:
 		return 0, fmt.Errorf("%w: the image is empty", jumpstarter.ErrInvalidArgument)
 	}
 	if err := f.Truncate(n); err != nil {
 		return n, fmt.Errorf("write %s: %w", f.Name(), err)
 	}
 	return n, nil
+}
+
+// writeNonZero writes b at off in f, skipping its all-zero pages.
+func writeNonZero(f *os.File, b []byte, off int64) error {
+	var zeros [4096]byte
+	for i := 0; i < len(b); {
+		end := min(i+len(zeros), len(b))
+		if bytes.Equal(b[i:end], zeros[:end-i]) {
+			i = end
+			continue
+		}
+		// a run of non-zero pages
+		run := end
+		for run < len(b) {
+			e := min(run+len(zeros), len(b))
+			if bytes.Equal(b[run:e], zeros[:e-run]) {
+				break
+			}
+			run = e
+		}
+		if _, err := f.WriteAt(b[i:run], off+int64(i)); err != nil {
+			return fmt.Errorf("write %s: %w", f.Name(), err)
+		}
+		i = run
+	}
+	return nil
 }
 
 // checkPartitionImage is the node's rule for what a partition may hold:
