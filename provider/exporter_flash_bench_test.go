@@ -7,9 +7,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -37,6 +39,15 @@ func rssBytes() int64 {
 		}
 	}
 	return 0
+}
+
+// cpuTime is the CPU time this process has used (user and system).
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // memPeak samples RSS and the Go heap in use every 20 ms until stop.
@@ -90,7 +101,10 @@ func (m *memPeak) end() (rss, heap int64) {
 // x-of-cat and x-of-cat-sync (rate ratios, higher is better), and the
 // process's peak RSS and Go heap in use during the flash above idle (the
 // process holds the client and the router too, so the exporter's share
-// is at most that). One flash and one of each baseline per iteration.
+// is at most that), and the process's CPU time per GiB flashed (the
+// client's, the router's and the agent's: CPU profiles label each party,
+// `go tool pprof -tags`). One flash and one of each baseline per
+// iteration; medians over iterations.
 func BenchmarkJumpstarterFlash(b *testing.B) {
 	testutil.SkipIfShort(b, "qemu-img checks the flashed image")
 	const size = 1 << 30
@@ -110,6 +124,12 @@ func BenchmarkJumpstarterFlash(b *testing.B) {
 	}
 	require.NoError(b, f.Close())
 
+	// Each party's goroutines carry a label in CPU profiles (pprof -tags).
+	party := func(name string) {
+		pprof.SetGoroutineLabels(pprof.WithLabels(context.Background(), pprof.Labels("party", name)))
+	}
+	defer pprof.SetGoroutineLabels(context.Background())
+	party("router")
 	ctrl, err := jstest.Start(jstest.Options{DialWait: 30 * time.Second})
 	require.NoError(b, err)
 	b.Cleanup(ctrl.Close)
@@ -118,6 +138,7 @@ func BenchmarkJumpstarterFlash(b *testing.B) {
 	sec := exporterSecret("endpoint", ctrl.Endpoint(), "token", token, "namespace", "lab", "name", "board-0", "ca.crt", string(ctrl.CABundle()))
 	sec.Namespace, sec.Name = "default", "js"
 	secrets.put(sec)
+	party("agent")
 	hv := newFakeHypervisor()
 	h := newHarnessWith(b, stateDir, &fakeImages{dir: imageDir}, imageDir, func(c *VMsConfig) {
 		c.Hypervisor = hv
@@ -134,6 +155,7 @@ func BenchmarkJumpstarterFlash(b *testing.B) {
 	})
 	require.NoError(b, err)
 	require.NoError(b, ctrl.AssignLease("lab", "bench", "board-0", "alice"))
+	party("client")
 	s, err := ctrl.NewClient("lab", "alice").Dial(ctx, "bench")
 	require.NoError(b, err)
 	defer s.Close()
@@ -145,7 +167,7 @@ func BenchmarkJumpstarterFlash(b *testing.B) {
 	require.NoError(b, err)
 	catDst := filepath.Join(stateDir, VMsDirName, string(pod.UID), "cat-baseline")
 
-	var ours, cats, catSyncs []time.Duration
+	var ours, cats, catSyncs, cpus []time.Duration
 	var peakRSS, peakHeap int64
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -168,9 +190,10 @@ func BenchmarkJumpstarterFlash(b *testing.B) {
 		mem := sampleMem()
 		in, err := os.Open(src)
 		require.NoError(b, err)
-		t0 = time.Now()
+		t0, c0 := time.Now(), cpuTime()
 		err = s.Flash(ctx, flasher.GetUuid(), in, "root", "")
 		ours = append(ours, time.Since(t0))
+		cpus = append(cpus, cpuTime()-c0)
 		in.Close()
 		rss, heap := mem.end()
 		require.NoError(b, err)
@@ -185,6 +208,7 @@ func BenchmarkJumpstarterFlash(b *testing.B) {
 	b.ReportMetric(mbps(ms), "MB/s-cat-sync")
 	b.ReportMetric(mc.Seconds()/mo.Seconds(), "x-of-cat")
 	b.ReportMetric(ms.Seconds()/mo.Seconds(), "x-of-cat-sync")
+	b.ReportMetric(medianDur(cpus).Seconds()*(1<<30)/size, "cpu-s/GiB")
 	b.ReportMetric(float64(peakRSS)/(1<<20), "MiB-rss-over-idle")
 	b.ReportMetric(float64(peakHeap)/(1<<20), "MiB-heap-over-idle")
 }
