@@ -9,6 +9,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/guest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/stats"
 	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
 	"github.com/virtual-kubelet/virtual-kubelet/node/api"
 	corev1 "k8s.io/api/core/v1"
@@ -150,12 +151,14 @@ func (p *VMs) PortForward(ctx context.Context, namespace, pod string, port int32
 	return p.portForward(ctx, namespace, pod, port, stream)
 }
 
-// GetStatsSummary reports the node and each VM's QEMU process (stats.go).
+// GetStatsSummary reports the node and each VM's QEMU process (package
+// stats).
 func (p *VMs) GetStatsSummary(ctx context.Context) (*statsv1alpha1.Summary, error) {
-	return p.statsSummary(ctx)
+	return stats.Summary(ctx, p.cfg.NodeName, p.samplePods)
 }
 
-// GetMetricsResource is /metrics/resource for metrics-server (stats.go).
-func (p *VMs) GetMetricsResource(ctx context.Context) ([]*dto.MetricFamily, error) {
-	return p.metricsResource(ctx)
+// GetMetricsResource is /metrics/resource for metrics-server (package
+// stats).
+func (p *VMs) GetMetricsResource(context.Context) ([]*dto.MetricFamily, error) {
+	return stats.Resource(p.samplePods), nil
 }

@@ -45,8 +45,8 @@ func (p *VMs) MemoryUse() (rss, pss int64) {
 		return 0, 0
 	}
 	for _, ps := range p.samplePods() {
-		rss += ps.rss
-		pss += ps.workingSet()
+		rss += ps.RSS
+		pss += ps.WorkingSet()
 	}
 	return rss, pss
 }

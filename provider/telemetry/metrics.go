@@ -29,12 +29,11 @@ const (
 	MetricVMStartPhaseSeconds = "qemu_kubelet_vm_start_phase_duration_seconds"
 	MetricVMsRunning          = "qemu_kubelet_vms_running"
 	// Host memory of the VMs, summed over the VMs the node supervises
-	// (/metrics), and per pod (the kubelet API's /metrics/resource, which
-	// is behind authorization: pod names stay off the open endpoint).
+	// (/metrics; per pod: stats.MetricVMMemoryRSS and
+	// stats.MetricVMMemoryPSS on the kubelet API's /metrics/resource,
+	// which is behind authorization: pod names stay off the open endpoint).
 	MetricVMsMemoryRSS = "qemu_kubelet_vms_memory_rss_bytes"
 	MetricVMsMemoryPSS = "qemu_kubelet_vms_memory_pss_bytes"
-	MetricVMMemoryRSS  = "qemu_kubelet_vm_memory_rss_bytes"
-	MetricVMMemoryPSS  = "qemu_kubelet_vm_memory_pss_bytes"
 
 	// Jumpstarter exporters (exporter.go).
 	MetricJumpstarterRegistrations = "qemu_kubelet_jumpstarter_registrations_total"
