@@ -22,8 +22,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
-	"github.com/qemu-kubelet/qemu-kubelet/provider"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/nodestatus"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/poddisk"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
@@ -109,7 +109,7 @@ func (e *podEnv) testStatePolicy(t *testing.T) {
 		return podRunning(p) && p.Status.ContainerStatuses[0].RestartCount == 1
 	})
 	assert.Equal(t, int32(1), p.Status.ContainerStatuses[0].RestartCount)
-	waitEvent(t, e.c, retain.Name, provider.ReasonStateRestored, "state policy Retain") // features_test.go
+	waitEvent(t, e.c, retain.Name, poddisk.ReasonStateRestored, "state policy Retain") // features_test.go
 
 	// Disabled: the same two boots per run, but each run from a fresh disk.
 	waitBoots("the Disabled pod's second VM run", 5*time.Minute, func() bool { return len(prev(fdir)) == 2 && len(cur(fdir)) >= 1 })
@@ -148,19 +148,19 @@ func (e *podEnv) testStatePolicy(t *testing.T) {
 		waitNoDir(t, e.a.vmDir(string(p.UID)), 30*time.Second)
 	}
 	kept := filepath.Join(stateDir, nodestatus.RetainedDirName, "default_state-retain_"+string(retain.UID))
-	b, err := os.ReadFile(filepath.Join(kept, provider.RetainedFileName))
+	b, err := os.ReadFile(filepath.Join(kept, poddisk.RetainedFileName))
 	require.NoError(t, err, "the retained disk's record")
-	var rd provider.RetainedDisk
+	var rd poddisk.RetainedDisk
 	require.NoError(t, json.Unmarshal(b, &rd))
 	assert.Equal(t, retain.UID, rd.UID)
 	assert.Equal(t, "state-retain", rd.Name)
 	assert.Equal(t, "Retain", rd.StatePolicy)
 	assert.Contains(t, rd.ImageDigest, "sha256:")
-	info, err := qemu.InspectImage(ctx, filepath.Join(kept, provider.OverlayFileName))
+	info, err := qemu.InspectImage(ctx, filepath.Join(kept, poddisk.OverlayFileName))
 	require.NoError(t, err)
 	assert.Empty(t, info.BackingFile, "the kept disk needs no image")
 	raw := filepath.Join(t.TempDir(), "kept.raw")
-	out, err := exec.Command("qemu-img", "convert", "-O", "raw", filepath.Join(kept, provider.OverlayFileName), raw).CombinedOutput()
+	out, err := exec.Command("qemu-img", "convert", "-O", "raw", filepath.Join(kept, poddisk.OverlayFileName), raw).CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	disk, err := os.ReadFile(raw)
 	require.NoError(t, err)

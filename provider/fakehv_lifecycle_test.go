@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/qemu-kubelet/qemu-kubelet/provider/poddisk"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
@@ -532,6 +533,6 @@ func TestFakeVMRecordRetried(t *testing.T) {
 		starts, _ := f.hv.counts()
 		assert.Zero(t, starts, "no VM was started")
 		evs := f.drainEvents()
-		assert.False(t, hasEvent(evs, "Warning "+ReasonDiskRetainFailed), "no disk to keep: %q", evs)
+		assert.False(t, hasEvent(evs, "Warning "+poddisk.ReasonDiskRetainFailed), "no disk to keep: %q", evs)
 	})
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/internal/atomicfile"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/telemetry"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
@@ -17,7 +18,7 @@ import (
 
 // BenchmarkStartTelemetry: what the metrics and spans of one whole VM
 // start (pod.start with pull, overlay, qemu.start, boot, then the exit)
-// cost, against the baseline of one status write (writeJSONAtomic of the
+// cost, against the baseline of one status write (atomicfile.WriteJSON of the
 // VM state), which every start already does several times. Spans go
 // through a batch processor to an in-memory exporter, as in production
 // with OTLP.
@@ -51,7 +52,7 @@ func BenchmarkStartTelemetry(b *testing.B) {
 	var st podstatus.VMState
 	st.SetRunning(time.Now())
 	write := func() {
-		if err := writeJSONAtomic(path, st); err != nil {
+		if err := atomicfile.WriteJSON(path, st); err != nil {
 			b.Fatal(err)
 		}
 	}

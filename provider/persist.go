@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/qemu-kubelet/qemu-kubelet/provider/internal/atomicfile"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 )
@@ -66,7 +67,7 @@ func (rec *podVM) persist() error {
 	path := filepath.Join(rec.dir, StatusFileName)
 	if err != nil {
 		err = fmt.Errorf("encode VM state: %w", err)
-	} else if err = writeFileAtomic(path, append(b, '\n')); err != nil {
+	} else if err = atomicfile.Write(path, append(b, '\n')); err != nil {
 		err = fmt.Errorf("write %s: %w", path, err)
 	}
 	if err == nil {
@@ -76,34 +77,4 @@ func (rec *podVM) persist() error {
 		err = errors.Join(err, fmt.Errorf("remove the stale %s: %w", path, rerr))
 	}
 	return err
-}
-
-// writeFileAtomic writes path through path.tmp (synced, then renamed), so
-// a reader sees the old or the new content, never a part; the tmp file is
-// removed when any step fails.
-func writeFileAtomic(path string, b []byte) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		os.Remove(tmp)
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		os.Remove(tmp)
-		return err
-	}
-	if err := f.Close(); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/poddisk"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
@@ -268,7 +269,7 @@ func (p *VMs) presentImage(ctx context.Context, plan podspec.Plan) *oci.Image {
 // vmSpec builds the VM spec for a pulled image and readies the overlay:
 // a fresh one (each run starts from the image, as a container starts from
 // its image), or with state policy Retain the one the last run left
-// (state.go).
+// (poddisk.Prepare).
 func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan podspec.Plan, img *oci.Image) (qemu.Spec, error) {
 	accel := qemu.Accelerator(p.cfg.Accelerator)
 	if plan.Accelerator != "" {
@@ -328,7 +329,7 @@ func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan pods
 		return spec, podspec.InvalidSpec{Err: fmt.Errorf("VM spec for image %s: %w", plan.Image, err)}
 	}
 	if img.Disk != "" {
-		reason, msg, err := prepareOverlay(ctx, plan.StatePolicy, overlay, base, baseFormat) // state.go
+		reason, msg, err := poddisk.Prepare(ctx, plan.StatePolicy, overlay, base, baseFormat)
 		if err != nil {
 			return spec, err
 		}

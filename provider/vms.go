@@ -2,13 +2,13 @@ package provider
 
 import (
 	"context"
-	"encoding/json"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/poddisk"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/probe"
@@ -30,8 +30,9 @@ const (
 	PodFileName = "pod.json"
 	// StatusFileName is the VMState, rewritten on every transition.
 	StatusFileName = "status.json"
-	// OverlayFileName is the VM's writable disk (qcow2 over the image).
-	OverlayFileName = "disk.qcow2"
+	// OverlayFileName is the VM's writable disk (qcow2 over the image;
+	// package poddisk).
+	OverlayFileName = poddisk.OverlayFileName
 	// VMsDirName is the directory under the node's state dir holding one
 	// directory per pod UID.
 	VMsDirName = "vms"
@@ -390,12 +391,4 @@ func (p *VMs) update(rec *podVM, f func(st *podstatus.VMState)) {
 	rec.mu.Unlock()
 	p.persist(rec) // persist.go
 	p.push(rec)
-}
-
-func writeJSONAtomic(path string, v any) error {
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return err
-	}
-	return writeFileAtomic(path, append(b, '\n')) // persist.go
 }

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/qemu-kubelet/qemu-kubelet/provider/internal/atomicfile"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/telemetry"
@@ -274,7 +275,7 @@ func (p *VMs) writeIntent(rec *podVM) error {
 	if err := os.MkdirAll(rec.dir, 0o700); err != nil {
 		return fmt.Errorf("create state dir for pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
-	if err := writeJSONAtomic(filepath.Join(rec.dir, PodFileName), pod); err != nil {
+	if err := atomicfile.WriteJSON(filepath.Join(rec.dir, PodFileName), pod); err != nil {
 		os.RemoveAll(rec.dir)
 		return fmt.Errorf("record pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}

@@ -26,7 +26,7 @@ type HostReadings struct {
 	// state directory.
 	DiskTotal, DiskAvailable int64
 	// RetainedBytes is the space the retained disks of deleted pods take
-	// (<stateDir>/retained, state.go): reserved ephemeral-storage.
+	// (<stateDir>/retained, package poddisk): reserved ephemeral-storage.
 	RetainedBytes int64
 	// PIDMax is kernel.pid_max; PIDsInUse the tasks currently running.
 	PIDMax, PIDsInUse int64

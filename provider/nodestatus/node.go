@@ -317,7 +317,7 @@ func Status(prev []corev1.NodeCondition, f Facts, h HostReadings, now metav1.Tim
 	capacity := Capacity(f.Config, h)
 	return corev1.NodeStatus{
 		Capacity:    capacity,
-		Allocatable: Allocatable(capacity, reservedWithRetained(f.Config.Reserved, h.RetainedBytes)), // state.go
+		Allocatable: Allocatable(capacity, reservedWithRetained(f.Config.Reserved, h.RetainedBytes)), // package poddisk
 		Phase:       corev1.NodeRunning,
 		Conditions:  Conditions(prev, f, h, now),
 		Addresses: []corev1.NodeAddress{

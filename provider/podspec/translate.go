@@ -60,7 +60,7 @@ var knownAnnotations = map[string]bool{
 	v1alpha1.JumpstarterSecretAnnotation: true, // exporter.go
 	// The ExporterSet controller's: the parameters reach the guest through
 	// the QK_PARAMETERS env fieldRef (environment disk); the state and
-	// reclaim policies are the node's (state.go); the removal mark is the
+	// reclaim policies are the node's (package poddisk); the removal mark is the
 	// controller's.
 	v1alpha1.ParametersAnnotation: true, v1alpha1.RemoveAnnotation: true,
 	v1alpha1.StatePolicyAnnotation: true, v1alpha1.ReclaimPolicyAnnotation: true,
@@ -103,7 +103,7 @@ type Plan struct {
 	// Accelerator is a requirement: "" (any), "kvm" or "tcg".
 	Accelerator string
 	// StatePolicy says whether the VM's disk survives its restarts
-	// (state.go): Retain, else ("" or Disabled) a fresh disk every start.
+	// (package poddisk): Retain, else ("" or Disabled) a fresh disk every start.
 	StatePolicy v1alpha1.StatePolicy
 	// SnapshotStart: start from a memory snapshot (AnnotationStartFromSnapshot).
 	SnapshotStart bool

@@ -228,3 +228,28 @@ func TestTranslateSnapshotStart(t *testing.T) {
 	require.Nil(t, rej)
 	assert.True(t, plan.SnapshotStart)
 }
+
+// TestTranslateRetainWithSnapshotStart: a memory snapshot restores the
+// guest with the image's disk, so state policy Retain and snapshot start
+// are refused together; each alone is fine.
+func TestTranslateRetainWithSnapshotStart(t *testing.T) {
+	pod := func(ann map[string]string) *corev1.Pod {
+		p := podtest.VMPod(func(p *corev1.Pod) {
+			p.Annotations = ann
+			p.Spec.RestartPolicy = corev1.RestartPolicyAlways
+		})
+		p.Spec.Containers[0].ReadinessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(22)}}}
+		return p
+	}
+	_, rej := Translate(pod(map[string]string{AnnotationStartFromSnapshot: "true", v1alpha1.StatePolicyAnnotation: "Retain"}), qemu.ArchX86_64)
+	require.NotNil(t, rej)
+	assert.Equal(t, ReasonUnsupportedPodSpec, rej.Reason)
+	assert.Contains(t, rej.Message, "metadata.annotations[qemu-kubelet.io/state-policy]: Retain cannot be combined with qemu-kubelet.io/start-from-snapshot")
+	for _, ann := range []map[string]string{
+		{AnnotationStartFromSnapshot: "true", v1alpha1.StatePolicyAnnotation: "Disabled"},
+		{AnnotationStartFromSnapshot: "false", v1alpha1.StatePolicyAnnotation: "Retain"},
+	} {
+		_, rej := Translate(pod(ann), qemu.ArchX86_64)
+		assert.Nil(t, rej, "%v", ann)
+	}
+}
