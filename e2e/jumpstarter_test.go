@@ -13,7 +13,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/jstest"
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/pb"
-	"github.com/qemu-kubelet/qemu-kubelet/provider"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/exporter"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
@@ -25,7 +25,7 @@ import (
 
 func jsCondition(p *corev1.Pod) *corev1.PodCondition {
 	for i := range p.Status.Conditions {
-		if p.Status.Conditions[i].Type == provider.ConditionJumpstarterExporter {
+		if p.Status.Conditions[i].Type == exporter.Condition {
 			return &p.Status.Conditions[i]
 		}
 	}

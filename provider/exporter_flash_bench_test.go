@@ -2,6 +2,7 @@ package provider
 
 import (
 	"context"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/internal/podtest"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -135,7 +136,7 @@ func BenchmarkJumpstarterFlash(b *testing.B) {
 	b.Cleanup(ctrl.Close)
 	token := ctrl.AddExporter("lab", "board-0", "")
 	secrets := &secretStore{m: map[string]*corev1.Secret{}}
-	sec := exporterSecret("endpoint", ctrl.Endpoint(), "token", token, "namespace", "lab", "name", "board-0", "ca.crt", string(ctrl.CABundle()))
+	sec := podtest.ExporterSecret("endpoint", ctrl.Endpoint(), "token", token, "namespace", "lab", "name", "board-0", "ca.crt", string(ctrl.CABundle()))
 	sec.Namespace, sec.Name = "default", "js"
 	secrets.put(sec)
 	party("agent")

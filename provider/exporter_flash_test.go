@@ -7,12 +7,12 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/exporter"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -25,20 +25,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 )
 
-// brokenReader yields its bytes, then fails as a client that stopped.
-type brokenReader struct {
-	r   io.Reader
-	err error
-}
-
-func (b *brokenReader) Read(p []byte) (int, error) {
-	n, err := b.r.Read(p)
-	if errors.Is(err, io.EOF) {
-		return n, b.err
-	}
-	return n, err
-}
-
 func diskBytes(t *testing.T, n int) []byte {
 	b := make([]byte, n)
 	_, err := rand.Read(b[:n/4])
@@ -48,7 +34,7 @@ func diskBytes(t *testing.T, n int) []byte {
 }
 
 func flashDirFiles(t *testing.T, dir string) []string {
-	es, err := os.ReadDir(filepath.Join(dir, FlashDirName))
+	es, err := os.ReadDir(filepath.Join(dir, exporter.FlashDirName))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
@@ -84,14 +70,14 @@ func TestFlashPartitionsFake(t *testing.T) {
 	f1.wait(pod.UID, 10*time.Second, "Running", running)
 	assert.NotEmpty(t, vm1.spec.Kernel, "the pod's image boots a kernel")
 	dir := f1.dir(pod.UID)
-	tgt := &vmTarget{p: f1.vms, rec: f1.rec(pod.UID)}
+	tgt := exporter.NewTarget(f1.vms.exporterNode(), podExporter{p: f1.vms, rec: f1.rec(pod.UID)})
 
 	root := diskBytes(t, 3<<20)
 	sum := sha256.Sum256(root)
 	digest := "sha256:" + hex.EncodeToString(sum[:])
 
 	t.Run("FailedFlashTouchesNothing", func(t *testing.T) {
-		err := tgt.WritePartition(ctx, "root", &brokenReader{r: bytes.NewReader(root[:1<<20]), err: errors.New("the client's resource stream ended abnormally")}, nil)
+		err := tgt.WritePartition(ctx, "root", &testutil.BrokenReader{R: bytes.NewReader(root[:1<<20]), Err: errors.New("the client's resource stream ended abnormally")}, nil)
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), "ended abnormally")
 		// qcow2 with a backing file: refused by the node's rules
@@ -106,6 +92,8 @@ func TestFlashPartitionsFake(t *testing.T) {
 		err = tgt.WritePartition(ctx, "bios", bytes.NewReader(qb), nil)
 		require.ErrorIs(t, err, jumpstarter.ErrInvalidArgument)
 		assert.Contains(t, err.Error(), "holds raw firmware, not a qcow2 image")
+		firmwareMaxBytes, err := tgt.PartitionLimit("bios")
+		require.NoError(t, err)
 		err = tgt.WritePartition(ctx, "bios", bytes.NewReader(make([]byte, firmwareMaxBytes+1)), nil)
 		require.ErrorIs(t, err, jumpstarter.ErrInvalidArgument)
 		_, err = tgt.PartitionLimit("boot")
@@ -130,7 +118,7 @@ func TestFlashPartitionsFake(t *testing.T) {
 		require.NotEmpty(t, vm2.spec.Disks)
 		info, err := qemu.InspectImage(ctx, vm2.spec.Disks[0].Path)
 		require.NoError(t, err)
-		assert.Equal(t, filepath.Join(dir, FlashDirName, "root-"+digest[7:19]), info.BackingFile, "the disk is an overlay of the flashed root")
+		assert.Equal(t, filepath.Join(dir, exporter.FlashDirName, "root-"+digest[7:19]), info.BackingFile, "the disk is an overlay of the flashed root")
 		p := f1.wait(pod.UID, 10*time.Second, "Running flashed", running)
 		assert.Equal(t, "flash/root@"+digest, p.Status.ContainerStatuses[0].ImageID, "the pod shows what it boots")
 		st := vmStateFile(t, dir)
@@ -144,7 +132,7 @@ func TestFlashPartitionsFake(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, int64(len(root)), size)
 		assert.True(t, bytes.Equal(root, back), "dump returns the flashed bytes")
-		fi, err := os.Stat(filepath.Join(dir, FlashDirName, st.Flashed["root"].File))
+		fi, err := os.Stat(filepath.Join(dir, exporter.FlashDirName, st.Flashed["root"].File))
 		require.NoError(t, err)
 		assert.Equal(t, int64(3<<20), fi.Size())
 	})
@@ -157,7 +145,7 @@ func TestFlashPartitionsFake(t *testing.T) {
 		require.NoError(t, tgt.PowerOn(ctx))
 		vm := nextVM(t, hv)
 		assert.Equal(t, qemu.FirmwareBIOS, vm.spec.Firmware)
-		assert.Equal(t, filepath.Join(dir, FlashDirName, vmStateFile(t, dir).Flashed["bios"].File), vm.spec.BIOS)
+		assert.Equal(t, filepath.Join(dir, exporter.FlashDirName, vmStateFile(t, dir).Flashed["bios"].File), vm.spec.BIOS)
 
 		// OVMF vars flashed: UEFI with the node's code and the flashed vars.
 		newVars := bytes.Repeat([]byte{0x77}, 16<<10)
@@ -165,7 +153,7 @@ func TestFlashPartitionsFake(t *testing.T) {
 		vm = nextVM(t, hv)
 		assert.Equal(t, qemu.FirmwareUEFI, vm.spec.Firmware)
 		assert.Equal(t, code, vm.spec.UEFICode)
-		assert.Equal(t, filepath.Join(dir, FlashDirName, vmStateFile(t, dir).Flashed["OVMF_VARS.fd"].File), vm.spec.UEFIVarsTemplate)
+		assert.Equal(t, filepath.Join(dir, exporter.FlashDirName, vmStateFile(t, dir).Flashed["OVMF_VARS.fd"].File), vm.spec.UEFIVarsTemplate)
 		assert.Empty(t, vm.spec.BIOS)
 		assert.Empty(t, vm.spec.Kernel)
 
@@ -205,14 +193,14 @@ func TestFlashPartitionsFake(t *testing.T) {
 		require.NoError(t, err)
 		_, err = f2.vms.GetPod(ctx, pod.Namespace, pod.Name) // the library confirms the pod
 		require.NoError(t, err)
-		tgt2 := &vmTarget{p: f2.vms, rec: f2.rec(pod.UID)}
+		tgt2 := exporter.NewTarget(f2.vms.exporterNode(), podExporter{p: f2.vms, rec: f2.rec(pod.UID)})
 		require.NoError(t, tgt2.PowerOff(ctx))
 		require.NoError(t, tgt2.PowerOn(ctx))
 		vm := nextVM(t, hv)
 		assert.Empty(t, vm.spec.Kernel)
 		info, err := qemu.InspectImage(ctx, vm.spec.Disks[0].Path)
 		require.NoError(t, err)
-		assert.Equal(t, filepath.Join(dir, FlashDirName, vmStateFile(t, dir).Flashed["root"].File), info.BackingFile)
+		assert.Equal(t, filepath.Join(dir, exporter.FlashDirName, vmStateFile(t, dir).Flashed["root"].File), info.BackingFile)
 		rc, _, err := tgt2.ReadPartition(ctx, "root")
 		require.NoError(t, err)
 		b, _ := io.ReadAll(rc)
@@ -229,59 +217,4 @@ func TestFlashPartitionsFake(t *testing.T) {
 		assert.Len(t, flashDirFiles(t, dir), 2, "bios and OVMF vars stay")
 		f2.deleteFakePod(t, pod)
 	})
-}
-
-// TestWriteSparse: writeSparse writes exactly the image (zero pages left
-// as holes, sizes not a multiple of its block), hashes every byte in
-// order, and fails with the transfer's own error, the limit, an empty
-// image, or the file's error, without hanging on any of them.
-func TestWriteSparse(t *testing.T) {
-	dir := t.TempDir()
-	img := make([]byte, 5*flashBlock+12345)
-	_, err := rand.Read(img[:flashBlock/2])
-	require.NoError(t, err)
-	copy(img[3*flashBlock-100:], bytes.Repeat([]byte{7}, flashBlock)) // across a block boundary
-	img[len(img)-1] = 1                                               // the tail is data
-	write := func(r io.Reader, limit int64) (*os.File, int64, []byte, error) {
-		f, err := os.CreateTemp(dir, "img-")
-		require.NoError(t, err)
-		t.Cleanup(func() { f.Close() })
-		h := sha256.New()
-		n, err := writeSparse(f, r, h, limit)
-		return f, n, h.Sum(nil), err
-	}
-
-	f, n, sum, err := write(bytes.NewReader(img), 1<<30)
-	require.NoError(t, err)
-	assert.Equal(t, int64(len(img)), n)
-	want := sha256.Sum256(img)
-	assert.Equal(t, want[:], sum)
-	got, err := os.ReadFile(f.Name())
-	require.NoError(t, err)
-	assert.True(t, bytes.Equal(img, got), "the file holds the image")
-	fi, err := f.Stat()
-	require.NoError(t, err)
-	assert.Less(t, fi.Sys().(*syscall.Stat_t).Blocks*512, int64(3*flashBlock), "zero pages stay holes")
-
-	_, _, _, err = write(bytes.NewReader(img), int64(len(img))-1)
-	require.ErrorIs(t, err, jumpstarter.ErrInvalidArgument)
-	assert.Contains(t, err.Error(), "larger than the partition may hold")
-
-	stop := errors.New("the client stopped")
-	_, _, _, err = write(&brokenReader{r: bytes.NewReader(img[:3*flashBlock+5]), err: stop}, 1<<30)
-	assert.ErrorIs(t, err, stop)
-
-	_, _, _, err = write(bytes.NewReader(nil), 1<<30)
-	require.ErrorIs(t, err, jumpstarter.ErrInvalidArgument)
-	assert.Contains(t, err.Error(), "empty")
-
-	ro, err := os.CreateTemp(dir, "ro-")
-	require.NoError(t, err)
-	ro.Close()
-	rf, err := os.Open(ro.Name()) // read-only: every write fails
-	require.NoError(t, err)
-	defer rf.Close()
-	_, err = writeSparse(rf, bytes.NewReader(img), sha256.New(), 1<<30)
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "write "+ro.Name())
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/exporter"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/internal/podtest"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -22,74 +24,9 @@ import (
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/tools/record"
 )
-
-func exporterPod(labels map[string]string, ports ...corev1.ContainerPort) *corev1.Pod {
-	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "lab", Name: "board-0", Labels: labels,
-			Annotations: map[string]string{v1alpha1.JumpstarterSecretAnnotation: "js"}},
-		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "vm", Image: "r/os:1", Ports: ports}}},
-	}
-}
-
-func exporterSecret(kv ...string) *corev1.Secret {
-	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "lab", Name: "js"}, Data: map[string][]byte{}}
-	for i := 0; i+1 < len(kv); i += 2 {
-		s.Data[kv[i]] = []byte(kv[i+1])
-	}
-	return s
-}
-
-var goodSecretKV = []string{"endpoint", "grpc.js.example:443", "token", "s3cr3t-token", "namespace", "jumpstarter-lab", "name", "board-0"}
-
-func TestExporterSettings(t *testing.T) {
-	pod := exporterPod(map[string]string{"jumpstarter.dev/board": "qemu", "app": "x"},
-		corev1.ContainerPort{Name: "http", ContainerPort: 8080},
-		corev1.ContainerPort{Name: "ssh", ContainerPort: 22},
-		corev1.ContainerPort{ContainerPort: 9000},
-		corev1.ContainerPort{Name: "console", ContainerPort: 23},
-		corev1.ContainerPort{Name: "dns", ContainerPort: 53, Protocol: corev1.ProtocolUDP})
-	cfg, err := ExporterSettings(pod, exporterSecret(goodSecretKV...))
-	require.NoError(t, err)
-	assert.Equal(t, "grpc.js.example:443", cfg.Endpoint)
-	assert.Equal(t, "s3cr3t-token", cfg.Token)
-	assert.Equal(t, "jumpstarter-lab", cfg.Namespace)
-	assert.Equal(t, "board-0", cfg.Name)
-	assert.Empty(t, cfg.CABundle)
-	assert.Equal(t, map[string]string{"jumpstarter.dev/board": "qemu"}, cfg.Labels, "only jumpstarter.dev/ labels")
-	assert.Equal(t, []jumpstarter.Port{{Name: "ssh", Port: 22}, {Name: "tcp-23", Port: 23}, {Name: "http", Port: 8080}, {Name: "tcp-9000", Port: 9000}}, cfg.Ports,
-		"named TCP ports; unnamed and built-in driver names become tcp-<port>; UDP skipped")
-	assert.Equal(t, "board-0", cfg.Hostname)
-
-	for _, tc := range []struct {
-		name string
-		kv   []string
-		want string
-	}{
-		{"no endpoint", []string{"token", "t", "namespace", "n", "name", "x"}, `key "endpoint" is missing`},
-		{"endpoint without port", []string{"endpoint", "grpc.js.example", "token", "t", "namespace", "n", "name", "x"}, "not host:port"},
-		{"endpoint with scheme", []string{"endpoint", "https://grpc.js.example:443", "token", "t", "namespace", "n", "name", "x"}, "not host:port"},
-		{"endpoint bad port", []string{"endpoint", "h:99999", "token", "t", "namespace", "n", "name", "x"}, "port \"99999\""},
-		{"no token", []string{"endpoint", "h:443", "namespace", "n", "name", "x"}, `key "token" is missing`},
-		{"token with space", []string{"endpoint", "h:443", "token", "abc def", "namespace", "n", "name", "x"}, "white space"},
-		{"no namespace", []string{"endpoint", "h:443", "token", "t", "name", "x"}, `key "namespace"`},
-		{"no name", []string{"endpoint", "h:443", "token", "t", "namespace", "n"}, `key "name"`},
-		{"bad CA", append(append([]string(nil), goodSecretKV...), "ca.crt", "not a cert"), "no PEM certificate"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			_, err := ExporterSettings(pod, exporterSecret(tc.kv...))
-			require.Error(t, err)
-			assert.True(t, podspec.IsConfigError(err), "a config error (the pod waits): %v", err)
-			assert.Contains(t, err.Error(), tc.want)
-			assert.Contains(t, err.Error(), `secret "js"`)
-			assert.NotContains(t, err.Error(), "s3cr3t-token")
-			assert.NotContains(t, err.Error(), "abc def")
-		})
-	}
-}
 
 func TestDecideRequest(t *testing.T) {
 	for _, tc := range []struct {
@@ -114,28 +51,6 @@ func TestDecideRequest(t *testing.T) {
 	}
 }
 
-func TestApplyExporterCondition(t *testing.T) {
-	since := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	var st corev1.PodStatus
-	applyExporter(&st, nil)
-	assert.Empty(t, st.Conditions, "no exporter, no condition")
-	for s, want := range map[jumpstarter.State]corev1.ConditionStatus{
-		jumpstarter.StateConnecting: corev1.ConditionFalse, jumpstarter.StateRegistered: corev1.ConditionFalse,
-		jumpstarter.StateOnline: corev1.ConditionTrue, jumpstarter.StateLeased: corev1.ConditionTrue,
-		jumpstarter.StateFailed: corev1.ConditionFalse, jumpstarter.StateStopped: corev1.ConditionFalse,
-	} {
-		var st corev1.PodStatus
-		applyExporter(&st, &exporterStatus{state: s, msg: "m", since: since})
-		require.Len(t, st.Conditions, 1)
-		c := st.Conditions[0]
-		assert.Equal(t, ConditionJumpstarterExporter, c.Type)
-		assert.Equal(t, want, c.Status, "%s", s)
-		assert.Equal(t, string(s), c.Reason)
-		assert.Equal(t, "m", c.Message)
-		assert.True(t, c.LastTransitionTime.Time.Equal(since))
-	}
-}
-
 func TestRegistrationResult(t *testing.T) {
 	assert.Equal(t, "success", telemetry.RegistrationResult(nil))
 	assert.Equal(t, "token_rejected", telemetry.RegistrationResult(status.Error(codes.Unauthenticated, "bad token")))
@@ -148,7 +63,7 @@ func TestRegistrationResult(t *testing.T) {
 	assert.Equal(t, "canceled", telemetry.RegistrationResult(context.Canceled))
 }
 
-// fakeRunner is an ExporterRunner that records each run and lets the test
+// fakeRunner is an exporter.Runner that records each run and lets the test
 // drive its state.
 type fakeRunner struct {
 	mu   sync.Mutex
@@ -209,7 +124,7 @@ func (s *secretStore) put(x *corev1.Secret) {
 
 func exporterCond(p *corev1.Pod) *corev1.PodCondition {
 	for i := range p.Status.Conditions {
-		if p.Status.Conditions[i].Type == ConditionJumpstarterExporter {
+		if p.Status.Conditions[i].Type == exporter.Condition {
 			return &p.Status.Conditions[i]
 		}
 	}
@@ -242,9 +157,9 @@ func drainEvents(rec *record.FakeRecorder) []string {
 // and events (never the token), a changed Secret restarts the exporter, a
 // delete stops it.
 func TestExporterLifecycleFake(t *testing.T) {
-	old := exporterRecheck
-	exporterRecheck = 100 * time.Millisecond
-	t.Cleanup(func() { exporterRecheck = old })
+	old := exporter.SecretRecheck
+	exporter.SecretRecheck = 100 * time.Millisecond
+	t.Cleanup(func() { exporter.SecretRecheck = old })
 	root := t.TempDir()
 	store, err := oci.Open(filepath.Join(root, "images"), oci.Options{})
 	require.NoError(t, err)
@@ -276,7 +191,7 @@ func TestExporterLifecycleFake(t *testing.T) {
 	assert.Contains(t, exporterCond(p).Message, `secret "js" not found`)
 	assert.Empty(t, runner.runs)
 
-	secrets.put(exporterSecret(goodSecretKV...))
+	secrets.put(podtest.ExporterSecret(podtest.ExporterSecretKV...))
 	r := runner.next(t, 10*time.Second)
 	assert.Equal(t, "grpc.js.example:443", r.cfg.Endpoint)
 	assert.Equal(t, "board-0", r.cfg.Name)
@@ -308,7 +223,7 @@ func TestExporterLifecycleFake(t *testing.T) {
 	assert.NotContains(t, evs, "s3cr3t-token")
 
 	// A fixed token in the Secret restarts the exporter with it.
-	fixed := exporterSecret(goodSecretKV...)
+	fixed := podtest.ExporterSecret(podtest.ExporterSecretKV...)
 	fixed.Namespace = "lab"
 	fixed.Data["token"] = []byte("new-token")
 	secrets.put(fixed)
@@ -343,4 +258,14 @@ func TestTranslateExporterAnnotation(t *testing.T) {
 	_, rej = podspec.Translate(pod, qemu.ArchX86_64)
 	require.NotNil(t, rej)
 	assert.Contains(t, rej.Message, "metadata.annotations["+v1alpha1.JumpstarterSecretAnnotation+"]: secret name \"Not_A_Name\"")
+}
+
+// podCond is the pod's condition of type t (nil: none).
+func podCond(p *corev1.Pod, t corev1.PodConditionType) *corev1.PodCondition {
+	for i := range p.Status.Conditions {
+		if p.Status.Conditions[i].Type == t {
+			return &p.Status.Conditions[i]
+		}
+	}
+	return nil
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/pb"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/exporter"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/internal/podtest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
@@ -86,7 +87,7 @@ func (l *eventLog) all() string {
 
 // realExporters runs the jumpstarter package's exporter (as cmd/qemu-kubelet
 // does) with short reconnect delays.
-var realExporters = ExporterRunnerFunc(func(ctx context.Context, cfg jumpstarter.Config) error {
+var realExporters = exporter.RunnerFunc(func(ctx context.Context, cfg jumpstarter.Config) error {
 	cfg.BackoffInitial, cfg.BackoffMax = 200*time.Millisecond, time.Second
 	e, err := jumpstarter.New(cfg)
 	if err != nil {
@@ -151,7 +152,7 @@ func TestJumpstarterExporterVM(t *testing.T) {
 	secrets := &secretStore{m: map[string]*corev1.Secret{}}
 	const guestPassword, registryPassword = "Guest-Pa55-9f2c", "Registry-Pa55-77ab"
 	secretFor := func(name, exporter, tok string) *corev1.Secret {
-		s := exporterSecret("endpoint", ctrl.Endpoint(), "token", tok, "namespace", ns, "name", exporter, "ca.crt", string(ctrl.CABundle()),
+		s := podtest.ExporterSecret("endpoint", ctrl.Endpoint(), "token", tok, "namespace", ns, "name", exporter, "ca.crt", string(ctrl.CABundle()),
 			"username", "ci", "password", guestPassword)
 		s.Namespace, s.Name = "default", name
 		return s

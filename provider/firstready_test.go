@@ -2,6 +2,7 @@ package provider
 
 import (
 	"context"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/internal/podtest"
 	"testing"
 	"time"
 
@@ -20,10 +21,10 @@ import (
 // the next agent gets it again from that agent's worker.
 
 // exporterFakeVMs is a fake-VM harness whose pods in namespace lab may
-// name the exporter Secret js (goodSecretKV), run by runner.
+// name the exporter Secret js (podtest.ExporterSecretKV), run by runner.
 func exporterFakeVMs(t *testing.T, stateDir string, hv *fakeHypervisor, runner *fakeRunner) *fakeVMHarness {
 	secrets := &secretStore{m: map[string]*corev1.Secret{}}
-	secrets.put(exporterSecret(goodSecretKV...))
+	secrets.put(podtest.ExporterSecret(podtest.ExporterSecretKV...))
 	return newFakeVMHarness(t, stateDir, hv, 10*time.Millisecond, func(c *VMsConfig) {
 		c.Secrets = secrets.get
 		c.Exporters = runner

@@ -91,7 +91,7 @@ const (
 	evExited
 	// evBackOffDone: the crash-loop back-off is over.
 	evBackOffDone
-	// evRequest: a power or flash request (exporter.go) arrived.
+	// evRequest: a power or flash request (package exporter) arrived.
 	evRequest
 	// evStopped: the requested power off stopped the VM.
 	evStopped

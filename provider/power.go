@@ -4,20 +4,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"time"
 
-	"github.com/qemu-kubelet/qemu-kubelet/oci"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/exporter"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 )
 
-// Power and flash requests: the pod's exporter (exporter.go, the
-// jumpstarter.Target of the VM) sends them to the pod's worker (run in
-// worker.go), which alone stops, starts and re-images the VM.
+// Power and flash requests: the pod's exporter (package exporter, the
+// jumpstarter.Target of the VM, through podExporter) sends them to the
+// pod's worker (run in worker.go), which alone stops, starts and re-images
+// the VM.
 
 // vmOp is what a request asks of the worker.
 type vmOp int
@@ -44,33 +43,25 @@ func (o vmOp) String() string {
 // worker never blocks answering, even when the caller gave up.
 type vmRequest struct {
 	op vmOp
-	// image (opFlash) is pulled and verified; hold is the store's hold on
-	// it, released by whoever ends up not using it (the worker once it
-	// took the request).
-	image *oci.Image
-	hold  func()
-	// part (opFlash of a partition from a file, exporter_flash.go) is
-	// the verified image written aside; hold then removes it.
-	part  *partitionFlash
+	// flash (opFlash) is what to install: a pulled and verified image or
+	// partition, with its hold, released by whoever ends up not using it
+	// (the worker once it took the request).
+	flash *exporter.Flash
 	reply chan error
 }
 
 // what names what a flash request installs.
 func (r *vmRequest) what() string {
-	if r.part != nil {
-		return "partition " + r.part.name
-	}
-	if r.image != nil {
-		return r.image.Ref
+	if r.flash != nil {
+		return r.flash.What()
 	}
 	return r.op.String()
 }
 
-// release gives up the request's image hold (idempotent per request).
+// release gives up the request's hold (idempotent per request).
 func (r *vmRequest) release() {
-	if r.hold != nil {
-		r.hold()
-		r.hold = nil
+	if r.flash != nil {
+		r.flash.Release()
 	}
 }
 
@@ -210,48 +201,6 @@ func (p *VMs) powerOff(ctx context.Context, rec *podVM, vm VM, why string) error
 		st.PoweredOff = true
 	})
 	p.event(pod, corev1.EventTypeNormal, podstatus.ReasonPoweredOff, fmt.Sprintf("VM powered off %s: %s", why, ex.Reason))
-	return nil
-}
-
-// installImage makes the flashed image the one the VM boots from now on:
-// the next start makes a fresh overlay over it (the old disk is removed
-// first, so state policy Retain does not keep it, even for the same
-// image; a crash in between leaves a fresh disk and no flash recorded).
-// The choice is written to the state dir (status.json) before it is
-// answered, so a VM restart and an agent restart keep it. The request's
-// image hold becomes the pod's. Worker only, with no VM running.
-func (p *VMs) installImage(rec *podVM, req vmRequest) error {
-	if req.part != nil {
-		return p.installPartition(rec, req) // exporter_flash.go
-	}
-	if err := os.Remove(filepath.Join(rec.dir, OverlayFileName)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		req.release()
-		return fmt.Errorf("flash: remove the old disk: %w", err)
-	}
-	img := req.image
-	ref := imageID(img)
-	rec.mu.Lock()
-	old := rec.release
-	rec.release, req.hold = req.hold, nil
-	rec.state.FlashedImage = ref
-	rec.state.ImageDigest = img.Digest
-	rec.state.ImageID = ref
-	flashedRoot := rec.dropFlashedRootLocked() // the image replaces a flashed root
-	pod := rec.pod.DeepCopy()
-	rec.mu.Unlock()
-	if old != nil {
-		old()
-	}
-	// Through the pod's status writer (persist.go): serialized with the
-	// other owners' writes, and the newest state is the last written.
-	if err := rec.persist(); err != nil {
-		return fmt.Errorf("flash: record the new image in the pod's state dir: %w", err)
-	}
-	if flashedRoot != "" {
-		os.Remove(flashedRoot)
-	}
-	p.push(rec)
-	p.event(pod, corev1.EventTypeNormal, "Flashed", fmt.Sprintf("VM disk replaced by image %s (%s); it boots from it from now on", img.Ref, img.Digest))
 	return nil
 }
 

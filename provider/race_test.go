@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/exporter"
 	"maps"
 	"os"
 	"path/filepath"
@@ -96,7 +97,7 @@ func TestFlashRecordOrderedWithStatusWrites(t *testing.T) {
 	const flashes = 100
 	for i := range flashes {
 		img := &oci.Image{Ref: fmt.Sprintf("reg/img:v%d", i), Digest: fmt.Sprintf("sha256:%064d", i)}
-		require.NoError(t, p.installImage(rec, vmRequest{op: opFlash, image: img}), "flash %d", i)
+		require.NoError(t, p.installFlash(rec, &exporter.Flash{Image: img}), "flash %d", i)
 	}
 	close(stop)
 	wg.Wait()

@@ -157,7 +157,7 @@ func (p *VMs) recoverOne(ctx context.Context, dir string) (*podVM, string, error
 			return rec, "exited", nil
 		}
 		if rec.state.PoweredOff {
-			// Powered off on request (exporter.go): it stays off.
+			// Powered off on request (the exporter): it stays off.
 			return rec, "poweredOff", nil
 		}
 		started := time.Now()

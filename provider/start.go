@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/exporter"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/poddisk"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
@@ -78,7 +79,7 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (VM, bool) {
 }
 
 // runPlan is what this run boots: the pod's plan with a flashed image and
-// a size set through the exporter (vmsize.go) applied, and that size.
+// a size set through the exporter (exporter/vmsize.go) applied, and that size.
 // It also forgets the previous run's snapshot use.
 func (p *VMs) runPlan(rec *podVM) (*corev1.Pod, podspec.Plan, podstatus.VMSize) {
 	rec.mu.Lock()
@@ -87,7 +88,7 @@ func (p *VMs) runPlan(rec *podVM) (*corev1.Pod, podspec.Plan, podstatus.VMSize) 
 	pod := rec.pod.DeepCopy()
 	plan := rec.plan
 	if rec.state.FlashedImage != "" {
-		// Flashed (exporter.go): boot that image, pinned by digest.
+		// Flashed (package exporter): boot that image, pinned by digest.
 		plan.Image, plan.PullPolicy = rec.state.FlashedImage, oci.PullIfNotPresent
 	}
 	var size podstatus.VMSize
@@ -106,14 +107,16 @@ type pullObserver interface {
 	Pulled(t0 time.Time, err error)
 }
 
-// pullImage returns the image to boot: a flashed root (exporter_flash.go),
+// pullImage returns the image to boot: a flashed root (package exporter),
 // the cached image when the pull policy allows it, else a pull retried with
 // back-off (ErrImagePull, then ImagePullBackOff). ok is false when ctx
 // ended (delete, shutdown).
 func (p *VMs) pullImage(ctx context.Context, rec *podVM, pod *corev1.Pod, plan podspec.Plan, att pullObserver) (img *oci.Image, ok bool) {
 	log := klog.FromContext(ctx)
-	// A flashed root (exporter_flash.go) boots instead of any image.
-	img = p.flashedRoot(rec)
+	// A flashed root (package exporter) boots instead of any image.
+	rec.mu.Lock()
+	img = exporter.FlashedRoot(rec.dir, rec.state)
+	rec.mu.Unlock()
 	for attempt := 1; img == nil; attempt++ {
 		t0 := time.Now()
 		if img = p.presentImage(ctx, plan); img != nil {
@@ -163,7 +166,7 @@ func (p *VMs) holdImage(ctx context.Context, rec *podVM, img *oci.Image) {
 	if !haveRelease {
 		p.releaseImage(rec)
 	}
-	if !haveRelease && !isFlashedRoot(img) {
+	if !haveRelease && !exporter.IsFlashedRoot(img) {
 		if rel, err := p.cfg.Images.Acquire(img.Digest); err == nil {
 			rec.mu.Lock()
 			rec.release = rel
@@ -174,7 +177,7 @@ func (p *VMs) holdImage(ctx context.Context, rec *podVM, img *oci.Image) {
 	}
 	p.update(rec, func(st *podstatus.VMState) {
 		st.ImageDigest = img.Digest
-		st.ImageID = imageID(img)
+		st.ImageID = podspec.ImageID(img)
 		st.SetWaiting(podstatus.ReasonContainerCreating, "")
 	})
 }
@@ -305,7 +308,10 @@ func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan pods
 		spec.UEFICode, spec.UEFIVarsTemplate = p.cfg.UEFICode, p.cfg.UEFIVars
 		spec.AllowedDirs = append(spec.AllowedDirs, filepath.Dir(p.cfg.UEFICode), filepath.Dir(p.cfg.UEFIVars))
 	}
-	p.applyFlashedFirmware(rec, &spec) // exporter_flash.go
+	rec.mu.Lock()
+	flashed := rec.state.Flashed
+	rec.mu.Unlock()
+	exporter.ApplyFlashedFirmware(rec.dir, flashed, p.cfg.UEFICode, p.cfg.UEFIVars, &spec)
 	if img.Kernel == "" && plan.ExtraCmdline != "" {
 		return spec, podspec.InvalidSpec{Err: fmt.Errorf("annotation %s: image %s has no kernel to pass a command line to", podspec.AnnotationKernelCmdline, plan.Image)}
 	}
@@ -313,8 +319,8 @@ func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan pods
 	if img.Disk != "" {
 		spec.Disks = []qemu.Disk{{Path: overlay, Format: qemu.FormatQCOW2}}
 	}
-	if err := p.checkExporterConfig(ctx, pod); err != nil {
-		return spec, err // exporter.go: the pod waits for its exporter Secret
+	if err := exporter.CheckConfig(ctx, p.cfg.Secrets, pod); err != nil {
+		return spec, err // the pod waits for its exporter Secret
 	}
 	guest, err := podspec.PrepareGuestDisks(ctx, rec.dir, pod, podspec.ConfigSources{Secret: p.cfg.Secrets, ConfigMap: p.cfg.ConfigMaps})
 	if err != nil {
@@ -337,7 +343,7 @@ func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan pods
 			klog.FromContext(ctx).Info("VM disk", "reason", reason, "message", msg)
 			p.event(pod, corev1.EventTypeNormal, reason, msg)
 		}
-		if plan.DiskBytes > 0 { // set through the exporter (vmsize.go)
+		if plan.DiskBytes > 0 { // set through the exporter (exporter/vmsize.go)
 			grew, err := qemu.GrowImage(ctx, overlay, plan.DiskBytes)
 			if err != nil {
 				return spec, err
@@ -365,16 +371,6 @@ func vmName(pod *corev1.Pod) string {
 		n = n[:63]
 	}
 	return strings.TrimRight(n, ".-_")
-}
-
-func imageID(img *oci.Image) string {
-	repo := img.Ref
-	if i := strings.Index(repo, "@"); i >= 0 {
-		repo = repo[:i]
-	} else if i := strings.LastIndex(repo, ":"); i > strings.LastIndex(repo, "/") {
-		repo = repo[:i]
-	}
-	return repo + "@" + img.Digest
 }
 
 // pullSecrets reads the pod's pull secrets as Docker config JSON documents;

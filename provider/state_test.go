@@ -3,6 +3,7 @@ package provider
 import (
 	"context"
 	"encoding/json"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/exporter"
 	"os"
 	"path/filepath"
 	"testing"
@@ -33,8 +34,8 @@ func TestFlashDropsTheDisk(t *testing.T) {
 	ov := filepath.Join(rec.dir, OverlayFileName)
 	require.NoError(t, os.WriteFile(ov, []byte("old disk"), 0o600))
 	held := 0
-	req := vmRequest{op: opFlash, image: &oci.Image{Ref: "reg/os:2", Digest: "sha256:bb"}, hold: func() { held++ }}
-	require.NoError(t, p.installImage(rec, req))
+	f := &exporter.Flash{Image: &oci.Image{Ref: "reg/os:2", Digest: "sha256:bb"}, Hold: func() { held++ }}
+	require.NoError(t, p.installFlash(rec, f))
 	assert.NoFileExists(t, ov)
 	var st podstatus.VMState
 	b, err := os.ReadFile(filepath.Join(rec.dir, StatusFileName))
@@ -46,7 +47,7 @@ func TestFlashDropsTheDisk(t *testing.T) {
 	// The old disk cannot be removed: nothing is recorded, the hold goes.
 	require.NoError(t, os.Remove(filepath.Join(rec.dir, StatusFileName)))
 	require.NoError(t, os.MkdirAll(filepath.Join(ov, "x"), 0o700)) // a non-empty directory where the disk is
-	err = p.installImage(rec, vmRequest{op: opFlash, image: &oci.Image{Ref: "reg/os:3", Digest: "sha256:cc"}, hold: func() { held++ }})
+	err = p.installFlash(rec, &exporter.Flash{Image: &oci.Image{Ref: "reg/os:3", Digest: "sha256:cc"}, Hold: func() { held++ }})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "remove the old disk")
 	assert.Equal(t, 1, held, "the refused request's image hold is released")

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/exporter"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/poddisk"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
@@ -86,9 +87,9 @@ type VMsConfig struct {
 	// Telemetry receives start/exit metrics and spans (optional; tracing.go).
 	Telemetry *telemetry.Telemetry
 	// Exporters runs the Jumpstarter exporters of pods that name an
-	// exporter Secret (exporter.go); nil: such pods show the exporter
+	// exporter Secret (package exporter); nil: such pods show the exporter
 	// condition Failed (their VMs still run).
-	Exporters ExporterRunner
+	Exporters exporter.Runner
 	// Memory is the node's memory tuning, given to every VM (vmMemory in
 	// the node configuration).
 	Memory qemu.MemoryTuning
@@ -151,7 +152,7 @@ type podVM struct {
 
 	// Signals: made by newPodVM, never replaced (no lock).
 	//
-	// ctl carries power and flash requests (exporter.go) to the worker.
+	// ctl carries power and flash requests (package exporter) to the worker.
 	ctl       chan vmRequest
 	deleteReq chan struct{} // closed by DeletePod
 	confirmed chan struct{} // closed (through confirm) once the pod is known to still exist
@@ -183,10 +184,14 @@ type podVM struct {
 	// readiness probe. Replaced by the worker at each start.
 	probes *probe.State
 
+	// exp is the pod's Jumpstarter exporter (nil: none started): set once
+	// by the worker (startExporter, exporter.go); it lives with the pod and
+	// owns its own state (the condition it shows).
+	exp *exporter.Supervisor
+
 	handoff workerHandoff
 	del     podDeletion
 	snap    snapshotRun
-	exp     exporterRecord
 	resync  statusResync
 	// statusFile: the writes of status.json (persist.go).
 	statusFile statusFileWriter
@@ -224,21 +229,6 @@ type snapshotRun struct {
 	used *snapshot.Use
 	// restoreFailed makes the next decision boot.
 	restoreFailed bool
-}
-
-// exporterRecord is the pod's Jumpstarter exporter (exporter.go), under
-// podVM.mu: startExporter sets started, stop and done once; the exporter
-// supervisor writes status (shown as a pod condition).
-type exporterRecord struct {
-	// status is the exporter's state (nil: none).
-	status *exporterStatus
-	// stop ends the exporter supervisor; done is closed when it has ended
-	// (both nil: no exporter).
-	stop context.CancelFunc
-	done chan struct{}
-	// started: the supervisor was started once (never again: it lives
-	// with the pod).
-	started bool
 }
 
 // statusResync is the status resync's (statusresync.go), under podVM.mu.
@@ -322,7 +312,7 @@ func (p *VMs) activePodsLocked() []*corev1.Pod {
 	for _, r := range p.pods {
 		r.mu.Lock()
 		if !r.del.deleting && !r.state.Final && r.state.Rejection == nil {
-			out = append(out, podspec.WithMemoryClaim(r.pod, r.state.Size.MemoryOrZero())) // vmsize.go
+			out = append(out, podspec.WithMemoryClaim(r.pod, r.state.Size.MemoryOrZero())) // exporter/vmsize.go
 		}
 		r.mu.Unlock()
 	}
@@ -346,8 +336,8 @@ func (p *VMs) snapshot(rec *podVM) *corev1.Pod {
 	}
 	pod.Status = podstatus.PodStatus(rec.pod, rec.state, p.cfg.NodeIP, p.now())
 	probe.Apply(&pod.Status, rec.pod, rec.probes)      // probes.go: readiness probe result
-	applyExporter(&pod.Status, rec.exp.status)         // exporter.go: Jumpstarter exporter condition
-	podstatus.ApplyVMSize(&pod.Status, rec.state.Size) // vmsize.go: a size set through the exporter
+	rec.exp.Apply(&pod.Status)                         // package exporter: the Jumpstarter exporter condition
+	podstatus.ApplyVMSize(&pod.Status, rec.state.Size) // exporter/vmsize.go: a size set through the exporter
 	return pod
 }
 

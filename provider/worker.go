@@ -21,19 +21,19 @@ import (
 // Who owns what (one pod):
 //   - the worker goroutine (run) alone starts, stops and replaces the VM,
 //     its overlay and the image it boots: every power and flash request of
-//     the pod's Jumpstarter exporter (exporter.go) is sent to it on rec.ctl
+//     the pod's Jumpstarter exporter (package exporter) is sent to it on rec.ctl
 //     and answered on the request's reply channel, so power, flash, delete,
 //     restart and recovery never race;
 //   - the console and guest port forwards (kubectl attach/port-forward,
 //     the exporter's console and TCP drivers) use the running VM
 //     read from rec.vm under rec.mu; they never change its lifecycle
 //     (VM methods are safe for concurrent use);
-//   - the exporter supervisor goroutine (exporter.go) owns the exporter
-//     and rec.exp.status (the condition it shows).
+//   - the exporter supervisor goroutine (package exporter) owns the
+//     exporter and the condition it shows.
 //
 // The worker is a state machine (podworker.go): its states, events and
 // transitions are there; run only waits for events and does the actions.
-// The exporter (exporter.go) starts when the pod is first Ready (the
+// The exporter (package exporter) starts when the pod is first Ready (the
 // worker's evReady) or is found powered off, and then lives with the pod:
 // a lease never lands on a target still pulling its image or booting, and
 // a powered-off VM still answers power on.
@@ -150,7 +150,7 @@ func (w *worker) step(st podWorker) workerEvent {
 			return workerEvent{kind: evStopFailed}
 		}
 		w.vm = nil
-		if err := p.installImage(rec, req); err != nil {
+		if err := p.installFlash(rec, req.flash); err != nil {
 			req.reply <- err
 			return workerEvent{kind: evFlashFailed}
 		}
@@ -346,7 +346,7 @@ func (w *worker) do(acts []workerAction) {
 		case actRefuseFinished:
 			w.req.refuse(errPodFinished)
 		case actInstallImage:
-			w.req.reply <- p.installImage(rec, w.req)
+			w.req.reply <- p.installFlash(rec, w.req.flash)
 		case actPowerOn:
 			w.log.Info("Powering on on request")
 			p.update(rec, func(st *podstatus.VMState) { st.PoweredOff = false })

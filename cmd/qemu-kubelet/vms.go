@@ -9,6 +9,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/provider"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/exporter"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/nodestatus"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/telemetry"
@@ -75,7 +76,7 @@ func newVMs(ctx context.Context, cfg *config.Node, facts nodestatus.Facts, clien
 		ForceDelete: func(ctx context.Context, pod *corev1.Pod) error {
 			return podstatus.FinalDelete(ctx, client.CoreV1(), pod)
 		},
-		Exporters: provider.ExporterRunnerFunc(runExporter),
+		Exporters: exporter.RunnerFunc(runExporter),
 		Memory: qemu.MemoryTuning{
 			TCGTranslationBufferMiB: cfg.VMMemory.TCGTranslationBufferMiB,
 			FreePageReporting:       cfg.VMMemory.FreePageReporting,

@@ -175,3 +175,18 @@ func ReadUntil(tb testing.TB, r io.Reader, want string, d time.Duration) string 
 		return ""
 	}
 }
+
+// BrokenReader yields the bytes of R, then fails with Err as a client
+// that stopped mid-transfer.
+type BrokenReader struct {
+	R   io.Reader
+	Err error
+}
+
+func (b *BrokenReader) Read(p []byte) (int, error) {
+	n, err := b.R.Read(p)
+	if errors.Is(err, io.EOF) {
+		return n, b.Err
+	}
+	return n, err
+}

@@ -110,7 +110,7 @@ type Plan struct {
 	// Display: the VM has a graphics card and a VNC server (AnnotationDisplay).
 	Display bool
 	// DiskBytes grows the VM's disk to this size at its start (set through
-	// the exporter, vmsize.go; not from the pod); 0: the image's size.
+	// the exporter, provider/exporter/vmsize.go; not from the pod); 0: the image's size.
 	DiskBytes int64
 }
 
@@ -461,3 +461,15 @@ type InvalidSpec struct{ Err error }
 func (e InvalidSpec) Error() string { return e.Err.Error() }
 
 func (e InvalidSpec) Unwrap() error { return e.Err }
+
+// ImageID is the container imageID of a pod booting img: its repository
+// and digest (repo@sha256:...).
+func ImageID(img *oci.Image) string {
+	repo := img.Ref
+	if i := strings.Index(repo, "@"); i >= 0 {
+		repo = repo[:i]
+	} else if i := strings.LastIndex(repo, ":"); i > strings.LastIndex(repo, "/") {
+		repo = repo[:i]
+	}
+	return repo + "@" + img.Digest
+}

@@ -10,7 +10,7 @@ import (
 
 // Sizes set through a pod's Jumpstarter exporter (set_memory_size,
 // set_disk_size): what the node can give, decided at the call. The
-// executor (provider/vmsize.go) gathers the facts and records the size.
+// executor (provider/exporter/vmsize.go) gathers the facts and records the size.
 
 // memoryMiB rounds bytes up to MiB, as the pod's memory is.
 func MemoryMiB(bytes int64) int { return int((bytes + (1<<20 - 1)) >> 20) }

@@ -66,11 +66,11 @@ type VMState struct {
 	// and lasts as long as the pod.
 	FlashedImage string `json:"flashedImage,omitempty"`
 	// Flashed are the partitions flashed from files (root, bios,
-	// OVMF_CODE.fd, OVMF_VARS.fd; exporter_flash.go): the VM boots them
+	// OVMF_CODE.fd, OVMF_VARS.fd; provider/exporter/flash.go): the VM boots them
 	// from then on, across VM and agent restarts, as long as the pod lives.
 	Flashed map[string]FlashedPartition `json:"flashed,omitempty"`
 	// Size is the memory and disk size asked through the pod's
-	// Jumpstarter exporter (set_memory_size, set_disk_size; vmsize.go),
+	// Jumpstarter exporter (set_memory_size, set_disk_size; provider/exporter/vmsize.go),
 	// applied at every VM start from then on; nil: the pod's own.
 	Size *VMSize `json:"size,omitempty"`
 }

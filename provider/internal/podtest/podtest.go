@@ -33,3 +33,16 @@ func RL(kv ...string) corev1.ResourceList {
 	}
 	return out
 }
+
+// ExporterSecret is the Jumpstarter exporter Secret lab/js holding kv
+// (key, value, key, value...).
+func ExporterSecret(kv ...string) *corev1.Secret {
+	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "lab", Name: "js"}, Data: map[string][]byte{}}
+	for i := 0; i+1 < len(kv); i += 2 {
+		s.Data[kv[i]] = []byte(kv[i+1])
+	}
+	return s
+}
+
+// ExporterSecretKV are the keys of a valid exporter Secret.
+var ExporterSecretKV = []string{"endpoint", "grpc.js.example:443", "token", "s3cr3t-token", "namespace", "jumpstarter-lab", "name", "board-0"}

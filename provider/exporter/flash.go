@@ -1,4 +1,4 @@
-package provider
+package exporter
 
 import (
 	"bytes"
@@ -19,6 +19,7 @@ import (
 
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"golang.org/x/sys/unix"
@@ -63,14 +64,7 @@ const (
 	flashedRootRef = "flash/root"
 )
 
-// partitionFlash is a flash request's verified image (vmRequest.part).
-type partitionFlash struct {
-	name string // partition
-	tmp  string // written aside in the flash dir
-	rec  podstatus.FlashedPartition
-}
-
-var _ jumpstarter.DiskTarget = (*vmTarget)(nil)
+var _ jumpstarter.DiskTarget = (*Target)(nil)
 
 func validPartition(part string) error {
 	for _, n := range jumpstarter.Partitions {
@@ -83,7 +77,7 @@ func validPartition(part string) error {
 
 // PartitionLimit: root may hold what the state dir's filesystem has free
 // beyond a reserve; firmware partitions 16 MiB.
-func (t *vmTarget) PartitionLimit(part string) (int64, error) {
+func (t *Target) PartitionLimit(part string) (int64, error) {
 	if err := validPartition(part); err != nil {
 		return 0, err
 	}
@@ -91,7 +85,7 @@ func (t *vmTarget) PartitionLimit(part string) (int64, error) {
 		return firmwareMaxBytes, nil
 	}
 	var fs unix.Statfs_t
-	if err := unix.Statfs(t.rec.dir, &fs); err != nil {
+	if err := unix.Statfs(t.pod.Dir(), &fs); err != nil {
 		return 0, fmt.Errorf("free space of the pod's state dir: %w", err)
 	}
 	free := int64(fs.Bavail) * int64(fs.Bsize)
@@ -102,7 +96,7 @@ func (t *vmTarget) PartitionLimit(part string) (int64, error) {
 }
 
 // WritePartition writes img aside, checks it and has the worker install it.
-func (t *vmTarget) WritePartition(ctx context.Context, part string, img io.Reader, progress func(string)) error {
+func (t *Target) WritePartition(ctx context.Context, part string, img io.Reader, progress func(string)) error {
 	if progress == nil {
 		progress = func(string) {}
 	}
@@ -110,7 +104,7 @@ func (t *vmTarget) WritePartition(ctx context.Context, part string, img io.Reade
 	if err != nil {
 		return err
 	}
-	dir := filepath.Join(t.rec.dir, FlashDirName)
+	dir := filepath.Join(t.pod.Dir(), FlashDirName)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("flash dir: %w", err)
 	}
@@ -142,18 +136,14 @@ func (t *vmTarget) WritePartition(ctx context.Context, part string, img io.Reade
 		return err
 	}
 	progress(fmt.Sprintf("received %d bytes (%s, %s)", n, format, digest))
-	pf := &partitionFlash{name: part, tmp: tmp, rec: podstatus.FlashedPartition{
+	pf := &Partition{name: part, tmp: tmp, rec: podstatus.FlashedPartition{
 		File: part + "-" + strings.TrimPrefix(digest, "sha256:")[:12], Digest: digest, Size: n, Format: format}}
 	if t.Powered() {
 		progress("powering off, installing and powering on")
 	}
-	rec := t.rec
-	rec.mu.Lock()
-	pod := rec.pod.DeepCopy()
-	rec.mu.Unlock()
-	err = t.p.request(ctx, rec, vmRequest{op: opFlash, part: pf, hold: func() { os.Remove(tmp) }})
+	err = t.pod.Flash(ctx, &Flash{Part: pf, Hold: func() { os.Remove(tmp) }})
 	if err != nil {
-		t.p.event(pod, corev1.EventTypeWarning, "FlashFailed", fmt.Sprintf("Flash of partition %s: %v", part, err))
+		t.pod.Event(corev1.EventTypeWarning, "FlashFailed", fmt.Sprintf("Flash of partition %s: %v", part, err))
 		return err
 	}
 	return nil
@@ -389,151 +379,23 @@ func checkPartitionImage(ctx context.Context, part, path string, size, limit int
 	return info.Format, nil
 }
 
-// installPartition makes a verified partition image the pod's (worker
-// only, no VM running): rename into place, record in status.json, then
-// drop the file it replaced. A flashed root gets a fresh disk (the old
-// overlay goes) and a fresh UEFI variable store, as do flashed OVMF files.
-func (p *VMs) installPartition(rec *podVM, req vmRequest) error {
-	pf := req.part
-	dir := filepath.Join(rec.dir, FlashDirName)
-	final := filepath.Join(dir, pf.rec.File)
-	if pf.name == jumpstarter.PartitionRoot {
-		if err := os.Remove(filepath.Join(rec.dir, OverlayFileName)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			req.release()
-			return fmt.Errorf("flash root: remove the old disk: %w", err)
-		}
-	}
-	if err := os.Remove(filepath.Join(rec.dir, qemu.UEFIVarsName)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		req.release()
-		return fmt.Errorf("flash %s: remove the old UEFI variables: %w", pf.name, err)
-	}
-	if err := os.Rename(pf.tmp, final); err != nil {
-		req.release()
-		return fmt.Errorf("flash %s: %w", pf.name, err)
-	}
-	req.hold = nil // the file is the pod's now
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync()
-		d.Close()
-	}
-	rec.mu.Lock()
-	old := rec.state.Flashed[pf.name]
-	// Copied, never changed in place: copies of the state share the map.
-	fl := make(map[string]podstatus.FlashedPartition, len(rec.state.Flashed)+1)
-	for k, v := range rec.state.Flashed {
-		fl[k] = v
-	}
-	fl[pf.name] = pf.rec
-	rec.state.Flashed = fl
-	var release func()
-	if pf.name == jumpstarter.PartitionRoot {
-		// The pod's image is no longer what the VM boots: its hold goes.
-		release, rec.release = rec.release, nil
-		rec.state.FlashedImage = ""
-		rec.state.ImageDigest = pf.rec.Digest
-		rec.state.ImageID = flashedRootRef + "@" + pf.rec.Digest
-	}
-	pod := rec.pod.DeepCopy()
-	rec.mu.Unlock()
-	if release != nil {
-		release()
-	}
-	if err := rec.persist(); err != nil {
-		return fmt.Errorf("flash %s: record it in the pod's state dir: %w", pf.name, err)
-	}
-	if old.File != "" && old.File != pf.rec.File {
-		os.Remove(filepath.Join(dir, old.File))
-	}
-	p.push(rec)
-	p.event(pod, corev1.EventTypeNormal, "Flashed", fmt.Sprintf("Partition %s replaced by a flashed %s image (%s, %d bytes); the VM boots it from now on", pf.name, pf.rec.Format, pf.rec.Digest, pf.rec.Size))
-	return nil
-}
-
-// dropFlashedRootLocked forgets a flashed root (flash_oci onto root replaces
-// it). rec.mu held.
-func (rec *podVM) dropFlashedRootLocked() (file string) {
-	fr, ok := rec.state.Flashed[jumpstarter.PartitionRoot]
-	if !ok {
-		return ""
-	}
-	fl := make(map[string]podstatus.FlashedPartition, len(rec.state.Flashed))
-	for k, v := range rec.state.Flashed {
-		if k != jumpstarter.PartitionRoot {
-			fl[k] = v
-		}
-	}
-	rec.state.Flashed = fl
-	return filepath.Join(rec.dir, FlashDirName, fr.File)
-}
-
-// flashedRoot is the image a flashed root boots as (nil: not flashed):
-// its disk is the flashed file, with no kernel.
-func (p *VMs) flashedRoot(rec *podVM) *oci.Image {
-	rec.mu.Lock()
-	defer rec.mu.Unlock()
-	fr, ok := rec.state.Flashed[jumpstarter.PartitionRoot]
-	if !ok {
-		return nil
-	}
-	return &oci.Image{Ref: flashedRootRef, Digest: fr.Digest, Disk: filepath.Join(rec.dir, FlashDirName, fr.File), DiskFormat: fr.Format}
-}
-
-// isFlashedRoot: img is a flashed root, not an image of the store.
-func isFlashedRoot(img *oci.Image) bool { return img.Ref == flashedRootRef }
-
-// applyFlashedFirmware boots through the flashed firmware partitions:
-// OVMF files make the VM UEFI (the node's OVMF for the one not flashed),
-// else a flashed bios is loaded with -bios.
-func (p *VMs) applyFlashedFirmware(rec *podVM, spec *qemu.Spec) {
-	rec.mu.Lock()
-	fl := rec.state.Flashed
-	rec.mu.Unlock()
-	path := func(part string) string {
-		if f, ok := fl[part]; ok {
-			return filepath.Join(rec.dir, FlashDirName, f.File)
-		}
-		return ""
-	}
-	code, vars := path(jumpstarter.PartitionOVMFCode), path(jumpstarter.PartitionOVMFVars)
-	if code != "" || vars != "" {
-		spec.Firmware = qemu.FirmwareUEFI
-		if code == "" {
-			code = p.cfg.UEFICode
-			spec.AllowedDirs = append(spec.AllowedDirs, filepath.Dir(code))
-		}
-		if vars == "" {
-			vars = p.cfg.UEFIVars
-			spec.AllowedDirs = append(spec.AllowedDirs, filepath.Dir(vars))
-		}
-		spec.UEFICode, spec.UEFIVarsTemplate = code, vars
-		return
-	}
-	if b := path(jumpstarter.PartitionBIOS); b != "" {
-		spec.Firmware, spec.BIOS = qemu.FirmwareBIOS, b
-		spec.UEFICode, spec.UEFIVarsTemplate = "", ""
-	}
-}
-
 // ReadPartition opens what the partition holds: the flashed file, or the
 // node's default (the pod's image's disk for root, the node's OVMF).
-func (t *vmTarget) ReadPartition(ctx context.Context, part string) (io.ReadCloser, int64, error) {
+func (t *Target) ReadPartition(ctx context.Context, part string) (io.ReadCloser, int64, error) {
 	if err := validPartition(part); err != nil {
 		return nil, 0, err
 	}
-	rec := t.rec
-	rec.mu.Lock()
-	fp, flashed := rec.state.Flashed[part]
-	plan := rec.plan
-	if rec.state.FlashedImage != "" {
-		plan.Image, plan.PullPolicy = rec.state.FlashedImage, oci.PullIfNotPresent
+	plan, st := t.pod.Record()
+	fp, flashed := st.Flashed[part]
+	if st.FlashedImage != "" {
+		plan.Image, plan.PullPolicy = st.FlashedImage, oci.PullIfNotPresent
 	}
-	rec.mu.Unlock()
 	var path string
 	switch {
 	case flashed:
-		path = filepath.Join(rec.dir, FlashDirName, fp.File)
+		path = filepath.Join(t.pod.Dir(), FlashDirName, fp.File)
 	case part == jumpstarter.PartitionRoot:
-		img := t.p.presentImage(ctx, plan)
+		img := t.presentImage(ctx, plan)
 		if img == nil {
 			return nil, 0, fmt.Errorf("the VM's image %s is not on the node (power the VM on to pull it)", plan.Image)
 		}
@@ -544,9 +406,9 @@ func (t *vmTarget) ReadPartition(ctx context.Context, part string) (io.ReadClose
 	case part == jumpstarter.PartitionBIOS:
 		return nil, 0, fmt.Errorf("%w: nothing was flashed onto bios: the VM boots QEMU's built-in SeaBIOS", jumpstarter.ErrInvalidArgument)
 	case part == jumpstarter.PartitionOVMFCode:
-		path = t.p.cfg.UEFICode
+		path = t.node.UEFICode
 	case part == jumpstarter.PartitionOVMFVars:
-		path = t.p.cfg.UEFIVars
+		path = t.node.UEFIVars
 	}
 	if path == "" {
 		return nil, 0, fmt.Errorf("%w: nothing was flashed onto %s and the node has no OVMF", jumpstarter.ErrInvalidArgument, part)
@@ -565,7 +427,7 @@ func (t *vmTarget) ReadPartition(ctx context.Context, part string) (io.ReadClose
 
 // FlashOCIPartition pulls ref (as Flash does) and writes its disk onto a
 // firmware partition.
-func (t *vmTarget) FlashOCIPartition(ctx context.Context, ref, part string, progress func(string)) error {
+func (t *Target) FlashOCIPartition(ctx context.Context, ref, part string, progress func(string)) error {
 	if progress == nil {
 		progress = func(string) {}
 	}
@@ -576,22 +438,17 @@ func (t *vmTarget) FlashOCIPartition(ctx context.Context, ref, part string, prog
 	if err != nil {
 		return err
 	}
-	p, rec := t.p, t.rec
-	if p.cfg.Images == nil {
+	if t.node.Images == nil {
 		return errors.New("flash: this node has no image store")
 	}
 	ref = strings.TrimPrefix(strings.TrimSpace(ref), "oci://")
-	rec.mu.Lock()
-	pod := rec.pod.DeepCopy()
-	plan := rec.plan
-	rec.mu.Unlock()
 	policy := oci.PullAlways
 	if strings.Contains(ref, "@") {
 		policy = oci.PullIfNotPresent
 	}
 	progress(fmt.Sprintf("pulling %s", ref))
 	t0 := time.Now()
-	img, err := p.cfg.Images.Pull(ctx, ref, oci.PullOptions{Auth: p.pullSecrets(ctx, pod, plan.PullSecrets), Policy: policy})
+	img, err := t.node.Images.Pull(ctx, ref, oci.PullOptions{Auth: t.pod.PullSecrets(ctx), Policy: policy})
 	if err != nil {
 		return fmt.Errorf("flash %s: %w", ref, err)
 	}
@@ -599,7 +456,7 @@ func (t *vmTarget) FlashOCIPartition(ctx context.Context, ref, part string, prog
 	if img.Disk == "" {
 		return fmt.Errorf("%w: image %s has no disk to flash onto %s", jumpstarter.ErrInvalidArgument, ref, part)
 	}
-	hold, err := p.cfg.Images.Acquire(img.Digest)
+	hold, err := t.node.Images.Acquire(img.Digest)
 	if err != nil {
 		return fmt.Errorf("flash %s: hold the image: %w", ref, err)
 	}
@@ -613,4 +470,17 @@ func (t *vmTarget) FlashOCIPartition(ctx context.Context, ref, part string, prog
 		return fmt.Errorf("%w: image %s's disk (%d bytes) is larger than partition %s may hold (%d bytes)", jumpstarter.ErrInvalidArgument, ref, fi.Size(), part, limit)
 	}
 	return t.WritePartition(ctx, part, f, progress)
+}
+
+// presentImage is the image of plan when the node has it and its pull
+// policy lets it be used without a pull (nil: not).
+func (t *Target) presentImage(ctx context.Context, plan podspec.Plan) *oci.Image {
+	if plan.PullPolicy == oci.PullAlways || t.node.Images == nil {
+		return nil
+	}
+	img, err := t.node.Images.Pull(ctx, plan.Image, oci.PullOptions{Policy: oci.PullNever})
+	if err != nil {
+		return nil
+	}
+	return img
 }

@@ -1,4 +1,4 @@
-package provider
+package exporter
 
 import (
 	"context"
@@ -13,47 +13,41 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/guest"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	corev1 "k8s.io/api/core/v1"
 )
 
 // The VM as a jumpstarter.Target.
 
-// vmTarget is one pod's VM as the exporter sees it. Power and flash are
+// Target is one pod's VM as its exporter sees it. Power and flash are
 // requests to the pod's worker; console and guest connections use the
 // running VM as kubectl attach and port-forward do.
-type vmTarget struct {
-	p   *VMs
-	rec *podVM
+type Target struct {
+	node *Node
+	pod  Pod
 }
+
+// NewTarget is pod's VM as a target of an exporter of node.
+func NewTarget(node *Node, pod Pod) *Target { return &Target{node: node, pod: pod} }
 
 var (
-	_ jumpstarter.Target            = (*vmTarget)(nil)
-	_ jumpstarter.Displayer         = (*vmTarget)(nil)
-	_ jumpstarter.CredentialFlasher = (*vmTarget)(nil)
+	_ jumpstarter.Target            = (*Target)(nil)
+	_ jumpstarter.Displayer         = (*Target)(nil)
+	_ jumpstarter.CredentialFlasher = (*Target)(nil)
 )
 
-func (t *vmTarget) PowerOn(ctx context.Context) error {
-	return t.p.request(ctx, t.rec, vmRequest{op: opPowerOn})
-}
+func (t *Target) PowerOn(ctx context.Context) error { return t.pod.PowerOn(ctx) }
 
-func (t *vmTarget) PowerOff(ctx context.Context) error {
-	return t.p.request(ctx, t.rec, vmRequest{op: opPowerOff})
-}
+func (t *Target) PowerOff(ctx context.Context) error { return t.pod.PowerOff(ctx) }
 
-func (t *vmTarget) Powered() bool {
-	return t.vm() != nil
-}
+func (t *Target) Powered() bool { return t.vm() != nil }
 
-func (t *vmTarget) vm() VM {
-	t.rec.mu.Lock()
-	defer t.rec.mu.Unlock()
-	return t.rec.vm
-}
+func (t *Target) vm() VM { return t.pod.VM() }
 
 // Console attaches to the serial console. Reading needs nothing; the first
 // Write takes the console writer lock kubectl attach -i takes (a second
 // writer gets ErrConsoleBusy).
-func (t *vmTarget) Console(ctx context.Context) (io.ReadWriteCloser, error) {
+func (t *Target) Console(ctx context.Context) (io.ReadWriteCloser, error) {
 	vm := t.vm()
 	if vm == nil {
 		return nil, fmt.Errorf("console: %w", ErrVMPoweredOff)
@@ -62,12 +56,12 @@ func (t *vmTarget) Console(ctx context.Context) (io.ReadWriteCloser, error) {
 	if err != nil {
 		return nil, fmt.Errorf("console: %w", err)
 	}
-	return &consoleSession{ReadWriteCloser: c, dir: t.rec.dir}, nil
+	return &consoleSession{ReadWriteCloser: c, dir: t.pod.Dir()}, nil
 }
 
 // DialGuest connects to a guest TCP port (ErrGuestPortClosed when nothing
 // listens there).
-func (t *vmTarget) DialGuest(ctx context.Context, port int) (net.Conn, error) {
+func (t *Target) DialGuest(ctx context.Context, port int) (net.Conn, error) {
 	if port < 1 || port > 65535 {
 		return nil, fmt.Errorf("guest port %d: not in 1-65535", port)
 	}
@@ -81,19 +75,19 @@ func (t *vmTarget) DialGuest(ctx context.Context, port int) (net.Conn, error) {
 // Flash pulls and verifies ref through the node's image store (the pod's
 // pull secrets apply) before anything else; then the worker powers the VM
 // off, makes ref the image it boots and powers it on again if it was on.
-func (t *vmTarget) Flash(ctx context.Context, ref string, progress func(string)) error {
+func (t *Target) Flash(ctx context.Context, ref string, progress func(string)) error {
 	return t.flash(ctx, ref, nil, progress)
 }
 
 // FlashWithCredentials is Flash pulling with the call's registry
 // credentials for ref's registry (over the pod's pull secrets). They are
 // used for this pull only and kept nowhere.
-func (t *vmTarget) FlashWithCredentials(ctx context.Context, ref string, creds jumpstarter.RegistryCredentials, progress func(string)) error {
+func (t *Target) FlashWithCredentials(ctx context.Context, ref string, creds jumpstarter.RegistryCredentials, progress func(string)) error {
 	return t.flash(ctx, ref, &oci.Credentials{Username: creds.Username, Password: creds.Password}, progress)
 }
 
 // Display connects to the VM's VNC server (a pod with a display).
-func (t *vmTarget) Display(ctx context.Context) (io.ReadWriteCloser, error) {
+func (t *Target) Display(ctx context.Context) (io.ReadWriteCloser, error) {
 	vm := t.vm()
 	if vm == nil {
 		return nil, fmt.Errorf("display: %w", ErrVMPoweredOff)
@@ -101,34 +95,29 @@ func (t *vmTarget) Display(ctx context.Context) (io.ReadWriteCloser, error) {
 	return vm.DialDisplay(ctx)
 }
 
-func (t *vmTarget) flash(ctx context.Context, ref string, creds *oci.Credentials, progress func(string)) error {
+func (t *Target) flash(ctx context.Context, ref string, creds *oci.Credentials, progress func(string)) error {
 	if progress == nil {
 		progress = func(string) {}
 	}
-	p, rec := t.p, t.rec
 	ref = strings.TrimPrefix(strings.TrimSpace(ref), "oci://")
-	if p.cfg.Images == nil {
+	if t.node.Images == nil {
 		return errors.New("flash: this node has no image store")
 	}
-	rec.mu.Lock()
-	pod := rec.pod.DeepCopy()
-	plan := rec.plan
-	rec.mu.Unlock()
 	policy := oci.PullAlways
 	if strings.Contains(ref, "@") {
 		policy = oci.PullIfNotPresent
 	}
 	progress(fmt.Sprintf("pulling %s", ref))
-	p.event(pod, corev1.EventTypeNormal, "Pulling", fmt.Sprintf("Pulling image %q to flash", ref))
+	t.pod.Event(corev1.EventTypeNormal, "Pulling", fmt.Sprintf("Pulling image %q to flash", ref))
 	t0 := time.Now()
-	img, err := p.cfg.Images.Pull(ctx, ref, oci.PullOptions{Auth: p.pullSecrets(ctx, pod, plan.PullSecrets), Credentials: creds, Policy: policy})
+	img, err := t.node.Images.Pull(ctx, ref, oci.PullOptions{Auth: t.pod.PullSecrets(ctx), Credentials: creds, Policy: policy})
 	if err != nil {
-		p.event(pod, corev1.EventTypeWarning, "FlashFailed", fmt.Sprintf("Failed to pull image %q to flash: %v", ref, err))
+		t.pod.Event(corev1.EventTypeWarning, "FlashFailed", fmt.Sprintf("Failed to pull image %q to flash: %v", ref, err))
 		return fmt.Errorf("flash %s: %w", ref, err)
 	}
-	p.event(pod, corev1.EventTypeNormal, "Pulled", fmt.Sprintf("Successfully pulled image %q (%s) in %s", ref, img.Digest, time.Since(t0).Round(time.Millisecond)))
+	t.pod.Event(corev1.EventTypeNormal, "Pulled", fmt.Sprintf("Successfully pulled image %q (%s) in %s", ref, img.Digest, time.Since(t0).Round(time.Millisecond)))
 	progress(fmt.Sprintf("pulled %s (%s)", ref, img.Digest))
-	hold, err := p.cfg.Images.Acquire(img.Digest)
+	hold, err := t.node.Images.Acquire(img.Digest)
 	if err != nil {
 		return fmt.Errorf("flash %s: hold the image: %w", ref, err)
 	}
@@ -138,11 +127,11 @@ func (t *vmTarget) flash(ctx context.Context, ref string, creds *oci.Credentials
 	} else {
 		progress("replacing the disk (the VM stays off)")
 	}
-	if err := p.request(ctx, rec, vmRequest{op: opFlash, image: img, hold: hold}); err != nil {
-		p.event(pod, corev1.EventTypeWarning, "FlashFailed", fmt.Sprintf("Flash of image %q: %v", ref, err))
+	if err := t.pod.Flash(ctx, &Flash{Image: img, Hold: hold}); err != nil {
+		t.pod.Event(corev1.EventTypeWarning, "FlashFailed", fmt.Sprintf("Flash of image %q: %v", ref, err))
 		return fmt.Errorf("flash %s: %w", ref, err)
 	}
-	progress(fmt.Sprintf("flashed %s", imageID(img)))
+	progress(fmt.Sprintf("flashed %s", podspec.ImageID(img)))
 	return nil
 }
 
