@@ -39,6 +39,7 @@ func TestDependencyDirection(t *testing.T) {
 		{"provider/stats", []string{mod + "provider$", mod + "provider/podspec", mod + "provider/podstatus", mod + "provider/telemetry", mod + "provider/guest", mod + "provider/probe", mod + "provider/snapshot", "github.com/virtual-kubelet/", mod + "controller", mod + "jumpstarter"}},
 		{"provider/poddisk", []string{mod + "provider$", mod + "provider/podspec", mod + "provider/podstatus", mod + "provider/telemetry", mod + "provider/guest", mod + "provider/probe", mod + "provider/snapshot", mod + "provider/stats", "github.com/virtual-kubelet/", mod + "controller", mod + "jumpstarter"}},
 		{"provider/exporter", []string{mod + "provider$", mod + "provider/nodestatus", mod + "provider/telemetry", mod + "provider/probe", mod + "provider/snapshot", mod + "controller"}},
+		{"provider/kubeletapi", []string{mod + "provider$", mod + "provider/podspec", mod + "provider/podstatus", mod + "provider/nodestatus", mod + "provider/telemetry", mod + "provider/guest", mod + "provider/probe", mod + "provider/snapshot", mod + "provider/stats", mod + "provider/poddisk", mod + "oci", mod + "controller", mod + "jumpstarter"}},
 		{"provider/nodestatus", []string{mod + "provider$", mod + "provider/podspec", "github.com/virtual-kubelet/", mod + "controller", mod + "jumpstarter"}},
 		{"jumpstarter/...", []string{"k8s.io/", "sigs.k8s.io/", "github.com/virtual-kubelet/", mod + "qemu", mod + "oci", mod + "provider", mod + "controller"}},
 	}

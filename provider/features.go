@@ -2,8 +2,6 @@ package provider
 
 import (
 	"context"
-	"fmt"
-	"net/http"
 	"strings"
 
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
@@ -80,35 +78,4 @@ func (p *VMs) holdForFeatures(ctx context.Context, rec *podVM) bool {
 			return false
 		}
 	}
-}
-
-// kubeletAPIFeatures maps kubelet API path prefixes to the feature that
-// serves them.
-var kubeletAPIFeatures = []struct{ prefix, feature, what string }{
-	{"/portForward/", config.FeaturePortForward, "port-forward"},
-	{"/attach/", config.FeatureAttach, "attach"},
-}
-
-// GatedFeature is the feature a kubelet API request path needs ("" for
-// none) and what it is called. Pure.
-func GatedFeature(path string) (feature, what string) {
-	for _, g := range kubeletAPIFeatures {
-		if strings.HasPrefix(path, g.prefix) {
-			return g.feature, g.what
-		}
-	}
-	return "", ""
-}
-
-// GateFeatures refuses kubelet API requests for disabled features (403,
-// naming the setting) and passes the others to h. The features are read
-// per request: a reload applies to the next request.
-func (p *VMs) GateFeatures(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if f, what := GatedFeature(r.URL.Path); f != "" && !p.Features().Enabled(f) {
-			http.Error(w, fmt.Sprintf("%s is disabled on node %s (features.%s: false in its configuration)", what, p.cfg.NodeName, f), http.StatusForbidden)
-			return
-		}
-		h.ServeHTTP(w, r)
-	})
 }

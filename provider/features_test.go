@@ -2,8 +2,6 @@ package provider
 
 import (
 	"context"
-	"net/http"
-	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -20,48 +18,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 )
 
-func featuresWith(off ...string) *config.FeatureConfig {
-	f := config.DefaultFeatures()
-	for _, n := range off {
-		f.Gates[n] = false
-	}
-	return f
-}
-
-func TestGateFeatures(t *testing.T) {
-	vms := NewVMs(context.Background(), VMsConfig{NodeName: "n1", Features: featuresWith(config.FeaturePortForward)})
-	inner := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusTeapot) })
-	h := vms.GateFeatures(inner)
-	do := func(path string) (int, string) {
-		rr := httptest.NewRecorder()
-		h.ServeHTTP(rr, httptest.NewRequest(http.MethodPost, path, nil))
-		return rr.Code, rr.Body.String()
-	}
-	code, body := do("/portForward/default/p")
-	assert.Equal(t, http.StatusForbidden, code)
-	assert.Contains(t, body, "port-forward is disabled on node n1 (features.portForward: false")
-	code, _ = do("/attach/default/p/vm")
-	assert.Equal(t, http.StatusTeapot, code, "attach is on")
-	code, _ = do("/containerLogs/default/p/vm")
-	assert.Equal(t, http.StatusTeapot, code, "logs are not gated")
-
-	// A reload applies to the next request.
-	vms.SetFeatures(featuresWith(config.FeatureAttach))
-	code, _ = do("/portForward/default/p")
-	assert.Equal(t, http.StatusTeapot, code)
-	code, body = do("/attach/default/p/vm")
-	assert.Equal(t, http.StatusForbidden, code)
-	assert.Contains(t, body, "features.attach: false")
-
-	for _, tt := range []struct{ path, feature string }{
-		{"/portForward/ns/p", config.FeaturePortForward}, {"/attach/ns/p/c", config.FeatureAttach},
-		{"/exec/ns/p/c", ""}, {"/pods", ""}, {"/portForwardx", ""},
-	} {
-		f, _ := GatedFeature(tt.path)
-		assert.Equal(t, tt.feature, f, tt.path)
-	}
-}
-
 // TestHeldPodStartsWhenEnabled: a UEFI pod on a node with uefi disabled
 // waits (Pending, FeatureDisabled with the message, a warning event), stays
 // held across an agent restart (recovery), does not start on a reload that
@@ -75,7 +31,7 @@ func TestHeldPodStartsWhenEnabled(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { store.Close() })
 	stateDir := filepath.Join(root, "state")
-	off := featuresWith(config.FeatureUEFI)
+	off := podtest.FeaturesWith(config.FeatureUEFI)
 	mutate := func(c *VMsConfig) {
 		c.UEFICode, c.UEFIVars = "/nonexistent/OVMF_CODE.fd", "/nonexistent/OVMF_VARS.fd"
 		c.Features = off
@@ -114,7 +70,7 @@ func TestHeldPodStartsWhenEnabled(t *testing.T) {
 	h2.wait(pod.UID, 10*time.Second, "held after restart", heldFor)
 
 	// A reload that changes something else leaves it held.
-	other := featuresWith(config.FeatureUEFI, config.FeatureAttach)
+	other := podtest.FeaturesWith(config.FeatureUEFI, config.FeatureAttach)
 	h2.vms.SetFeatures(other)
 	time.Sleep(300 * time.Millisecond)
 	h2.wait(pod.UID, time.Second, "still held", heldFor)

@@ -15,6 +15,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/internal/podtest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -32,7 +33,7 @@ import (
 func TestHoldReadsPodWhileDeleteWritesIt(t *testing.T) {
 	p, recs := pumpVMs(t, 1, record.NewFakeRecorder(1000))
 	p.cfg.Features = nil
-	p.features.Store(featuresWith(config.FeatureJumpstarterExporter))
+	p.features.Store(podtest.FeaturesWith(config.FeatureJumpstarterExporter))
 	rec := recs[0]
 	rec.pod.Annotations = map[string]string{v1alpha1.JumpstarterSecretAnnotation: "exp"}
 	rec.state = podstatus.VMState{}
@@ -43,7 +44,7 @@ func TestHoldReadsPodWhileDeleteWritesIt(t *testing.T) {
 	// each time, outside the record's lock.
 	for range 5 {
 		time.Sleep(20 * time.Millisecond)
-		p.SetFeatures(featuresWith(config.FeatureJumpstarterExporter, config.FeatureAttach))
+		p.SetFeatures(podtest.FeaturesWith(config.FeatureJumpstarterExporter, config.FeatureAttach))
 	}
 	time.Sleep(50 * time.Millisecond)
 

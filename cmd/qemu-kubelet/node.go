@@ -12,6 +12,7 @@ import (
 
 	"github.com/qemu-kubelet/qemu-kubelet/provider"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/kubeletapi"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/nodestatus"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/virtual-kubelet/virtual-kubelet/node"
@@ -100,10 +101,10 @@ func (v *vkNode) run(ctx context.Context, ready func()) error {
 	// Kubelet API: the provider routes (as nodeutil.AttachProviderRoutes
 	// mounts them) behind webhook authentication and authorization.
 	mux := http.NewServeMux()
-	// KubeletAPIHandler: PodHandler with the port-forward timeouts the
+	// kubeletapi.Handler: PodHandler with the port-forward timeouts the
 	// right way round and kubelet streaming defaults (4h idle).
 	// GateFeatures: attach and port-forward only while their features are on.
-	mux.Handle("/", v.pods.GateFeatures(provider.KubeletAPIHandler(api.PodHandlerConfig{
+	mux.Handle("/", kubeletapi.GateFeatures(kubeletapi.Handler(api.PodHandlerConfig{
 		RunInContainer:        v.pods.RunInContainer,
 		AttachToContainer:     v.pods.AttachToContainer,
 		GetContainerLogs:      v.pods.GetContainerLogs,
@@ -112,7 +113,7 @@ func (v *vkNode) run(ctx context.Context, ready func()) error {
 		GetStatsSummary:       v.pods.GetStatsSummary,
 		GetMetricsResource:    v.pods.GetMetricsResource,
 		PortForward:           v.pods.PortForward,
-	}, true)))
+	}, true), v.cfg.NodeName, v.pods.Features))
 	listen := net.JoinHostPort(v.cfg.ListenAddress, fmt.Sprint(v.cfg.Port))
 	l, err := tls.Listen("tcp", listen, v.tlsConfig)
 	if err != nil {

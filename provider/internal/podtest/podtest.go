@@ -1,8 +1,9 @@
-// Package podtest holds the pods and resource lists the provider's tests
-// build their cases from.
+// Package podtest holds the pods, resource lists, exporter Secrets and
+// feature configurations the provider's tests build their cases from.
 package podtest
 
 import (
+	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -46,3 +47,12 @@ func ExporterSecret(kv ...string) *corev1.Secret {
 
 // ExporterSecretKV are the keys of a valid exporter Secret.
 var ExporterSecretKV = []string{"endpoint", "grpc.js.example:443", "token", "s3cr3t-token", "namespace", "jumpstarter-lab", "name", "board-0"}
+
+// FeaturesWith is the default features with the gates off switched off.
+func FeaturesWith(off ...string) *config.FeatureConfig {
+	f := config.DefaultFeatures()
+	for _, n := range off {
+		f.Gates[n] = false
+	}
+	return f
+}

@@ -1,4 +1,4 @@
-package provider
+package kubeletapi
 
 import (
 	"bufio"
@@ -81,7 +81,7 @@ func TestKubeletAPIHandlerPortForwardTimeouts(t *testing.T) {
 	// The creation timeout leaves room for a loaded machine (-race beside
 	// 175 booting VMs took more than 500 ms to create the error stream).
 	cfg := api.PodHandlerConfig{PortForward: echoForward, StreamIdleTimeout: 30 * time.Second, StreamCreationTimeout: 1500 * time.Millisecond}
-	assert.NoError(t, forwardEcho(t, KubeletAPIHandler(cfg, false), 3*time.Second), "quiet for 3s < idle timeout 30s")
+	assert.NoError(t, forwardEcho(t, Handler(cfg, false), 3*time.Second), "quiet for 3s < idle timeout 30s")
 	assert.Error(t, forwardEcho(t, api.PodHandler(cfg, false), 3*time.Second), "the library's handler uses the creation timeout (1.5s) as idle timeout")
 }
 
@@ -93,7 +93,7 @@ func TestKubeletAPIHandlerRoutes(t *testing.T) {
 			return io.NopCloser(strings.NewReader(ns + "/" + pod + "/" + ctr)), nil
 		},
 	}
-	srv := httptest.NewServer(KubeletAPIHandler(cfg, false))
+	srv := httptest.NewServer(Handler(cfg, false))
 	defer srv.Close()
 	resp, err := http.Get(srv.URL + "/containerLogs/ns/p/vm")
 	require.NoError(t, err)
