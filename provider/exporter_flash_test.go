@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 )
 
 func diskBytes(t *testing.T, n int) []byte {
@@ -217,4 +218,48 @@ func TestFlashPartitionsFake(t *testing.T) {
 		assert.Len(t, flashDirFiles(t, dir), 2, "bios and OVMF vars stay")
 		f2.deleteFakePod(t, pod)
 	})
+}
+
+// TestFlashRootWithinEphemeralStorageLimit: a pod's ephemeral-storage
+// limit bounds its flashed root as it bounds set_disk_size: an image (or a
+// qcow2's virtual size) over it is refused and leaves nothing behind.
+func TestFlashRootWithinEphemeralStorageLimit(t *testing.T) {
+	testutil.SkipIfShort(t, "qemu-img inspects flashed images")
+	ctx := context.Background()
+	hv := newFakeHypervisor()
+	f := newFakeVMHarness(t, t.TempDir(), hv, 20*time.Millisecond)
+	pod := podFor("u-flash-lim", "reg.example/os:1", corev1.RestartPolicyAlways, nil)
+	pod.Spec.Containers[0].Resources.Limits = corev1.ResourceList{corev1.ResourceEphemeralStorage: resource.MustParse("4Mi")}
+	require.NoError(t, f.vms.CreatePod(ctx, pod))
+	nextVM(t, hv)
+	f.wait(pod.UID, 10*time.Second, "Running", running)
+	dir := f.dir(pod.UID)
+	tgt := exporter.NewTarget(f.vms.exporterNode(), podExporter{p: f.vms, rec: f.rec(pod.UID)})
+
+	lim, err := tgt.PartitionLimit("root")
+	require.NoError(t, err)
+	assert.Equal(t, int64(4<<20), lim)
+	fwLim, err := tgt.PartitionLimit("bios")
+	require.NoError(t, err)
+	assert.Equal(t, int64(16<<20), fwLim, "firmware partitions keep their own bound")
+
+	err = tgt.WritePartition(ctx, "root", bytes.NewReader(diskBytes(t, 5<<20)), nil)
+	require.ErrorIs(t, err, jumpstarter.ErrInvalidArgument)
+	assert.Contains(t, err.Error(), "larger than the partition may hold (4194304 bytes)")
+
+	q := filepath.Join(t.TempDir(), "big.qcow2")
+	out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", q, "64M").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	qb, err := os.ReadFile(q)
+	require.NoError(t, err)
+	require.Less(t, len(qb), 4<<20, "the qcow2 file itself is small")
+	err = tgt.WritePartition(ctx, "root", bytes.NewReader(qb), nil)
+	require.ErrorIs(t, err, jumpstarter.ErrInvalidArgument)
+	assert.Contains(t, err.Error(), "virtual size (67108864 bytes) is larger than the partition may hold (4194304 bytes")
+
+	assert.Empty(t, flashDirFiles(t, dir), "nothing left behind")
+	assert.Empty(t, vmStateFile(t, dir).Flashed)
+
+	require.NoError(t, tgt.WritePartition(ctx, "root", bytes.NewReader(diskBytes(t, 3<<20)), nil), "an image within the limit is flashed")
+	assert.Contains(t, vmStateFile(t, dir).Flashed, "root")
 }

@@ -76,7 +76,9 @@ func validPartition(part string) error {
 }
 
 // PartitionLimit: root may hold what the state dir's filesystem has free
-// beyond a reserve; firmware partitions 16 MiB.
+// beyond a reserve, and at most the pod's ephemeral-storage limit when it
+// has one (the flashed root is the pod's disk, as set_disk_size's bound);
+// firmware partitions 16 MiB.
 func (t *Target) PartitionLimit(part string) (int64, error) {
 	if err := validPartition(part); err != nil {
 		return 0, err
@@ -92,7 +94,13 @@ func (t *Target) PartitionLimit(part string) (int64, error) {
 	if free <= flashFreeReserve {
 		return 0, fmt.Errorf("the node has no room for a root image (%d MiB free in its state dir, %d MiB kept in reserve)", free>>20, flashFreeReserve>>20)
 	}
-	return free - flashFreeReserve, nil
+	limit := free - flashFreeReserve
+	if cs := t.pod.Pod().Spec.Containers; len(cs) > 0 {
+		if q, ok := cs[0].Resources.Limits[corev1.ResourceEphemeralStorage]; ok {
+			limit = min(limit, q.Value())
+		}
+	}
+	return limit, nil
 }
 
 // WritePartition writes img aside, checks it and has the worker install it.
@@ -374,7 +382,7 @@ func checkPartitionImage(ctx context.Context, part, path string, size, limit int
 		return "", fmt.Errorf("%w: partition root: the qcow2 image names an external data file; flash a self-contained image", jumpstarter.ErrInvalidArgument)
 	}
 	if info.VirtualSize > limit {
-		return "", fmt.Errorf("%w: partition root: the image's virtual size (%d bytes) is larger than the node can give it (%d bytes)", jumpstarter.ErrInvalidArgument, info.VirtualSize, limit)
+		return "", fmt.Errorf("%w: partition root: the image's virtual size (%d bytes) is larger than the partition may hold (%d bytes: the pod's ephemeral-storage limit or the node's free space)", jumpstarter.ErrInvalidArgument, info.VirtualSize, limit)
 	}
 	return info.Format, nil
 }
