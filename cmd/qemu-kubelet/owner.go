@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
 	"github.com/qemu-kubelet/qemu-kubelet/provider"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/teardown"
 	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -71,7 +73,7 @@ func (o *ownerWatch) run(ctx context.Context) {
 				if ev.Type == watch.Deleted && ds != nil && ds.UID == o.uid {
 					o.set("the agent's DaemonSet was deleted")
 				} else if ds != nil && (ev.Type == watch.Added || ev.Type == watch.Modified) {
-					if gone, why := provider.OwnerGone(o.uid, ds, nil); gone {
+					if gone, why := teardown.OwnerGone(o.uid, ds, nil); gone {
 						o.set(why)
 					}
 				}
@@ -98,7 +100,7 @@ func (o *ownerWatch) goneNow(ctx context.Context) (bool, string) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	ds, err := o.client.AppsV1().DaemonSets(o.namespace).Get(ctx, o.name, metav1.GetOptions{})
-	return provider.OwnerGone(o.uid, ds, err)
+	return teardown.OwnerGone(o.uid, ds, err)
 }
 
 // stopVMsIfOwnerGone runs at a clean termination: when the agent's
@@ -115,8 +117,9 @@ func stopVMsIfOwnerGone(o *ownerWatch, nodes []*config.Node, grace time.Duration
 	log.Info("Stopping every VM: the agent is removed for good", "why", why)
 	ctx, cancel := context.WithTimeout(ctx, grace+10*time.Second)
 	defer cancel()
+	adopt := func(ctx context.Context, dir string) (teardown.VM, error) { return provider.QEMU{}.Adopt(ctx, dir) }
 	for _, n := range nodes {
-		k, err := provider.StopAllVMs(ctx, provider.QEMU{}, n.StateDir, grace)
+		k, err := teardown.StopAllVMs(ctx, adopt, filepath.Join(n.StateDir, provider.VMsDirName), grace)
 		if err != nil {
 			log.Error(err, "Stop VMs", "node", n.NodeName)
 		}

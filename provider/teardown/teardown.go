@@ -1,4 +1,11 @@
-package provider
+// Package teardown is the agent's removal for good: whether the DaemonSet
+// that ran it is gone rather than replaced (OwnerGone), and stopping every
+// VM under a node's state dir, since no agent will supervise them again
+// (StopAllVMs). cmd/qemu-kubelet calls both when it terminates.
+//
+// teardown knows package qemu's VM records and the apps API; it knows
+// nothing of the pod worker (it adopts VMs through Adopter).
+package teardown
 
 import (
 	"context"
@@ -42,13 +49,23 @@ func OwnerGone(ownerUID types.UID, ds *appsv1.DaemonSet, err error) (gone bool, 
 	return false, "the agent's DaemonSet exists"
 }
 
-// StopAllVMs stops every VM whose state is under stateDir (each within
-// grace, then killed), for an agent removed for good: nobody would
-// supervise them any more. Their records stay (exit recorded): a node
-// started again on this state dir reports how they ended. It returns how
-// many VMs were stopped.
-func StopAllVMs(ctx context.Context, hv Hypervisor, stateDir string, grace time.Duration) (int, error) {
-	dir := filepath.Join(stateDir, VMsDirName)
+// VM is what StopAllVMs does with an adopted VM (provider.VM, *qemu.VM).
+type VM interface {
+	Exit() (qemu.Exit, bool)
+	Stop(ctx context.Context, opts qemu.StopOptions) (qemu.Exit, error)
+}
+
+// Adopter re-attaches to the VM whose state is in dir
+// (provider.QEMU.Adopt: qemu.Adopt).
+type Adopter func(ctx context.Context, dir string) (VM, error)
+
+// StopAllVMs stops every VM whose state is under vmsDir (a node's
+// <stateDir>/vms; each within grace, then killed), for an agent removed
+// for good: nobody would supervise them any more. Their records stay (exit
+// recorded): a node started again on this state dir reports how they
+// ended. It returns how many VMs were stopped.
+func StopAllVMs(ctx context.Context, adopt Adopter, vmsDir string, grace time.Duration) (int, error) {
+	dir := vmsDir
 	ents, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return 0, nil
@@ -70,7 +87,7 @@ func StopAllVMs(ctx context.Context, hv Hypervisor, stateDir string, grace time.
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			vm, err := hv.Adopt(ctx, d)
+			vm, err := adopt(ctx, d)
 			if err != nil {
 				mu.Lock()
 				errs = append(errs, fmt.Errorf("stop VM %s: %w", d, err))
