@@ -263,3 +263,37 @@ func TestFlashRootWithinEphemeralStorageLimit(t *testing.T) {
 	require.NoError(t, tgt.WritePartition(ctx, "root", bytes.NewReader(diskBytes(t, 3<<20)), nil), "an image within the limit is flashed")
 	assert.Contains(t, vmStateFile(t, dir).Flashed, "root")
 }
+
+// TestFlashedRootCountsInEphemeralStorage: the stats summary's pod
+// ephemeral storage is what the pod's state dir holds, so a flashed root
+// (which replaces the overlay) counts there with the blocks it allocated.
+func TestFlashedRootCountsInEphemeralStorage(t *testing.T) {
+	testutil.SkipIfShort(t, "qemu-img inspects flashed images")
+	ctx := context.Background()
+	hv := newFakeHypervisor()
+	f := newFakeVMHarness(t, t.TempDir(), hv, 20*time.Millisecond)
+	pod := podFor("u-flash-du", "reg.example/os:1", corev1.RestartPolicyAlways, nil)
+	require.NoError(t, f.vms.CreatePod(ctx, pod))
+	nextVM(t, hv)
+	f.wait(pod.UID, 10*time.Second, "Running", running)
+	used := func() int64 {
+		t.Helper()
+		for _, ps := range f.vms.samplePods() {
+			if ps.Pod.UID == pod.UID {
+				require.NotNil(t, ps.Disk, "the pod's disk usage is sampled")
+				return ps.Disk.Used
+			}
+		}
+		t.Fatalf("pod %s not sampled", pod.UID)
+		return 0
+	}
+	before := used()
+	img := diskBytes(t, 8<<20) // a quarter of it zeros: a hole in the flashed file
+	tgt := exporter.NewTarget(f.vms.exporterNode(), podExporter{p: f.vms, rec: f.rec(pod.UID)})
+	require.NoError(t, tgt.WritePartition(ctx, "root", bytes.NewReader(img), nil))
+	nextVM(t, hv) // powered on again on the flashed root
+	f.wait(pod.UID, 10*time.Second, "Running", running)
+	grown := used() - before
+	assert.GreaterOrEqual(t, grown, int64(6<<20), "the flashed root's allocated blocks count")
+	assert.Less(t, grown, int64(8<<20), "its hole does not")
+}

@@ -20,7 +20,7 @@ func (p *VMs) samplePods() []stats.PodSample {
 	var out []stats.PodSample
 	for _, r := range recs {
 		r.mu.Lock()
-		vm, pod := r.vm, r.pod
+		vm, pod, dir := r.vm, r.pod, r.dir
 		var started time.Time
 		if r.state.Running != nil {
 			started = r.state.Running.StartedAt.Time
@@ -33,7 +33,11 @@ func (p *VMs) samplePods() []stats.PodSample {
 		if err != nil {
 			continue // exited meanwhile
 		}
-		out = append(out, stats.PodSample{Pod: pod, Started: started, CPU: st.CPUTime, RSS: st.RSSBytes, PSS: st.PSSBytes, At: st.At})
+		ps := stats.PodSample{Pod: pod, Started: started, CPU: st.CPUTime, RSS: st.RSSBytes, PSS: st.PSSBytes, At: st.At}
+		if du, err := stats.ReadDirUsage(dir); err == nil {
+			ps.Disk = du
+		}
+		out = append(out, ps)
 	}
 	sort.Slice(out, func(i, j int) bool {
 		a, b := out[i].Pod, out[j].Pod

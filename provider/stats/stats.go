@@ -13,10 +13,14 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
@@ -32,7 +36,10 @@ import (
 // PSS (proportional set size, /proc/<pid>/smaps_rollup), the VM's share of
 // host memory when pages are shared with other VMs (KSM, page cache), RSS
 // when PSS cannot be read. The pod and its one container report the same
-// figures. The node reports the host (/proc/stat, /proc/meminfo).
+// figures. A pod's ephemeral storage is what its state dir holds: the
+// VM's disk (the overlay, and a flashed root or firmware, which replace
+// or add to it), its console logs and records (DirUsage). The node
+// reports the host (/proc/stat, /proc/meminfo).
 //
 // UsageNanoCores (the instantaneous rate /stats/summary carries) needs two
 // samples; Summary takes them SampleWindow apart. /metrics/resource
@@ -111,6 +118,48 @@ type PodSample struct {
 	RSS     int64
 	PSS     int64
 	At      time.Time
+	// Disk is what the pod's state dir holds (nil: unknown).
+	Disk *DirUsage
+}
+
+// DirUsage is a directory's use of its file system: the blocks its files
+// hold (a sparse disk counts what it allocated, not its length) and its
+// inodes, with the file system's free space and size.
+type DirUsage struct {
+	Used, Available, Capacity int64
+	Inodes                    int64
+	At                        time.Time
+}
+
+// ReadDirUsage sums the blocks and inodes under dir (entries that vanish
+// meanwhile are skipped) and reads its file system's size and free space.
+func ReadDirUsage(dir string) (*DirUsage, error) {
+	var sfs syscall.Statfs_t
+	if err := syscall.Statfs(dir, &sfs); err != nil {
+		return nil, fmt.Errorf("disk usage of %s: %w", dir, err)
+	}
+	u := &DirUsage{At: time.Now(), Available: int64(sfs.Bavail) * int64(sfs.Bsize), Capacity: int64(sfs.Blocks) * int64(sfs.Bsize)}
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) && path != dir {
+				return nil
+			}
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return nil // gone meanwhile
+		}
+		if st, ok := info.Sys().(*syscall.Stat_t); ok {
+			u.Used += st.Blocks * 512
+		}
+		u.Inodes++
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("disk usage of %s: %w", dir, err)
+	}
+	return u, nil
 }
 
 // WorkingSet is PSS, or RSS when PSS is unknown.
@@ -197,13 +246,18 @@ func buildSummary(nodeName string, h0, h1 hostSample, p0, p1 []PodSample) *stats
 			name = ps.Pod.Spec.Containers[0].Name
 		}
 		start := metav1.NewTime(ps.Started)
-		s.Pods = append(s.Pods, statsv1alpha1.PodStats{
+		podStats := statsv1alpha1.PodStats{
 			PodRef:     statsv1alpha1.PodReference{Name: ps.Pod.Name, Namespace: ps.Pod.Namespace, UID: string(ps.Pod.UID)},
 			StartTime:  start,
 			Containers: []statsv1alpha1.ContainerStats{{Name: name, StartTime: start, CPU: cpu, Memory: mem}},
 			CPU:        ptrCopy(cpu),
 			Memory:     ptrCopy(mem),
-		})
+		}
+		if d := ps.Disk; d != nil {
+			podStats.EphemeralStorage = &statsv1alpha1.FsStats{Time: metav1.NewTime(d.At), UsedBytes: u64(d.Used),
+				AvailableBytes: u64(d.Available), CapacityBytes: u64(d.Capacity), InodesUsed: u64(d.Inodes)}
+		}
+		s.Pods = append(s.Pods, podStats)
 	}
 	return s
 }

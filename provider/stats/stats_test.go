@@ -3,6 +3,8 @@ package stats
 import (
 	"bytes"
 	"errors"
+	"os"
+	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -94,3 +96,38 @@ func TestBuildSummaryAndMetrics(t *testing.T) {
 }
 
 func msStr(t time.Time) string { return strconv.FormatInt(t.UnixMilli(), 10) }
+
+func TestEphemeralStorage(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "flash"), 0o700))
+	f, err := os.Create(filepath.Join(dir, "flash", "root"))
+	require.NoError(t, err)
+	require.NoError(t, f.Truncate(64<<20)) // 64 MiB long, 1 MiB allocated
+	_, err = f.WriteAt(bytes.Repeat([]byte{1}, 1<<20), 32<<20)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "status.json"), []byte("{}"), 0o600))
+
+	u, err := ReadDirUsage(dir)
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, u.Used, int64(1<<20))
+	assert.Less(t, u.Used, int64(2<<20), "a sparse file counts the blocks it holds, not its length")
+	assert.Equal(t, int64(4), u.Inodes, "the dir, flash/, flash/root, status.json")
+	assert.Positive(t, u.Capacity)
+	assert.LessOrEqual(t, u.Available, u.Capacity)
+	_, err = ReadDirUsage(filepath.Join(dir, "missing"))
+	assert.Error(t, err)
+
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	pod := statsPod("default", "vm1", "1")
+	h := hostSample{at: t0}
+	with := []PodSample{{Pod: pod, Started: t0, At: t0, Disk: &DirUsage{Used: 3 << 20, Available: 10 << 30, Capacity: 20 << 30, Inodes: 5, At: t0}}}
+	es := buildSummary("n1", h, h, nil, with).Pods[0].EphemeralStorage
+	require.NotNil(t, es)
+	assert.Equal(t, uint64(3<<20), *es.UsedBytes)
+	assert.Equal(t, uint64(10<<30), *es.AvailableBytes)
+	assert.Equal(t, uint64(20<<30), *es.CapacityBytes)
+	assert.Equal(t, uint64(5), *es.InodesUsed)
+	without := []PodSample{{Pod: pod, Started: t0, At: t0}}
+	assert.Nil(t, buildSummary("n1", h, h, nil, without).Pods[0].EphemeralStorage, "unknown usage is left out")
+}
