@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -26,7 +25,6 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/pb"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
-	"github.com/qemu-kubelet/qemu-kubelet/provider/exporter"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/internal/podtest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
@@ -37,80 +35,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/types/known/emptypb"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/klog/v2"
 )
-
-// syncBuffer is a bytes.Buffer safe for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-// eventLog is a record.EventRecorder keeping every event (never blocks).
-type eventLog struct {
-	mu  sync.Mutex
-	evs []string
-}
-
-func (l *eventLog) Event(_ runtime.Object, typ, reason, msg string) {
-	l.mu.Lock()
-	l.evs = append(l.evs, typ+" "+reason+" "+msg)
-	l.mu.Unlock()
-}
-
-func (l *eventLog) Eventf(o runtime.Object, typ, reason, f string, args ...any) {
-	l.Event(o, typ, reason, fmt.Sprintf(f, args...))
-}
-
-func (l *eventLog) AnnotatedEventf(o runtime.Object, _ map[string]string, typ, reason, f string, args ...any) {
-	l.Eventf(o, typ, reason, f, args...)
-}
-
-func (l *eventLog) all() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Join(l.evs, "\n")
-}
-
-// realExporters runs the jumpstarter package's exporter (as cmd/qemu-kubelet
-// does) with short reconnect delays.
-var realExporters = exporter.RunnerFunc(func(ctx context.Context, cfg jumpstarter.Config) error {
-	cfg.BackoffInitial, cfg.BackoffMax = 200*time.Millisecond, time.Second
-	e, err := jumpstarter.New(cfg)
-	if err != nil {
-		return err
-	}
-	return e.Run(ctx)
-})
-
-func vmStateFile(t *testing.T, dir string) podstatus.VMState {
-	t.Helper()
-	var st podstatus.VMState
-	b, err := os.ReadFile(filepath.Join(dir, StatusFileName))
-	require.NoError(t, err)
-	require.NoError(t, json.Unmarshal(b, &st))
-	return st
-}
-
-func waitingReason(p *corev1.Pod) string {
-	if len(p.Status.ContainerStatuses) == 0 || p.Status.ContainerStatuses[0].State.Waiting == nil {
-		return ""
-	}
-	return p.Status.ContainerStatuses[0].State.Waiting.Reason
-}
 
 // TestJumpstarterExporterVM: a VM pod served as a Jumpstarter exporter by
 // the provider, on real QEMU (TCG), the test registry, and jstest's
@@ -642,16 +568,4 @@ func TestJumpstarterExporterVM(t *testing.T) {
 		st, _ := ctrl.ExporterState(ns, "board-0")
 		assert.True(t, st.Unregistered, "a deleted pod's exporter unregisters")
 	})
-}
-
-// countWriter counts what it passes on.
-type countWriter struct {
-	w io.Writer
-	n int64
-}
-
-func (c *countWriter) Write(p []byte) (int, error) {
-	n, err := c.w.Write(p)
-	c.n += int64(n)
-	return n, err
 }
