@@ -56,6 +56,10 @@ type ProbeOptions struct {
 	// WorkDir holds the probe's boot sector; default a fresh temp dir,
 	// removed afterwards.
 	WorkDir string
+	// RunAs runs the probe VM as the VMs' user (Spec.RunAs, with /dev/kvm's
+	// group): KVM counts as usable only if that user can use it. Nil: the
+	// caller's.
+	RunAs *User
 }
 
 // ProbeResult is the decision and why.
@@ -155,11 +159,19 @@ func ProbeAccelerator(ctx context.Context, opts ProbeOptions) (ProbeResult, erro
 }
 
 func probeKVM(ctx context.Context, opts ProbeOptions) error {
-	f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0)
+	f, err := os.OpenFile(KVMDevice, os.O_RDWR, 0)
 	if err != nil {
-		return fmt.Errorf("open /dev/kvm: %w", err)
+		return fmt.Errorf("open %s: %w", KVMDevice, err)
 	}
 	f.Close()
+	if u := opts.RunAs; u != nil && u.UID != 0 {
+		if _, ok := kvmGroup(KVMDevice); !ok {
+			fi, _ := os.Stat(KVMDevice)
+			if fi == nil || fi.Mode().Perm()&0o006 != 0o006 {
+				return fmt.Errorf("%s is not usable by the VMs' uid %d gid %d: give it a group with read and write (udev's kvm group, mode 0660)", KVMDevice, u.UID, u.GID)
+			}
+		}
+	}
 	if opts.Arch == ArchX86_64 {
 		if err := kvmModuleError("/sys/module"); err != nil {
 			return err
@@ -232,6 +244,20 @@ func probeGuest(ctx context.Context, opts ProbeOptions, accel Accelerator) error
 		return fmt.Errorf("write probe guest: %w", err)
 	}
 	defer os.Remove(img)
+	if u := opts.RunAs; u != nil {
+		if err := os.Lchown(dir, -1, int(u.GID)); err != nil {
+			return fmt.Errorf("give the probe dir to gid %d: %w", u.GID, err)
+		}
+		if err := os.Chmod(dir, 0o710); err != nil {
+			return fmt.Errorf("chmod probe dir: %w", err)
+		}
+		if err := os.Lchown(img, int(u.UID), int(u.GID)); err != nil {
+			return fmt.Errorf("give the probe guest to uid %d: %w", u.UID, err)
+		}
+		if err := reachable(Spec{RunAs: u, Accelerator: accel}.credential(), img, true); err != nil {
+			return fmt.Errorf("probe guest: %w", err)
+		}
+	}
 	return runProbeImage(ctx, opts, accel, img)
 }
 
@@ -244,6 +270,9 @@ func runProbeImage(ctx context.Context, opts ProbeOptions, accel Accelerator, im
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if opts.RunAs != nil {
+		cmd.SysProcAttr.Credential = Spec{RunAs: opts.RunAs, Accelerator: accel}.credential()
+	}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 2 * time.Second
 	err := pinned.Run(cmd)

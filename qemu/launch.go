@@ -22,8 +22,10 @@ import (
 // already. The thread is never handed back to the Go scheduler: it ends
 // with its goroutine. Without capabilities and ns, a plain cmd.Start.
 //
-// keepCaps leaves the capabilities to a child that needs them to change
-// its user (Spec.RunAsUser: a process leaving root loses them at exec).
+// keepCaps leaves the thread's effective and permitted capabilities to a
+// child that needs them to change its user (Spec.RunAs: CAP_SETUID,
+// CAP_SETGID); the bounding, inheritable and ambient sets are emptied all
+// the same, and the child's exec as a user other than root ends the rest.
 func startConfined(cmd interface{ Start() error }, ns string, keepCaps bool) error {
 	if !nsDelegate(mountinfo()) {
 		ns = ""
@@ -42,7 +44,7 @@ func startIn(cmd interface{ Start() error }, ns string, keepCaps bool) error {
 		}
 		join = err1 != nil || self != target
 	}
-	drop := !keepCaps && threadHasCaps()
+	drop := threadHasCaps()
 	if !join && !drop {
 		return cmd.Start()
 	}
@@ -75,7 +77,7 @@ func startIn(cmd interface{ Start() error }, ns string, keepCaps bool) error {
 			}
 		}
 		if drop {
-			if err := dropThreadCaps(); err != nil {
+			if err := dropThreadCaps(keepCaps); err != nil {
 				errc <- err
 				return
 			}
@@ -131,10 +133,11 @@ func threadHasCaps() bool {
 	return false
 }
 
-// dropThreadCaps empties the calling thread's bounding set (when it may)
-// and its capability sets, so that a program it executes, root or not,
-// starts with none.
-func dropThreadCaps() error {
+// dropThreadCaps empties the calling thread's bounding set (when it may),
+// its ambient and inheritable sets and, unless keep, its effective and
+// permitted sets, so that a program it executes, root or not, starts with
+// none (with keep: once it leaves root, which a Credential does).
+func dropThreadCaps(keep bool) error {
 	last := 63
 	if b, err := os.ReadFile("/proc/sys/kernel/cap_last_cap"); err == nil {
 		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
@@ -150,8 +153,21 @@ func dropThreadCaps() error {
 			}
 		}
 	}
+	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil && err != unix.EINVAL {
+		return fmt.Errorf("clear the ambient capabilities: %w", err)
+	}
 	hdr = unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	cur := [2]unix.CapUserData{}
+	if err := unix.Capget(&hdr, &cur[0]); err != nil {
+		return fmt.Errorf("read capabilities: %w", err)
+	}
 	data = [2]unix.CapUserData{}
+	if keep {
+		for i := range data {
+			data[i].Effective, data[i].Permitted = cur[i].Effective, cur[i].Permitted
+		}
+	}
+	hdr = unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
 	if err := unix.Capset(&hdr, &data[0]); err != nil {
 		return fmt.Errorf("drop capabilities before starting QEMU: %w", err)
 	}

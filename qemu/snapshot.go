@@ -49,12 +49,8 @@ func (vm *VM) SaveState(ctx context.Context, path string, whileStopped func() er
 	}
 	defer os.Remove(sock)
 	defer ln.Close()
-	if vm.spec.RunAsUser != "" {
-		cred, err := credentialFor(vm.spec.RunAsUser)
-		if err != nil {
-			return fail(err)
-		}
-		if err := os.Lchown(sock, int(cred.Uid), int(cred.Gid)); err != nil {
+	if u := vm.spec.RunAs; u != nil {
+		if err := os.Lchown(sock, int(u.UID), int(u.GID)); err != nil {
 			return fail(err)
 		}
 	}

@@ -108,13 +108,20 @@ type Spec struct {
 	Network  bool
 	Forwards []PortForward
 
-	// RunAsUser starts QEMU as this user (and its groups) instead of the
-	// caller's; the state dir and the files in it are chowned to the user.
-	// Not QEMU's -runas: with QEMU 7.2 its late setuid is killed by
-	// -sandbox elevateprivileges=deny, and starting unprivileged is
-	// stronger anyway. Files outside the state dir must be readable by the
-	// user (and /dev/kvm usable, e.g. via the kvm group).
-	RunAsUser string
+	// RunAs starts QEMU as this uid and gid (supplementary groups: the
+	// group of /dev/kvm under KVM, when that group may use it) instead of
+	// the caller's; nil: the caller's. Start hands the user what QEMU
+	// opens and nothing more (handOver): the state dir is the caller's
+	// with the user's group (mode 01770), the disks, firmware and kernel
+	// files inside it the user's. Files outside the state dir are left as
+	// they are and must be readable by the user, their directories
+	// searchable: Start says which one is not. Not QEMU's -runas: with
+	// QEMU 7.2 its late setuid is killed by -sandbox
+	// elevateprivileges=deny, and starting unprivileged is stronger
+	// anyway. The caller needs CAP_SETUID, CAP_SETGID and CAP_CHOWN, and
+	// to reach QEMU's sockets and signal and renice it afterwards
+	// CAP_DAC_OVERRIDE, CAP_KILL and CAP_SYS_NICE (root has them all).
+	RunAs *User `json:",omitempty"`
 
 	// AllowedDirs: every file the VM opens (kernel, initrd, disks, firmware)
 	// must be inside one of them or inside the state dir. Empty means only
@@ -227,7 +234,6 @@ const maxSocketPath = 107
 var (
 	nameRE   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 	serialRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,20}$`)
-	userRE   = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
 )
 
 // withDefaults fills the defaults Validate and Args assume.
@@ -414,8 +420,8 @@ func (s Spec) Validate() error {
 	if s.ConsoleCapBytes < 0 || (s.ConsoleCapBytes > 0 && s.ConsoleCapBytes < 64<<10) {
 		bad("console cap %d bytes: must be 0 (default) or at least 64 KiB", s.ConsoleCapBytes)
 	}
-	if s.RunAsUser != "" && !userRE.MatchString(s.RunAsUser) {
-		bad("run-as user %q: not a valid user name", s.RunAsUser)
+	if u := s.RunAs; u != nil && (u.UID > MaxID || u.GID > MaxID) {
+		bad("run as uid %d gid %d: uid and gid must be at most %d", u.UID, u.GID, MaxID)
 	}
 	if s.Cgroup != nil {
 		errs = append(errs, s.Cgroup.validate(s)...)

@@ -30,7 +30,7 @@ func TestArgsGolden(t *testing.T) {
 			s.Accelerator = AccelKVM
 			s.Network = true
 			s.Forwards = []PortForward{{HostPort: 20080, GuestPort: 8080}, {HostPort: 20022, GuestPort: 22}}
-			s.RunAsUser = "nobody"
+			s.RunAs = &User{UID: 65534, GID: 65534}
 		},
 		"disk-uefi": func(s *Spec) {
 			s.Kernel, s.Initrd, s.Cmdline = "", "", ""
@@ -148,7 +148,7 @@ func TestValidateRejects(t *testing.T) {
 		{"relative state dir", func(s *Spec) { s.StateDir = "state" }, "state dir"},
 		{"long state dir", func(s *Spec) { s.StateDir = "/" + strings.Repeat("x", 120) }, "too long for unix sockets"},
 		{"console cap too small", func(s *Spec) { s.ConsoleCapBytes = 10 }, "console cap 10 bytes"},
-		{"bad user", func(s *Spec) { s.RunAsUser = "root;x" }, "run-as user"},
+		{"uid -1", func(s *Spec) { s.RunAs = &User{UID: 1<<32 - 1, GID: 107} }, "run as uid 4294967295 gid 107: uid and gid must be at most 4294967294"},
 		{"negative nice", func(s *Spec) { s.Nice = -5 }, "nice -5: must be between 0 and 19"},
 		{"nice out of range", func(s *Spec) { s.Nice = 20 }, "nice 20: must be between 0 and 19"},
 		{"negative tb size", func(s *Spec) { s.Memory.TCGTranslationBufferMiB = -1 }, "memory tcg translation buffer -1 MiB"},

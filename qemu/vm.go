@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -167,15 +166,11 @@ func Start(ctx context.Context, spec Spec, stateDir string) (*VM, error) {
 	// our group) reaches QEMU, and it survives our death. Our session, not
 	// one of its own: see lowerAutogroup.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if spec.RunAsUser != "" {
-		cred, err := credentialFor(spec.RunAsUser)
-		if err != nil {
-			return nil, fmt.Errorf("start VM %s: %w", spec.Name, err)
+	if spec.RunAs != nil {
+		if err := handOver(spec); err != nil {
+			return nil, fmt.Errorf("start VM %s as uid %d gid %d: %w", spec.Name, spec.RunAs.UID, spec.RunAs.GID, err)
 		}
-		if err := chownTree(abs, int(cred.Uid), int(cred.Gid)); err != nil {
-			return nil, fmt.Errorf("start VM %s: hand state dir to %s: %w", spec.Name, spec.RunAsUser, err)
-		}
-		cmd.SysProcAttr.Credential = cred
+		cmd.SysProcAttr.Credential = spec.credential()
 	}
 	var cgDirs []cgroupDir
 	if spec.Cgroup != nil {
@@ -197,13 +192,13 @@ func Start(ctx context.Context, spec Spec, stateDir string) (*VM, error) {
 	if spec.Cgroup != nil {
 		ns = spec.Cgroup.Namespace
 	}
-	if err := startConfined(cmd, ns, spec.RunAsUser != ""); err != nil {
+	if err := startConfined(cmd, ns, spec.RunAs != nil); err != nil {
 		if spec.Cgroup != nil {
 			_ = removeCgroup(spec)
 		}
 		hint := ""
-		if spec.RunAsUser != "" && errors.Is(err, os.ErrPermission) {
-			hint = fmt.Sprintf(" (as user %s: the state dir's parents must be searchable by that user)", spec.RunAsUser)
+		if spec.RunAs != nil && errors.Is(err, os.ErrPermission) {
+			hint = fmt.Sprintf(" (as uid %d gid %d: the caller needs CAP_SETUID and CAP_SETGID)", spec.RunAs.UID, spec.RunAs.GID)
 		}
 		return nil, fmt.Errorf("start %s: %w%s", spec.QEMUBinary, err, hint)
 	}
@@ -889,37 +884,6 @@ func checkFiles(s Spec) error {
 		check(fmt.Sprintf("disk[%d]", i), d.Path)
 	}
 	return errors.Join(errs...)
-}
-
-// credentialFor resolves a user name to its uid, primary gid and groups.
-func credentialFor(name string) (*syscall.Credential, error) {
-	u, err := user.Lookup(name)
-	if err != nil {
-		return nil, fmt.Errorf("run-as user %q: %w", name, err)
-	}
-	uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
-	gid, err2 := strconv.ParseUint(u.Gid, 10, 32)
-	if err := errors.Join(err1, err2); err != nil {
-		return nil, fmt.Errorf("run-as user %q: %w", name, err)
-	}
-	cred := &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
-	if gids, err := u.GroupIds(); err == nil {
-		for _, g := range gids {
-			if n, err := strconv.ParseUint(g, 10, 32); err == nil {
-				cred.Groups = append(cred.Groups, uint32(n))
-			}
-		}
-	}
-	return cred, nil
-}
-
-func chownTree(dir string, uid, gid int) error {
-	return filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		return os.Lchown(p, uid, gid)
-	})
 }
 
 func copyFile(src, dst string) error {

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
+	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 )
 
@@ -476,53 +477,125 @@ func TestStartRejectsBadSpecAndBusyDir(t *testing.T) {
 	}
 }
 
-// TestRunAsUser: QEMU drops to an unprivileged user after opening its files.
-func TestRunAsUser(t *testing.T) {
+// TestRunAs: QEMU runs as Spec.RunAs from its first instruction (real,
+// effective, saved and filesystem uid and gid; no other group, no
+// capability), boots from files handed to that user (kernel, initrd and a
+// qcow2 disk whose backing file sits in a subdirectory of the state dir),
+// serves its console and QMP to the caller, is lowered and adopted, and
+// reads none of the caller's files. A file the user cannot reach is
+// refused before QEMU runs, naming the directory in the way.
+func TestRunAs(t *testing.T) {
 	if os.Getuid() != 0 {
-		t.Fatalf("this test needs root to drop privileges (uid %d)", os.Getuid())
+		t.Fatalf("this test needs root to start QEMU as another user (uid %d)", os.Getuid())
 	}
+	const uid, gid = 107, 108
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	// The image cache of the tests is under root's home: unreachable.
 	spec := testSpec(t, "acpi")
-	spec.RunAsUser = "nobody"
+	spec.RunAs = &User{UID: uid, GID: gid}
+	spec.Nice = 10
 	dir := newStateDir(t)
-	if err := os.Chmod(filepath.Dir(dir), 0o711); err != nil {
-		t.Fatal(err)
+	if _, err := Start(ctx, spec, dir); err == nil || !errors.Is(err, errNotReachable) || !strings.Contains(err.Error(), "state dir ") ||
+		!strings.Contains(err.Error(), filepath.Dir(dir)+" (mode -rwx------, owner 0:0) is not searchable by uid 107 gid 108") {
+		t.Fatalf("start in a dir the user cannot reach: %v", err)
 	}
-	// The image cache under /root is not readable by nobody: give the VM
-	// its own copies inside the state dir (chowned to the user by Start).
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		t.Fatal(err)
+	require.NoError(t, os.Chmod(filepath.Dir(dir), 0o711))
+	if _, err := Start(ctx, spec, dir); err == nil || !errors.Is(err, errNotReachable) || !strings.Contains(err.Error(), "kernel: ") ||
+		!strings.Contains(err.Error(), "by uid 107 gid 108") {
+		t.Fatalf("start with a kernel the user cannot reach: %v", err)
 	}
+
+	// Its own copies inside the state dir, a disk backed by a file in a
+	// subdirectory (as a flashed root image is).
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "flash"), 0o700))
 	for _, p := range []*string{&spec.Kernel, &spec.Initrd} {
 		dst := filepath.Join(dir, filepath.Base(*p))
-		if err := copyFile(*p, dst); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, copyFile(*p, dst))
 		*p = dst
 	}
+	base := filepath.Join(dir, "flash", "base.qcow2")
+	require.NoError(t, CreateScratchDisk(ctx, base, 16<<20))
+	overlay := filepath.Join(dir, "disk.qcow2")
+	require.NoError(t, CreateOverlay(ctx, base, FormatQCOW2, overlay, 0))
+	spec.Disks = []Disk{{Path: overlay, Format: FormatQCOW2}}
 	vm := startVM(t, spec, dir)
 	waitBoot(t, vm)
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", vm.Pid()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var uidLine string
-	for _, l := range strings.Split(string(status), "\n") {
-		if strings.HasPrefix(l, "Uid:") {
-			uidLine = l
+
+	status := procStatus(t, vm.Pid())
+	for _, want := range []string{"Uid:\t107\t107\t107\t107", "Gid:\t108\t108\t108\t108", "CapEff:\t0000000000000000",
+		"CapPrm:\t0000000000000000", "CapBnd:\t0000000000000000", "CapAmb:\t0000000000000000", "NoNewPrivs:\t1", "Seccomp:\t2"} {
+		if !strings.Contains(status, "\n"+want+"\n") {
+			t.Errorf("QEMU's /proc/%d/status has no line %q:\n%s", vm.Pid(), want, status)
 		}
 	}
-	if f := strings.Fields(uidLine); len(f) < 3 || f[1] != "65534" || f[2] != "65534" {
-		t.Fatalf("QEMU not running as nobody: %q", uidLine)
+	if _, groups, _ := strings.Cut(status, "\nGroups:"); strings.TrimSpace(strings.SplitN(groups, "\n", 2)[0]) != "" {
+		t.Errorf("QEMU has supplementary groups %q, want none (TCG: not /dev/kvm's)", strings.SplitN(groups, "\n", 2)[0])
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	ex, err := vm.Stop(ctx, StopOptions{Grace: 30 * time.Second})
+	// What the user got, and what it did not.
+	owner := func(p string) (uint32, uint32, os.FileMode) {
+		fi, err := os.Stat(p)
+		require.NoError(t, err)
+		st := fi.Sys().(*syscall.Stat_t)
+		return st.Uid, st.Gid, fi.Mode()
+	}
+	if u, g, m := owner(dir); u != 0 || g != gid || m != os.ModeDir|os.ModeSticky|0o770 {
+		t.Errorf("state dir: %d:%d %v, want 0:%d drwxrwx--T", u, g, m, gid)
+	}
+	if u, g, m := owner(filepath.Join(dir, "flash")); u != 0 || g != gid || m.Perm() != 0o710 {
+		t.Errorf("flash dir: %d:%d %v, want 0:%d search only", u, g, m, gid)
+	}
+	for _, f := range []string{overlay, base, spec.Kernel, ConsoleLogName, PidfileName} {
+		if u, g, _ := owner(filepath.Join(dir, strings.TrimPrefix(f, dir))); u != uid || g != gid {
+			t.Errorf("%s: owner %d:%d, want the VM's %d:%d", f, u, g, uid, gid)
+		}
+	}
+	for _, f := range []string{SpecFileName, QEMULogName} {
+		if u, _, m := owner(filepath.Join(dir, f)); u != 0 || m.Perm() != 0o600 {
+			t.Errorf("%s: owner %d mode %v, want the caller's 0600", f, u, m)
+		}
+	}
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", vm.Pid()))
+	require.NoError(t, err)
+	for _, f := range tasks {
+		if n := threadNice(t, f); n != 10 {
+			t.Errorf("%s: nice %d, want 10 (lowered though another user's)", f, n)
+		}
+	}
+
+	// The console, attached through QEMU's socket, after an adoption.
+	pid := vm.Pid()
+	vm.Detach()
+	vm2, err := Adopt(ctx, dir)
+	require.NoError(t, err)
+	t.Cleanup(func() { killVM(vm2) })
+	if vm2.Pid() != pid || vm2.State() != StateRunning {
+		t.Fatalf("adopted pid %d %s, want running %d", vm2.Pid(), vm2.State(), pid)
+	}
+	conn, err := vm2.AttachConsole(ctx)
+	require.NoError(t, err)
+	defer conn.Close()
+	if _, err := io.WriteString(conn, "as-uid-107\n"); err != nil {
+		t.Fatal(err)
+	}
+	if err := vm2.WaitConsole(ctx, "QK-ECHO: as-uid-107"); err != nil {
+		t.Fatalf("console echo: %v", err)
+	}
+	ex, err := vm2.Stop(ctx, StopOptions{Grace: 30 * time.Second})
 	if err != nil || ex.Class != ExitGuestShutdown {
 		t.Fatalf("stop: %+v %v", ex, err)
 	}
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Fatalf("state dir left behind: %v", err)
 	}
+}
+
+func procStatus(t *testing.T, pid int) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	require.NoError(t, err)
+	return string(b)
 }
 
 // TestDetachAdopt: Detach leaves QEMU running; Adopt picks it up.

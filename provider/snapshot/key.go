@@ -45,7 +45,7 @@ func snapshotArgs(spec qemu.Spec) []string {
 	n.Forwards = nil
 	n.MAC = ""
 	n.Incoming = ""
-	n.RunAsUser = ""
+	n.RunAs = nil
 	n.ConsoleCapBytes = 0
 	n.Disks = append([]qemu.Disk(nil), spec.Disks...)
 	for i := range n.Disks {

@@ -33,7 +33,7 @@ func TestSnapshotKey(t *testing.T) {
 	same.Disks[0].Path = "/state/vms/b/disk.qcow2"
 	same.Forwards = []qemu.PortForward{{HostPort: 1234, GuestPort: 80}}
 	same.MAC = "52:54:00:aa:bb:cc"
-	same.RunAsUser = "qemu"
+	same.RunAs = &qemu.User{UID: 107, GID: 107}
 	assert.Equal(t, base, snapshotKey(same, "sha256:1", "QEMU emulator version 7.2.22", nil))
 
 	// Everything a restore depends on does.
