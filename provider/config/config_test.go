@@ -31,6 +31,7 @@ func TestDecode(t *testing.T) {
 		{name: "unknown taint field", in: header + "taints:\n- key: a\n  effect: NoSchedule\n  colour: red\n", wantErr: []string{`unknown field "taints[0].colour"`}},
 		{name: "duplicate field", in: header + "maxVMs: 3\nmaxVMs: 4\n", wantErr: []string{"maxVMs"}},
 		{name: "wrong type names field", in: header + "maxVMs: many\n", wantErr: []string{"maxVMs"}},
+		{name: "user name for a uid", in: header + "vmUser: {uid: qemu, gid: 107}\n", wantErr: []string{"vmUser.uid", "int64"}},
 		{name: "bad yaml", in: header + "labels: [\n", wantErr: []string{"parse YAML"}},
 	}
 	for _, tt := range tests {
@@ -154,6 +155,38 @@ vmCgroup: {mode: Own, root: /host/sys/fs/cgroup, parent: machine/qk, namespace: 
 	assert.Equal(t, VMCgroupConfig{Own: true, Root: "/host/sys/fs/cgroup", Parent: "machine/qk", Namespace: "/proc/1/ns/cgroup"}, n.VMCgroup)
 }
 
+// vmUser: absent is 107:107 for a root agent and the agent's own user
+// otherwise; uid 0 only when written; a non-root agent cannot name
+// another user.
+func TestResolveVMUser(t *testing.T) {
+	nonRoot := env
+	nonRoot.AgentUID, nonRoot.AgentGID = 1000, 1001
+	for _, tt := range []struct {
+		body string
+		env  Environment
+		want VMUserConfig
+		err  string
+	}{
+		{"", env, VMUserConfig{UID: 107, GID: 107}, ""},
+		{"", nonRoot, VMUserConfig{UID: 1000, GID: 1001}, ""},
+		{"vmUser: {uid: 0, gid: 0}", env, VMUserConfig{}, ""},
+		{"vmUser: {uid: 64055, gid: 108}", env, VMUserConfig{UID: 64055, GID: 108}, ""},
+		{"vmUser: {uid: 1000, gid: 1001}", nonRoot, VMUserConfig{UID: 1000, GID: 1001}, ""},
+		{"vmUser: {uid: 107, gid: 107}", nonRoot, VMUserConfig{}, "vmUser: Invalid value: \"107:107\": the agent runs as uid 1000 gid 1001 and cannot start QEMU as another user"},
+		{"vmUser: {}", env, VMUserConfig{UID: 107, GID: 107}, ""},
+	} {
+		c, err := Decode([]byte(header + tt.body + "\n"))
+		require.NoError(t, err)
+		n, err := Resolve(c, tt.env)
+		if tt.err != "" {
+			require.ErrorContains(t, err, tt.err, "body %q", tt.body)
+			continue
+		}
+		require.NoError(t, err, "body %q", tt.body)
+		assert.Equal(t, tt.want, n.VMUser, "body %q agent %d", tt.body, tt.env.AgentUID)
+	}
+}
+
 func TestResolveValidation(t *testing.T) {
 	tests := []struct {
 		name string
@@ -206,6 +239,10 @@ func TestResolveValidation(t *testing.T) {
 		{"vm cgroup parent escapes", "vmCgroup: {parent: ../x}", []string{"vmCgroup.parent", "no . or .."}},
 		{"vm cgroup parent clashes", "vmCgroup: {parent: qk/cgroup.procs}", []string{"vmCgroup.parent", "cgroup.procs", "interface files"}},
 		{"vm cgroup parent spaces", "vmCgroup: {parent: 'my vms'}", []string{"vmCgroup.parent", "[A-Za-z0-9._-]"}},
+		{"vm uid without gid", "vmUser: {uid: 1000}", []string{"vmUser.gid: Required value", "set both uid and gid"}},
+		{"vm gid without uid", "vmUser: {gid: 1000}", []string{"vmUser.uid: Required value"}},
+		{"negative vm uid", "vmUser: {uid: -1, gid: 107}", []string{"vmUser.uid", "-1", "between 0 and 4294967294"}},
+		{"vm gid (gid_t)-1", "vmUser: {uid: 107, gid: 4294967295}", []string{"vmUser.gid", "between 0 and 4294967294"}},
 		{"ksm rate negative", "vmMemory: {pageMerging: true, enableKSM: true, ksmPagesToScan: -1}", []string{"vmMemory.ksmPagesToScan", "between 0 and 100000"}},
 	}
 	for _, tt := range tests {

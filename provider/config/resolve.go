@@ -112,6 +112,9 @@ type Environment struct {
 	// HostArch is the host's architecture as Go names it (default
 	// runtime.GOARCH).
 	HostArch string
+	// AgentUID and AgentGID are the agent's effective uid and gid (0:
+	// root), which vmUser's default follows.
+	AgentUID, AgentGID uint32
 }
 
 // DefaultOVMF are the OVMF code/vars pairs looked for, in order, when the
@@ -181,6 +184,8 @@ type Node struct {
 	VMMemory VMMemoryConfig
 	// VMCgroup is the resolved vmCgroup section.
 	VMCgroup VMCgroupConfig
+	// VMUser is the uid and gid every QEMU runs as.
+	VMUser VMUserConfig
 
 	// GuestArch is the architecture of the node's guests, as Kubernetes
 	// names it (amd64, arm64): its kubernetes.io/arch label.
@@ -307,6 +312,7 @@ func Default(c *NodeConfiguration, env Environment) {
 	defaultBool(&vm.PageMerging, DefaultPageMerging)
 	defaultBool(&vm.EnableKSM, DefaultEnableKSM)
 	defaultVMCgroup(&c.VMCgroup)
+	defaultVMUser(&c.VMUser, env)
 	defaultGuestArchitectures(c, env)
 	defaultFeatures(&c.Features)
 }
@@ -515,6 +521,7 @@ func validate(c *NodeConfiguration, env Environment) (*Node, field.ErrorList) {
 	n.Images, errs = validateImages(c.Images, errs)
 	n.VMMemory, errs = validateVMMemory(c.VMMemory, errs)
 	n.VMCgroup, errs = validateVMCgroup(c.VMCgroup, errs)
+	n.VMUser, errs = validateVMUser(c.VMUser, env, errs)
 	n.Features, errs = validateFeatures(c.Features, errs)
 	if c.MaxVMs == nil && len(errs) == 0 {
 		n.MaxVMs, n.MaxVMsReason = DeriveMaxVMs(MaxVMsInput{

@@ -120,6 +120,9 @@ type NodeConfiguration struct {
 	// agent's (default) or one of its own, so that VMs outlive an agent
 	// whose container is stopped (the Helm chart sets mode Own).
 	VMCgroup VMCgroup `json:"vmCgroup,omitempty"`
+	// VMUser is the uid and gid every QEMU runs as (vmuser.go): 107:107
+	// by default (the agent's own when it is not root).
+	VMUser VMUser `json:"vmUser,omitempty"`
 	// GuestArchitectures registers one more node per entry, for guests of
 	// another architecture run under TCG (arch.go, docs/node-config.md).
 	GuestArchitectures []GuestArchitecture `json:"guestArchitectures,omitempty"`
