@@ -138,6 +138,9 @@ accelerator: {policy: prefer-kvm, probeTimeout: 20s}
 server: {address: %s, port: %d, clientCAFile: /etc/qemu-kubelet/ca.crt}
 nodeStatusUpdateFrequency: 2s
 nodeLeaseDurationSeconds: 12
+# Root without CAP_SETUID cannot start QEMU as the default 107: QEMU runs
+# as the agent (the chart's unprivileged modes grant the capabilities).
+vmUser: {uid: 0, gid: 0}
 `, node, ip, state, ip, port))
 	agent := rt.run("agent", containerSpec{
 		user: "0:0",

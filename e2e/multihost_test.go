@@ -214,7 +214,7 @@ func startMultiHost(t *testing.T) *multiHost {
 // stopped by deleteAll before, and any left are reaped and fail t.
 func (m *multiHost) startHost(t *testing.T, c *cluster.Cluster, bin string, h *mhHost) {
 	t.Helper()
-	dir := t.TempDir()
+	dir := testutil.Searchable(t, t.TempDir()) // QEMU runs as vmUser 107
 	kc, err := c.NodeKubeconfig(h.name)
 	require.NoError(t, err)
 	h.state = filepath.Join(dir, "state")

@@ -68,7 +68,7 @@ type nodeAgent struct {
 // with SIGKILL (whole process group) when the test ends.
 func newNodeAgent(t *testing.T, c *cluster.Cluster, bin, name, policy, extra string) *nodeAgent {
 	t.Helper()
-	dir := t.TempDir()
+	dir := testutil.Searchable(t, t.TempDir()) // QEMU runs as vmUser 107
 	kc, err := c.NodeKubeconfig(name)
 	if err != nil {
 		t.Fatal(err)

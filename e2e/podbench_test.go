@@ -251,7 +251,7 @@ func newPodBenchEnvWith(b *testing.B, o podBenchOptions) *podBenchEnv {
 	if err != nil {
 		b.Fatal(err)
 	}
-	e := &podBenchEnv{c: c, node: "qk-bench", dir: b.TempDir(), ref: refs[vmtest.VariantACPI],
+	e := &podBenchEnv{c: c, node: "qk-bench", dir: testutil.Searchable(b, b.TempDir()), ref: refs[vmtest.VariantACPI],
 		kernel: filepath.Join(imgDir, "vmlinuz"), initrd: filepath.Join(imgDir, "initramfs-"+vmtest.VariantACPI+".cpio.gz"),
 		// The command line the node gives this image on a TCG node.
 		cmdline: podspec.EmulatedKernelCmdline(qemu.ArchX86_64, qemu.AccelTCG,

@@ -299,6 +299,8 @@ func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan pods
 		// features.consoleLogSize in force when the VM starts.
 		ConsoleCapBytes: p.Features().ConsoleLogSize,
 		Cgroup:          podspec.VMCgroup(p.cfg.VMCgroup, plan, p.cfg.VMOverhead),
+		// The node's, never the pod's (its securityContext is not read).
+		RunAs: p.cfg.VMUser,
 	}
 	if img.Kernel != "" {
 		spec.Cmdline = podspec.KernelCmdline(p.arch(), img.Cmdline, plan.ExtraCmdline) // the arch's console unless one is named

@@ -107,6 +107,10 @@ type VMsConfig struct {
 	// of its own under its Root and Parent, with the limits VMCgroup
 	// (cgroup.go) derives from the pod; nil: the agent's cgroup.
 	VMCgroup *qemu.Cgroup
+	// VMUser, when set, is the uid and gid every QEMU starts as (vmUser in
+	// the node configuration; qemu.Spec.RunAs); nil: the agent's own. VMs
+	// found running are adopted as they run, whatever their user.
+	VMUser *qemu.User
 	// Features in force at start (nil: the defaults); SetFeatures swaps
 	// them on a reload (features.go).
 	Features *config.FeatureConfig

@@ -238,3 +238,9 @@ func permits(cred *syscall.Credential, fi os.FileInfo, bit uint32) bool {
 		return m&bit != 0
 	}
 }
+
+// Reachable checks that u may search every directory down to dir: what a
+// VM run as u needs of the directories above its state dir.
+func Reachable(u User, dir string) error {
+	return reachable(Spec{RunAs: &u}.credential(), dir, false)
+}

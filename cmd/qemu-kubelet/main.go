@@ -132,7 +132,8 @@ func loadConfig(o options) (*config.Node, error) {
 	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
 		memTotal, _, _ = nodestatus.ParseMeminfo(b) // unknown (0): maxVMs falls back to its fixed default
 	}
-	n, err := config.Resolve(file, config.Environment{Hostname: hostname, HostIP: firstHostIPv4(), MemoryTotal: memTotal})
+	n, err := config.Resolve(file, config.Environment{Hostname: hostname, HostIP: firstHostIPv4(), MemoryTotal: memTotal,
+		AgentUID: uint32(os.Geteuid()), AgentGID: uint32(os.Getegid())})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", where, err)
 	}
@@ -207,6 +208,7 @@ func probe(ctx context.Context, cfg *config.Node) nodestatus.Facts {
 		Policy:     qemu.AccelPolicy(cfg.AcceleratorPolicy),
 		Timeout:    cfg.ProbeTimeout,
 		WorkDir:    filepath.Join(cfg.StateDir, "probe"),
+		RunAs:      vmUser(cfg.VMUser),
 	})
 	f.Accelerator = nodestatus.Accelerator{Name: string(res.Accelerator), Reason: res.Reason, KVMError: res.KVMError}
 	if err != nil {
@@ -251,6 +253,9 @@ func runNode(ctx context.Context, o options, cfg *config.Node, hup <-chan os.Sig
 	logger := klog.FromContext(ctx)
 	if err := os.MkdirAll(cfg.StateDir, 0o750); err != nil {
 		return fmt.Errorf("create state directory: %w", err)
+	}
+	if err := vmUserSearch(cfg); err != nil {
+		return err
 	}
 	certFile, keyFile, err := servingCert(cfg)
 	if err != nil {

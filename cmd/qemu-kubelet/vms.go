@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
@@ -86,6 +88,7 @@ func newVMs(ctx context.Context, cfg *config.Node, facts nodestatus.Facts, clien
 		EmulatedKernelArgs: cfg.EmulatedKernelArgs,
 		VMOverhead:         cfg.VMMemory.Overhead,
 		VMCgroup:           vmCgroup(cfg.VMCgroup),
+		VMUser:             vmUser(cfg.VMUser),
 		Features:           cfg.Features,
 	})
 	res, err := vms.Recover(ctx)
@@ -113,4 +116,56 @@ func vmCgroup(c config.VMCgroupConfig) *qemu.Cgroup {
 		return nil
 	}
 	return &qemu.Cgroup{Root: c.Root, Parent: c.Parent, Namespace: c.Namespace}
+}
+
+// vmUser is the user QEMU starts as: nil when it is the agent's own (a
+// non-root agent, or vmUser 0:0 under a root agent).
+func vmUser(u config.VMUserConfig) *qemu.User {
+	if u.UID == uint32(os.Geteuid()) && u.GID == uint32(os.Getegid()) {
+		return nil
+	}
+	return &qemu.User{UID: u.UID, GID: u.GID}
+}
+
+// vmUserSearch lets the VMs' user (vmUser) search, and only search, the
+// directories between the main state dir and every node's VM directories
+// (stateDir, stateDir/vms, stateDir/arch/<arch>/vms): each gets the
+// user's group and mode 0710 (the group's read and write bits, if any,
+// go). Created when missing, so that no VM directory is made under a
+// directory the user cannot search. Nothing changes when QEMU runs as
+// the agent.
+func vmUserSearch(cfg *config.Node) error {
+	u := vmUser(cfg.VMUser)
+	if u == nil {
+		return nil
+	}
+	var dirs []string
+	for _, n := range append([]*config.Node{cfg}, cfg.GuestArchitectures...) {
+		for d := n.StateDir; d != cfg.StateDir && strings.HasPrefix(d, cfg.StateDir+"/"); d = filepath.Dir(d) {
+			dirs = append(dirs, d)
+		}
+		dirs = append(dirs, filepath.Join(n.StateDir, provider.VMsDirName))
+	}
+	dirs = append(dirs, cfg.StateDir)
+	for _, d := range dirs {
+		if err := os.MkdirAll(d, 0o710); err != nil {
+			return fmt.Errorf("vmUser: %w", err)
+		}
+		fi, err := os.Stat(d)
+		if err != nil {
+			return fmt.Errorf("vmUser: %w", err)
+		}
+		if err := os.Lchown(d, -1, int(u.GID)); err != nil {
+			return fmt.Errorf("vmUser: give %s to group %d (needs CAP_CHOWN): %w", d, u.GID, err)
+		}
+		if err := os.Chmod(d, fi.Mode().Perm()&^0o070|0o010); err != nil {
+			return fmt.Errorf("vmUser: chmod %s: %w", d, err)
+		}
+	}
+	for _, d := range dirs {
+		if err := qemu.Reachable(*u, d); err != nil {
+			return fmt.Errorf("vmUser: QEMU runs as uid %d gid %d and must reach the VM directories: %w (let it search the state dir's parents, or choose another stateDir)", u.UID, u.GID, err)
+		}
+	}
+	return nil
 }

@@ -91,6 +91,14 @@ func run(binDir string, names []string, keep bool) error {
 	// the API server refuses to proxy (logs, attach) to a loopback node
 	// address. With several nodes each has its own port, state dir and log.
 	stateDir := filepath.Join(c.Dir(), "qemu-kubelet")
+	// QEMU runs as the nodes' vmUser (107): it searches its way to the
+	// VM directories (the agents give the state dirs themselves its group).
+	if err := os.Chmod(c.Dir(), 0o711); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(stateDir, 0o711); err != nil {
+		return err
+	}
 	for _, name := range names {
 		nodeState, cfgPath, logName := stateDir, filepath.Join(c.Dir(), "qemu-kubelet.yaml"), "qemu-kubelet"
 		if len(names) > 1 {

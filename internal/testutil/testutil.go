@@ -190,3 +190,22 @@ func (b *BrokenReader) Read(p []byte) (int, error) {
 	}
 	return n, err
 }
+
+// Searchable lets every user search dir and its ancestors up to the
+// temporary directory root (adds o+x; t.TempDir makes its top 0700), so
+// that QEMU, run by a node agent as its vmUser (107 by default), reaches
+// a state dir made under dir. Returns dir.
+func Searchable(tb testing.TB, dir string) string {
+	tb.Helper()
+	root := filepath.Clean(os.TempDir())
+	for d := filepath.Clean(dir); d != root && d != "/" && d != "."; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err != nil {
+			tb.Fatalf("searchable: %v", err)
+		}
+		if err := os.Chmod(d, fi.Mode().Perm()|0o001); err != nil {
+			tb.Fatalf("searchable: %v", err)
+		}
+	}
+	return dir
+}
