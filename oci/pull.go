@@ -253,6 +253,9 @@ func (s *Store) fetchAndUnpack(ctx context.Context, resolver remotes.Resolver, n
 		return nil, fmt.Errorf("create entry: %w", err)
 	}
 	defer func() { _ = removeAll(tmp) }()
+	if err := os.Chmod(tmp, entryMode); err != nil { // MkdirTemp makes it 0700
+		return nil, fmt.Errorf("create entry: %w", err)
+	}
 	meta := entryMeta{
 		Digest: desc.Digest, ManifestDigest: manifestDesc.Digest, Platform: s.opts.Platform,
 		Format: p.Format, PulledAt: time.Now().UTC(), Blobs: dedupDigests(desc.Digest, manifestDesc.Digest),

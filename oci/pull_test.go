@@ -204,6 +204,19 @@ func TestPullKernelInitrdFiles(t *testing.T) {
 	fi, err := os.Stat(img.Kernel)
 	require.NoError(t, err)
 	require.Zero(t, fi.Mode().Perm()&0o222, "cached files are read-only")
+	require.Equal(t, os.FileMode(0o444), fi.Mode().Perm(), "cached files are readable by QEMU run as another user")
+	di, err := os.Stat(filepath.Dir(img.Kernel))
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o755), di.Mode().Perm(), "the image's directory is searchable by QEMU run as another user")
+
+	// An entry unpacked before (a 0700 directory) is opened up on Open.
+	root := s.root
+	require.NoError(t, s.Close())
+	require.NoError(t, os.Chmod(filepath.Dir(img.Kernel), 0o700))
+	openStore(t, root, Options{})
+	di, err = os.Stat(filepath.Dir(img.Kernel))
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o755), di.Mode().Perm(), "an older 0700 entry is opened up")
 }
 
 func TestPullCompressedDisk(t *testing.T) {

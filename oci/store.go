@@ -152,6 +152,10 @@ func (s *Store) load() error {
 			}
 			continue
 		}
+		// Entries unpacked before entry dirs were made 0755 (entryMode).
+		if err := os.Chmod(dir, entryMode); err != nil {
+			return fmt.Errorf("open image store: %w", err)
+		}
 		s.entries[m.Digest] = &entry{meta: m, lastUsed: used}
 	}
 	b, err := os.ReadFile(filepath.Join(s.root, "names.json"))
@@ -519,6 +523,12 @@ func writeFileAtomic(p string, b []byte) error {
 	}
 	return nil
 }
+
+// entryMode is the mode of an unpacked image's directory: like the store's
+// other directories (0755) and its files (0444), readable by QEMU when it
+// runs as a user of its own; whoever may search the store's parent may
+// read the images (qemu-kubelet gives that to the VMs' group only).
+const entryMode = 0o755
 
 // removeAll removes a tree whose files may be read-only.
 func removeAll(p string) error {
