@@ -42,7 +42,10 @@ func attachEcho(t *testing.T, vms *VMs, pod *corev1.Pod, word string) {
 	inR, inW := io.Pipe()
 	outR, outW := io.Pipe()
 	done := make(chan error, 1)
-	go func() { done <- vms.AttachToContainer(ctx, pod.Namespace, pod.Name, "vm", pipeIO{in: inR, out: outW}); outW.Close() }()
+	go func() {
+		done <- vms.AttachToContainer(ctx, pod.Namespace, pod.Name, "vm", pipeIO{in: inR, out: outW})
+		outW.Close()
+	}()
 	go func() {
 		for ctx.Err() == nil {
 			_, _ = io.WriteString(inW, word+"\n")
