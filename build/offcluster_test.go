@@ -102,7 +102,7 @@ func TestClientCertificateJoin(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	const node = "qemu-kvm-01"
-	dir := t.TempDir()
+	dir := testutil.Searchable(t, t.TempDir()) // QEMU runs as vmUser 107: it searches its way to the state dir
 	run := func(name string, args ...string) string {
 		t.Helper()
 		cmd := exec.CommandContext(ctx, name, args...)

@@ -366,8 +366,10 @@ func TestTemplate(t *testing.T) {
 				assert.Nil(t, c.SecurityContext.Privileged, "device plugin mode is unprivileged")
 				assert.Equal(t, int64(0), *c.SecurityContext.RunAsUser, "the agent owns the host state dir")
 				assert.Equal(t, []corev1.Capability{"ALL"}, c.SecurityContext.Capabilities.Drop)
-				assert.Equal(t, []corev1.Capability{"SYS_ADMIN", "SYS_PTRACE", "DAC_OVERRIDE", "SETPCAP"}, c.SecurityContext.Capabilities.Add,
-					"keepVMs: QEMU is started in the host's cgroup namespace")
+				assert.Equal(t, []corev1.Capability{"SYS_ADMIN", "SYS_PTRACE", "DAC_OVERRIDE", "SETPCAP", "SETUID", "SETGID", "CHOWN", "KILL", "SYS_NICE"}, c.SecurityContext.Capabilities.Add,
+					"keepVMs: QEMU is started in the host's cgroup namespace; vmUser: as uid 107")
+				_, cfg := nodeConfig(t, objs)
+				assert.Equal(t, map[string]any{"uid": float64(107), "gid": float64(107)}, cfg["vmUser"], "QEMU runs as KubeVirt's qemu uid by default")
 				assert.True(t, spec.HostPID)
 				assert.False(t, *c.SecurityContext.AllowPrivilegeEscalation)
 				q := c.Resources.Limits[corev1.ResourceName("devices.kubevirt.io/kvm")]
@@ -503,6 +505,8 @@ func TestBadValuesRejected(t *testing.T) {
 		{file: "bad-config-statedir.yaml", want: "nodeAgent.config.stateDir: set nodeAgent.stateDir instead"},
 		{file: "bad-config-vmcgroup.yaml", want: "nodeAgent.config.vmCgroup: set nodeAgent.keepVMs instead"},
 		{file: "bad-keepvms-parent.yaml", want: "/nodeAgent/keepVMs/cgroupParent", lint: true},
+		{file: "bad-config-vmuser.yaml", want: "nodeAgent.config.vmUser: set nodeAgent.vmUser instead"},
+		{file: "bad-vmuser-uid.yaml", want: "/nodeAgent/vmUser/uid", lint: true},
 	}
 	files, err := filepath.Glob(filepath.Join("testdata", "bad", "*.yaml"))
 	require.NoError(t, err)

@@ -222,7 +222,9 @@ func TestChartAgentUpgradeKeepsVMs(t *testing.T) {
 		// Unprivileged and sandboxed, whatever the agent holds.
 		status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 		require.NoError(t, err)
-		for _, want := range []string{"CapEff:\t0000000000000000", "CapPrm:\t0000000000000000", "CapBnd:\t0000000000000000", "NoNewPrivs:\t1", "Seccomp:\t2"} {
+		// As the chart's vmUser (KubeVirt's qemu uid), from its first instruction.
+		for _, want := range []string{"Uid:\t107\t107\t107\t107", "Gid:\t107\t107\t107\t107",
+			"CapEff:\t0000000000000000", "CapPrm:\t0000000000000000", "CapBnd:\t0000000000000000", "NoNewPrivs:\t1", "Seccomp:\t2"} {
 			if !strings.Contains(string(status), want+"\n") {
 				t.Errorf("%s: no %q in QEMU's /proc/%d/status", name, want, pid)
 			}

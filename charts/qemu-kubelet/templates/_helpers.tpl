@@ -70,6 +70,7 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- $_ := set $cfg "apiVersion" "qemu-kubelet.io/v1alpha1" -}}
 {{- $_ := set $cfg "kind" "NodeConfiguration" -}}
 {{- $_ := set $cfg "stateDir" .Values.nodeAgent.stateDir -}}
+{{- $_ := set $cfg "vmUser" (dict "uid" (int .Values.nodeAgent.vmUser.uid) "gid" (int .Values.nodeAgent.vmUser.gid)) -}}
 {{- if .Values.nodeAgent.keepVMs.enabled -}}
 {{- $_ := set $cfg "vmCgroup" (dict "mode" "Own" "root" "/sys/fs/cgroup" "parent" .Values.nodeAgent.keepVMs.cgroupParent "namespace" "/proc/1/ns/cgroup") -}}
 {{- end -}}
@@ -92,6 +93,9 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 {{- if and .Values.nodeAgent.enabled (hasKey .Values.nodeAgent.config "vmCgroup") -}}
 {{- fail "nodeAgent.config.vmCgroup: set nodeAgent.keepVMs instead (the chart sets vmCgroup with the host PID namespace and cgroup mount it needs)" -}}
+{{- end -}}
+{{- if and .Values.nodeAgent.enabled (hasKey .Values.nodeAgent.config "vmUser") -}}
+{{- fail "nodeAgent.config.vmUser: set nodeAgent.vmUser instead (the chart grants the agent the capabilities it needs)" -}}
 {{- end -}}
 {{- if and .Values.nodeAgent.enabled (hasKey .Values.nodeAgent.config "nodeName") -}}
 {{- fail "nodeAgent.config.nodeName: each host gets <nodeAgent.nodeNamePrefix><host node name>; set nodeAgent.nodeNamePrefix instead" -}}
