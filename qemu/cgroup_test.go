@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
+	"github.com/stretchr/testify/require"
 )
 
 func TestCgroupValidate(t *testing.T) {
@@ -334,5 +335,126 @@ func TestNSDelegate(t *testing.T) {
 		if got := nsDelegate(tc.mi); got != tc.want {
 			t.Errorf("nsDelegate(%q) = %v, want %v", tc.mi, got, tc.want)
 		}
+	}
+}
+
+// cgroup2Mount returns a cgroup2 mount point this process may create
+// cgroups in: /sys/fs/cgroup on a unified host, /sys/fs/cgroup/unified in
+// the hybrid layout. It skips the test when there is none.
+func cgroup2Mount(t *testing.T) string {
+	t.Helper()
+	testutil.SkipIfShort(t, "QEMU")
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates cgroups")
+	}
+	for _, l := range strings.Split(mountinfo(), "\n") {
+		pre, post, ok := strings.Cut(l, " - ")
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if !ok || len(f) < 5 || len(g) < 1 || g[0] != "cgroup2" {
+			continue
+		}
+		probe := filepath.Join(f[4], fmt.Sprintf("qk-probe-%d", os.Getpid()))
+		if err := os.Mkdir(probe, 0o755); err != nil {
+			t.Logf("cgroup2 at %s: cannot create cgroups: %v", f[4], err)
+			continue
+		}
+		_ = syscall.Rmdir(probe)
+		return f[4]
+	}
+	t.Skip("no writable cgroup2 mount")
+	return ""
+}
+
+// TestCgroupV2: the cgroup v2 path against the host's cgroup2 mount (its
+// root, whatever the layout). QEMU is forked straight into its cgroup
+// (CLONE_INTO_CGROUP: one hierarchy, a directory fd), outlives the kill of
+// its launcher's cgroup, is found there again by Adopt and the cgroup goes
+// with its exit. A limit whose controller the hierarchy lacks (the hybrid
+// layout's unified hierarchy carries none) fails the start, naming it, and
+// leaves no cgroup behind; where the controllers are there the limits are
+// written.
+func TestCgroupV2(t *testing.T) {
+	root := cgroup2Mount(t)
+	tag := fmt.Sprintf("qk-v2-%d", os.Getpid())
+	launcher, err := cgroupDirs(root, tag+"-launcher")
+	require.NoError(t, err)
+	require.Len(t, launcher, 1)
+	require.True(t, launcher[0].v2, "%s is a cgroup2 mount", root)
+	parent := tag + "-vms"
+	require.NoError(t, os.Mkdir(launcher[0].path, 0o755))
+	t.Cleanup(func() {
+		_ = syscall.Rmdir(launcher[0].path)
+		_ = syscall.Rmdir(filepath.Join(root, parent))
+	})
+	avail, err := os.ReadFile(filepath.Join(root, "cgroup.controllers"))
+	require.NoError(t, err)
+	limits := fieldsContain(string(avail), "cpu") && fieldsContain(string(avail), "memory")
+
+	spec := testSpec(t, "acpi")
+	spec.Cgroup = &Cgroup{Root: root, Parent: parent, CPUMilli: 500, MemoryMaxBytes: 768 << 20}
+	if !limits {
+		// The hybrid layout: cpu and memory are v1's.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		dir := newStateDir(t)
+		_, err := Start(ctx, spec, dir)
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), "controller cpu not available in "+root) {
+			t.Fatalf("limits without their controllers: %v", err)
+		}
+		if _, err := os.Stat(filepath.Join(root, parent, filepath.Base(dir))); !os.IsNotExist(err) {
+			t.Errorf("the failed start left its cgroup: %v", err)
+		}
+		t.Logf("%s has controllers %q: limits not testable here, only their refusal", root, strings.TrimSpace(string(avail)))
+		spec.Cgroup.CPUMilli, spec.Cgroup.MemoryMaxBytes = 0, 0
+	}
+	dir := newStateDir(t)
+	dirs, err := spec.withStateDir(dir).vmCgroupDirs()
+	require.NoError(t, err)
+	require.Len(t, dirs, 1)
+	fd, err := openCgroupV2([]cgroupDir{{path: root, v2: true}})
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, fd, 0, "a cgroup2 root forks QEMU into its cgroup")
+	syscall.Close(fd)
+
+	pid := startInLauncherCgroup(t, launcher, spec, dir)
+	want := "/" + filepath.Join(parent, filepath.Base(dir))
+	got, err := CgroupOf(pid, "")
+	require.NoError(t, err)
+	require.Equal(t, want, got, "QEMU's cgroup in the unified hierarchy")
+	procs, err := os.ReadFile(filepath.Join(dirs[0].path, "cgroup.procs"))
+	require.NoError(t, err)
+	require.True(t, fieldsContain(string(procs), strconv.Itoa(pid)), "QEMU %d in %s/cgroup.procs: %q", pid, dirs[0].path, procs)
+	if limits {
+		assertCgroupFile(t, dirs[0].path, "memory.max", strconv.Itoa(768<<20))
+		assertCgroupFile(t, dirs[0].path, "cpu.max", "50000 100000")
+	}
+
+	// The launcher's cgroup is killed (a container runtime's stop).
+	b, _ := os.ReadFile(filepath.Join(launcher[0].path, "cgroup.procs"))
+	require.NotEmpty(t, strings.Fields(string(b)), "the supervisor runs in the launcher's cgroup")
+	for _, f := range strings.Fields(string(b)) {
+		p, _ := strconv.Atoi(f)
+		require.NotEqual(t, pid, p, "QEMU is not in its launcher's cgroup")
+		_ = syscall.Kill(p, syscall.SIGKILL)
+	}
+	time.Sleep(500 * time.Millisecond)
+	require.True(t, qemuAlive(pid, dir), "QEMU %d died with its launcher's cgroup", pid)
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	vm, err := Adopt(ctx, dir)
+	require.NoError(t, err)
+	t.Cleanup(func() { killVM(vm) })
+	require.Equal(t, pid, vm.Pid())
+	require.Equal(t, StateRunning, vm.State())
+	got, err = CgroupOf(vm.Pid(), "")
+	require.NoError(t, err)
+	require.Equal(t, want, got, "the adopted QEMU is in its cgroup")
+	ex, err := vm.Stop(ctx, StopOptions{Grace: time.Minute})
+	if err != nil || ex.Class != ExitGuestShutdown {
+		t.Fatalf("stop adopted VM: %+v %v", ex, err)
+	}
+	if _, err := os.Stat(dirs[0].path); !os.IsNotExist(err) {
+		t.Errorf("the VM's cgroup %s still exists after its exit (%v)", dirs[0].path, err)
 	}
 }
