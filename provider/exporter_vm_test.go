@@ -53,7 +53,7 @@ func TestJumpstarterExporterVM(t *testing.T) {
 	if testing.Short() {
 		t.Skip("boots VMs under QEMU")
 	}
-	root := t.TempDir()
+	root := testutil.Searchable(t, t.TempDir())
 	vmtest.ReapQEMU(t, root)
 	// The agent's log, kept to check that no password reaches it.
 	agentLog := &syncBuffer{}
@@ -86,11 +86,16 @@ func TestJumpstarterExporterVM(t *testing.T) {
 	events := &eventLog{}
 	metrics, err := telemetry.NewMetrics(prometheus.NewRegistry())
 	require.NoError(t, err)
+	// QEMU as an agent running as root runs it by default (vmUser 107):
+	// consoles, display, guest agent, flashed firmware and disks reach it.
+	vmUserDirs(t, stateDir)
+	vmUserDirs(t, filepath.Join(root, "state-backoff"))
 	cfg := func(c *VMsConfig) {
 		c.Secrets = secrets.get
 		c.Exporters = realExporters
 		c.Recorder = events
 		c.Telemetry = telemetry.NewTelemetry(metrics, nil)
+		c.VMUser = &qemu.User{UID: 107, GID: 107}
 	}
 	h := newHarnessWith(t, stateDir, store, imageDir, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
@@ -156,6 +161,9 @@ func TestJumpstarterExporterVM(t *testing.T) {
 		_, err = con.Write([]byte("hello-jumpstarter\n"))
 		require.NoError(t, err)
 		testutil.ReadUntil(t, con, "QK-ECHO: hello-jumpstarter", 30*time.Second)
+		pids := vmtest.QEMUPids(dir)
+		require.Len(t, pids, 1)
+		assert.Equal(t, "Uid:107/107 Gid:107/107", qemuIDs(t, pids[0]), "QEMU runs as the node's vmUser")
 	})
 
 	t.Run("GuestTCP", func(t *testing.T) {
@@ -465,6 +473,7 @@ func TestJumpstarterExporterVM(t *testing.T) {
 		// during the back-off keeps it off; power on starts it at once.
 		runner := newFakeRunner()
 		hb := newHarnessWith(t, filepath.Join(root, "state-backoff"), store, imageDir, func(c *VMsConfig) {
+			c.VMUser = &qemu.User{UID: 107, GID: 107}
 			c.Secrets = secrets.get
 			c.Exporters = runner
 			c.Backoff = podstatus.Backoff{Initial: time.Minute, Max: time.Minute}

@@ -68,6 +68,18 @@ func attachEcho(t *testing.T, vms *VMs, pod *corev1.Pod, word string) {
 	<-done
 }
 
+// vmUserDirs does for uid 107 what the agent does at start
+// (cmd/qemu-kubelet vmUserSearch): the state dir and its vms dir are
+// searchable by gid 107.
+func vmUserDirs(t *testing.T, stateDir string) {
+	t.Helper()
+	for _, d := range []string{stateDir, filepath.Join(stateDir, VMsDirName)} {
+		require.NoError(t, os.MkdirAll(d, 0o710))
+		require.NoError(t, os.Chmod(d, 0o710))
+		require.NoError(t, os.Lchown(d, 0, 107))
+	}
+}
+
 // qemuIDs returns QEMU's real and effective uid and gid (/proc/<pid>/status).
 func qemuIDs(t *testing.T, pid int) string {
 	t.Helper()
@@ -96,11 +108,7 @@ func TestVMUserAdoptAcrossRestart(t *testing.T) {
 	}
 	env := newVMEnv(t)
 	testutil.Searchable(t, env.root)
-	// What the agent does at start (cmd/qemu-kubelet vmUserSearch).
-	for _, d := range []string{env.stateDir, filepath.Join(env.stateDir, VMsDirName)} {
-		require.NoError(t, os.MkdirAll(d, 0o710))
-		require.NoError(t, os.Lchown(d, 0, 107))
-	}
+	vmUserDirs(t, env.stateDir)
 	ctx := context.Background()
 	user := &qemu.User{UID: 107, GID: 107}
 	withUser := func(c *VMsConfig) { c.VMUser = user }
