@@ -299,7 +299,7 @@ func waitEventB(b *testing.B, h *harness, seen *[]string, timeout time.Duration,
 // image's disk), and the guest works.
 func TestSnapshotStartDisk(t *testing.T) {
 	testutil.SkipIfShort(t, "boots VMs under QEMU")
-	root := t.TempDir()
+	root := testutil.Searchable(t, t.TempDir())
 	vmtest.ReapQEMU(t, root)
 	reg := ocitest.StartRegistry(t, ocitest.RegistryOptions{})
 	imgDir := vmtest.BuildTestImages(t)
@@ -314,7 +314,11 @@ func TestSnapshotStartDisk(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { store.Close() })
 	stateDir := filepath.Join(root, "state")
-	h := newHarness(t, stateDir, store, imageDir)
+	// As vmUser 107 (a root agent's default): the snapshot is saved
+	// through a socket handed to that user, and the restored VMs' overlays
+	// back onto the snapshot's disk copy in the image cache.
+	vmUserDirs(t, stateDir)
+	h := newHarnessWith(t, stateDir, store, imageDir, func(c *VMsConfig) { c.VMUser = &qemu.User{UID: 107, GID: 107} })
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	var seen []string
