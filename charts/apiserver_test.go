@@ -131,7 +131,8 @@ func installAndRun(ctx context.Context, t *testing.T, c *cluster.Cluster) {
 
 	ip := testutil.HostIPv4(t)
 	port := testutil.FreePort(t)
-	state := filepath.Join(t.TempDir(), "state")
+	// QEMU runs as the chart's vmUser (107): it searches its way there.
+	state := filepath.Join(testutil.Searchable(t, t.TempDir()), "state")
 	const nodeName = "qemu-host1"
 	manifest := render(t, "",
 		"nodeAgent.stateDir="+state,
