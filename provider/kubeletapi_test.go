@@ -2,8 +2,8 @@ package provider
 
 import (
 	"context"
+	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -18,25 +18,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
-
-// tcpPair is a connected loopback TCP pair, closed when the test ends.
-func tcpPair(t *testing.T) (net.Conn, net.Conn) {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	acc := make(chan net.Conn, 1)
-	go func() {
-		c, _ := l.Accept()
-		acc <- c
-	}()
-	a, err := net.Dial("tcp", l.Addr().String())
-	require.NoError(t, err)
-	b := <-acc
-	require.NotNil(t, b)
-	t.Cleanup(func() { a.Close(); b.Close() })
-	return a, b
-}
 
 // TestViewAndLogErrors: the lookups behind logs/attach/exec/port-forward
 // on a pod record (no VM).
@@ -66,7 +47,7 @@ func TestViewAndLogErrors(t *testing.T) {
 	err = p.RunInContainer(ctx, "ns", "web", "vm", []string{"ls"}, nil)
 	assert.True(t, errdefs.IsInvalidInput(err))
 	assert.Contains(t, err.Error(), "exec in pod ns/web: its VM is not running")
-	s1, s2 := tcpPair(t)
+	s1, s2 := testutil.TCPPair(t)
 	_ = s2
 	err = p.PortForward(ctx, "ns", "web", 80, s1)
 	assert.True(t, errdefs.IsInvalidInput(err))

@@ -155,7 +155,7 @@ func TestSnapshotStart(t *testing.T) {
 	out, err := os.ReadFile(filepath.Join(dirOf("snap-b"), qemu.ConsoleLogName))
 	require.NoError(t, err)
 	assert.NotContains(t, string(out), vmtest.BootMarker, "a restored VM does not boot")
-	s1, s2 := tcpPair(t)
+	s1, s2 := testutil.TCPPair(t)
 	pf := make(chan error, 1)
 	go func() { pf <- h.vms.PortForward(ctx, "default", b.Name, 8080, s1) }()
 	_, err = s2.Write([]byte("GET / HTTP/1.0\r\n\r\n"))

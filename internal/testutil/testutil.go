@@ -209,3 +209,29 @@ func Searchable(tb testing.TB, dir string) string {
 	}
 	return dir
 }
+
+// TCPPair is a connected loopback TCP pair, both ends closed when tb ends.
+func TCPPair(tb testing.TB) (net.Conn, net.Conn) {
+	tb.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatalf("listen on loopback: %v", err)
+	}
+	defer l.Close()
+	acc := make(chan net.Conn, 1)
+	go func() {
+		c, _ := l.Accept()
+		acc <- c
+	}()
+	a, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		tb.Fatalf("dial %s: %v", l.Addr(), err)
+	}
+	b := <-acc
+	if b == nil {
+		a.Close()
+		tb.Fatalf("accept on %s failed", l.Addr())
+	}
+	tb.Cleanup(func() { a.Close(); b.Close() })
+	return a, b
+}

@@ -4,8 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -224,24 +224,24 @@ func TestAwaitGuest(t *testing.T) {
 		return func(context.Context) (string, error) { return out, nil }
 	}
 	// QEMU closes the host side: the guest refused.
-	a, b := tcpPair(t)
+	a, b := testutil.TCPPair(t)
 	b.Close()
 	_, err := AwaitGuest(ctx, fixed(usernetSample), a, 18931, 2*time.Second)
 	assert.ErrorIs(t, err, ErrGuestPortClosed)
 
 	// Still SYN_SENT at the deadline: no answer.
-	a, _ = tcpPair(t)
+	a, _ = testutil.TCPPair(t)
 	_, err = AwaitGuest(ctx, fixed(usernetSample), a, 18931, 200*time.Millisecond)
 	assert.ErrorIs(t, err, ErrGuestNoAnswer)
 
 	// Established: accepted, nothing read.
-	a, b = tcpPair(t)
+	a, b = testutil.TCPPair(t)
 	got, err := AwaitGuest(ctx, fixed(usernetSample), a, 18932, time.Second)
 	require.NoError(t, err)
 	assert.Empty(t, got)
 
 	// The guest answers after a while, first with a greeting: kept.
-	a, b = tcpPair(t)
+	a, b = testutil.TCPPair(t)
 	calls := 0
 	later := func(context.Context) (string, error) {
 		calls++
@@ -255,25 +255,7 @@ func TestAwaitGuest(t *testing.T) {
 	assert.Equal(t, "SSH-2.0-x\r\n", string(got))
 
 	// QEMU cannot be asked: an error naming that.
-	a, _ = tcpPair(t)
+	a, _ = testutil.TCPPair(t)
 	_, err = AwaitGuest(ctx, func(context.Context) (string, error) { return "", errors.New("QMP gone") }, a, 1, time.Second)
 	assert.ErrorContains(t, err, "ask QEMU for the connection state: QMP gone")
-}
-
-func tcpPair(t *testing.T) (net.Conn, net.Conn) {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	acc := make(chan net.Conn, 1)
-	go func() {
-		c, _ := l.Accept()
-		acc <- c
-	}()
-	a, err := net.Dial("tcp", l.Addr().String())
-	require.NoError(t, err)
-	b := <-acc
-	require.NotNil(t, b)
-	t.Cleanup(func() { a.Close(); b.Close() })
-	return a, b
 }
