@@ -34,7 +34,7 @@ func (p *VMs) finishDelete(rec *podVM, vm VM) {
 			p.event(pod, corev1.EventTypeNormal, "Killing", fmt.Sprintf("Stopping VM (ACPI power button, %s before quit)", acpi.Round(time.Second)))
 			// Everything is kept until the disk's reclaim policy is applied
 			// below.
-			ex, err := vm.Stop(ctx, qemu.StopOptions{Grace: acpi, QuitGrace: 2 * time.Second, Keep: []string{"*"}})
+			ex, err := vm.Stop(ctx, qemu.StopOptions{Grace: acpi, QuitGrace: podstatus.QuitGrace, Keep: []string{"*"}})
 			if err != nil {
 				log.Error(err, "Stop VM")
 			}

@@ -182,7 +182,7 @@ func (p *VMs) powerOff(ctx context.Context, rec *podVM, vm VM, why string) error
 	p.event(pod, corev1.EventTypeNormal, "PoweringOff", fmt.Sprintf("Powering off the VM %s (ACPI power button, %s before quit)", why, acpi.Round(time.Second)))
 	// Not bounded by ctx: a stop once begun finishes (the agent's shutdown
 	// included), so the VM is never left half-stopped.
-	ex, err := vm.Stop(context.WithoutCancel(ctx), qemu.StopOptions{Grace: acpi, QuitGrace: 2 * time.Second, Keep: []string{"*"}})
+	ex, err := vm.Stop(context.WithoutCancel(ctx), qemu.StopOptions{Grace: acpi, QuitGrace: podstatus.QuitGrace, Keep: []string{"*"}})
 	if _, exited := vm.Exit(); !exited {
 		return fmt.Errorf("power off: %w", err)
 	}

@@ -302,12 +302,17 @@ func CrashLoopMessage(d time.Duration, name string, uid string) string {
 
 func MetaTime(t time.Time) metav1.Time { return metav1.NewTime(t.UTC()) }
 
+// QuitGrace is how long QEMU gets to quit (QMP quit) after a guest's ACPI
+// budget, before it is killed.
+const QuitGrace = 2 * time.Second
+
 // ACPIBudget is how long a deleted pod's guest gets after the ACPI power
-// button, out of its remaining grace period: the rest (a tenth, between 2s
-// and 5s) is kept for quitting/killing QEMU and reporting the terminal
-// status before the grace deadline. At least 1s.
+// button, out of its grace period: the rest (a tenth, between QuitGrace+1s
+// and 5s) is kept for quitting or killing QEMU and then writing the terminal
+// status before the grace deadline, when virtual-kubelet deletes the pod
+// whatever its status. At least 1s.
 func ACPIBudget(grace time.Duration) time.Duration {
-	margin := min(max(grace/10, 2*time.Second), 5*time.Second)
+	margin := min(max(grace/10, QuitGrace+time.Second), 5*time.Second)
 	return max(grace-margin, time.Second)
 }
 
