@@ -160,18 +160,6 @@ func (e *exsEnv) installCRD(tb testing.TB) {
 	}
 }
 
-// goBuild builds pkg of the module at root into dir and returns the binary.
-func goBuild(tb testing.TB, root, dir, pkg string) string {
-	tb.Helper()
-	out := filepath.Join(dir, filepath.Base(pkg))
-	cmd := exec.Command("go", "build", "-o", out, pkg)
-	cmd.Dir = root
-	if b, err := cmd.CombinedOutput(); err != nil {
-		tb.Fatalf("go build %s: %v\n%s", pkg, err, b)
-	}
-	return out
-}
-
 // startProcess runs bin in its own process group with output to logPath;
 // when tb ends the group is sent SIGTERM (SIGKILL after 15 s) and, if tb
 // failed, the log's tail is written to tb's log.

@@ -27,20 +27,15 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 )
 
-// buildQemuKubelet builds ./cmd/qemu-kubelet into a test temp dir.
+// buildQemuKubelet puts ./cmd/qemu-kubelet (version v0.1.0-e2e, built once
+// per test process) into a test temp dir.
 func buildQemuKubelet(t *testing.T) string {
 	t.Helper()
 	root, err := cluster.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := filepath.Join(t.TempDir(), "qemu-kubelet")
-	cmd := exec.Command("go", "build", "-ldflags", "-X main.version=v0.1.0-e2e", "-o", out, "./cmd/qemu-kubelet")
-	cmd.Dir = root
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build qemu-kubelet: %v\n%s", err, b)
-	}
-	return out
+	return placeBuilt(t, root, t.TempDir(), "./cmd/qemu-kubelet", "-X main.version=v0.1.0-e2e")
 }
 
 // nodeAgent is one qemu-kubelet process under test, restartable with the

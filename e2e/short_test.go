@@ -15,5 +15,7 @@ func TestMain(m *testing.M) {
 		fmt.Println("e2e: every test needs a control plane and QEMU: skipped under -short")
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	removeSharedBuilds()
+	os.Exit(code)
 }

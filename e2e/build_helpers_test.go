@@ -1,0 +1,127 @@
+package e2e
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+)
+
+// builds holds the commands the tests run (qemu-kubelet,
+// exporterset-controller, kubectl-exs), each built once per test process:
+// the tests run in parallel and ask for the same few binaries, and a link
+// costs seconds of CPU each time. Owned by goBuildShared; dir is made on
+// first use and removed by TestMain.
+var builds struct {
+	mu   sync.Mutex
+	dir  string
+	bins map[string]*sharedBin
+}
+
+type sharedBin struct {
+	once sync.Once
+	dir  string // its own directory under builds.dir
+	path string
+	err  error
+}
+
+// goBuildShared builds pkg of the module at root with ldflags (may be
+// empty) once per process and returns the binary's path; concurrent callers
+// of one (pkg, ldflags) wait for the same build.
+func goBuildShared(root, pkg, ldflags string) (string, error) {
+	key := pkg + "\x00" + ldflags
+	builds.mu.Lock()
+	if builds.bins == nil {
+		builds.bins = map[string]*sharedBin{}
+	}
+	if builds.dir == "" {
+		d, err := os.MkdirTemp("", "qk-e2e-bin-")
+		if err != nil {
+			builds.mu.Unlock()
+			return "", fmt.Errorf("make the shared build dir: %w", err)
+		}
+		builds.dir = d
+	}
+	b := builds.bins[key]
+	if b == nil {
+		b = &sharedBin{dir: filepath.Join(builds.dir, fmt.Sprint(len(builds.bins)))}
+		builds.bins[key] = b
+	}
+	builds.mu.Unlock()
+
+	b.once.Do(func() {
+		if err := os.MkdirAll(b.dir, 0o755); err != nil {
+			b.err = err
+			return
+		}
+		out := filepath.Join(b.dir, filepath.Base(pkg))
+		args := []string{"build"}
+		if ldflags != "" {
+			args = append(args, "-ldflags", ldflags)
+		}
+		cmd := exec.Command("go", append(args, "-o", out, pkg)...)
+		cmd.Dir = root
+		if o, err := cmd.CombinedOutput(); err != nil {
+			b.err = fmt.Errorf("go build %s: %v\n%s", pkg, err, o)
+			return
+		}
+		b.path = out
+	})
+	return b.path, b.err
+}
+
+// removeSharedBuilds removes what goBuildShared built (TestMain, after the
+// tests).
+func removeSharedBuilds() {
+	builds.mu.Lock()
+	defer builds.mu.Unlock()
+	if builds.dir != "" {
+		_ = os.RemoveAll(builds.dir)
+	}
+}
+
+// placeBinary puts a copy of the shared binary src at dst (a hard link when
+// the file system allows), so a test that hands a directory to a tool (a
+// kubectl plugin dir, a PATH entry) still owns its own file.
+func placeBinary(src, dst string) error {
+	if err := os.Link(src, dst); err == nil {
+		return nil
+	}
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o755)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// goBuild builds pkg of the module at root (once per test process) and
+// places it in dir; it returns the binary in dir.
+func goBuild(tb testing.TB, root, dir, pkg string) string {
+	tb.Helper()
+	return placeBuilt(tb, root, dir, pkg, "")
+}
+
+func placeBuilt(tb testing.TB, root, dir, pkg, ldflags string) string {
+	tb.Helper()
+	src, err := goBuildShared(root, pkg, ldflags)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	out := filepath.Join(dir, filepath.Base(pkg))
+	if err := placeBinary(src, out); err != nil {
+		tb.Fatalf("place %s in %s: %v", filepath.Base(pkg), dir, err)
+	}
+	return out
+}
