@@ -492,9 +492,17 @@ func TestRunAs(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
-	// The image cache of the tests is under root's home: unreachable.
 	spec := testSpec(t, "acpi")
 	spec.RunAs = &User{UID: uid, GID: gid}
+	// A kernel in a directory only root can search (the image cache is
+	// under $HOME, whose mode is the caller's).
+	private := t.TempDir()
+	require.NoError(t, os.Chmod(private, 0o700))
+	unreachable := filepath.Join(private, "vmlinuz")
+	require.NoError(t, copyFile(spec.Kernel, unreachable))
+	kernel := spec.Kernel
+	spec.Kernel = unreachable
+	spec.AllowedDirs = append(spec.AllowedDirs, private)
 	spec.Nice = 10
 	dir := newStateDir(t)
 	if _, err := Start(ctx, spec, dir); err == nil || !errors.Is(err, errNotReachable) || !strings.Contains(err.Error(), "state dir ") ||
@@ -506,6 +514,7 @@ func TestRunAs(t *testing.T) {
 		!strings.Contains(err.Error(), "by uid 107 gid 108") {
 		t.Fatalf("start with a kernel the user cannot reach: %v", err)
 	}
+	spec.Kernel = kernel
 
 	// Its own copies inside the state dir, a disk backed by a file in a
 	// subdirectory (as a flashed root image is).
