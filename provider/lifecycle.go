@@ -116,17 +116,7 @@ func (p *VMs) DeletePod(ctx context.Context, pod *corev1.Pod) error {
 	if rec == nil {
 		return errdefs.NotFoundf("pod %s/%s not found on node %s", pod.Namespace, pod.Name, p.cfg.NodeName)
 	}
-	grace := p.cfg.DefaultGrace
-	switch {
-	case pod.DeletionTimestamp != nil && pod.DeletionGracePeriodSeconds != nil:
-		// The API server set deletionTimestamp = request time + grace; the
-		// library removes the pod at that deadline, so count from it.
-		grace = time.Until(pod.DeletionTimestamp.Time)
-	case pod.DeletionGracePeriodSeconds != nil:
-		grace = time.Duration(*pod.DeletionGracePeriodSeconds) * time.Second
-	case pod.Spec.TerminationGracePeriodSeconds != nil:
-		grace = time.Duration(*pod.Spec.TerminationGracePeriodSeconds) * time.Second
-	}
+	grace := podstatus.DeleteGrace(pod, p.cfg.DefaultGrace)
 	rec.mu.Lock()
 	// rec.pod is replaced, never changed in place: readers that took it
 	// under the lock (a held pod's features check) keep a stable pod.

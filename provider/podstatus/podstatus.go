@@ -302,6 +302,23 @@ func CrashLoopMessage(d time.Duration, name string, uid string) string {
 
 func MetaTime(t time.Time) metav1.Time { return metav1.NewTime(t.UTC()) }
 
+// DeleteGrace is the grace period of a pod's deletion as the node sees it
+// when it is asked to delete: the deletion's own period
+// (deletionGracePeriodSeconds), else the spec's, else def. As for a kubelet,
+// the period counts from when the node acts, not from the deletion
+// request: virtual-kubelet removes the pod that period after it hands the
+// deletion to the node, so a node that acts late (an agent restarted, a host
+// back from a partition) still gives the guest its whole ACPI budget.
+func DeleteGrace(pod *corev1.Pod, def time.Duration) time.Duration {
+	switch {
+	case pod.DeletionGracePeriodSeconds != nil:
+		return time.Duration(*pod.DeletionGracePeriodSeconds) * time.Second
+	case pod.Spec.TerminationGracePeriodSeconds != nil:
+		return time.Duration(*pod.Spec.TerminationGracePeriodSeconds) * time.Second
+	}
+	return def
+}
+
 // QuitGrace is how long QEMU gets to quit (QMP quit) after a guest's ACPI
 // budget, before it is killed.
 const QuitGrace = 2 * time.Second

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 func TestBackoff(t *testing.T) {
@@ -113,6 +114,27 @@ func TestPodStatusPhases(t *testing.T) {
 	assert.Equal(t, "OutOfcpu", rej.Reason)
 	require.NotNil(t, rej.ContainerStatuses[0].State.Terminated)
 	assert.Equal(t, "OutOfcpu", rej.ContainerStatuses[0].State.Terminated.Reason)
+}
+
+func TestDeleteGrace(t *testing.T) {
+	secs := func(n int64) *int64 { return &n }
+	past := metav1.NewTime(time.Now().Add(-time.Minute))
+	future := metav1.NewTime(time.Now().Add(5 * time.Second))
+	for _, c := range []struct {
+		name string
+		meta metav1.ObjectMeta
+		spec *int64
+		want time.Duration
+	}{
+		{"the deletion's period, whatever is left of it", metav1.ObjectMeta{DeletionTimestamp: &future, DeletionGracePeriodSeconds: secs(10)}, secs(30), 10 * time.Second},
+		{"a node acting after the deadline (host back, agent restarted) still gives the period", metav1.ObjectMeta{DeletionTimestamp: &past, DeletionGracePeriodSeconds: secs(10)}, secs(30), 10 * time.Second},
+		{"a zero period (a forced deletion seen as an update)", metav1.ObjectMeta{DeletionTimestamp: &past, DeletionGracePeriodSeconds: secs(0)}, secs(30), 0},
+		{"no deletion period: the spec's", metav1.ObjectMeta{}, secs(20), 20 * time.Second},
+		{"neither: the node's default", metav1.ObjectMeta{}, nil, 45 * time.Second},
+	} {
+		pod := &corev1.Pod{ObjectMeta: c.meta, Spec: corev1.PodSpec{TerminationGracePeriodSeconds: c.spec}}
+		assert.Equal(t, c.want, DeleteGrace(pod, 45*time.Second), c.name)
+	}
 }
 
 func TestACPIBudget(t *testing.T) {
