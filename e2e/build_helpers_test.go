@@ -12,7 +12,7 @@ import (
 
 // builds holds the commands the tests run (qemu-kubelet,
 // exporterset-controller, kubectl-exs), each built once per test process:
-// the tests run in parallel and ask for the same few binaries, and a link
+// the tests ask for the same few binaries, and a link
 // costs seconds of CPU each time. Owned by goBuildShared; dir is made on
 // first use and removed by TestMain.
 var builds struct {
