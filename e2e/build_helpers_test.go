@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -83,28 +82,9 @@ func removeSharedBuilds() {
 	}
 }
 
-// placeBinary puts a copy of the shared binary src at dst (a hard link when
-// the file system allows), so a test that hands a directory to a tool (a
-// kubectl plugin dir, a PATH entry) still owns its own file.
-func placeBinary(src, dst string) error {
-	if err := os.Link(src, dst); err == nil {
-		return nil
-	}
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o755)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
-}
+// placeBinary links the shared binary src at dst, so a test that hands a
+// directory to a tool (a kubectl plugin dir, a PATH entry) finds it there.
+func placeBinary(src, dst string) error { return os.Symlink(src, dst) }
 
 // goBuild builds pkg of the module at root (once per test process) and
 // places it in dir; it returns the binary in dir.
