@@ -39,9 +39,11 @@ const (
 	// stableReady is how long a pod created after the last failure must
 	// have been Ready for starts to count as working again (the failure
 	// count resets). A VM pod without a readiness probe is Ready while its
-	// QEMU runs, so a guest that crashes a few seconds after boot is Ready
-	// briefly: that must not reset the backoff.
-	stableReady = failureBackoffBase
+	// QEMU runs, so a guest that crashes during boot is Ready for its boot
+	// time, which under TCG on a busy host is tens of seconds: that must
+	// not reset the backoff. (A kubelet waits 10 min before it forgets a
+	// container's crash loop; a minute suits VMs that are recycled often.)
+	stableReady = time.Minute
 )
 
 // startFailureReasons are container waiting reasons that mean the pod cannot
