@@ -15,7 +15,15 @@
 # go.mod replaces the staging modules (k8s.io/api, ...) with ./staging paths.
 # The wrapper requires k8s.io/kubernetes and replaces every staging module with
 # its published v0.X.Y version instead.
+#
+# The wrapper also requires this repository's own requirements (its go.mod;
+# hack/lib/gotool.sh says why), so the modules both builds use (client-go,
+# apimachinery, grpc, protobuf, x/net, ...) are at the same versions and the
+# Go build cache compiles their ~1,100 packages once for the control plane
+# and the repository's tests. If kubernetes does not build at those
+# versions, it is built at its own (go mod tidy) instead.
 set -euo pipefail
+source "$(dirname "$0")/lib/gotool.sh" # qk_requirements
 
 KUBE_VERSION=${KUBE_VERSION:-v1.35.4}
 ETCD_VERSION=${ETCD_VERSION:-v3.5.35}
@@ -73,18 +81,34 @@ import (
 	_ "k8s.io/kubernetes/cmd/kubectl"
 )
 SRC
-log "go mod tidy (kubernetes $KUBE_VERSION)"
-go mod tidy >&2
 ld="-s -w"
 for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   ld="$ld -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
 done
-log "building kube-apiserver kube-controller-manager kube-scheduler kubectl"
-go build -trimpath -ldflags "$ld" -o "$work/out/" \
-  k8s.io/kubernetes/cmd/kube-apiserver \
-  k8s.io/kubernetes/cmd/kube-controller-manager \
-  k8s.io/kubernetes/cmd/kube-scheduler \
-  k8s.io/kubernetes/cmd/kubectl >&2
+build_k8s() {
+  go build -trimpath -ldflags "$ld" -o "$work/out/" \
+    k8s.io/kubernetes/cmd/kube-apiserver \
+    k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler \
+    k8s.io/kubernetes/cmd/kubectl >&2
+}
+ours=$(qk_requirements) || ours=
+cp go.mod go.mod.own
+if [ -n "$ours" ]; then
+  # shellcheck disable=SC2086 # one -require=path@version per word
+  go mod edit $ours
+  log "building kube-apiserver kube-controller-manager kube-scheduler kubectl (at this module's dependency versions)"
+  if build_k8s; then aligned=1; else aligned=0; fi
+else
+  aligned=0
+fi
+if [ "$aligned" = 0 ]; then
+  log "building kube-apiserver kube-controller-manager kube-scheduler kubectl (at kubernetes' own dependency versions)"
+  cp go.mod.own go.mod
+  rm -f go.sum
+  go mod tidy >&2
+  build_k8s
+fi
 
 # --- etcd -------------------------------------------------------------------
 mkdir -p "$work/etcd"

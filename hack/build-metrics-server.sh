@@ -10,4 +10,10 @@
 set -euo pipefail
 source "$(dirname "$0")/lib/gotool.sh"
 
+# At its own dependency versions (k8s.io v0.29), not at ours (v0.35): its
+# generated OpenAPI definitions must match its k8s.io/apiserver. v0.8.0 built
+# at ours exits at start with "cannot find model definition for
+# io.k8s.apimachinery.pkg.version.Info"; v0.7.2 does not compile there.
+export QK_TOOL_OWN_DEPS=1
+
 build_module_tool metrics-server sigs.k8s.io/metrics-server "${METRICS_SERVER_VERSION:-v0.7.2}" ./cmd/metrics-server "" --help

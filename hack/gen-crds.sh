@@ -15,42 +15,23 @@
 #                             controller-runtime v0.23)
 #   QK_CACHE_DIR             (default ${XDG_CACHE_HOME:-$HOME/.cache}/qemu-kubelet)
 #
-# The controller-gen build is idempotent and safe to run concurrently
-# (flock; the binary directory appears by atomic rename).
+# controller-gen is built by hack/lib/gotool.sh (cached by version,
+# idempotent, safe to run concurrently).
 set -euo pipefail
 
 VERSION=${CONTROLLER_TOOLS_VERSION:-v0.20.1}
-CACHE=${QK_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/qemu-kubelet}
-DEST="$CACHE/tools/controller-gen-$VERSION"
-BIN="$DEST/controller-gen"
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OBJ_DIR=${1:-$ROOT/api/v1alpha1}
 CRD_DIR=${2:-$ROOT/config/crd}
 JS_OBJ_DIR=${3:-$ROOT/api/jumpstarter/v1alpha1}
 JS_CRD_DIR=${4:-$ROOT/config/jumpstarter/crd}
+source "$ROOT/hack/lib/gotool.sh"
 
-build() {
-  [ -x "$BIN" ] && return 0
-  mkdir -p "$CACHE/tools"
-  exec 9>"$CACHE/tools/.controller-gen.lock"
-  flock 9
-  if [ ! -x "$BIN" ]; then
-    local work
-    work=$(mktemp -d "$CACHE/tools/.build.XXXXXX")
-    echo "gen-crds: building sigs.k8s.io/controller-tools/cmd/controller-gen@$VERSION" >&2
-    # `go install pkg@version` builds with the tool's own go.mod, not ours.
-    if ! GOTOOLCHAIN=local GOFLAGS=-mod=mod GOBIN="$work/bin" \
-      go install -trimpath "sigs.k8s.io/controller-tools/cmd/controller-gen@$VERSION" >&2; then
-      rm -rf "$work"; echo "gen-crds: building controller-gen $VERSION failed" >&2; exit 1
-    fi
-    rm -rf "$DEST"
-    mv "$work/bin" "$DEST"
-    rm -rf "$work"
-  fi
-  exec 9>&-
-}
-
-build
+# Built inside a copy of its module, controller-gen would call itself
+# "(devel)" in the CRDs' version annotation: set the version as its release
+# build does.
+cgen_ldflags() { echo "-s -w -X sigs.k8s.io/controller-tools/pkg/version.version=$VERSION"; }
+BIN=$(build_module_tool controller-gen sigs.k8s.io/controller-tools "$VERSION" ./cmd/controller-gen cgen_ldflags --version)
 mkdir -p "$OBJ_DIR" "$CRD_DIR" "$JS_OBJ_DIR" "$JS_CRD_DIR"
 cd "$ROOT"
 "$BIN" object paths=./api/v1alpha1/... output:object:dir="$OBJ_DIR"

@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -53,6 +54,11 @@ func BuildTestImages(tb testing.TB) string {
 func BuildTestImagesArch(tb testing.TB, debArch string) string {
 	tb.Helper()
 	testutil.SkipIfShort(tb, "QEMU test images (hack/build-test-image.sh)")
+	builtMu.Lock()
+	defer builtMu.Unlock()
+	if dir, ok := built[debArch]; ok {
+		return dir
+	}
 	root := ocitest.RepoRoot(tb)
 	var args []string
 	if debArch != "" {
@@ -66,8 +72,18 @@ func BuildTestImagesArch(tb testing.TB, debArch string) string {
 		tb.Fatalf("hack/build-test-image.sh: %v\n%s", err, stderr.String())
 	}
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	return strings.TrimSpace(lines[len(lines)-1])
+	dir := strings.TrimSpace(lines[len(lines)-1])
+	built[debArch] = dir
+	return dir
 }
+
+// built memoizes BuildTestImagesArch's directory by architecture for the
+// test process: the script's answer does not change within a run, and each
+// call costs seconds of apt-cache lookups to find that its cache is current.
+var (
+	builtMu sync.Mutex
+	built   = map[string]string{}
+)
 
 // PushTestImages pushes the kernel + initrd variants with oras to the
 // registry at addr (plain HTTP) as <addr>/<Repo>:<variant> and returns the
