@@ -258,8 +258,15 @@ func TestKubeletAPI(t *testing.T) {
 		}
 		wg.Wait()
 		close(errs)
+		failed := false
 		for err := range errs {
-			assert.NoError(t, err)
+			failed = !assert.NoError(t, err) || failed
+		}
+		if failed {
+			// kubectl exits on the first error a forwarded connection
+			// reports (every later connection is then refused): its
+			// output says which error that was.
+			t.Logf("kubectl port-forward output:\n%s", pf.output())
 		}
 
 		// A guest port nothing listens on: the connection closes and kubectl

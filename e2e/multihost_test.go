@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -310,23 +311,47 @@ func (m *multiHost) getWide(t *testing.T, selector string) (string, []map[string
 }
 
 // placement is the Running, 1/1 Ready pods of set per node, as
-// `kubectl get pods -o wide` shows them; each such pod's IP must be its
-// node's address.
-func (m *multiHost) placement(t *testing.T, set string) map[string]int {
+// `kubectl get pods -o wide` shows them, with that output.
+func (m *multiHost) placement(t *testing.T, set string) (map[string]int, string, []map[string]string) {
 	t.Helper()
 	out, rows := m.getWide(t, "app="+set)
-	t.Logf("kubectl get pods -o wide -l app=%s:\n%s", set, out)
 	got := map[string]int{}
 	for _, r := range rows {
-		if r["STATUS"] != "Running" || r["READY"] != "1/1" {
-			continue
-		}
-		got[r["NODE"]]++
-		if h := m.host(r["NODE"]); assert.NotNil(t, h, "pod %s on unknown node %q", r["NAME"], r["NODE"]) {
-			assert.Equal(t, h.ip, r["IP"], "pod %s: IP column is its node's address", r["NAME"])
+		if r["STATUS"] == "Running" && r["READY"] == "1/1" {
+			got[r["NODE"]]++
 		}
 	}
-	return got
+	return got, out, rows
+}
+
+// waitPlacement waits up to timeout until set's Running, 1/1 Ready pods per
+// node are want (`kubectl get pods -o wide`, polled each second), then
+// checks each such pod's IP is its node's address. The set's status can say
+// every pod is ready while one pod's readiness probe (1 s timeout) is
+// failing on a host loaded by other work: the spread is what is asserted,
+// so a Ready flap is waited out, and the wait fails naming what it saw.
+func (m *multiHost) waitPlacement(t *testing.T, set string, want map[string]int, timeout time.Duration, what string) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		got, out, rows := m.placement(t, set)
+		if reflect.DeepEqual(got, want) {
+			t.Logf("kubectl get pods -o wide -l app=%s:\n%s", set, out)
+			for _, r := range rows {
+				if r["STATUS"] != "Running" || r["READY"] != "1/1" {
+					continue
+				}
+				if h := m.host(r["NODE"]); assert.NotNil(t, h, "pod %s on unknown node %q", r["NAME"], r["NODE"]) {
+					assert.Equal(t, h.ip, r["IP"], "pod %s: IP column is its node's address", r["NAME"])
+				}
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: Running 1/1 pods of set %s per node are %v after waiting %s for %v; kubectl get pods -o wide:\n%s", what, set, got, timeout, want, out)
+		}
+		time.Sleep(time.Second)
+	}
 }
 
 func (m *multiHost) host(name string) *mhHost {
@@ -417,7 +442,7 @@ func (m *multiHost) testSpread(t *testing.T, set string) {
 	for _, h := range m.hosts {
 		want[h.name] = 2
 	}
-	assert.Equal(t, want, m.placement(t, set), "topologySpreadConstraints maxSkew 1 over 3 nodes")
+	m.waitPlacement(t, set, want, time.Minute, "topologySpreadConstraints maxSkew 1 over 3 nodes")
 	for _, p := range pods {
 		h := m.host(p.Spec.NodeName)
 		require.NotNil(t, h, "pod %s on %q", p.Name, p.Spec.NodeName)
@@ -565,7 +590,7 @@ func (m *multiHost) testDrain(t *testing.T, set string) {
 
 	m.waitCounts(t, set, counts{6, 6, 6, 6, 0}, vmBoot)
 	want := map[string]int{m.hosts[1].name: 3, m.hosts[2].name: 3}
-	assert.Equal(t, want, m.placement(t, set), "the drained node's pods replaced on the others, still spread")
+	m.waitPlacement(t, set, want, time.Minute, "the drained node's pods replaced on the others, still spread")
 
 	out, err = m.c.Kubectl(ctx, "uncordon", h.name)
 	require.NoError(t, err, out)
@@ -640,7 +665,7 @@ func (m *multiHost) testNodeLost(t *testing.T, set string) {
 	_, pods = m.waitCounts(t, set, counts{6, 6, 6, 6, 0}, vmBoot)
 	assert.Empty(t, podsOn(pods, h.name), "no live set pod on the lost node")
 	want := map[string]int{m.hosts[0].name: 3, m.hosts[2].name: 3}
-	assert.Equal(t, want, m.placement(t, set), "replaced on the reachable nodes, still spread")
+	m.waitPlacement(t, set, want, time.Minute, "replaced on the reachable nodes, still spread")
 	p, err := m.c.Client().CoreV1().Pods(m.ns).Get(ctx, pinned.Name, metav1.GetOptions{})
 	require.NoError(t, err)
 	assert.Nil(t, p.DeletionTimestamp, "the pod tolerating unreachable nodes stays bound")

@@ -32,8 +32,13 @@ const (
 )
 
 // GuestAcceptTimeout bounds how long a port-forward connection waits for
-// the guest to answer.
-const GuestAcceptTimeout = 10 * time.Second
+// the guest to answer. A kubelet's port-forward is a connect(2) in the
+// pod's network namespace, which waits for an unanswered SYN as long as the
+// kernel retries it (about two minutes); a guest busy booting, or starved
+// of CPU on a loaded host, answers late too, and kubectl ends the whole
+// port-forward session on one connection's error, so the wait is long.
+// A guest that refuses (nothing listens) is seen at once, whatever this is.
+const GuestAcceptTimeout = 60 * time.Second
 
 // ErrGuestPortClosed: nothing listens on the guest port.
 var ErrGuestPortClosed = errors.New("connection refused by the guest (is anything listening on that port in the VM?)")
