@@ -19,14 +19,16 @@ import (
 )
 
 // TestGeneratedCRDsAreASubsetOfUpstreams holds the tests' Jumpstarter CRDs
-// (config/jumpstarter/crd, generated from this package) against upstream's
-// when they are beside the repository: same names, scope, version and
-// status subresource; every property the project has exists upstream with
-// the same type, format, enum, default, limits and list/map semantics;
-// the same required fields (an upstream-required field the project lacks
-// would make upstream refuse what the tests accept); every validation rule
-// the project has is upstream's, and every upstream rule on the project's
-// fields is the project's. Descriptions and printer columns may differ.
+// (config/jumpstarter/crd and config/virtualtarget/crd, generated from this
+// package and api/virtualtarget/v1alpha1) against upstream's when they are
+// beside the repository: same names, scope, version and subresources
+// (status, and the scale subresource's paths); every property the project
+// has exists upstream with the same type, format, enum, default, limits
+// and list/map semantics; the same required fields (an upstream-required
+// field the project lacks would make upstream refuse what the tests
+// accept); every validation rule the project has is upstream's, and every
+// upstream rule on the project's fields is the project's. Descriptions and
+// printer columns may differ.
 func TestGeneratedCRDsAreASubsetOfUpstreams(t *testing.T) {
 	root := testutil.MustRepoRoot(t)
 	up, ok, err := testutil.UpstreamJumpstarterCRDs(root)
@@ -34,17 +36,33 @@ func TestGeneratedCRDsAreASubsetOfUpstreams(t *testing.T) {
 	if !ok {
 		t.Skip("upstream Jumpstarter CRDs not beside the repository (../shared/jumpstarter/crds or $QK_JUMPSTARTER_CRDS)")
 	}
-	files, err := filepath.Glob(filepath.Join(testutil.JumpstarterCRDs(root), "*.yaml"))
-	require.NoError(t, err)
-	require.Len(t, files, 2, "the tests' Jumpstarter CRDs: Exporters and Leases (hack/gen-crds.sh)")
-	for _, f := range files {
-		t.Run(filepath.Base(f), func(t *testing.T) {
-			ours := readCRD(t, f)
-			theirs := readCRD(t, filepath.Join(up, filepath.Base(f)))
-			for _, p := range crdSubsetProblems(ours, theirs) {
-				t.Error(p)
-			}
-		})
+	for _, g := range []struct {
+		dir  string
+		want []string
+	}{
+		{testutil.JumpstarterCRDs(root), []string{"jumpstarter.dev_exporters.yaml", "jumpstarter.dev_leases.yaml"}},
+		{testutil.VirtualTargetCRDs(root), []string{"virtualtarget.jumpstarter.dev_exportersets.yaml", "virtualtarget.jumpstarter.dev_virtualtargetclasses.yaml"}},
+	} {
+		files, err := filepath.Glob(filepath.Join(g.dir, "*.yaml"))
+		require.NoError(t, err)
+		var names []string
+		for _, f := range files {
+			names = append(names, filepath.Base(f))
+		}
+		require.ElementsMatch(t, g.want, names, "the tests' CRDs in %s (hack/gen-crds.sh)", g.dir)
+		for _, f := range files {
+			t.Run(filepath.Base(f), func(t *testing.T) {
+				upstream := filepath.Join(up, filepath.Base(f))
+				if _, err := os.Stat(upstream); err != nil {
+					t.Fatalf("upstream's CRDs in %s lack %s (upstream older than b1f2bb41?): %v", up, filepath.Base(f), err)
+				}
+				ours := readCRD(t, f)
+				theirs := readCRD(t, upstream)
+				for _, p := range crdSubsetProblems(ours, theirs) {
+					t.Error(p)
+				}
+			})
+		}
 	}
 }
 
