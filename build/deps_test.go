@@ -25,6 +25,7 @@ func TestDependencyDirection(t *testing.T) {
 		{"controller", []string{mod + "qemu", mod + "oci", mod + "provider", "github.com/virtual-kubelet/"}},
 		{"api/v1alpha1", []string{mod + "qemu", mod + "oci", mod + "provider", mod + "controller"}},
 		{"api/jumpstarter/v1alpha1", []string{mod + "qemu", mod + "oci", mod + "provider", mod + "controller", mod + "jumpstarter"}},
+		{"api/virtualtarget/v1alpha1", []string{mod + "qemu", mod + "oci", mod + "provider", mod + "controller", mod + "jumpstarter", mod + "api/v1alpha1"}},
 		{"internal/exs", []string{mod + "qemu", mod + "oci", mod + "provider", mod + "controller", mod + "jumpstarter", "github.com/virtual-kubelet/"}},
 		{"cmd/kubectl-exs", []string{mod + "qemu", mod + "oci", mod + "provider", mod + "controller", mod + "jumpstarter", "github.com/virtual-kubelet/"}},
 		// The provider's leaves know nothing of the provider (its pod
