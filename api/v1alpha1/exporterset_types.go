@@ -384,6 +384,14 @@ type ClassStatus struct {
 	StatePolicy StatePolicy `json:"statePolicy,omitempty"`
 }
 
+// The short name exs and the category all stay with this kind beside
+// upstream Jumpstarter's ExporterSet (virtualtarget.jumpstarter.dev, same
+// kind and plural, no short name): kubectl resolves a plain plural shared
+// by two CRD groups to the alphabetically first group, this one, whatever
+// the short names, so dropping exs would give upstream's users nothing and
+// take from ours the one unambiguous short name. docs/exporterset.md
+// ("Beside Jumpstarter's own ExporterSet API") says how to name each.
+
 // ExporterSet keeps a number of pods (virtual test targets) and a warm buffer
 // of Ready, unleased ones. Clients lease a pod by labelling it; the set grows
 // to keep the buffer and recycles released pods.

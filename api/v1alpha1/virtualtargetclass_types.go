@@ -204,6 +204,10 @@ type ClassJumpstarter struct {
 	ExporterLabels map[string]string `json:"exporterLabels,omitempty"`
 }
 
+// The short name vtc stays for the reason ExporterSet keeps exs: upstream
+// Jumpstarter's VirtualTargetClass shares the kind and plural, declares no
+// short name, and loses plain-name lookups to this group either way.
+
 // VirtualTargetClass is a namespaced class of virtual targets: parameters
 // and defaults an ExporterSet of the namespace takes by naming it in
 // spec.className.
