@@ -16,6 +16,11 @@
 // check that the generated schema is a faithful subset of upstream's and
 // that upstream's API server accepts what the project writes.
 //
+// The package also holds ExporterConfig, the exporter configuration file
+// (kind ExporterConfig of the same group version) that upstream's
+// ExporterSet reconciler writes into a Secret per exporter: a file format,
+// not an API resource, so no CRD.
+//
 // Typed rather than unstructured: the planner and tests read the fields
 // with the compiler's help, and controller-runtime caches and watches them
 // like any built-in type.
