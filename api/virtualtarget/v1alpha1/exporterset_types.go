@@ -98,9 +98,7 @@ type ExporterSetSpec struct {
 	// +optional
 	MinReplicas int32 `json:"minReplicas,omitempty"`
 	// MaxReplicas is the ceiling of instances, 0 meaning none. The scale
-	// subresource points here. A pointer, unlike upstream's int32, so that
-	// an explicit 0 (no ceiling) survives serialization: nil means the
-	// CRD's default, DefaultMaxReplicas.
+	// subresource points here.
 	// +kubebuilder:default=4
 	// +kubebuilder:validation:Minimum=0
 	// +optional
@@ -139,7 +137,10 @@ type ExporterSetSpec struct {
 }
 
 // Ceiling is the most instances the spec allows: bounded is false when
-// maxReplicas is 0 (no ceiling); nil maxReplicas is the CRD's default.
+// maxReplicas is 0 (no ceiling). MaxReplicas is a pointer, unlike
+// upstream's int32, so that an explicit 0 survives serialization instead of
+// being dropped and defaulted to 4; nil means that default,
+// DefaultMaxReplicas.
 func (s *ExporterSetSpec) Ceiling() (n int32, bounded bool) {
 	n = DefaultMaxReplicas
 	if s.MaxReplicas != nil {
