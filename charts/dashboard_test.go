@@ -107,8 +107,8 @@ func (inv inventory) series() map[string][]string {
 }
 
 // exported is what the two binaries serve on /metrics, from their own
-// registration code: the node agent's provider.RegisterMetrics plus its
-// scrape-time provider.StateCollector (cmd/qemu-kubelet), and the
+// registration code: the node agent's telemetry.RegisterMetrics plus its
+// scrape-time telemetry.StateCollector (cmd/qemu-kubelet), and the
 // controller's controller.NewMetrics.
 func exported(t *testing.T) map[string][]string {
 	t.Helper()

@@ -431,3 +431,36 @@ func LinkErrors(docs map[string]*Doc, exists func(rel string) bool) []string {
 	}
 	return errs
 }
+
+// UserDocs are the glob patterns (relative to the repository root) of the
+// Markdown files whose reference parts the docs tests hold against the
+// code.
+var UserDocs = []string{"README.md", "CONTRIBUTING.md", "docs/*.md", "charts/qemu-kubelet/README.md", "e2e/*.md"}
+
+// ReadAll reads the Markdown files matching patterns (relative to the
+// repository root), keyed by their slash-separated path.
+func ReadAll(patterns ...string) (map[string]*Doc, error) {
+	root, err := testutil.RepoRoot()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]*Doc{}
+	for _, pattern := range patterns {
+		m, err := filepath.Glob(filepath.Join(root, pattern))
+		if err != nil {
+			return nil, err
+		}
+		for _, f := range m {
+			rel, err := filepath.Rel(root, f)
+			if err != nil {
+				return nil, err
+			}
+			d, err := Read(rel)
+			if err != nil {
+				return nil, err
+			}
+			out[filepath.ToSlash(rel)] = d
+		}
+	}
+	return out, nil
+}

@@ -2,6 +2,8 @@ package doctest
 
 import (
 	"flag"
+	"go/parser"
+	"go/token"
 	"strings"
 	"testing"
 )
@@ -131,5 +133,53 @@ func TestLinkErrors(t *testing.T) {
 	}
 	if n := strings.Count(errs, "\n") + 1; n != 2 {
 		t.Errorf("want exactly 2 errors (#flags-1, other.md#some-thing, the image and the web link are fine), got %d: %s", n, errs)
+	}
+}
+
+const symbolSrc = `package telemetry
+
+type Metrics struct{ JSStreams int }
+
+func (m *Metrics) Registration(err error) {}
+
+func RegisterMetrics() {}
+
+type Pods interface{ RunningVMs() int }
+
+var descVMs = 1
+`
+
+func symbols(t *testing.T) Symbols {
+	t.Helper()
+	f, err := parser.ParseFile(token.NewFileSet(), "metrics.go", symbolSrc, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := Symbols{}
+	s.add(f)
+	return s
+}
+
+// TestSymbolErrors: a renamed or moved function, a missing method or
+// field, and a method of a type named without its package fail with the
+// doc's line; spans of other packages, calls, pointers and variables'
+// paths are read as the code has them.
+func TestSymbolErrors(t *testing.T) {
+	doc := Parse("docs/o.md", "# O\n\n"+
+		"`telemetry.RegisterMetrics` `*telemetry.Metrics` `telemetry.Metrics.Registration(err)` `telemetry.Pods.RunningVMs`\n"+
+		"`corev1.Pod` `Metrics.JSStreams` `(*Metrics).Registration` `QemuClient.flash_oci` `telemetry.descVMs`\n"+
+		"`provider.RegisterMetrics` `telemetry.NewMetricz()` `telemetry.Metrics.Observe` `Metrics.Gone`\n"+
+		"```go\ntelemetry.Nothing()\n```\n")
+	s := symbols(t)
+	s["provider"] = map[string]bool{"NewVMs": true}
+	errs := SymbolErrors(map[string]*Doc{"docs/o.md": doc}, s)
+	want := []string{
+		"docs/o.md:5: `provider.RegisterMetrics`: no package provider of the module declares RegisterMetrics (declared in package telemetry)",
+		"docs/o.md:5: `telemetry.NewMetricz`: no package telemetry of the module declares NewMetricz",
+		"docs/o.md:5: `telemetry.Metrics.Observe`: telemetry.Metrics has no field or method Observe",
+		"docs/o.md:5: `Metrics.Gone`: no type Metrics of the module has a field or method Gone",
+	}
+	if strings.Join(errs, "\n") != strings.Join(want, "\n") {
+		t.Errorf("errors\n%s\nwant\n%s", strings.Join(errs, "\n"), strings.Join(want, "\n"))
 	}
 }
