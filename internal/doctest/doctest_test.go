@@ -2,6 +2,7 @@ package doctest
 
 import (
 	"flag"
+	"fmt"
 	"go/parser"
 	"go/token"
 	"strings"
@@ -181,5 +182,80 @@ func TestSymbolErrors(t *testing.T) {
 	}
 	if strings.Join(errs, "\n") != strings.Join(want, "\n") {
 		t.Errorf("errors\n%s\nwant\n%s", strings.Join(errs, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+func TestParseLabels(t *testing.T) {
+	for cell, want := range map[string]string{
+		"`result` (`success`, `error`)":                                 "result[success error]",
+		"`result`: `success`, `no_exporter`":                            "result[success no_exporter]",
+		"`driver` (`root`, `power`, ...), `method`, `code` (`OK`, ...)": "driver[root power]... method[] code[OK]...",
+		"`controller=\"exporterset\"`, `name`, `priority`":              "controller[exporterset]... name[] priority[]",
+		"`namespace`, `exporterset`":                                    "namespace[] exporterset[]",
+		"":                                                              "",
+		"`kind` (`console`, `tcp`, `vnc`, `resource`: a file flashed)": "kind[console tcp vnc resource]",
+	} {
+		var got []string
+		for _, l := range ParseLabels(cell) {
+			s := fmt.Sprintf("%s%v", l.Name, l.Values)
+			if l.Values == nil {
+				s = l.Name + "[]"
+			}
+			if l.Open {
+				s += "..."
+			}
+			got = append(got, s)
+		}
+		if g := strings.Join(got, " "); g != want {
+			t.Errorf("ParseLabels(%q) = %q, want %q", cell, g, want)
+		}
+	}
+}
+
+// TestMetricTableErrors: a metric the binaries do not register, a wrong
+// type, a missing, extra or renamed label, a label value the code cannot
+// give and a closed value list missing an exported value each fail with
+// the doc's line; a family known by name only is checked by name.
+func TestMetricTableErrors(t *testing.T) {
+	fams := map[string]*Family{
+		"qk_streams":          {Type: "gauge", Labels: []string{"kind"}},
+		"qk_pulls":            {Type: "counter", Labels: []string{"result"}, Values: map[string][]string{"result": {"success", "not_found"}}},
+		"qk_calls":            {Type: "counter", Labels: []string{"driver", "code"}},
+		"dep_reconcile_total": {},
+	}
+	lookup := func(n string) (*Family, bool) { f, ok := fams[n]; return f, ok }
+	known := func(v string) bool { return v == "console" || v == "tcp" || v == "error" || v == "root" }
+	doc := Parse("docs/m.md", "# M\n\n| Metric | Type | Labels | Meaning |\n|---|---|---|---|\n"+
+		"| `qk_streams` | gauge | `kind` (`console`, `tcp`) | ok |\n"+
+		"| `qk_pulls` | counter | `result` (`success`, `not_found`, `error`) | ok |\n"+
+		"| `qk_calls` | counter | `driver` (`root`, ...), `code` | ok |\n"+
+		"| `dep_reconcile_total` | counter | `controller`, `result` (`whatever`) | by name only |\n"+
+		"| `qk_streams` | counter | `kinds` (`console`) | wrong type, renamed label |\n"+
+		"| `qk_pulls` | counter | `result` (`success`, `unauthorised`) | a value the code cannot give, a closed list without not_found |\n"+
+		"| `qk_calls` | counter | `driver` | a label missing |\n"+
+		"| `qk_gone_total` | counter | | not registered |\n")
+	tab, err := doc.Table("Metric")
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs, names := MetricTableErrors(doc.Path, tab, lookup, known)
+	want := []string{
+		"docs/m.md:9: metric qk_streams documented as counter, registered as a gauge",
+		"docs/m.md:9: metric qk_streams documented with labels [\"kinds\"], registered with [\"kind\"]",
+		"docs/m.md:10: metric qk_pulls: label result value \"unauthorised\" is neither exported from the start nor a string the code holds",
+		"docs/m.md:10: metric qk_pulls: label result value \"not_found\" is exported but not in the documented list [\"success\" \"unauthorised\"] (end it with ... if it is not the whole set)",
+		"docs/m.md:11: metric qk_calls documented with labels [\"driver\"], registered with [\"code\" \"driver\"]",
+		"docs/m.md:12: metric qk_gone_total is not registered by the binaries",
+	}
+	if strings.Join(errs, "\n") != strings.Join(want, "\n") {
+		t.Errorf("errors\n%s\nwant\n%s", strings.Join(errs, "\n"), strings.Join(want, "\n"))
+	}
+	if len(names) != 8 {
+		t.Errorf("documented names %q", names)
+	}
+	bad := tab
+	bad.Header = []string{"Metric", "Meaning"}
+	if errs, _ := MetricTableErrors("docs/m.md", bad, lookup, known); len(errs) != 1 || !strings.Contains(errs[0], "want columns Metric, [Type,] Labels") {
+		t.Errorf("a table without a Labels column: %q", errs)
 	}
 }
