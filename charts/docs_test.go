@@ -5,10 +5,14 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/yaml"
 
 	"github.com/qemu-kubelet/qemu-kubelet/internal/doctest"
@@ -129,4 +133,105 @@ func isEmpty(v any) bool {
 		return len(x) == 0
 	}
 	return false
+}
+
+// TestRBACDocumented: the RBAC table of docs/install.md is every rule the
+// chart renders, no more and no less, with the default values and with
+// each value its When column names (and each such boolean flipped from
+// its default).
+func TestRBACDocumented(t *testing.T) {
+	table, err := doctest.TableIn("docs/install.md", "RBAC", "Subject")
+	require.NoError(t, err)
+	rows, errs := doctest.RBACRows("docs/install.md", table)
+	require.Empty(t, errs)
+	require.GreaterOrEqual(t, len(rows), 15, "rows of the RBAC table")
+	b, err := os.ReadFile(filepath.Join(chartDir, "values.yaml"))
+	require.NoError(t, err)
+	var values map[string]any
+	require.NoError(t, yaml.Unmarshal(b, &values))
+
+	// The renders: the defaults, each row's When, each When value flipped.
+	renders := [][]string{nil}
+	seen := map[string]bool{"": true}
+	add := func(sets []string) {
+		slices.Sort(sets)
+		if k := strings.Join(sets, ","); !seen[k] {
+			seen[k] = true
+			renders = append(renders, sets)
+		}
+	}
+	for _, r := range rows {
+		var sets []string
+		for k, v := range r.When {
+			sets = append(sets, k+"="+v)
+			def, ok := lookup(values, k)
+			require.True(t, ok, "docs/install.md:%d: When names %s, which values.yaml lacks", r.Line, k)
+			if b, isBool := def.(bool); isBool {
+				add([]string{fmt.Sprintf("%s=%t", k, !b)})
+			}
+		}
+		add(sets)
+	}
+	for _, sets := range renders {
+		value := func(k string) string {
+			for _, s := range sets {
+				if kk, v, _ := strings.Cut(s, "="); kk == k {
+					return v
+				}
+			}
+			v, _ := lookup(values, k)
+			return fmt.Sprint(v)
+		}
+		applies := func(when map[string]string) bool {
+			for k, v := range when {
+				if value(k) != v {
+					return false
+				}
+			}
+			return true
+		}
+		desc := "default values"
+		if len(sets) > 0 {
+			desc = "--set " + strings.Join(sets, ",")
+		}
+		grants := renderedGrants(t, objects(t, render(t, "", sets...)))
+		require.NotEmpty(t, grants, desc)
+		for _, e := range doctest.RBACErrors("docs/install.md", rows, applies, grants, desc) {
+			t.Error(e)
+		}
+	}
+}
+
+// renderedGrants are the rules of the rendered Roles and ClusterRoles, by
+// the component they are for.
+func renderedGrants(t *testing.T, objs []unstructured.Unstructured) []doctest.Grant {
+	t.Helper()
+	subjects := map[string]string{"controller": "controller", "node-agent": "node agent"}
+	var out []doctest.Grant
+	for _, o := range objs {
+		if o.GetKind() != "Role" && o.GetKind() != "ClusterRole" {
+			continue
+		}
+		subject, ok := subjects[o.GetLabels()["app.kubernetes.io/component"]]
+		require.True(t, ok, "%s %s: component label %q", o.GetKind(), o.GetName(), o.GetLabels()["app.kubernetes.io/component"])
+		scope := "cluster"
+		if o.GetKind() == "Role" {
+			scope = o.GetNamespace()
+			if scope == releaseNS {
+				scope = "release namespace"
+			}
+		}
+		var role rbacv1.ClusterRole
+		require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &role))
+		for _, r := range role.Rules {
+			for _, g := range r.APIGroups {
+				for _, res := range r.Resources {
+					for _, v := range r.Verbs {
+						out = append(out, doctest.Grant{Subject: subject, Scope: scope, Group: g, Resource: res, Verb: v})
+					}
+				}
+			}
+		}
+	}
+	return out
 }

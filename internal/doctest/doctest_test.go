@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"go/parser"
 	"go/token"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -257,5 +258,49 @@ func TestMetricTableErrors(t *testing.T) {
 	bad.Header = []string{"Metric", "Meaning"}
 	if errs, _ := MetricTableErrors("docs/m.md", bad, lookup, known); len(errs) != 1 || !strings.Contains(errs[0], "want columns Metric, [Type,] Labels") {
 		t.Errorf("a table without a Labels column: %q", errs)
+	}
+}
+
+// TestRBACErrors: a verb the chart does not grant, a grant no row names
+// and a row whose When does not hold fail or are skipped as they should;
+// a malformed table is reported.
+func TestRBACErrors(t *testing.T) {
+	doc := Parse("docs/i.md", "# I\n\n| Subject | Scope | API group | Resources | Verbs | When | Why |\n|---|---|---|---|---|---|---|\n"+
+		"| controller | cluster | `jumpstarter.dev` | `leases` | get, list, watch, update | | read |\n"+
+		"| node agent | cluster | core | `secrets`, `configmaps` | get | `nodeAgent.read=true` | |\n"+
+		"| node agent | `kube-node-lease` | `coordination.k8s.io` | `leases` | get | | |\n")
+	tab, err := doc.Table("Subject")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, errs := RBACRows(doc.Path, tab)
+	if len(errs) != 0 || len(rows) != 3 || len(rows[0].Grants) != 4 || rows[1].When["nodeAgent.read"] != "true" || rows[2].Grants[0].Scope != "kube-node-lease" {
+		t.Fatalf("rows %+v, errors %q", rows, errs)
+	}
+	rendered := []Grant{
+		{"controller", "cluster", "jumpstarter.dev", "leases", "get"},
+		{"controller", "cluster", "jumpstarter.dev", "leases", "list"},
+		{"controller", "cluster", "jumpstarter.dev", "leases", "watch"},
+		{"node agent", "kube-node-lease", "coordination.k8s.io", "leases", "get"},
+		{"node agent", "kube-node-lease", "coordination.k8s.io", "leases", "create"},
+	}
+	always := func(when map[string]string) bool { return len(when) == 0 }
+	got := RBACErrors(doc.Path, rows, always, rendered, "default values")
+	want := []string{
+		"docs/i.md: the chart (default values) grants node agent: create coordination.k8s.io/leases (kube-node-lease), which no row of the RBAC table says",
+		"docs/i.md:5: documents controller: update jumpstarter.dev/leases (cluster), which the chart (default values) does not grant",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("errors\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	// With its When holding, the secrets row must be rendered too.
+	got = RBACErrors(doc.Path, rows, func(map[string]string) bool { return true }, rendered, "--set nodeAgent.read=true")
+	if !slices.ContainsFunc(got, func(e string) bool { return strings.Contains(e, "node agent: get core/configmaps (cluster)") }) {
+		t.Errorf("a row whose When holds is not checked: %q", got)
+	}
+	bad := tab
+	bad.Header = []string{"Subject", "Grants"}
+	if _, errs := RBACRows(doc.Path, bad); len(errs) != 1 {
+		t.Errorf("a table without the columns: %q", errs)
 	}
 }
