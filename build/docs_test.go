@@ -10,15 +10,15 @@ import (
 )
 
 // TestDocLinks: every relative link of the Markdown documentation (README,
-// docs/, the chart's README, bench/) names an existing file and, with
-// #anchor, a heading of that file.
+// CONTRIBUTING, docs/, the chart's README, bench/, e2e/) names an existing
+// file and, with #anchor, a heading of that file.
 func TestDocLinks(t *testing.T) {
 	root, err := testutil.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
 	var files []string
-	for _, pattern := range []string{"README.md", "docs/*.md", "charts/qemu-kubelet/README.md", "bench/*.md", "e2e/*.md"} {
+	for _, pattern := range []string{"README.md", "CONTRIBUTING.md", "docs/*.md", "charts/qemu-kubelet/README.md", "bench/*.md", "e2e/*.md"} {
 		m, err := filepath.Glob(filepath.Join(root, pattern))
 		if err != nil {
 			t.Fatal(err)
