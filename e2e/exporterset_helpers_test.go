@@ -296,7 +296,11 @@ func (e *exsEnv) deleteSet(tb testing.TB, name string) {
 // provider taint, selects the node, 1 vCPU and 256Mi, a short grace period
 // (the ACPI test image powers off at once once booted). Its readiness probe
 // asks the guest's HTTP server (port 8080 of the test image), so a Ready pod
-// is a booted guest, not just a running QEMU.
+// is a booted guest, not just a running QEMU. The probe gives the guest 5 s
+// to answer: TCG guests at the node's vmNice on a host busy compiling (CI's
+// first run) answered one-second probes late three times in a row, and a
+// Ready pod flapping to not Ready changed which pod a scale-in picks (not
+// Ready pods go first) and how many Ready pods a node counts.
 func (e *exsEnv) vmTemplate(labels map[string]string, image string) corev1.PodTemplateSpec {
 	q := resource.MustParse
 	return corev1.PodTemplateSpec{
@@ -310,7 +314,7 @@ func (e *exsEnv) vmTemplate(labels map[string]string, image string) corev1.PodTe
 				Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP}},
 				ReadinessProbe: &corev1.Probe{
 					ProbeHandler:  corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/", Port: intstr.FromString("http")}},
-					PeriodSeconds: 1, TimeoutSeconds: 1, FailureThreshold: 3,
+					PeriodSeconds: 1, TimeoutSeconds: 5, FailureThreshold: 3,
 				},
 				Resources: corev1.ResourceRequirements{
 					Requests: corev1.ResourceList{corev1.ResourceCPU: q("100m"), corev1.ResourceMemory: q("64Mi")},

@@ -219,9 +219,16 @@ spec:
 		out, _ := c.Kubectl(ctx, "get", "exportersets,pods", "-o", "wide")
 		t.Fatalf("the ExporterSet's pod never got Ready:\n%s", out)
 	}
-	logs, err := c.Kubectl(ctx, "logs", pod)
-	if err != nil || !strings.Contains(logs, vmtest.BootMarker) {
-		t.Fatalf("kubectl logs %s: no %s (err %v):\n%s", pod, vmtest.BootMarker, err, tail(logs, 20))
+	// Ready (the guest's HTTP server answers) comes before the guest's
+	// init prints the boot marker (consoleShowsBoot says why): kubectl logs
+	// is asked until it shows the marker, for up to markerLag.
+	var logs string
+	var lerr error
+	if !waitFor(markerLag, 500*time.Millisecond, func() bool {
+		logs, lerr = c.Kubectl(ctx, "logs", pod)
+		return lerr == nil && strings.Contains(logs, vmtest.BootMarker)
+	}) {
+		t.Fatalf("kubectl logs %s: no %s within %s of the pod's Ready (err %v):\n%s", pod, vmtest.BootMarker, markerLag, lerr, tail(logs, 20))
 	}
 
 	// The VM's QEMU runs in the agent's container, unprivileged and
