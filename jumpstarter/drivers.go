@@ -4,6 +4,7 @@ import (
 	"crypto/sha1"
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
 
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/pb"
@@ -11,12 +12,16 @@ import (
 
 // Client classes the report names (the jumpstarter.dev/client label): the
 // Python clients Jumpstarter users load for upstream's QEMU driver
-// (python/packages/jumpstarter-driver-{qemu,power,network} at b1f2bb41), so
-// their scripts run unchanged on our VMs.
+// (python/packages/jumpstarter-driver-{qemu,power,pyserial,network} at
+// b1f2bb41), so their scripts run unchanged on our VMs. The console is
+// PySerialClient, as upstream's standalone QEMU driver reports it: its
+// pexpect(), open(), start-console and pipe all stream `connect`, which a
+// NetworkClient script uses too.
 const (
 	ClassQemu    = "jumpstarter_driver_qemu.client.QemuClient"
 	ClassPower   = "jumpstarter_driver_power.client.PowerClient"
 	ClassFlasher = "jumpstarter_driver_qemu.client.QemuFlasherClient"
+	ClassSerial  = "jumpstarter_driver_pyserial.client.PySerialClient"
 	ClassNetwork = "jumpstarter_driver_network.client.NetworkClient"
 
 	// LabelClient and LabelName are the report labels the Python client
@@ -56,9 +61,9 @@ type driver struct {
 	uuid, parent string // lowercase canonical UUIDs; parent "" for the root
 	name         string // jumpstarter.dev/name ("" for the root)
 	class        string
-	description  string
 	kind         driverKind
-	port         int // kindPort
+	port         int  // kindPort
+	help         help // description, methods_description (help.go)
 }
 
 var portNameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$`)
@@ -68,15 +73,15 @@ var portNameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$`)
 // same across reconnects and agent restarts.
 func buildTree(ns, name string, ports []Port, display bool) ([]*driver, error) {
 	id := func(child string) string { return nameUUID(ns + "/" + name + "/" + child) }
-	root := &driver{uuid: id(""), class: ClassQemu, kind: kindRoot, description: "QEMU virtual machine"}
+	root := &driver{uuid: id(""), class: ClassQemu, kind: kindRoot}
 	ds := []*driver{root,
-		{uuid: id(DriverPower), parent: root.uuid, name: DriverPower, class: ClassPower, kind: kindPower, description: "VM power (ACPI power button, then stop)"},
-		{uuid: id(DriverFlasher), parent: root.uuid, name: DriverFlasher, class: ClassFlasher, kind: kindFlasher, description: "flash and dump the VM's disk and firmware (client files, presigned URLs, oci://)"},
-		{uuid: id(DriverConsole), parent: root.uuid, name: DriverConsole, class: ClassNetwork, kind: kindConsole, description: "VM serial console"},
+		{uuid: id(DriverPower), parent: root.uuid, name: DriverPower, class: ClassPower, kind: kindPower},
+		{uuid: id(DriverFlasher), parent: root.uuid, name: DriverFlasher, class: ClassFlasher, kind: kindFlasher},
+		{uuid: id(DriverConsole), parent: root.uuid, name: DriverConsole, class: ClassSerial, kind: kindConsole},
 	}
 	seen := map[string]bool{DriverPower: true, DriverFlasher: true, DriverConsole: true}
 	if display {
-		ds = append(ds, &driver{uuid: id(DriverVNC), parent: root.uuid, name: DriverVNC, class: ClassNetwork, kind: kindDisplay, description: "VM display (VNC)"})
+		ds = append(ds, &driver{uuid: id(DriverVNC), parent: root.uuid, name: DriverVNC, class: ClassNetwork, kind: kindDisplay})
 		seen[DriverVNC] = true
 	}
 	for _, p := range ports {
@@ -90,8 +95,10 @@ func buildTree(ns, name string, ports []Port, display bool) ([]*driver, error) {
 			return nil, fmt.Errorf("port %q: port %d is not in 1..65535", p.Name, p.Port)
 		}
 		seen[p.Name] = true
-		ds = append(ds, &driver{uuid: id("port/" + p.Name), parent: root.uuid, name: p.Name, class: ClassNetwork, kind: kindPort, port: p.Port,
-			description: fmt.Sprintf("TCP to guest port %d", p.Port)})
+		ds = append(ds, &driver{uuid: id("port/" + p.Name), parent: root.uuid, name: p.Name, class: ClassNetwork, kind: kindPort, port: p.Port})
+	}
+	for _, d := range ds {
+		d.help = helpOf(d.kind, d.port)
 	}
 	return ds, nil
 }
@@ -104,9 +111,12 @@ func (d *driver) report() *pb.DriverInstanceReport {
 		r.ParentUuid = &p
 		r.Labels[LabelName] = d.name
 	}
-	if d.description != "" {
-		desc := d.description
+	if d.help.description != "" {
+		desc := d.help.description
 		r.Description = &desc
+	}
+	if len(d.help.methods) > 0 {
+		r.MethodsDescription = maps.Clone(d.help.methods)
 	}
 	return r
 }

@@ -63,6 +63,7 @@ type Exporter struct {
 	cfg    Config
 	log    logr.Logger
 	uuid   string
+	labels map[string]string // Register's and GetReport's (report.go)
 	tree   []*driver
 	byUUID map[string]*driver
 	creds  credentials.TransportCredentials
@@ -124,6 +125,7 @@ func New(cfg Config) (*Exporter, error) {
 		cfg:        cfg,
 		log:        cfg.Log.WithValues("exporter", cfg.Namespace+"/"+cfg.Name),
 		uuid:       nameUUID(cfg.Namespace + "/" + cfg.Name),
+		labels:     exporterLabels(cfg.Labels, cfg.Name),
 		tree:       tree,
 		byUUID:     map[string]*driver{},
 		creds:      creds,
@@ -164,15 +166,6 @@ func transportCredentials(caPEM []byte, insec bool) (credentials.TransportCreden
 		tc.RootCAs = pool
 	}
 	return credentials.NewTLS(tc), nil
-}
-
-// reports is the driver tree as the controller and clients see it.
-func (e *Exporter) reports() []*pb.DriverInstanceReport {
-	out := make([]*pb.DriverInstanceReport, len(e.tree))
-	for i, d := range e.tree {
-		out[i] = d.report()
-	}
-	return out
 }
 
 // setState reports s to the owner (Run goroutine only).
@@ -432,7 +425,7 @@ func (e *Exporter) session(ctx context.Context, lease *leaseRun) (online, regist
 	ctl := pb.NewControllerServiceClient(conn)
 
 	rctx, rcancel := context.WithTimeout(ctx, callTimeout)
-	_, err = ctl.Register(rctx, &pb.RegisterRequest{Labels: e.cfg.Labels, Reports: e.reports()})
+	_, err = ctl.Register(rctx, &pb.RegisterRequest{Labels: e.labels, Reports: e.reports()})
 	rcancel()
 	if o := e.cfg.Observer; o != nil {
 		o.Registration(err)

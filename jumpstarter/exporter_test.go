@@ -330,7 +330,8 @@ func TestExporterLeaseSession(t *testing.T) {
 	st, err := e.ctrl.WaitExporter(ctx, ns, name, online)
 	require.NoError(t, err)
 	e.rec.waitState(t, jumpstarter.StateOnline, 5*time.Second)
-	assert.Equal(t, map[string]string{"jumpstarter.dev/board": "qemu-x86"}, st.Labels, "the controller keeps only jumpstarter.dev/ labels")
+	assert.Equal(t, map[string]string{"jumpstarter.dev/board": "qemu-x86", "jumpstarter.dev/name": "vm-0"}, st.Labels,
+		"the controller keeps only jumpstarter.dev/ labels; jumpstarter.dev/name is the exporter's name, as upstream's exporter sends it")
 	require.Len(t, st.Reports, 6, "root, power, flasher, console, http, ssh registered")
 	var seq []jumpstarter.State
 	for _, s := range e.rec.snapshot() {
@@ -541,7 +542,7 @@ func checkReport(t *testing.T, rep *pb.GetReportResponse) {
 		"":        jumpstarter.ClassQemu,
 		"power":   jumpstarter.ClassPower,
 		"flasher": jumpstarter.ClassFlasher,
-		"console": jumpstarter.ClassNetwork,
+		"console": jumpstarter.ClassSerial,
 		"http":    jumpstarter.ClassNetwork,
 		"ssh":     jumpstarter.ClassNetwork,
 	}
@@ -549,6 +550,7 @@ func checkReport(t *testing.T, rep *pb.GetReportResponse) {
 	assert.Equal(t, "jumpstarter_driver_power.client.PowerClient", jumpstarter.ClassPower)
 	assert.Equal(t, "jumpstarter_driver_qemu.client.QemuFlasherClient", jumpstarter.ClassFlasher)
 	assert.Equal(t, "jumpstarter_driver_network.client.NetworkClient", jumpstarter.ClassNetwork)
+	assert.Equal(t, "jumpstarter_driver_pyserial.client.PySerialClient", jumpstarter.ClassSerial)
 	assert.Equal(t, "qemu-x86", rep.GetLabels()["jumpstarter.dev/board"])
 	assert.Equal(t, strings.ToLower(rep.GetUuid()), rep.GetUuid())
 	seen := map[string]bool{}

@@ -65,11 +65,12 @@ func (s *sessionStatus) response() *pb.GetStatusResponse {
 type server struct {
 	pb.UnimplementedExporterServiceServer
 	pb.UnimplementedRouterServiceServer
-	e *Exporter
+	e        *Exporter
+	consoles consoles // open console streams (serial.go)
 }
 
 func (s *server) GetReport(context.Context, *emptypb.Empty) (*pb.GetReportResponse, error) {
-	return &pb.GetReportResponse{Uuid: s.e.uuid, Labels: s.e.cfg.Labels, Reports: s.e.reports()}, nil
+	return &pb.GetReportResponse{Uuid: s.e.uuid, Labels: s.e.labels, Reports: s.e.reports()}, nil
 }
 
 func (s *server) GetStatus(context.Context, *pb.GetStatusRequest) (*pb.GetStatusResponse, error) {
@@ -201,7 +202,13 @@ func (s *server) call(ctx context.Context, d *driver, method string, args []any)
 		case "on":
 			return nil, s.logged(DriverPower, "power on", "powering on", "powered on", func() error { return cfg.Target.PowerOn(ctx) })
 		case "off":
-			return nil, s.logged(DriverPower, "power off", "powering off", "powered off", func() error { return cfg.Target.PowerOff(ctx) })
+			return nil, s.logged(DriverPower, "power off", "powering off at once", "powered off", func() error { return cfg.Target.PowerOff(ctx) })
+		case "shutdown": // ours: the graceful off (target.go, Shutdowner)
+			sd, ok := cfg.Target.(Shutdowner)
+			if !ok {
+				return nil, fmt.Errorf("%w: this target has no graceful power off (use off)", ErrUnsupported)
+			}
+			return nil, s.logged(DriverPower, "shutdown", "shutting down (ACPI power button)", "powered off", func() error { return sd.Shutdown(ctx) })
 		case "rescue":
 			return nil, fmt.Errorf("%w: a VM has no rescue mode (power off, flash, power on instead)", ErrUnsupported)
 		}
@@ -221,6 +228,8 @@ func (s *server) call(ctx context.Context, d *driver, method string, args []any)
 		case "dump":
 			return nil, s.dump(ctx, d, args)
 		}
+	case kindConsole:
+		return s.serialCall(d, method, args)
 	}
 	return nil, methodNotFound(d, method)
 }
@@ -423,6 +432,11 @@ func (s *server) Stream(st pb.RouterService_StreamServer) error {
 	var res io.ReadWriteCloser
 	switch d.kind {
 	case kindConsole:
+		// PySerial's close ends the stream (serial.go).
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		defer s.consoles.add(cancel)()
 		res, err = s.e.cfg.Target.Console(ctx)
 	case kindDisplay:
 		kind = "vnc"
@@ -445,13 +459,18 @@ func (s *server) Stream(st pb.RouterService_StreamServer) error {
 	}
 	conn := streamconn.New(streamconn.Pooled(streamconn.ServerFrames(st)), nil, "client")
 	defer conn.Close()
-	return pipe(ctx, conn, res)
+	return pipe(ctx, conn, res, d.kind == kindConsole)
 }
 
 // pipe copies both ways between the client's stream and the resource until
-// either side ends; the client's end of input half-closes a TCP resource
-// (so a request/response protocol still gets its answer).
-func pipe(ctx context.Context, c *streamconn.Conn, res io.ReadWriteCloser) error {
+// either side ends. The client's end of input (its GOAWAY) half-closes a
+// TCP resource, so a request/response protocol still gets its answer. A
+// serial line has no end of input (keep): the guest's output keeps coming
+// until the client ends the stream, as `j console pipe` with piped stdin
+// expects ("commands are sent until EOF, then continues monitoring serial
+// output"). Upstream's client sends the same GOAWAY before it ends a
+// stream for good, and then cancels it: that ends ctx.
+func pipe(ctx context.Context, c *streamconn.Conn, res io.ReadWriteCloser, keep bool) error {
 	fromRes := make(chan error, 1)
 	go func() {
 		_, err := io.Copy(c, res)
@@ -468,12 +487,16 @@ func pipe(ctx context.Context, c *streamconn.Conn, res io.ReadWriteCloser) error
 	case <-fromRes:
 		return nil // resource ended: Close sends GOAWAY
 	case <-fromClient:
-		if cw, ok := res.(interface{ CloseWrite() error }); ok {
+		cw, ok := res.(interface{ CloseWrite() error })
+		if !keep && !ok {
+			return nil
+		}
+		if !keep {
 			_ = cw.CloseWrite()
-			select {
-			case <-fromRes:
-			case <-ctx.Done():
-			}
+		}
+		select {
+		case <-fromRes:
+		case <-ctx.Done():
 		}
 		return nil
 	}

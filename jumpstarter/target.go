@@ -12,8 +12,9 @@ import (
 type Target interface {
 	// PowerOn starts the target; a running target is left as it is.
 	PowerOn(ctx context.Context) error
-	// PowerOff stops the target gracefully (ACPI power button within the
-	// pod's grace period, then a hard stop); a stopped target is left as it is.
+	// PowerOff stops the target at once, as upstream's QEMU driver does
+	// (QEMU is terminated, and killed if it has not quit within 5 s): the
+	// guest is not shut down. A stopped target is left as it is.
 	PowerOff(ctx context.Context) error
 	// Powered reports whether the target is running.
 	Powered() bool
@@ -31,6 +32,17 @@ type Target interface {
 	// progress receives human-readable lines as the flash goes. A bad
 	// reference or a hostile image fails before the target is touched.
 	Flash(ctx context.Context, ref string, progress func(line string)) error
+}
+
+// Shutdowner is a Target that can also power off gracefully: the power
+// driver's `shutdown` call (upstream's PowerClient has no graceful off, so
+// scripts reach it as power.call("shutdown")). Without it the call is
+// Unimplemented.
+type Shutdowner interface {
+	// Shutdown asks the guest to power off (the ACPI power button) and
+	// waits for it within the target's grace period, then stops the target
+	// as PowerOff does; a stopped target is left as it is.
+	Shutdown(ctx context.Context) error
 }
 
 // Port is a guest TCP port exposed as a network driver child (e.g. "ssh"
