@@ -34,11 +34,30 @@ var (
 	_ jumpstarter.Target            = (*Target)(nil)
 	_ jumpstarter.Displayer         = (*Target)(nil)
 	_ jumpstarter.CredentialFlasher = (*Target)(nil)
+	_ jumpstarter.Shutdowner        = (*Target)(nil)
 )
+
+// PodPowerOffNow is a Pod whose worker can stop the VM at once: QEMU told
+// to quit, killed if it has not within its quit grace, the guest not shut
+// down (upstream's QEMU power off). Pod.PowerOff is the graceful stop.
+type PodPowerOffNow interface {
+	PowerOffNow(ctx context.Context) error
+}
 
 func (t *Target) PowerOn(ctx context.Context) error { return t.pod.PowerOn(ctx) }
 
-func (t *Target) PowerOff(ctx context.Context) error { return t.pod.PowerOff(ctx) }
+// PowerOff is the power driver's off: at once when the pod's worker
+// offers it (PodPowerOffNow), otherwise the graceful stop.
+func (t *Target) PowerOff(ctx context.Context) error {
+	if p, ok := t.pod.(PodPowerOffNow); ok {
+		return p.PowerOffNow(ctx)
+	}
+	return t.pod.PowerOff(ctx)
+}
+
+// Shutdown is the power driver's shutdown: the ACPI power button within
+// the pod's grace period, then quit, then kill, as for a delete.
+func (t *Target) Shutdown(ctx context.Context) error { return t.pod.PowerOff(ctx) }
 
 func (t *Target) Powered() bool { return t.vm() != nil }
 
