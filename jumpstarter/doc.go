@@ -25,8 +25,11 @@
 //     so open client streams survive it; classify and retryDelay decide
 //     how soon to reconnect from the controller's error.
 //   - drivers.go, server.go: the driver tree upstream's QEMU driver reports
-//     (root QemuClient; power, flasher, console, one NetworkClient per
-//     Config.Ports entry) and the calls and byte streams it answers.
+//     (root QemuClient; power, flasher, console as PySerialClient, one
+//     NetworkClient per Config.Ports entry) and the calls and byte streams
+//     it answers; serial.go the console's PySerial calls; help.go each
+//     driver's description and methods_description (the `j` help);
+//     report.go the labels Register and GetReport carry.
 //   - resource.go, flasher.go: resources (files a client flashes or
 //     dumps: client_stream handles over RouterService.Stream, presigned
 //     HTTP requests), their decoding by signature, and the flasher's

@@ -202,7 +202,7 @@ func (s *server) call(ctx context.Context, d *driver, method string, args []any)
 		case "on":
 			return nil, s.logged(DriverPower, "power on", "powering on", "powered on", func() error { return cfg.Target.PowerOn(ctx) })
 		case "off":
-			return nil, s.logged(DriverPower, "power off", "powering off at once", "powered off", func() error { return cfg.Target.PowerOff(ctx) })
+			return nil, s.logged(DriverPower, "power off", "powering off", "powered off", func() error { return cfg.Target.PowerOff(ctx) })
 		case "shutdown": // ours: the graceful off (target.go, Shutdowner)
 			sd, ok := cfg.Target.(Shutdowner)
 			if !ok {
