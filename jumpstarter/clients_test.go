@@ -148,6 +148,13 @@ func TestPySerialConsolePexpect(t *testing.T) {
 	assert.Equal(t, "hello-from-the-guest", g[1])
 	_, _, err = p.Expect(ctx, regexp.MustCompile(`root@vm-0:~# `))
 	require.NoError(t, err, "the prompt comes back")
+
+	// pexpect's close: the port forward half-closes and waits for the
+	// exporter to end the stream (a serial line has no end of input), which
+	// also frees the console for the next session's writer.
+	fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, p.Finish(fctx), "the exporter ends the console stream at the client's end of input")
 }
 
 // TestPySerialStartConsole: `j console start-console` sends stdin one
@@ -192,41 +199,28 @@ func TestPySerialStartConsole(t *testing.T) {
 	assert.Equal(t, "vm-0 login: \r\nPassword: ", stdout.String())
 }
 
-// TestPySerialPipe: `echo CMD | j console pipe` sends stdin, half-closes
-// (send_eof) and keeps showing the console: the guest's answer and what
-// it prints later still arrive. PySerial's close ends the stream: pipe
-// returns as on "Serial connection closed normally".
+// TestPySerialPipe: `j console pipe` shows the console until the stream
+// ends; PySerial's close ends it ("Serial connection closed normally").
+// With piped stdin (`echo CMD | j console pipe`) the command reaches the
+// guest, and the end of stdin ends the stream as on upstream's serial
+// console (its write_eof fails: a serial port has no end of input).
+// --no-output sends stdin and returns.
 func TestPySerialPipe(t *testing.T) {
 	e, s, uuidOf := leasedSession(t, nil)
 	ctx := ctxT(t, 30*time.Second)
 	serial := s.Serial(uuidOf("console"))
-	input := &eofSignal{r: strings.NewReader("uname -a\n"), eof: make(chan struct{})}
+
+	// Read-only (stdin a terminal, or --no-input).
 	out := newSyncBuffer()
 	done := make(chan error, 1)
-	go func() { done <- serial.Pipe(ctx, jstest.PipeOptions{Input: input, Output: out}) }()
-
+	go func() { done <- serial.Pipe(ctx, jstest.PipeOptions{Output: out}) }()
 	guest := nextConsole(ctx, t, e)
-	defer guest.Close()
-	line, err := bufio.NewReader(guest).ReadString('\n')
+	_, err := io.WriteString(guest, "[  41.000000] kernel message\r\n")
 	require.NoError(t, err)
-	assert.Equal(t, "uname -a\n", line)
-	select {
-	case <-input.eof: // stdin is over; pipe half-closes right after
-	case <-ctx.Done():
-		t.Fatal("pipe did not read stdin to its end")
-	}
-	_, err = io.WriteString(guest, "Linux vm-0 6.1.0-amd64\r\n")
-	require.NoError(t, err)
-	out.waitFor(ctx, t, "Linux vm-0 6.1.0-amd64\r\n")
+	out.waitFor(ctx, t, "kernel message")
 	_, err = io.WriteString(guest, "[  42.000000] later kernel message\r\n")
-	require.NoError(t, err, "the console stays open after the client's end of input")
+	require.NoError(t, err)
 	out.waitFor(ctx, t, "later kernel message")
-	select {
-	case err := <-done:
-		t.Fatalf("pipe ended while the console was open: %v", err)
-	default:
-	}
-
 	_, err = serial.Call(ctx, "close")
 	require.NoError(t, err)
 	select {
@@ -235,7 +229,41 @@ func TestPySerialPipe(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("close did not end pipe's stream")
 	}
-	assert.Equal(t, "Linux vm-0 6.1.0-amd64\r\n[  42.000000] later kernel message\r\n", out.String())
+	assert.Equal(t, "[  41.000000] kernel message\r\n[  42.000000] later kernel message\r\n", out.String())
+	guest.Close()
+
+	// Piped stdin.
+	input := &eofSignal{r: strings.NewReader("uname -a\n"), eof: make(chan struct{})}
+	out = newSyncBuffer()
+	go func() { done <- serial.Pipe(ctx, jstest.PipeOptions{Input: input, Output: out}) }()
+	guest = nextConsole(ctx, t, e)
+	defer guest.Close()
+	go func() { _, _ = io.WriteString(guest, "root@vm-0:~# ") }() // the prompt, while stdin goes up
+	line, err := bufio.NewReader(guest).ReadString('\n')
+	require.NoError(t, err)
+	assert.Equal(t, "uname -a\n", line, "stdin reached the guest")
+	select {
+	case err := <-done:
+		assert.NoError(t, err, "the end of stdin ends the stream normally")
+	case <-ctx.Done():
+		t.Fatal("the end of stdin did not end pipe's stream")
+	}
+	select {
+	case <-input.eof:
+	default:
+		t.Error("pipe ended before stdin's end")
+	}
+
+	// --no-output: fire and forget.
+	go func() {
+		done <- serial.Pipe(ctx, jstest.PipeOptions{Input: strings.NewReader("reboot\n"), NoOutput: true})
+	}()
+	guest = nextConsole(ctx, t, e)
+	defer guest.Close()
+	line, err = bufio.NewReader(guest).ReadString('\n')
+	require.NoError(t, err)
+	assert.Equal(t, "reboot\n", line)
+	require.NoError(t, <-done)
 }
 
 // eofSignal closes eof when r is read to its end.
@@ -352,7 +380,7 @@ func TestReportLabelsAndHelp(t *testing.T) {
 		}},
 		"console": {desc: "VM serial console (the stream kubectl attach shows)", methods: map[string]string{
 			"start-console": "Start the serial console (exit with CTRL+B x 3 times); the first session that types is the console's one writer",
-			"pipe":          "Pipe the serial console to stdout or a file; piped stdin goes to the guest and the output keeps coming after its end",
+			"pipe":          "Pipe the serial console to stdout or a file; piped stdin goes to the guest, and its end ends the stream (a serial line has no end of input)",
 		}},
 		"http": {desc: "TCP to guest port 8080", methods: netHelp("guest port 8080")},
 		"ssh":  {desc: "TCP to guest port 22", methods: netHelp("guest port 22")},

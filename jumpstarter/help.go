@@ -45,7 +45,7 @@ func helpOf(k driverKind, port int) help {
 		// PySerialClient.cli: start-console, pipe.
 		return help{description: "VM serial console (the stream kubectl attach shows)", methods: map[string]string{
 			"start-console": "Start the serial console (exit with CTRL+B x 3 times); the first session that types is the console's one writer",
-			"pipe":          "Pipe the serial console to stdout or a file; piped stdin goes to the guest and the output keeps coming after its end",
+			"pipe":          "Pipe the serial console to stdout or a file; piped stdin goes to the guest, and its end ends the stream (a serial line has no end of input)",
 		}}
 	case kindDisplay:
 		return help{description: "VM display (QEMU's VNC server)", methods: networkMethods("the VM's VNC server")}

@@ -459,18 +459,17 @@ func (s *server) Stream(st pb.RouterService_StreamServer) error {
 	}
 	conn := streamconn.New(streamconn.Pooled(streamconn.ServerFrames(st)), nil, "client")
 	defer conn.Close()
-	return pipe(ctx, conn, res, d.kind == kindConsole)
+	return pipe(ctx, conn, res, d.kind != kindConsole)
 }
 
 // pipe copies both ways between the client's stream and the resource until
-// either side ends. The client's end of input (its GOAWAY) half-closes a
-// TCP resource, so a request/response protocol still gets its answer. A
-// serial line has no end of input (keep): the guest's output keeps coming
-// until the client ends the stream, as `j console pipe` with piped stdin
-// expects ("commands are sent until EOF, then continues monitoring serial
-// output"). Upstream's client sends the same GOAWAY before it ends a
-// stream for good, and then cancels it: that ends ctx.
-func pipe(ctx context.Context, c *streamconn.Conn, res io.ReadWriteCloser, keep bool) error {
+// either side ends; with halfClose the client's end of input half-closes a
+// TCP resource (so a request/response protocol still gets its answer). A
+// console has no end of input (upstream's serial port refuses one and its
+// stream ends there), so the client's end of input ends its stream:
+// PySerialClient.pexpect()'s port forward waits for that end before its
+// session is over, and the session's console writer lock is released.
+func pipe(ctx context.Context, c *streamconn.Conn, res io.ReadWriteCloser, halfClose bool) error {
 	fromRes := make(chan error, 1)
 	go func() {
 		_, err := io.Copy(c, res)
@@ -487,16 +486,12 @@ func pipe(ctx context.Context, c *streamconn.Conn, res io.ReadWriteCloser, keep 
 	case <-fromRes:
 		return nil // resource ended: Close sends GOAWAY
 	case <-fromClient:
-		cw, ok := res.(interface{ CloseWrite() error })
-		if !keep && !ok {
-			return nil
-		}
-		if !keep {
+		if cw, ok := res.(interface{ CloseWrite() error }); ok && halfClose {
 			_ = cw.CloseWrite()
-		}
-		select {
-		case <-fromRes:
-		case <-ctx.Done():
+			select {
+			case <-fromRes:
+			case <-ctx.Done():
+			}
 		}
 		return nil
 	}

@@ -121,11 +121,35 @@ func (x *Expecter) Expect(ctx context.Context, pattern *regexp.Regexp) (before s
 	}
 }
 
-// Close ends the session (pexpect's close: the socket closes, the forward
-// sends GOAWAY and ends the stream).
+// Close ends the session at once (the stream is canceled if the exporter
+// has not ended it shortly after the GOAWAY).
 func (x *Expecter) Close() error {
 	x.once.Do(func() { close(x.closed) })
 	return x.rw.Close()
+}
+
+// Finish is what pexpect's close does through PexpectAdapter's port
+// forward: the socket's end becomes the stream's end of input (send_eof:
+// GOAWAY, half-close) and the forward then waits for the exporter to end
+// the stream; nothing cancels it. Finish fails if ctx ends first.
+func (x *Expecter) Finish(ctx context.Context) error {
+	cw, ok := x.rw.(interface{ CloseWrite() error })
+	if !ok {
+		return errors.New("finish: the stream cannot half-close")
+	}
+	if err := cw.CloseWrite(); err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-x.chunks: // output still coming: the forward drops it
+		case <-x.done:
+			return x.Close()
+		case <-ctx.Done():
+			_ = x.Close()
+			return fmt.Errorf("finish: the exporter did not end the stream after its end of input: %w", ctx.Err())
+		}
+	}
 }
 
 // ctrlB is start-console's escape: three in a row end the session.
