@@ -472,7 +472,7 @@ func (e *exsEnv) driveVM(t *testing.T, js *jsEnv, lease string) {
 	require.NoError(t, err)
 	for name, class := range map[string]string{
 		"power":   "jumpstarter_driver_power.client.PowerClient",
-		"console": "jumpstarter_driver_network.client.NetworkClient",
+		"console": "jumpstarter_driver_pyserial.client.PySerialClient",
 		"http":    "jumpstarter_driver_network.client.NetworkClient",
 	} {
 		d, ok := jstest.FindDriver(rep, name)

@@ -91,7 +91,7 @@ func (e *podEnv) testJumpstarter(t *testing.T) {
 	}))
 	st, err := ctrl.WaitExporter(ctx, ns, exporter, func(s jstest.ExporterState) bool { return s.Online })
 	require.NoError(t, err)
-	assert.Equal(t, map[string]string{"jumpstarter.dev/board": "qemu-e2e"}, st.Labels)
+	assert.Equal(t, map[string]string{"jumpstarter.dev/board": "qemu-e2e", "jumpstarter.dev/name": exporter}, st.Labels, "the pod's jumpstarter.dev/ labels and the exporter's name, as upstream's exporter registers")
 	out, err := e.c.Kubectl(ctx, "get", "pod", p.Name, "-o", `jsonpath={.status.conditions[?(@.type=="qemu-kubelet.io/JumpstarterExporter")].reason}`)
 	require.NoError(t, err)
 	assert.Equal(t, "Online", out)

@@ -133,7 +133,7 @@ func TestJumpstarterExporterVM(t *testing.T) {
 		return s.Registered && s.Online && s.Status == pb.ExporterStatus_EXPORTER_STATUS_AVAILABLE
 	})
 	require.NoError(t, err)
-	assert.Equal(t, map[string]string{"jumpstarter.dev/board": "qemu-test"}, st.Labels)
+	assert.Equal(t, map[string]string{"jumpstarter.dev/board": "qemu-test", "jumpstarter.dev/name": "board-0"}, st.Labels, "the pod's jumpstarter.dev/ labels and the exporter's name, as upstream's exporter registers")
 	h.wait(pod.UID, 10*time.Second, "exporter Online", condReason("Online"))
 
 	require.NoError(t, ctrl.AssignLease(ns, "lease-1", "board-0", "alice"))
