@@ -2,25 +2,16 @@ package controller
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/fnv"
-	"sort"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -36,23 +27,6 @@ import (
 
 	jsv1 "github.com/qemu-kubelet/qemu-kubelet/api/jumpstarter/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
-)
-
-// Event reasons.
-const (
-	EventSuccessfulCreate = "SuccessfulCreate"
-	EventFailedCreate     = "FailedCreate"
-	EventSuccessfulDelete = "SuccessfulDelete"
-	EventFailedDelete     = "FailedDelete"
-	// EventLeaseExpired: a lease reached its expiry (Reuse policy: the
-	// lease label was removed; Replace: SuccessfulDelete says LeaseExpired).
-	EventLeaseExpired = "LeaseExpired"
-	// EventInvalidLeaseExpiry: a pod's lease expiry annotation cannot be
-	// read; the lease does not expire.
-	EventInvalidLeaseExpiry = "InvalidLeaseExpiry"
-	// EventReplicasLowered: spec.replicas lowered for pods marked with
-	// v1alpha1.RemoveAnnotation.
-	EventReplicasLowered = "ReplicasLowered"
 )
 
 // classNameIndex indexes ExporterSets by spec.className in the cache.
@@ -284,7 +258,6 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		st.Conditions = []Condition{{v1alpha1.ConditionReplicaFailure, metav1.ConditionTrue, cerr.Reason, cerr.Message}}
 		return ctrl.Result{}, r.writeStatus(ctx, &set, st, "", nil, now)
 	}
-	eff := res.Set
 
 	sel, err := metav1.LabelSelectorAsSelector(set.Spec.Selector)
 	if err == nil && (sel.Empty() || !sel.Matches(labels.Set(set.Spec.Template.Labels))) {
@@ -297,114 +270,104 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, r.writeStatus(ctx, &set, st, "", res, now)
 	}
 
+	obs, done, err := r.observe(ctx, &set, res, sel, now)
+	if done || err != nil {
+		return ctrl.Result{}, err
+	}
+	in := plannerInput(&set, res, obs, r.drainDelay(), now)
+	acts := Plan(in)
+	log.V(1).Info("plan", "create", acts.Create, "delete", len(acts.Delete), "clearUsed", len(acts.ClearUsed), "expireLease", len(acts.ExpireLease), "markUsed", len(acts.MarkUsed),
+		"pods", len(in.Pods), "pendingCreates", obs.pendingCreates, "target", acts.Status.Desired)
+	return r.apply(ctx, &set, res, sel, obs, acts, now)
+}
+
+// observed is what a reconcile read about a set's pods and their leases:
+// what the planner input is made from.
+type observed struct {
+	// owned are the pods the set controls.
+	owned []corev1.Pod
+	// leases by pod name, and demand: leases waiting for a pod.
+	leases map[string]Lease
+	demand int32
+	// js is the Jumpstarter state (Jumpstarter mode only); gated the
+	// reasons pods still wait at the scheduling gate, by pod name.
+	js    *jsState
+	gated map[string]string
+	// pendingCreates and deleting are the expectations: pods created and
+	// not yet seen, and UIDs deleted and not yet seen gone.
+	pendingCreates int32
+	deleting       map[types.UID]bool
+	// hash is the effective set's template hash.
+	hash string
+}
+
+// observe lists the set's pods and reads their lease state (and, in
+// Jumpstarter mode, sets up pods and Exporters). done reports that the
+// set cannot be planned and its status was written instead (Jumpstarter
+// mode on an API server without Jumpstarter); err is that write's error.
+func (r *Reconciler) observe(ctx context.Context, set *v1alpha1.ExporterSet, res *Resolved, sel labels.Selector, now time.Time) (observed, bool, error) {
+	var obs observed
+	key := client.ObjectKeyFromObject(set)
+	eff := res.Set
 	var list corev1.PodList
 	if err := r.reader().List(ctx, &list, client.InNamespace(set.Namespace), client.MatchingLabelsSelector{Selector: sel}); err != nil {
-		return ctrl.Result{}, fmt.Errorf("list pods of exporterset %s: %w", key, err)
+		return obs, false, fmt.Errorf("list pods of exporterset %s: %w", key, err)
 	}
-	owned := list.Items[:0]
+	obs.owned = list.Items[:0]
 	for i := range list.Items {
-		if metav1.IsControlledBy(&list.Items[i], &set) {
-			owned = append(owned, list.Items[i])
+		if metav1.IsControlledBy(&list.Items[i], set) {
+			obs.owned = append(obs.owned, list.Items[i])
 		}
 	}
-	var (
-		leases map[string]Lease
-		demand int32
-		js     *jsState
-		gated  map[string]string
-	)
 	if eff.Spec.Jumpstarter != nil {
 		if !r.Jumpstarter {
 			st := statusOf(set.Status)
 			st.Conditions = []Condition{{v1alpha1.ConditionReplicaFailure, metav1.ConditionTrue, "JumpstarterUnavailable",
 				"spec.jumpstarter (of the set or its class) is set but the API server does not serve jumpstarter.dev/v1alpha1 Exporters and Leases (install Jumpstarter's CRDs and restart the controller)"}}
-			return ctrl.Result{}, r.writeStatus(ctx, &set, st, "", res, now)
+			return obs, true, r.writeStatus(ctx, set, st, "", res, now)
 		}
-		if js, err = readJumpstarter(ctx, r.reader(), eff, owned, now); err != nil {
-			return ctrl.Result{}, err
+		js, err := readJumpstarter(ctx, r.reader(), eff, obs.owned, now)
+		if err != nil {
+			return obs, false, err
 		}
-		gated = r.setupPods(ctx, eff, owned, js)
-		leases, demand = js.leases, int32(len(js.demand))
+		obs.js = js
+		obs.gated = r.setupPods(ctx, eff, obs.owned, js)
+		obs.leases, obs.demand = js.leases, int32(len(js.demand))
 	} else {
 		var src LeaseSource = LabelLeases{}
 		if r.Leases != nil {
 			src = r.Leases
 		}
-		if leases, demand, err = src.Leases(ctx, eff, owned); err != nil {
-			return ctrl.Result{}, fmt.Errorf("lease state of exporterset %s: %w", key, err)
+		var err error
+		if obs.leases, obs.demand, err = src.Leases(ctx, eff, obs.owned); err != nil {
+			return obs, false, fmt.Errorf("lease state of exporterset %s: %w", key, err)
 		}
-		for _, p := range owned {
-			if l := leases[p.Name]; l.ExpiryErr != nil {
-				r.Recorder.Eventf(&set, nil, corev1.EventTypeWarning, EventInvalidLeaseExpiry, "Expire", "Pod %s: %v", p.Name, l.ExpiryErr)
+		for _, p := range obs.owned {
+			if l := obs.leases[p.Name]; l.ExpiryErr != nil {
+				r.Recorder.Eventf(set, nil, corev1.EventTypeWarning, EventInvalidLeaseExpiry, "Expire", "Pod %s: %v", p.Name, l.ExpiryErr)
 			}
 		}
 	}
-	pendingCreates, deleting := r.expectations().Pending(key, owned, now)
+	obs.pendingCreates, obs.deleting = r.expectations().Pending(key, obs.owned, now)
+	obs.hash = setHash(eff)
+	return obs, false, nil
+}
 
-	hash := setHash(eff)
-	in := Input{
-		Replicas:             derefOr(eff.Spec.Replicas, 1),
-		MinAvailable:         derefOr(eff.Spec.MinAvailable, 0),
-		MaxReplicas:          eff.Spec.MaxReplicas,
-		Recycle:              eff.Spec.RecyclePolicy,
-		Cooldown:             30 * time.Second,
-		TemplateHash:         hash,
-		WaitForFirstConsumer: res.BindingMode == v1alpha1.BindingModeWaitForFirstConsumer,
-		ScaleIn:              eff.Spec.ScaleInPolicy,
-		Paused:               eff.Spec.Paused,
-		Removing:             parseRemoving(set.Annotations[v1alpha1.RemovingAnnotation]),
-		PendingCreates:       pendingCreates,
-		Demand:               demand,
-		Now:                  now,
+// drainDelay is the Reconciler's DrainDelay or its default.
+func (r *Reconciler) drainDelay() time.Duration {
+	if r.DrainDelay == 0 {
+		return DefaultDrainDelay
+	}
+	return r.DrainDelay
+}
 
-		ConsecutiveFailures: set.Status.ConsecutiveFailures,
-	}
-	if a := eff.Spec.Autohealing; a != nil {
-		in.Autohealing = &Autohealing{StartUpFailureThreshold: derefOr(a.StartUpFailureThreshold, 3), MinFailingToStartDuration: 5 * time.Minute}
-		if a.MinFailingToStartDuration != nil {
-			in.Autohealing.MinFailingToStartDuration = a.MinFailingToStartDuration.Duration
-		}
-	}
-	if c := meta.FindStatusCondition(set.Status.Conditions, v1alpha1.ConditionReplicaFailure); c != nil {
-		if prev := (Condition{c.Type, c.Status, c.Reason, c.Message}); IsRepeatedFailure(&prev) {
-			in.LastFailure = &prev
-		}
-	}
-	if in.Recycle == "" {
-		in.Recycle = v1alpha1.RecyclePolicyReplace
-	}
-	if eff.Spec.ScaleDownCooldown != nil {
-		in.Cooldown = eff.Spec.ScaleDownCooldown.Duration
-	}
-	if t := set.Status.ScaleDownPendingSince; t != nil {
-		in.ScaleDownPendingSince = &t.Time
-	}
-	if t := set.Status.LastFailureTime; t != nil {
-		in.LastFailureTime = &t.Time
-	}
-	for i := range owned {
-		if !deleting[owned[i].UID] {
-			ps := podState(&owned[i], leases[owned[i].Name])
-			if js != nil {
-				ps.Exporter = exporterState(js.exporters[ps.Name])
-				ps.GateReason = gated[ps.Name]
-			}
-			in.Pods = append(in.Pods, ps)
-		}
-	}
-	if js != nil {
-		drain := r.DrainDelay
-		if drain == 0 {
-			drain = DefaultDrainDelay
-		}
-		in.Jumpstarter = &JumpstarterInput{DrainDelay: drain, Cold: exporterState(js.cold)}
-		in.Jumpstarter.Cold.Leased = js.coldLease != ""
-	}
-
-	acts := Plan(in)
-	log.V(1).Info("plan", "create", acts.Create, "delete", len(acts.Delete), "clearUsed", len(acts.ClearUsed), "expireLease", len(acts.ExpireLease), "markUsed", len(acts.MarkUsed),
-		"pods", len(in.Pods), "pendingCreates", pendingCreates, "target", acts.Status.Desired)
-
+// apply carries out a plan: the set patch first (nothing else if it
+// fails), then the pod actions, then the status. A cached set older than
+// this controller's last write is planned again instead.
+func (r *Reconciler) apply(ctx context.Context, set *v1alpha1.ExporterSet, res *Resolved, sel labels.Selector, obs observed, acts Actions, now time.Time) (ctrl.Result, error) {
+	log := logf.FromContext(ctx)
+	key := client.ObjectKeyFromObject(set)
+	eff := res.Set
 	if rv, ok := r.written.Load(key); ok && rv == set.ResourceVersion {
 		r.written.CompareAndDelete(key, rv) // the cache has seen the write
 	} else if ok && (acts.Create > 0 || len(acts.Delete) > 0 || acts.Set != nil) && r.APIReader != nil {
@@ -426,7 +389,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if acts.Set != nil {
 		// Removals are counted in spec.replicas before any pod goes; if the
 		// set changed since it was read, nothing of this plan is applied.
-		if err := r.patchSet(ctx, &set, acts.Set); err != nil {
+		if err := r.patchSet(ctx, set, acts.Set); err != nil {
 			if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
 				log.V(1).Info("exporterset changed since the plan; plan again", "err", err.Error())
 				return ctrl.Result{RequeueAfter: 200 * time.Millisecond}, nil
@@ -436,12 +399,12 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		r.written.Store(key, set.ResourceVersion)
 		eff.ResourceVersion = set.ResourceVersion
 	}
-	execErr := r.execute(ctx, eff, key, hash, js, acts, now)
+	execErr := r.execute(ctx, eff, key, obs.hash, obs.js, acts, now)
 	if execErr != nil {
 		acts.Status.Conditions = append(acts.Status.Conditions,
 			Condition{v1alpha1.ConditionReplicaFailure, metav1.ConditionTrue, EventFailedCreate, execErr.Error()})
 	}
-	if err := r.writeStatus(ctx, &set, acts.Status, sel.String(), res, now); err != nil {
+	if err := r.writeStatus(ctx, set, acts.Status, sel.String(), res, now); err != nil {
 		if apierrors.IsConflict(err) && execErr == nil {
 			// The cached set is older than the stored one (typically our own
 			// previous status write): plan again once the cache caught up.
@@ -452,377 +415,4 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	r.Metrics.observe(key, acts.Status)
 	return ctrl.Result{RequeueAfter: acts.RequeueAfter}, execErr
-}
-
-// patchSet writes a plan's SetPatch: spec.replicas lowered for counted
-// removals and the removal bookkeeping, in one merge patch with the set's
-// resourceVersion as precondition. set is updated from the answer.
-func (r *Reconciler) patchSet(ctx context.Context, set *v1alpha1.ExporterSet, p *SetPatch) error {
-	var removing any // null removes the annotation
-	if len(p.Removing) > 0 {
-		ids := make([]string, len(p.Removing))
-		for i, u := range p.Removing {
-			ids[i] = string(u)
-		}
-		removing = strings.Join(ids, ",")
-	}
-	body := map[string]any{"metadata": map[string]any{"resourceVersion": set.ResourceVersion,
-		"annotations": map[string]any{v1alpha1.RemovingAnnotation: removing}}}
-	before := derefOr(set.Spec.Replicas, 1)
-	if p.Replicas != nil {
-		body["spec"] = map[string]any{"replicas": *p.Replicas}
-	}
-	b, err := json.Marshal(body)
-	if err != nil {
-		return fmt.Errorf("encode exporterset patch: %w", err)
-	}
-	if err := r.Client.Patch(ctx, set, client.RawPatch(types.MergePatchType, b)); err != nil {
-		return fmt.Errorf("patch exporterset %s/%s (removals): %w", set.Namespace, set.Name, err)
-	}
-	if p.Replicas != nil {
-		r.Recorder.Eventf(set, nil, corev1.EventTypeNormal, EventReplicasLowered, "ScaleIn", "spec.replicas %d -> %d for pods marked %s=true: %s",
-			before, *p.Replicas, v1alpha1.RemoveAnnotation, strings.Join(p.Counted, ", "))
-	}
-	return nil
-}
-
-// parseRemoving reads v1alpha1.RemovingAnnotation: sorted UIDs.
-func parseRemoving(v string) []types.UID {
-	if v == "" {
-		return nil
-	}
-	var out []types.UID
-	for _, s := range strings.Split(v, ",") {
-		if s = strings.TrimSpace(s); s != "" {
-			out = append(out, types.UID(s))
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
-	return out
-}
-
-// execute applies the plan's pod actions. It returns an error when pods
-// could not be created (the request is then retried with rate-limited
-// backoff); failed deletes and precondition conflicts are retried on the
-// next event or requeue.
-func (r *Reconciler) execute(ctx context.Context, set *v1alpha1.ExporterSet, key types.NamespacedName, hash string, js *jsState, acts Actions, now time.Time) error {
-	log := logf.FromContext(ctx)
-	if js != nil {
-		acts.Delete = r.executeJumpstarter(ctx, set, js, acts, now)
-	}
-	for _, p := range acts.ExpireLease {
-		patch := fmt.Appendf(nil, `{"metadata":{"resourceVersion":%q,"labels":{%q:null},"annotations":{%q:null,%q:null}}}`,
-			p.ResourceVersion, v1alpha1.LeaseLabel, v1alpha1.LeaseExpiresAnnotation, v1alpha1.LeasedAtAnnotation)
-		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: set.Namespace}}
-		switch err := r.Client.Patch(ctx, pod, client.RawPatch(types.MergePatchType, patch)); {
-		case err == nil:
-			r.Recorder.Eventf(set, nil, corev1.EventTypeNormal, EventLeaseExpired, "Expire", "Lease of pod %s expired; back to the buffer", p.Name)
-		case !apierrors.IsNotFound(err):
-			// A conflict: the holder changed the pod (e.g. extended the
-			// lease); its event brings a fresh plan.
-			log.Info("end expired lease", "pod", p.Name, "err", err.Error())
-		}
-	}
-	for _, p := range acts.ClearUsed {
-		patch := fmt.Appendf(nil, `{"metadata":{"resourceVersion":%q,"labels":{%q:null},"annotations":{%q:null,%q:null}}}`,
-			p.ResourceVersion, v1alpha1.UsedLabel, v1alpha1.LeaseExpiresAnnotation, v1alpha1.LeasedAtAnnotation)
-		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: set.Namespace}}
-		if err := r.Client.Patch(ctx, pod, client.RawPatch(types.MergePatchType, patch)); err != nil && !apierrors.IsNotFound(err) {
-			log.Info("clear used mark", "pod", p.Name, "err", err.Error())
-		}
-	}
-	for _, p := range acts.MarkUsed {
-		patch := fmt.Appendf(nil, `{"metadata":{"resourceVersion":%q,"labels":{%q:"true"}}}`, p.ResourceVersion, v1alpha1.UsedLabel)
-		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: set.Namespace}}
-		if err := r.Client.Patch(ctx, pod, client.RawPatch(types.MergePatchType, patch)); err != nil && !apierrors.IsNotFound(err) {
-			log.Info("add used mark", "pod", p.Name, "err", err.Error())
-		}
-	}
-	for _, d := range acts.Delete {
-		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: d.Name, Namespace: set.Namespace}}
-		uid, rv := d.UID, d.ResourceVersion
-		err := r.Client.Delete(ctx, pod, client.Preconditions{UID: &uid, ResourceVersion: &rv})
-		switch {
-		case err == nil:
-			r.expectations().ExpectDelete(key, d.UID, now)
-			r.Recorder.Eventf(set, nil, corev1.EventTypeNormal, EventSuccessfulDelete, "Delete", "Deleted pod: %s (%s)", d.Name, d.Reason)
-			if js != nil && js.exporters[d.Name] != nil {
-				r.deleteExporter(ctx, set.Namespace, d.Name)
-			}
-		case apierrors.IsNotFound(err):
-		case apierrors.IsConflict(err):
-			// Changed since the decision (e.g. just claimed): keep it; the
-			// change's event brings a fresh plan.
-			log.V(1).Info("pod changed since the plan; not deleted", "pod", d.Name, "reason", d.Reason)
-		default:
-			r.Recorder.Eventf(set, nil, corev1.EventTypeWarning, EventFailedDelete, "Delete", "Error deleting pod %s: %v", d.Name, err)
-		}
-	}
-	if acts.Create > 0 {
-		if js != nil && len(js.demand) > 0 {
-			r.Recorder.Eventf(set, nil, corev1.EventTypeNormal, EventLeaseDemand, "ScaleUp", "Creating %d pods for %d pending leases: %s",
-				acts.Create, len(js.demand), leaseList(js.demand))
-		}
-		if err := r.createPods(ctx, set, key, hash, int(acts.Create), now); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// createPods creates n pods in slow-start batches (1, 2, 4, ...) as the
-// ReplicaSet controller does: all of them in one pass when the API accepts
-// them, few wasted calls when it refuses (quota, admission).
-func (r *Reconciler) createPods(ctx context.Context, set *v1alpha1.ExporterSet, key types.NamespacedName, hash string, n int, now time.Time) error {
-	for batch, done := 1, 0; done < n; batch *= 2 {
-		size := min(batch, n-done)
-		errs := make([]error, size)
-		names := make([]string, size)
-		var wg sync.WaitGroup
-		for i := range size {
-			wg.Go(func() {
-				if set.Spec.Jumpstarter != nil {
-					names[i], errs[i] = r.createJumpstarterPod(ctx, set, key, hash, now)
-					return
-				}
-				pod := newPod(set, hash)
-				if err := r.Client.Create(ctx, pod); err != nil {
-					errs[i] = err
-					return
-				}
-				r.expectations().ExpectCreate(key, pod.Name, now)
-				names[i] = pod.Name
-			})
-		}
-		wg.Wait()
-		// One event per batch, not per pod: a 100-pod scale-up writes 7
-		// events instead of 100 (the apiserver is busy creating the pods).
-		if created := compact(names); len(created) > 0 {
-			r.Recorder.Eventf(set, nil, corev1.EventTypeNormal, EventSuccessfulCreate, "Create", "Created %s", podList(created))
-		}
-		if err := errors.Join(errs...); err != nil {
-			r.Recorder.Eventf(set, nil, corev1.EventTypeWarning, EventFailedCreate, "Create", "Error creating pod: %v", firstErr(errs))
-			return fmt.Errorf("create pods for exporterset %s (%d of %d done): %w", key, done+len(compact(names)), n, err)
-		}
-		done += size
-	}
-	return nil
-}
-
-// createJumpstarterPod creates one gated pod and its Exporter. A failed
-// Exporter create is retried by the next reconcile (setupPods).
-func (r *Reconciler) createJumpstarterPod(ctx context.Context, set *v1alpha1.ExporterSet, key types.NamespacedName, hash string, now time.Time) (string, error) {
-	var pod *corev1.Pod
-	var err error
-	for range 3 { // a name taken by chance: draw another
-		pod = newJumpstarterPod(set, hash)
-		if err = r.Client.Create(ctx, pod); !apierrors.IsAlreadyExists(err) {
-			break
-		}
-	}
-	if err != nil {
-		return "", err
-	}
-	r.expectations().ExpectCreate(key, pod.Name, now)
-	if err := r.Client.Create(ctx, newExporter(set, pod)); err != nil && !apierrors.IsAlreadyExists(err) {
-		logf.FromContext(ctx).Info("create exporter; retried on the next pass", "exporter", pod.Name, "err", err.Error())
-	}
-	return pod.Name, nil
-}
-
-func compact(names []string) []string {
-	var out []string
-	for _, n := range names {
-		if n != "" {
-			out = append(out, n)
-		}
-	}
-	return out
-}
-
-func firstErr(errs []error) error {
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// podList renders "pod: a" or "3 pods: a, b, c", with at most 10 names.
-func podList(names []string) string {
-	if len(names) == 1 {
-		return "pod: " + names[0]
-	}
-	shown := names[:min(len(names), 10)]
-	s := fmt.Sprintf("%d pods: %s", len(names), strings.Join(shown, ", "))
-	if len(names) > len(shown) {
-		s += fmt.Sprintf(" and %d more", len(names)-len(shown))
-	}
-	return s
-}
-
-// writeStatus merges the planned status into the set's status and writes it
-// when it changed.
-func (r *Reconciler) writeStatus(ctx context.Context, set *v1alpha1.ExporterSet, st Status, selector string, res *Resolved, now time.Time) error {
-	ns := set.Status.DeepCopy()
-	if res != nil { // nil: the class could not be applied; keep what was shown
-		ns.Class = res.Class
-		switch {
-		case res.Parameters == nil:
-			ns.Parameters = nil
-		case ns.Parameters == nil || !jsonEqual(ns.Parameters.Raw, res.Parameters):
-			// (the API server may write the same object differently)
-			ns.Parameters = &runtime.RawExtension{Raw: res.Parameters}
-		}
-	}
-	ns.Replicas, ns.DesiredReplicas, ns.ReadyReplicas = st.Replicas, st.Desired, st.Ready
-	ns.AvailableReplicas, ns.LeasedReplicas, ns.UpdatedReplicas = st.Available, st.Leased, st.Updated
-	ns.PendingLeases = st.PendingLeases
-	ns.ConsecutiveFailures = st.ConsecutiveFailures
-	ns.ScaleDownPendingSince = metaTime(st.ScaleDownPendingSince)
-	ns.LastFailureTime = metaTime(st.LastFailureTime)
-	if selector != "" {
-		ns.Selector = selector
-	}
-	ns.ObservedGeneration = set.Generation
-	last := map[string]int{} // a later condition of a type overrides an earlier one
-	for i, c := range st.Conditions {
-		last[c.Type] = i
-	}
-	for i, c := range st.Conditions {
-		if last[c.Type] != i {
-			continue
-		}
-		meta.SetStatusCondition(&ns.Conditions, metav1.Condition{Type: c.Type, Status: c.Status, Reason: c.Reason,
-			Message: c.Message, ObservedGeneration: set.Generation, LastTransitionTime: metav1.NewTime(now.Truncate(time.Second))})
-	}
-	// Equal to the cached status is not enough while the cache has not seen
-	// our last write: the stored status may differ from the cached one (e.g.
-	// leased 2 -> 1 written, 1 -> 2 planned from a cache still at 2). Then
-	// the update is sent; it conflicts on the stale version and the set is
-	// planned again once the cache caught up.
-	key := client.ObjectKeyFromObject(set)
-	if equality.Semantic.DeepEqual(&set.Status, ns) && !r.writePending(key, set.ResourceVersion) {
-		return nil
-	}
-	// A full update (not a merge patch) so that zero counts are written too:
-	// the printer columns and the scale subresource read them.
-	set.Status = *ns
-	if err := r.Client.Status().Update(ctx, set); err != nil {
-		return fmt.Errorf("update status of exporterset %s/%s: %w", set.Namespace, set.Name, err)
-	}
-	r.written.Store(key, set.ResourceVersion)
-	return nil
-}
-
-// writePending reports whether this controller wrote set key at a
-// resourceVersion other than rv (the cached one) and the cache has not been
-// seen to catch up.
-func (r *Reconciler) writePending(key types.NamespacedName, rv string) bool {
-	w, ok := r.written.Load(key)
-	return ok && w != rv
-}
-
-// jsonEqual reports whether a and b are the same JSON value.
-func jsonEqual(a, b []byte) bool {
-	var x, y any
-	if json.Unmarshal(a, &x) != nil || json.Unmarshal(b, &y) != nil {
-		return false
-	}
-	return equality.Semantic.DeepEqual(x, y)
-}
-
-// statusOf converts a stored status back to a planned one.
-func statusOf(s v1alpha1.ExporterSetStatus) Status {
-	st := Status{Replicas: s.Replicas, Desired: s.DesiredReplicas, Ready: s.ReadyReplicas, Available: s.AvailableReplicas,
-		Leased: s.LeasedReplicas, Updated: s.UpdatedReplicas, PendingLeases: s.PendingLeases, ConsecutiveFailures: s.ConsecutiveFailures}
-	if s.ScaleDownPendingSince != nil {
-		st.ScaleDownPendingSince = &s.ScaleDownPendingSince.Time
-	}
-	if s.LastFailureTime != nil {
-		st.LastFailureTime = &s.LastFailureTime.Time
-	}
-	return st
-}
-
-func metaTime(t *time.Time) *metav1.Time {
-	if t == nil {
-		return nil
-	}
-	mt := metav1.NewTime(t.Truncate(time.Second))
-	return &mt
-}
-
-func derefOr(p *int32, def int32) int32 {
-	if p == nil {
-		return def
-	}
-	return *p
-}
-
-// podState extracts what the planner needs from a pod.
-func podState(p *corev1.Pod, l Lease) PodState {
-	s := PodState{
-		Name: p.Name, UID: p.UID, ResourceVersion: p.ResourceVersion, Created: p.CreationTimestamp.Time,
-		Phase: p.Status.Phase, Terminating: p.DeletionTimestamp != nil,
-		Leased: l.Leased, Used: l.Used, LeaseExpires: l.Expires, TemplateHash: p.Labels[v1alpha1.TemplateHashLabel],
-		RemoveRequested: p.Annotations[v1alpha1.RemoveAnnotation] == "true",
-	}
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
-			s.Ready, s.ReadySince = true, c.LastTransitionTime.Time
-		}
-		if c.Type == corev1.PodReady && c.Status != corev1.ConditionTrue {
-			s.NotReadySince = c.LastTransitionTime.Time
-		}
-	}
-	if len(p.Status.ContainerStatuses) > 0 {
-		s.RestartCount = p.Status.ContainerStatuses[0].RestartCount
-	}
-	statuses := append(append([]corev1.ContainerStatus{}, p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...)
-	for _, cs := range statuses {
-		if w := cs.State.Waiting; w != nil && w.Reason != "" && s.WaitingReason == "" {
-			s.WaitingReason, s.WaitingMessage = w.Reason, w.Message
-		}
-		if t := cs.State.Terminated; t != nil && s.FailedReason == "" && t.ExitCode != 0 {
-			s.FailedReason, s.FailedMessage = t.Reason, fmt.Sprintf("container %s exited %d: %s", cs.Name, t.ExitCode, t.Message)
-		}
-	}
-	if p.Status.Reason != "" {
-		s.FailedReason, s.FailedMessage = p.Status.Reason, p.Status.Message
-	}
-	return s
-}
-
-// TemplateHash is a short, stable hash of a pod template; pods carry it in
-// v1alpha1.TemplateHashLabel.
-func TemplateHash(t *corev1.PodTemplateSpec) string {
-	h := fnv.New32a()
-	b, _ := json.Marshal(t) // a PodTemplateSpec always marshals
-	h.Write(b)
-	return rand.SafeEncodeString(strconv.FormatUint(uint64(h.Sum32()), 10))
-}
-
-// newPod builds a pod of the set from its template.
-func newPod(set *v1alpha1.ExporterSet, hash string) *corev1.Pod {
-	t := set.Spec.Template.DeepCopy()
-	lbls := make(map[string]string, len(t.Labels)+1)
-	for k, v := range t.Labels {
-		lbls[k] = v
-	}
-	delete(lbls, v1alpha1.LeaseLabel) // a new pod is never born leased
-	delete(lbls, v1alpha1.UsedLabel)
-	lbls[v1alpha1.TemplateHashLabel] = hash
-	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{
-			GenerateName:    set.Name + "-",
-			Namespace:       set.Namespace,
-			Labels:          lbls,
-			Annotations:     t.Annotations,
-			Finalizers:      t.Finalizers,
-			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(set, v1alpha1.GroupVersion.WithKind("ExporterSet"))},
-		},
-		Spec: t.Spec,
-	}
 }
