@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// TestDependencyDirection keeps the layering of DESIGN.md §2: qemu and oci
+// TestDependencyDirection keeps the layering of docs/architecture.md: qemu and oci
 // know nothing of Kubernetes (nor of each other), and the controller knows
 // nothing of QEMU or OCI images; the jumpstarter protocol packages know
 // nothing of Kubernetes, QEMU, OCI, the provider or the controller; the

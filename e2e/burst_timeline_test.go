@@ -18,7 +18,7 @@ import (
 // the Create call to the Ready seen by a watch. The bench's own clock gives
 // created (Create returned), bound (the watch saw spec.nodeName) and ready
 // (the watch saw Ready=True); the agent's log gives the node's steps (the
-// provider's "Start timeline" line, provider/timeline.go, at
+// provider's "Start timeline" line, provider/telemetry/timeline.go, at
 // -vmodule=timeline=2) and the status write (client-go's "Response" line of
 // the PATCH (or PUT) .../pods/<name>/status that carried Ready, at
 // -vmodule=round_trippers=6). All on one host: one clock.

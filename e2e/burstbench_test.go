@@ -76,7 +76,7 @@ func BenchmarkBurst(b *testing.B) {
 		ExtraConfig: burstConfig(os.Getenv("QK_BENCH_BURST_CONFIG")),
 		// client-go logs every rate limiter wait over 50 ms at V(3) and
 		// every response at V(6) (the status writes of the timeline); the
-		// provider its start timelines at V(2) (provider/timeline.go).
+		// provider its start timelines at V(2) (provider/telemetry/timeline.go).
 		AgentArgs: []string{"-vmodule=request=3,round_trippers=6,timeline=2"},
 	})
 	// Warm-up: the first pod pulls the image; the bursts find it cached.

@@ -85,7 +85,7 @@ func TestHeldPodStartsWhenEnabled(t *testing.T) {
 	})
 	// Left the hold: the status after the last FeatureDisabled is the start's
 	// ContainerCreating, or the failed pull itself when the status pump
-	// coalesced the two (it delivers the latest push: statuspump.go).
+	// coalesced the two (it delivers the latest push: podstatus/statuspump.go).
 	tags := h2.seenTags(pod.UID)
 	held := slices.Index(tags, "Pending/"+ReasonFeatureDisabled)
 	require.NotEqual(t, -1, held, "held before the reload: %v", tags)

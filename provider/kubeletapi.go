@@ -131,22 +131,22 @@ func (p *VMs) execInVM(ctx context.Context, namespace, name, container string, c
 	return guest.Exec(ctx, v.vm, namespace, name, cmd, attach)
 }
 
-// GetContainerLogs returns the VM's serial console (logs.go).
+// GetContainerLogs returns the VM's serial console (guest/logs.go).
 func (p *VMs) GetContainerLogs(ctx context.Context, namespace, podName, containerName string, opts api.ContainerLogOpts) (io.ReadCloser, error) {
 	return p.consoleLogs(ctx, namespace, podName, containerName, opts)
 }
 
-// RunInContainer: exec needs a guest agent (exec.go).
+// RunInContainer: exec needs a guest agent (guest/exec.go).
 func (p *VMs) RunInContainer(ctx context.Context, namespace, podName, containerName string, cmd []string, attach api.AttachIO) error {
 	return p.execInVM(ctx, namespace, podName, containerName, cmd, attach)
 }
 
-// AttachToContainer attaches to the VM's serial console (attach.go).
+// AttachToContainer attaches to the VM's serial console (guest/attach.go).
 func (p *VMs) AttachToContainer(ctx context.Context, namespace, podName, containerName string, attach api.AttachIO) error {
 	return p.attachToConsole(ctx, namespace, podName, containerName, attach)
 }
 
-// PortForward forwards to a guest TCP port (portforward.go).
+// PortForward forwards to a guest TCP port (guest/portforward.go).
 func (p *VMs) PortForward(ctx context.Context, namespace, pod string, port int32, stream io.ReadWriteCloser) error {
 	return p.portForward(ctx, namespace, pod, port, stream)
 }

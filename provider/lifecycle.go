@@ -51,7 +51,7 @@ func (p *VMs) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	p.pods[pod.UID] = rec
 	p.mu.Unlock()
 	if rej == nil {
-		p.cfg.Telemetry.BeginTimeline(pod.UID, called) // timeline.go
+		p.cfg.Telemetry.BeginTimeline(pod.UID, called) // telemetry/timeline.go
 		p.cfg.Telemetry.Mark(pod.UID, telemetry.StepAdmitted, time.Now())
 	}
 

@@ -39,7 +39,7 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (VM, bool) {
 		case <-pctx.Done():
 		}
 	}()
-	att := p.cfg.Telemetry.BeginStart(pctx, rec.uid, pod, plan.Image) // tracing.go: pod.start span, start metrics
+	att := p.cfg.Telemetry.BeginStart(pctx, rec.uid, pod, plan.Image) // telemetry/tracing.go: pod.start span, start metrics
 	defer att.Done()
 
 	img, ok := p.pullImage(pctx, rec, pod, plan, att)

@@ -37,7 +37,7 @@ func (p *VMs) StatusResyncHandler() cache.ResourceEventHandler {
 
 // ResyncStatus re-sends pod's status when the API server's copy (apiPod)
 // disagrees with the node's. Unknown pods are ignored. Never blocks on the
-// API server (the push is asynchronous, statuspump.go).
+// API server (the push is asynchronous, podstatus/statuspump.go).
 func (p *VMs) ResyncStatus(apiPod *corev1.Pod) {
 	if apiPod == nil {
 		return

@@ -84,7 +84,7 @@ type VMsConfig struct {
 	StartTimeout time.Duration
 	// DefaultGrace is the grace period when a pod gives none (default 30s).
 	DefaultGrace time.Duration
-	// Telemetry receives start/exit metrics and spans (optional; tracing.go).
+	// Telemetry receives start/exit metrics and spans (optional; telemetry/tracing.go).
 	Telemetry *telemetry.Telemetry
 	// Exporters runs the Jumpstarter exporters of pods that name an
 	// exporter Secret (package exporter); nil: such pods show the exporter
@@ -105,7 +105,7 @@ type VMsConfig struct {
 	VMOverhead int64
 	// VMCgroup, when set (vmCgroup mode Own), runs every QEMU in a cgroup
 	// of its own under its Root and Parent, with the limits VMCgroup
-	// (cgroup.go) derives from the pod; nil: the agent's cgroup.
+	// (podspec/cgroup.go) derives from the pod; nil: the agent's cgroup.
 	VMCgroup *qemu.Cgroup
 	// VMUser, when set, is the uid and gid every QEMU starts as (vmUser in
 	// the node configuration; qemu.Spec.RunAs); nil: the agent's own. VMs
@@ -136,7 +136,7 @@ type VMs struct {
 	// featuresChanged is closed (and replaced) by SetFeatures: it wakes
 	// the pods held for features.
 	featuresChanged chan struct{}
-	// pump delivers statuses to notify, per pod, newest only (statuspump.go).
+	// pump delivers statuses to notify, per pod, newest only (podstatus/statuspump.go).
 	pump podstatus.StatusPump
 	// snaps: who creates which memory snapshot (package snapshot).
 	snaps snapshot.Store
@@ -346,7 +346,7 @@ func (p *VMs) snapshot(rec *podVM) *corev1.Pod {
 }
 
 // push has the pod's current status sent to the library: asynchronously,
-// coalesced per pod and in order (statuspump.go).
+// coalesced per pod and in order (podstatus/statuspump.go).
 func (p *VMs) push(rec *podVM) {
 	p.pump.Push(rec.uid, func() {
 		p.mu.Lock()
@@ -357,7 +357,7 @@ func (p *VMs) push(rec *podVM) {
 		if cb != nil {
 			cb(pod)
 		}
-		p.cfg.Telemetry.StatusDelivered(p.log, pod, sent, time.Now()) // timeline.go
+		p.cfg.Telemetry.StatusDelivered(p.log, pod, sent, time.Now()) // telemetry/timeline.go
 	})
 }
 

@@ -166,7 +166,7 @@ func Settings(pod *corev1.Pod, secret *corev1.Secret) (jumpstarter.Config, error
 			cfg.Labels[k] = v
 		}
 	}
-	login, err := podspec.GuestLoginFromSecret(secret, where) // podspec/guestlogin.go
+	login, err := podspec.GuestLoginFromSecret(secret, where) // provider/podspec/guestlogin.go
 	if err != nil {
 		return cfg, err
 	}

@@ -35,7 +35,7 @@ const (
 	AnnotationRequireAccelerator = AnnotationPrefix + "accelerator"
 	// AnnotationStartFromSnapshot "true" starts the VM from a memory
 	// snapshot of the same image and VM shape taken at its readiness
-	// point, instead of booting (snapshots.go, docs/pods.md). Needs a
+	// point, instead of booting (provider/snapshots.go, docs/pods.md). Needs a
 	// readinessProbe: its first success is the point the snapshot is
 	// taken at.
 	AnnotationStartFromSnapshot = AnnotationPrefix + "start-from-snapshot"
@@ -57,7 +57,7 @@ var knownAnnotations = map[string]bool{
 	AnnotationMachine: true, AnnotationFirmware: true, AnnotationKernelCmdline: true, AnnotationRequireAccelerator: true,
 	AnnotationStartFromSnapshot:          true,
 	AnnotationDisplay:                    true,
-	v1alpha1.JumpstarterSecretAnnotation: true, // exporter.go
+	v1alpha1.JumpstarterSecretAnnotation: true, // provider/exporter
 	// The ExporterSet controller's: the parameters reach the guest through
 	// the QK_PARAMETERS env fieldRef (environment disk); the state and
 	// reclaim policies are the node's (package poddisk); the removal mark is the
@@ -261,7 +261,7 @@ func translateContainer(c corev1.Container, bad func(field, format string, a ...
 		if pr.probe == nil {
 			continue
 		}
-		// probes.go runs tcpSocket and httpGet probes through the VM's
+		// provider/probes.go runs tcpSocket and httpGet probes through the VM's
 		// user network and exec probes through the guest agent (every VM
 		// has its channel); grpc is not implemented, so such a probe could
 		// only ever fail (a liveness probe would restart the VM forever).

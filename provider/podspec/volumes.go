@@ -18,7 +18,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 )
 
-// Configuration reaches the guest as disks, as DESIGN.md §3 says:
+// Configuration reaches the guest as disks (docs/kubelet-api.md,
+// "Configuration into the guest"):
 //   - a secret or configMap volume becomes a small read-only FAT disk whose
 //     label is the volume name (upper-cased by FAT; at most 11 characters)
 //     and whose files are the keys (or the items' paths);

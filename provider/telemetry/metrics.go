@@ -35,7 +35,7 @@ const (
 	MetricVMsMemoryRSS = "qemu_kubelet_vms_memory_rss_bytes"
 	MetricVMsMemoryPSS = "qemu_kubelet_vms_memory_pss_bytes"
 
-	// Jumpstarter exporters (exporter.go).
+	// Jumpstarter exporters (provider/exporter).
 	MetricJumpstarterRegistrations = "qemu_kubelet_jumpstarter_registrations_total"
 	MetricJumpstarterDriverCalls   = "qemu_kubelet_jumpstarter_driver_calls_total"
 	MetricJumpstarterStreamsActive = "qemu_kubelet_jumpstarter_streams_active"
