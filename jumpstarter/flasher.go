@@ -1,11 +1,7 @@
 package jumpstarter
 
 import (
-	"bufio"
-	"bytes"
-	"compress/bzip2"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 
@@ -171,71 +167,6 @@ func (l *limitReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// Decoders bound what a hostile stream can make the exporter allocate.
-const (
-	zstdMaxWindow = 32 << 20
-	xzMaxDict     = 64 << 20
-)
-
-// decoder decodes enc (a content encoding the exporter accepted).
-func decoder(enc string, r io.Reader) (io.Reader, error) {
-	switch enc {
-	case EncodingGzip:
-		zr, err := gzip.NewReader(r)
-		if err != nil {
-			return nil, fmt.Errorf("gzip: %w", err)
-		}
-		return &decodeErrs{r: zr, name: enc}, nil
-	case EncodingXZ:
-		br := bufio.NewReaderSize(r, 64)
-		if err := checkXZDict(br); err != nil {
-			return nil, err
-		}
-		zr, err := xz.NewReader(br)
-		if err != nil {
-			return nil, fmt.Errorf("xz: %w", err)
-		}
-		return &decodeErrs{r: zr, name: enc}, nil
-	case EncodingBZ2:
-		return &decodeErrs{r: bzip2.NewReader(r), name: enc}, nil
-	case EncodingZstd:
-		zr, err := zstd.NewReader(r, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true), zstd.WithDecoderMaxWindow(zstdMaxWindow))
-		if err != nil {
-			return nil, fmt.Errorf("zstd: %w", err)
-		}
-		return &decodeErrs{r: zr, name: enc, close: zr.Close}, nil
-	}
-	return nil, fmt.Errorf("%w: content encoding %q", ErrInvalidArgument, enc)
-}
-
-// decodeErrs names the codec in errors and turns a truncated stream's
-// io.EOF-like end into an error (a decoder that ends early is corrupt
-// input, never a complete image).
-type decodeErrs struct {
-	r     io.Reader
-	name  string
-	close func()
-}
-
-func (d *decodeErrs) Read(p []byte) (int, error) {
-	n, err := d.r.Read(p)
-	var se *sourceError
-	switch {
-	case err == nil || errors.Is(err, io.EOF) || errors.As(err, &se):
-		return n, err
-	case errors.Is(err, io.ErrUnexpectedEOF):
-		return n, fmt.Errorf("%w: the %s stream is truncated", ErrInvalidArgument, d.name)
-	}
-	return n, fmt.Errorf("%w: the %s stream is corrupt: %v", ErrInvalidArgument, d.name, err)
-}
-
-func (d *decodeErrs) Close() error {
-	if d.close != nil {
-		d.close()
-	}
-	return nil
-}
-
 // sourceError is a failure of the resource transfer itself (the client
 // stopped, stalled, the HTTP request failed), as opposed to its content.
 type sourceError struct{ err error }
@@ -263,105 +194,4 @@ func encoder(enc string, w io.Writer) (io.WriteCloser, error) {
 		return zstd.NewWriter(w, zstd.WithEncoderConcurrency(1), zstd.WithEncoderLevel(zstd.SpeedFastest))
 	}
 	return nil, fmt.Errorf("%w: content encoding %q cannot be written", ErrInvalidArgument, enc)
-}
-
-// signatures are upstream's COMPRESSION_SIGNATURES.
-var signatures = []struct {
-	magic []byte
-	enc   string
-}{
-	{[]byte{0x1f, 0x8b, 0x08}, EncodingGzip},
-	{[]byte{0xfd, 0x37, 0x7a, 0x58, 0x5a, 0x00}, EncodingXZ},
-	{[]byte{0x42, 0x5a, 0x68}, EncodingBZ2},
-	{[]byte{0x28, 0xb5, 0x2f, 0xfd}, EncodingZstd},
-}
-
-// autoDecompress detects a compressed image by its first bytes and
-// decodes it; other bytes pass unchanged (format "raw"). An empty source
-// is refused.
-func autoDecompress(r io.Reader) (io.Reader, string, error) {
-	br := bufio.NewReaderSize(r, 64<<10)
-	head, err := br.Peek(8)
-	if len(head) == 0 {
-		if err == nil || errors.Is(err, io.EOF) {
-			return nil, "", fmt.Errorf("%w: the image is empty", ErrInvalidArgument)
-		}
-		return nil, "", err
-	}
-	for _, sg := range signatures {
-		if bytes.HasPrefix(head, sg.magic) {
-			d, err := decoder(sg.enc, br)
-			if err != nil {
-				return nil, "", err
-			}
-			return d, sg.enc, nil
-		}
-	}
-	return br, "raw", nil
-}
-
-// checkXZDict refuses an xz stream whose first block declares an LZMA2
-// dictionary beyond xzMaxDict (the decoder would allocate it). It peeks
-// the stream header (12 bytes) and the first block header.
-func checkXZDict(br *bufio.Reader) error {
-	head, err := br.Peek(12 + 2)
-	if err != nil {
-		return nil // too short: the decoder reports it
-	}
-	size := (int(head[12]) + 1) * 4
-	if head[12] == 0 { // an index, no block
-		return nil
-	}
-	bh, err := br.Peek(12 + size)
-	if err != nil {
-		return nil
-	}
-	bh = bh[12:]
-	flags := bh[1]
-	i := 2
-	varint := func() (uint64, bool) {
-		var v uint64
-		for sh := 0; i < len(bh) && sh < 63; sh += 7 {
-			b := bh[i]
-			i++
-			v |= uint64(b&0x7f) << sh
-			if b&0x80 == 0 {
-				return v, true
-			}
-		}
-		return 0, false
-	}
-	if flags&0x40 != 0 {
-		varint()
-	}
-	if flags&0x80 != 0 {
-		varint()
-	}
-	for f := 0; f <= int(flags&0x03); f++ {
-		id, ok := varint()
-		if !ok {
-			return nil
-		}
-		psize, ok := varint()
-		if !ok || i+int(psize) > len(bh) {
-			return nil
-		}
-		if id == 0x21 && psize == 1 { // LZMA2
-			c := bh[i] & 0x3f
-			if c > 40 {
-				return nil
-			}
-			var dict uint64
-			if c == 40 {
-				dict = 1<<32 - 1
-			} else {
-				dict = uint64(2|(c&1)) << (c/2 + 11)
-			}
-			if dict > xzMaxDict {
-				return fmt.Errorf("%w: xz stream needs a %d MiB dictionary (at most %d MiB: recompress with xz -6 or lower)", ErrInvalidArgument, dict>>20, xzMaxDict>>20)
-			}
-		}
-		i += int(psize)
-	}
-	return nil
 }
