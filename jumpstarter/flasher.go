@@ -91,6 +91,13 @@ func (s *server) flashResource(ctx context.Context, d *driver, args []any) error
 	if err != nil {
 		return err
 	}
+	release, err := s.transferSlot(ctx, "flash", nil) // limits.go
+	if err != nil {
+		return fmt.Errorf("flash %s: %w", part, err)
+	}
+	defer release()
+	ctx, cancel := context.WithTimeout(ctx, s.e.cfg.Resources.withDefaults().TransferTimeout)
+	defer cancel()
 	src, what, err := s.openSource(ctx, d, arg(args, 0))
 	if err != nil {
 		return fmt.Errorf("flash %s: %w", part, err)
@@ -123,6 +130,13 @@ func (s *server) dump(ctx context.Context, d *driver, args []any) error {
 	if err != nil {
 		return err
 	}
+	release, err := s.transferSlot(ctx, "dump", nil) // limits.go
+	if err != nil {
+		return fmt.Errorf("dump %s: %w", part, err)
+	}
+	defer release()
+	ctx, cancel := context.WithTimeout(ctx, s.e.cfg.Resources.withDefaults().TransferTimeout)
+	defer cancel()
 	rc, size, err := dt.ReadPartition(ctx, part)
 	if err != nil {
 		return fmt.Errorf("dump %s: %w", part, err)

@@ -13,7 +13,6 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -65,13 +64,19 @@ type ResourceOptions struct {
 	// StallTimeout fails a transfer when the peer sends (or, for dump,
 	// accepts) nothing for this long (default 60 s).
 	StallTimeout time.Duration
-	// FetchTimeout bounds a whole presigned_request transfer (default 2 h,
-	// upstream's resource timeout).
-	FetchTimeout time.Duration
-	// AllowLocalFetch lets presigned_request URLs reach loopback and
-	// link-local addresses (the node itself, cloud metadata services),
-	// which are refused by default: a lease holder could otherwise read
-	// them through flash and dump. Tests only.
+	// TransferTimeout bounds a whole transfer, client_stream or
+	// presigned_request, flash or dump, besides the stall timeout
+	// (default 2 h, upstream's resource timeout).
+	TransferTimeout time.Duration
+	// Fetch says where presigned requests and flash_oci registries may
+	// be reached (fetchpolicy.go).
+	Fetch FetchPolicy
+	// Transfers bounds the flashes and dumps running at once; the node
+	// shares one among all its exporters (nil: no bound).
+	Transfers *TransferLimiter
+	// AllowLocalFetch lifts the fetch policy altogether: presigned
+	// requests and flash_oci registries may be anywhere, over plain HTTP
+	// too. Tests only.
 	AllowLocalFetch bool
 }
 
@@ -82,8 +87,8 @@ func (o ResourceOptions) withDefaults() ResourceOptions {
 	if o.StallTimeout <= 0 {
 		o.StallTimeout = 60 * time.Second
 	}
-	if o.FetchTimeout <= 0 {
-		o.FetchTimeout = 2 * time.Hour
+	if o.TransferTimeout <= 0 {
+		o.TransferTimeout = 2 * time.Hour
 	}
 	return o
 }
@@ -283,7 +288,8 @@ func (s *server) openSource(ctx context.Context, d *driver, arg any) (io.ReadClo
 	if err != nil {
 		return nil, "", err
 	}
-	sr := &streamReader{c: c.conn, stall: opts.StallTimeout}
+	sr := &streamReader{c: c.conn, stall: opts.StallTimeout, total: opts.TransferTimeout}
+	sr.deadline, _ = ctx.Deadline()
 	var r io.Reader = sr
 	what := "client stream " + c.id
 	if c.enc != "" {
@@ -314,30 +320,51 @@ func (r *claimedReader) Close() error {
 	return nil
 }
 
-// streamReader reads a client_stream with a stall deadline on every Read.
+// streamReader reads a client_stream with a stall deadline on every Read
+// and the transfer's deadline (zero: none) over all of them.
 type streamReader struct {
-	c      *streamconn.Conn
-	stall  time.Duration
-	n      int64
-	failed error
+	c        *streamconn.Conn
+	stall    time.Duration
+	deadline time.Time
+	total    time.Duration // what the deadline allows, for messages
+	n        int64
+	failed   error
 }
 
 func (r *streamReader) Read(p []byte) (int, error) {
 	if r.failed != nil {
 		return 0, r.failed
 	}
-	_ = r.c.SetReadDeadline(time.Now().Add(r.stall))
+	dl, whole := transferDeadline(r.stall, r.deadline)
+	_ = r.c.SetReadDeadline(dl)
 	n, err := r.c.Read(p)
 	r.n += int64(n)
 	switch {
 	case err == nil || errors.Is(err, io.EOF):
 		return n, err
+	case errors.Is(err, os.ErrDeadlineExceeded) && whole:
+		r.failed = &sourceError{tooLong(r.total, r.n)}
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		r.failed = &sourceError{fmt.Errorf("the client sent nothing for %s (after %d bytes): %w", r.stall, r.n, context.DeadlineExceeded)}
 	default:
 		r.failed = &sourceError{fmt.Errorf("the client's resource stream ended abnormally after %d bytes: %w", r.n, streamErr(err))}
 	}
 	return n, r.failed
+}
+
+// transferDeadline is the deadline of the next read or write: stall from
+// now, or the transfer's deadline when that comes first (whole).
+func transferDeadline(stall time.Duration, deadline time.Time) (time.Time, bool) {
+	dl := time.Now().Add(stall)
+	if !deadline.IsZero() && deadline.Before(dl) {
+		return deadline, true
+	}
+	return dl, false
+}
+
+// tooLong is the error of a transfer that outlived its time limit.
+func tooLong(total time.Duration, n int64) error {
+	return fmt.Errorf("the transfer did not end within %s, the node's limit for one transfer (after %d bytes): %w", total, n, context.DeadlineExceeded)
 }
 
 // streamErr says what a stream's error means without the gRPC wrapping.
@@ -376,7 +403,9 @@ func (s *server) openSink(ctx context.Context, d *driver, arg any, size int64) (
 		return nil, "", err
 	}
 	w := &streamSink{c: c, stall: opts.StallTimeout}
-	w.w = io.Writer(&stallWriter{c: c, stall: opts.StallTimeout})
+	sw := &stallWriter{c: c, stall: opts.StallTimeout, total: opts.TransferTimeout}
+	sw.deadline, _ = ctx.Deadline()
+	w.w = io.Writer(sw)
 	what := "client stream " + c.id
 	if c.enc != "" {
 		ew, err := encoder(c.enc, w.w)
@@ -427,17 +456,23 @@ func (w *streamSink) Abort(error) {
 // stallWriter fails a Write the client does not take within stall (flow
 // control holds Send while the client reads nothing).
 type stallWriter struct {
-	c     *clientStream
-	stall time.Duration
-	n     int64
+	c        *clientStream
+	stall    time.Duration
+	deadline time.Time
+	total    time.Duration
+	n        int64
 }
 
 func (w *stallWriter) Write(p []byte) (int, error) {
-	t := time.AfterFunc(w.stall, w.c.done) // the handler returns: the stream ends
+	dl, whole := transferDeadline(w.stall, w.deadline)
+	t := time.AfterFunc(time.Until(dl), w.c.done) // the handler returns: the stream ends
 	n, err := w.c.conn.Write(p)
 	stalled := !t.Stop()
 	w.n += int64(n)
 	if err != nil {
+		if stalled && whole {
+			return n, tooLong(w.total, w.n)
+		}
 		if stalled {
 			return n, fmt.Errorf("the client took nothing for %s (after %d bytes): %w", w.stall, w.n, context.DeadlineExceeded)
 		}
@@ -466,26 +501,18 @@ func redactURL(raw string) string {
 }
 
 // httpClient is the client presigned requests use: no proxy from the
-// environment, redirects (at most 10) drop credentials across origins,
-// and loopback/link-local destinations are refused unless allowed (the
-// check is on the address dialled, so DNS cannot route around it).
+// environment, redirects (at most 10, http or https) drop credentials
+// across origins, and every connection, a redirect's too, dials only
+// where the fetch policy allows (the check is on the address dialled, so
+// DNS cannot route around it).
 func httpClient(opts ResourceOptions) *http.Client {
 	dialer := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
+	dial := dialer.DialContext
 	if !opts.AllowLocalFetch {
-		dialer.Control = func(_, address string, _ syscall.RawConn) error {
-			host, _, err := net.SplitHostPort(address)
-			if err != nil {
-				return err
-			}
-			ip := net.ParseIP(host)
-			if ip == nil || ip.IsLoopback() || ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() || ip.IsUnspecified() || ip.IsMulticast() {
-				return fmt.Errorf("address %s is the node itself or link-local: presigned requests may not reach it", host)
-			}
-			return nil
-		}
+		dial = opts.Fetch.dialContext(dialer)
 	}
 	tr := &http.Transport{
-		DialContext:           dialer.DialContext,
+		DialContext:           dial,
 		ForceAttemptHTTP2:     true,
 		TLSHandshakeTimeout:   30 * time.Second,
 		ResponseHeaderTimeout: 2 * time.Minute,
@@ -494,6 +521,9 @@ func httpClient(opts ResourceOptions) *http.Client {
 	return &http.Client{Transport: tr, CheckRedirect: func(req *http.Request, via []*http.Request) error {
 		if len(via) > 10 {
 			return fmt.Errorf("too many redirects (10)")
+		}
+		if req.URL.Scheme != "http" && req.URL.Scheme != "https" {
+			return fmt.Errorf("%w: a redirect to %s (http or https only)", ErrInvalidArgument, redactURL(req.URL.String()))
 		}
 		prev := via[len(via)-1].URL
 		if prev.Scheme != req.URL.Scheme || prev.Host != req.URL.Host {
@@ -512,9 +542,9 @@ func httpClient(opts ResourceOptions) *http.Client {
 }
 
 // fetch GETs a presigned_request; the body is read with a stall watchdog
-// and the whole transfer is bounded by FetchTimeout.
+// and the whole transfer is bounded by ctx (the transfer's deadline).
 func fetch(ctx context.Context, h resourceHandle, opts ResourceOptions) (io.ReadCloser, error) {
-	ctx, cancel := context.WithTimeout(ctx, opts.FetchTimeout)
+	ctx, cancel := context.WithCancel(ctx)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, h.URL, nil)
 	if err != nil {
 		cancel()
@@ -526,15 +556,35 @@ func fetch(ctx context.Context, h resourceHandle, opts ResourceOptions) (io.Read
 	resp, err := httpClient(opts).Do(req)
 	if err != nil {
 		cancel()
-		return nil, fmt.Errorf("presigned GET %s failed: %s", redactURL(h.URL), redactErr(err, h.URL))
+		return nil, fmt.Errorf("presigned GET %s failed: %w", redactURL(h.URL), requestErr(err, h.URL))
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		resp.Body.Close()
 		cancel()
 		return nil, fmt.Errorf("presigned GET %s failed: status %s", redactURL(h.URL), resp.Status)
 	}
-	return &bodyReader{body: resp.Body, cancel: cancel, stall: opts.StallTimeout, url: h.URL}, nil
+	return &bodyReader{ctx: ctx, body: resp.Body, cancel: cancel, stall: opts.StallTimeout, total: opts.TransferTimeout, url: h.URL}, nil
 }
+
+// requestErr is the error of an HTTP request without the URL's query:
+// a refusal of the fetch policy as itself (ErrInvalidArgument), any other
+// as its redacted message.
+func requestErr(err error, raw string) error {
+	var refused *RefusedError
+	switch {
+	case errors.As(err, &refused):
+		return refused
+	case errors.Is(err, ErrInvalidArgument):
+		return invalidArg(redactErr(err, raw))
+	}
+	return errors.New(redactErr(err, raw))
+}
+
+// invalidArg is an ErrInvalidArgument with a message of its own.
+type invalidArg string
+
+func (e invalidArg) Error() string { return string(e) }
+func (e invalidArg) Unwrap() error { return ErrInvalidArgument }
 
 // redactErr is err's message without the URL's query.
 func redactErr(err error, raw string) string {
@@ -549,6 +599,8 @@ func redactErr(err error, raw string) string {
 // bodyReader reads an HTTP body; a Read that waits longer than stall
 // cancels the request.
 type bodyReader struct {
+	ctx    context.Context // the request's: its deadline is the transfer's
+	total  time.Duration
 	body   io.ReadCloser
 	cancel context.CancelFunc
 	stall  time.Duration
@@ -568,9 +620,12 @@ func (r *bodyReader) Read(p []byte) (int, error) {
 	stalled := !t.Stop()
 	r.n += int64(n)
 	if err != nil && !errors.Is(err, io.EOF) {
-		if stalled {
+		switch {
+		case stalled:
 			r.failed = &sourceError{fmt.Errorf("presigned GET %s sent nothing for %s (after %d bytes): %w", redactURL(r.url), r.stall, r.n, context.DeadlineExceeded)}
-		} else {
+		case errors.Is(r.ctx.Err(), context.DeadlineExceeded):
+			r.failed = &sourceError{fmt.Errorf("presigned GET %s: %w", redactURL(r.url), tooLong(r.total, r.n))}
+		default:
 			r.failed = &sourceError{fmt.Errorf("presigned GET %s broke after %d bytes: %s", redactURL(r.url), r.n, redactErr(err, r.url))}
 		}
 		return n, r.failed
@@ -590,10 +645,18 @@ type putSink struct {
 	resp   chan error
 	cancel context.CancelFunc
 	url    string
+	once   sync.Once
+	err    error // the request's outcome, once resp gave it
+}
+
+// result waits for the request's outcome.
+func (w *putSink) result() error {
+	w.once.Do(func() { w.err = <-w.resp })
+	return w.err
 }
 
 func put(ctx context.Context, h resourceHandle, size int64, opts ResourceOptions) (sink, error) {
-	ctx, cancel := context.WithTimeout(ctx, opts.FetchTimeout)
+	ctx, cancel := context.WithCancel(ctx)
 	pr, pw := io.Pipe()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPut, h.URL, pr)
 	if err != nil {
@@ -610,7 +673,7 @@ func put(ctx context.Context, h resourceHandle, size int64, opts ResourceOptions
 	go func() {
 		resp, err := httpClient(opts).Do(req)
 		if err != nil {
-			err = fmt.Errorf("presigned PUT %s failed: %s", redactURL(h.URL), redactErr(err, h.URL))
+			err = fmt.Errorf("presigned PUT %s failed: %w", redactURL(h.URL), requestErr(err, h.URL))
 			pr.CloseWithError(err)
 			w.resp <- err
 			return
@@ -626,11 +689,21 @@ func put(ctx context.Context, h resourceHandle, size int64, opts ResourceOptions
 	return w, nil
 }
 
-func (w *putSink) Write(p []byte) (int, error) { return w.pw.Write(p) }
+// Write sends p; once the request stopped taking the body, its error
+// says why.
+func (w *putSink) Write(p []byte) (int, error) {
+	n, err := w.pw.Write(p)
+	if err != nil {
+		if rerr := w.result(); rerr != nil {
+			return n, rerr
+		}
+	}
+	return n, err
+}
 
 func (w *putSink) Close() error {
 	_ = w.pw.Close()
-	err := <-w.resp
+	err := w.result()
 	w.cancel()
 	return err
 }
@@ -638,5 +711,5 @@ func (w *putSink) Close() error {
 func (w *putSink) Abort(err error) {
 	w.pw.CloseWithError(err)
 	w.cancel()
-	<-w.resp
+	_ = w.result()
 }

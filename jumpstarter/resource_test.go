@@ -36,10 +36,24 @@ type diskTarget struct {
 	limits   map[string]int64
 	writes   map[string]int // installed writes by partition
 	ociParts []string       // FlashOCIPartition calls: partition=ref
+	// block, when set, holds the first WritePartition (after it read its
+	// image) until it is closed; blocked is closed once one waits there.
+	block   chan struct{}
+	blocked chan struct{}
+}
+
+// waitBlocked waits until a WritePartition waits on block.
+func (d *diskTarget) waitBlocked(t *testing.T) {
+	t.Helper()
+	select {
+	case <-d.blocked:
+	case <-time.After(time.Minute):
+		t.Fatal("no WritePartition reached the block")
+	}
 }
 
 func newDiskTarget(f *fakeTarget) *diskTarget {
-	return &diskTarget{fakeTarget: f, writes: map[string]int{}, parts: map[string][]byte{"OVMF_CODE.fd": []byte("node-default-ovmf-code")},
+	return &diskTarget{fakeTarget: f, writes: map[string]int{}, blocked: make(chan struct{}), parts: map[string][]byte{"OVMF_CODE.fd": []byte("node-default-ovmf-code")},
 		limits: map[string]int64{"root": 8 << 20, "bios": 1 << 20, "OVMF_CODE.fd": 1 << 20, "OVMF_VARS.fd": 1 << 20}}
 }
 
@@ -58,6 +72,13 @@ func (d *diskTarget) WritePartition(ctx context.Context, p string, img io.Reader
 	}
 	progress(fmt.Sprintf("installing %d bytes", aside.Len()))
 	d.mu.Lock()
+	if b := d.block; b != nil {
+		d.block = nil
+		close(d.blocked)
+		d.mu.Unlock()
+		<-b
+		d.mu.Lock()
+	}
 	defer d.mu.Unlock()
 	d.parts[p] = aside.Bytes()
 	d.writes[p]++
@@ -546,7 +567,7 @@ func TestPresignedRequests(t *testing.T) {
 	_, s2, uuidOf2 := leased(t, mutate2)
 	_, err = s2.Call(ctx, uuidOf2("flasher"), "flash", presigned("GET", "/img.xz?X-Amz-Signature=s3cr3t"), "root")
 	require.Error(t, err)
-	assert.Contains(t, status.Convert(err).Message(), "presigned requests may not reach it")
+	assert.Contains(t, status.Convert(err).Message(), "is the node itself: the node does not connect there for a lease")
 }
 
 // TestDecodersRefuseBombs: a zstd frame asking for a window beyond the

@@ -293,6 +293,11 @@ func (s *server) flashOCI(ctx context.Context, args []any, send func(any) error)
 			return cf.FlashWithCredentials(ctx, ref, *creds, progress)
 		}
 	}
+	if opts := s.e.cfg.Resources; !opts.AllowLocalFetch {
+		if err := opts.Fetch.CheckRegistry(ctx, ref); err != nil { // fetchpolicy.go
+			return fmt.Errorf("flash_oci %s: %w", ref, err)
+		}
+	}
 	s.e.logs.Add(LogEntry{Driver: DriverFlasher, Operation: "flash", Message: "flashing " + ref})
 
 	// Target.Flash calls progress from its own goroutine(s); one goroutine
@@ -309,6 +314,14 @@ func (s *server) flashOCI(ctx context.Context, args []any, send func(any) error)
 		}
 	}
 	go func() {
+		release, err := s.transferSlot(ctx, "flash", progress) // limits.go
+		if err != nil {
+			done <- err
+			return
+		}
+		defer release()
+		ctx, cancel := context.WithTimeout(ctx, s.e.cfg.Resources.withDefaults().TransferTimeout)
+		defer cancel()
 		if part != PartitionRoot { // flasher.go
 			dt, err := s.diskTarget()
 			if err == nil {
