@@ -222,8 +222,6 @@ func TestTransferQueue(t *testing.T) {
 	assert.Equal(t, 0, lim.Running(), "every slot given back")
 }
 
-
-
 // trickle sends a byte every tick until ctx ends: never a stall, never
 // an end.
 type trickle struct {
