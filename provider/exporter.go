@@ -107,12 +107,6 @@ func (e podExporter) VM() exporter.VM {
 func (e podExporter) Event(typ, reason, msg string) { e.p.event(e.Pod(), typ, reason, msg) }
 func (e podExporter) Changed()                      { e.p.push(e.rec) }
 
-func (e podExporter) PullSecrets(ctx context.Context) [][]byte {
-	pod := e.Pod()
-	plan, _ := e.Record()
-	return e.p.pullSecrets(ctx, pod, plan.PullSecrets)
-}
-
 func (e podExporter) PowerOn(ctx context.Context) error {
 	return e.p.request(ctx, e.rec, vmRequest{op: opPowerOn})
 }
@@ -163,17 +157,35 @@ func (e podExporter) SetSize(check func(*corev1.Pod, podspec.NodeCapacity, []*co
 }
 
 // installFlash makes the flash the one the VM boots from now on
-// (exporter.Flash: Place, then Record): the next start makes a fresh
-// overlay over it (a crash in between leaves a fresh disk and no flash
-// recorded). It is written to the state dir (status.json) before it is
-// answered, so a VM restart and an agent restart keep it. The request's
-// image hold becomes the pod's. Worker only, with no VM running.
+// (exporter.Flash: Place, Record, then Commit): the next start makes a
+// fresh overlay over it. It is written to the state dir (status.json)
+// before it is answered, so a VM restart and an agent restart keep it. A
+// flash that fails half way (Place, or the status write) leaves the
+// pod's record and disk as they were, and status.json as it was written
+// last. The request's image hold becomes the pod's. Worker only, with no
+// VM running.
 func (p *VMs) installFlash(rec *podVM, f *exporter.Flash) error {
-	if err := f.Place(rec.dir, filepath.Join(rec.dir, OverlayFileName)); err != nil {
+	placed, err := f.Place(rec.dir, filepath.Join(rec.dir, OverlayFileName))
+	if err != nil {
 		return err
 	}
 	rec.mu.Lock()
+	before := rec.state
 	podImageGoes, stale := f.Record(rec.dir, &rec.state)
+	rec.mu.Unlock()
+	// Through the pod's status writer (persist.go): serialized with the
+	// other owners' writes, and the newest state is the last written.
+	if err := rec.persistKeep(); err != nil {
+		rec.mu.Lock()
+		f.Unrecord(&rec.state, before)
+		rec.mu.Unlock()
+		if uerr := placed.Undo(); uerr != nil {
+			p.log.Error(uerr, "Flash: put the disk back as it was")
+		}
+		return f.RecordError(err)
+	}
+	placed.Commit()
+	rec.mu.Lock()
 	var old func()
 	switch {
 	case f.Image != nil: // the image's hold becomes the pod's
@@ -185,11 +197,6 @@ func (p *VMs) installFlash(rec *podVM, f *exporter.Flash) error {
 	rec.mu.Unlock()
 	if old != nil {
 		old()
-	}
-	// Through the pod's status writer (persist.go): serialized with the
-	// other owners' writes, and the newest state is the last written.
-	if err := rec.persist(); err != nil {
-		return f.RecordError(err)
 	}
 	if stale != "" {
 		if err := os.Remove(stale); err != nil && !errors.Is(err, os.ErrNotExist) {

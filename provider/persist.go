@@ -51,7 +51,14 @@ func (p *VMs) persist(rec *podVM) {
 // serialized and each writes the state as it is when its turn comes, so
 // the newest state is the last written. On failure the stale record is
 // removed (see VMs.persist) and the error says what failed.
-func (rec *podVM) persist() error {
+func (rec *podVM) persist() error { return rec.write(true) }
+
+// persistKeep is persist for a change its caller undoes when it cannot
+// be written (a flash): the record on disk, which then still matches the
+// pod, stays.
+func (rec *podVM) persistKeep() error { return rec.write(false) }
+
+func (rec *podVM) write(removeStale bool) error {
 	rec.statusFile.mu.Lock()
 	defer rec.statusFile.mu.Unlock()
 	rec.mu.Lock()
@@ -70,8 +77,8 @@ func (rec *podVM) persist() error {
 	} else if err = atomicfile.Write(path, append(b, '\n')); err != nil {
 		err = fmt.Errorf("write %s: %w", path, err)
 	}
-	if err == nil {
-		return nil
+	if err == nil || !removeStale {
+		return err
 	}
 	if rerr := os.Remove(path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
 		err = errors.Join(err, fmt.Errorf("remove the stale %s: %w", path, rerr))

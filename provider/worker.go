@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/qemu-kubelet/qemu-kubelet/provider/exporter"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/internal/atomicfile"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
@@ -273,6 +274,11 @@ func (p *VMs) writeIntent(rec *podVM) error {
 	pod := rec.pod.DeepCopy()
 	rec.mu.Unlock()
 	if err := os.MkdirAll(rec.dir, 0o700); err != nil {
+		return fmt.Errorf("create state dir for pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	// Before QEMU's user may write the dir (exporter/flashdir.go).
+	if err := exporter.MakeFlashDir(rec.dir); err != nil {
+		os.RemoveAll(rec.dir)
 		return fmt.Errorf("create state dir for pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
 	if err := atomicfile.WriteJSON(filepath.Join(rec.dir, PodFileName), pod); err != nil {

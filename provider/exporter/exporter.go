@@ -272,9 +272,6 @@ type Pod interface {
 	// (the exporter condition or the size changed).
 	Event(typ, reason, msg string)
 	Changed()
-	// PullSecrets are the pod's image pull secrets (Docker config JSON
-	// documents).
-	PullSecrets(ctx context.Context) [][]byte
 	// PowerOn, PowerOff and Flash are requests to the pod's worker, which
 	// alone starts, stops and re-images the VM; each waits for the
 	// worker's answer or ctx. Flash powers the VM off, installs f

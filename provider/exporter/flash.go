@@ -76,7 +76,8 @@ func validPartition(part string) error {
 }
 
 // PartitionLimit: root may hold what the state dir's filesystem has free
-// beyond a reserve, and at most the pod's ephemeral-storage limit when it
+// beyond a reserve and beyond what flashes in progress hold
+// (diskspace.go), and at most the pod's ephemeral-storage limit when it
 // has one (the flashed root is the pod's disk, as set_disk_size's bound);
 // firmware partitions 16 MiB.
 func (t *Target) PartitionLimit(part string) (int64, error) {
@@ -86,15 +87,13 @@ func (t *Target) PartitionLimit(part string) (int64, error) {
 	if part != jumpstarter.PartitionRoot {
 		return firmwareMaxBytes, nil
 	}
-	var fs unix.Statfs_t
-	if err := unix.Statfs(t.pod.Dir(), &fs); err != nil {
-		return 0, fmt.Errorf("free space of the pod's state dir: %w", err)
+	limit, err := nodeDisk.available(t.pod.Dir(), flashFreeReserve)
+	if err != nil {
+		return 0, err
 	}
-	free := int64(fs.Bavail) * int64(fs.Bsize)
-	if free <= flashFreeReserve {
-		return 0, fmt.Errorf("the node has no room for a root image (%d MiB free in its state dir, %d MiB kept in reserve)", free>>20, flashFreeReserve>>20)
+	if limit <= 0 {
+		return 0, fmt.Errorf("the node has no room for a root image (its state dir's free space, less %d MiB kept in reserve and what flashes in progress hold, is used up)", flashFreeReserve>>20)
 	}
-	limit := free - flashFreeReserve
 	if cs := t.pod.Pod().Spec.Containers; len(cs) > 0 {
 		if q, ok := cs[0].Resources.Limits[corev1.ResourceEphemeralStorage]; ok {
 			limit = min(limit, q.Value())
@@ -112,36 +111,36 @@ func (t *Target) WritePartition(ctx context.Context, part string, img io.Reader,
 	if err != nil {
 		return err
 	}
-	dir := filepath.Join(t.pod.Dir(), FlashDirName)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("flash dir: %w", err)
-	}
-	f, err := os.CreateTemp(dir, "."+part+".tmp-")
+	d, err := openFlashDir(t.pod.Dir()) // flashdir.go
 	if err != nil {
 		return fmt.Errorf("flash %s: %w", part, err)
 	}
-	tmp := f.Name()
+	defer d.Close()
+	f, err := createIn(d, "."+part+".tmp-")
+	if err != nil {
+		return fmt.Errorf("flash %s: %w", part, err)
+	}
+	tmp := filepath.Base(f.Name())
+	remove := func() { _ = unix.Unlinkat(int(d.Fd()), tmp, 0) }
+	defer f.Close()
 	fail := func(err error) error {
-		f.Close()
-		os.Remove(tmp)
+		remove()
 		return err
 	}
+	hold := nodeDisk.hold(t.pod.Dir(), flashFreeReserve) // diskspace.go
+	defer hold.release()
 	h := sha256.New()
-	n, err := writeSparse(f, img, h, limit)
+	n, err := writeSparse(f, img, h, limit, hold)
 	if err != nil {
 		return fail(err)
 	}
 	if err := f.Sync(); err != nil {
 		return fail(fmt.Errorf("flash %s: sync: %w", part, err))
 	}
-	if err := f.Close(); err != nil {
-		return fail(fmt.Errorf("flash %s: %w", part, err))
-	}
 	digest := "sha256:" + hex.EncodeToString(h.Sum(nil))
-	format, err := checkPartitionImage(ctx, part, tmp, n, limit)
+	format, err := checkPartitionImage(ctx, part, f, limit)
 	if err != nil {
-		os.Remove(tmp)
-		return err
+		return fail(err)
 	}
 	progress(fmt.Sprintf("received %d bytes (%s, %s)", n, format, digest))
 	pf := &Partition{name: part, tmp: tmp, rec: podstatus.FlashedPartition{
@@ -149,7 +148,8 @@ func (t *Target) WritePartition(ctx context.Context, part string, img io.Reader,
 	if t.Powered() {
 		progress("powering off, installing and powering on")
 	}
-	err = t.pod.Flash(ctx, &Flash{Part: pf, Hold: func() { os.Remove(tmp) }})
+	dir := t.pod.Dir()
+	err = t.pod.Flash(ctx, &Flash{Part: pf, Hold: func() { removeIn(dir, tmp) }})
 	if err != nil {
 		t.pod.Event(corev1.EventTypeWarning, "FlashFailed", fmt.Sprintf("Flash of partition %s: %v", part, err))
 		return err
@@ -187,12 +187,13 @@ type flashChunk struct {
 // O_DIRECT where the file system takes it (see flashWriter). Errors of r
 // are returned as they are (they say what the transfer did); errors of f
 // name the file.
-func writeSparse(f *os.File, r io.Reader, h hash.Hash, limit int64) (int64, error) {
+func writeSparse(f *os.File, r io.Reader, h hash.Hash, limit int64, hold *diskHold) (int64, error) {
 	free := make(chan *flashChunk, flashBuffers)
 	for range flashBuffers {
 		free <- &flashChunk{b: alignedBlock(flashBlock)}
 	}
 	fw := newFlashWriter(f)
+	fw.hold = hold
 	defer fw.close()
 	// Each stage's channel holds every block: sends never wait.
 	toHash := make(chan *flashChunk, flashBuffers)
@@ -292,12 +293,14 @@ func alignedBlock(n int) []byte {
 // every flashWriteback bytes.
 type flashWriter struct {
 	f, direct *os.File
-	synced    int64 // written through the page cache up to here
+	synced    int64     // written through the page cache up to here
+	hold      *diskHold // the disk space it writes (nil: not counted)
 }
 
 func newFlashWriter(f *os.File) *flashWriter {
 	fw := &flashWriter{f: f}
-	if d, err := os.OpenFile(f.Name(), os.O_WRONLY|unix.O_DIRECT, 0); err == nil {
+	// The same file again (never its name, which a link could redirect).
+	if d, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", f.Fd()), os.O_WRONLY|unix.O_DIRECT, 0); err == nil {
 		fw.direct = d
 	}
 	return fw
@@ -328,6 +331,9 @@ func (fw *flashWriter) write(b []byte, off int64) error {
 			run = e
 		}
 		if err := fw.writeAt(b[i:run], off+int64(i)); err != nil {
+			if errors.Is(err, jumpstarter.ErrInvalidArgument) {
+				return err // no room for the image
+			}
 			return fmt.Errorf("write %s: %w", fw.f.Name(), err)
 		}
 		i = run
@@ -336,6 +342,9 @@ func (fw *flashWriter) write(b []byte, off int64) error {
 }
 
 func (fw *flashWriter) writeAt(p []byte, off int64) error {
+	if err := fw.hold.use(int64(len(p))); err != nil {
+		return err
+	}
 	if fw.direct != nil && off%directAlign == 0 && len(p)%directAlign == 0 &&
 		uintptr(unsafe.Pointer(&p[0]))%directAlign == 0 {
 		_, err := fw.direct.WriteAt(p, off)
@@ -359,8 +368,8 @@ func (fw *flashWriter) writeAt(p []byte, off int64) error {
 // checkPartitionImage is the node's rule for what a partition may hold:
 // root a raw or qcow2 disk (qemu-img's view) with no backing or external
 // data file and a virtual size within the limit; firmware raw bytes.
-func checkPartitionImage(ctx context.Context, part, path string, size, limit int64) (string, error) {
-	info, err := qemu.InspectImage(ctx, path)
+func checkPartitionImage(ctx context.Context, part string, f *os.File, limit int64) (string, error) {
+	info, err := inspectUpload(ctx, f) // inspect.go
 	if err != nil {
 		return "", fmt.Errorf("%w: partition %s: qemu-img cannot read the image: %v", jumpstarter.ErrInvalidArgument, part, err)
 	}
@@ -401,7 +410,16 @@ func (t *Target) ReadPartition(ctx context.Context, part string) (io.ReadCloser,
 	var path string
 	switch {
 	case flashed:
-		path = filepath.Join(t.pod.Dir(), FlashDirName, fp.File)
+		d, err := openFlashDir(t.pod.Dir())
+		if err != nil {
+			return nil, 0, fmt.Errorf("partition %s: %w", part, err)
+		}
+		defer d.Close()
+		f, err := openIn(d, fp.File)
+		if err != nil {
+			return nil, 0, fmt.Errorf("partition %s: %w", part, err)
+		}
+		return sized(f, part)
 	case part == jumpstarter.PartitionRoot:
 		img := t.presentImage(ctx, plan)
 		if img == nil {
@@ -425,6 +443,11 @@ func (t *Target) ReadPartition(ctx context.Context, part string) (io.ReadCloser,
 	if err != nil {
 		return nil, 0, fmt.Errorf("partition %s: %w", part, err)
 	}
+	return sized(f, part)
+}
+
+// sized is f with its size.
+func sized(f *os.File, part string) (io.ReadCloser, int64, error) {
 	fi, err := f.Stat()
 	if err != nil {
 		f.Close()
@@ -450,13 +473,9 @@ func (t *Target) FlashOCIPartition(ctx context.Context, ref, part string, progre
 		return errors.New("flash: this node has no image store")
 	}
 	ref = strings.TrimPrefix(strings.TrimSpace(ref), "oci://")
-	policy := oci.PullAlways
-	if strings.Contains(ref, "@") {
-		policy = oci.PullIfNotPresent
-	}
 	progress(fmt.Sprintf("pulling %s", ref))
 	t0 := time.Now()
-	img, err := t.node.Images.Pull(ctx, ref, oci.PullOptions{Auth: t.pod.PullSecrets(ctx), Policy: policy})
+	img, err := t.node.Images.Pull(ctx, ref, flashPullOptions(nil)) // target.go
 	if err != nil {
 		return fmt.Errorf("flash %s: %w", ref, err)
 	}

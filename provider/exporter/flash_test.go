@@ -32,7 +32,7 @@ func TestWriteSparse(t *testing.T) {
 		require.NoError(t, err)
 		t.Cleanup(func() { f.Close() })
 		h := sha256.New()
-		n, err := writeSparse(f, r, h, limit)
+		n, err := writeSparse(f, r, h, limit, nil)
 		return f, n, h.Sum(nil), err
 	}
 
@@ -66,7 +66,7 @@ func TestWriteSparse(t *testing.T) {
 	rf, err := os.Open(ro.Name()) // read-only: every write fails
 	require.NoError(t, err)
 	defer rf.Close()
-	_, err = writeSparse(rf, bytes.NewReader(img), sha256.New(), 1<<30)
+	_, err = writeSparse(rf, bytes.NewReader(img), sha256.New(), 1<<30, nil)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "write "+ro.Name())
 }

@@ -31,7 +31,7 @@ type Flash struct {
 // Partition is a partition image written aside and verified.
 type Partition struct {
 	name string // partition
-	tmp  string // written aside in the flash dir
+	tmp  string // written aside in the flash dir (a name in it)
 	rec  podstatus.FlashedPartition
 }
 
@@ -52,42 +52,116 @@ func (f *Flash) Release() {
 }
 
 // Place puts f's files in place in the pod's state dir dir, whose
-// writable disk is overlay: the old disk goes (a new image or root:
-// a fresh disk, so state policy Retain does not keep it, even for the same
+// writable disk is overlay: the old disk goes (a new image or root: a
+// fresh disk, so state policy Retain does not keep it, even for the same
 // image), a partition drops the UEFI variable store (flashed firmware
-// gets a fresh one) and is renamed into the flash dir. A failure releases
-// f's hold and leaves the pod's state as it was. The pod's worker calls it
-// with no VM running, then Record.
-func (f *Flash) Place(dir, overlay string) error {
+// gets a fresh one) and is renamed into the flash dir. What goes is set
+// aside until the placed flash is committed (Placed.Commit, once it is
+// recorded) or undone (Placed.Undo: the record could not be written), so
+// a flash that fails half way leaves the disk as it was. A failure of
+// Place itself undoes what it did and releases f's hold. The pod's
+// worker calls it with no VM running, then Record.
+func (f *Flash) Place(dir, overlay string) (*Placed, error) {
+	pl := &Placed{f: f, dir: dir}
+	fail := func(err error) (*Placed, error) {
+		pl.Undo()
+		return nil, err
+	}
 	pf := f.Part
+	if pf == nil || pf.name == jumpstarter.PartitionRoot {
+		if err := pl.setAside(overlay); err != nil {
+			return fail(fmt.Errorf("flash: set the old disk aside: %w", err))
+		}
+	}
 	if pf == nil {
-		if err := os.Remove(overlay); err != nil && !errors.Is(err, os.ErrNotExist) {
-			f.Release()
-			return fmt.Errorf("flash: remove the old disk: %w", err)
+		return pl, nil
+	}
+	if err := pl.setAside(filepath.Join(dir, qemu.UEFIVarsName)); err != nil {
+		return fail(fmt.Errorf("flash %s: set the old UEFI variables aside: %w", pf.name, err))
+	}
+	d, err := openFlashDir(dir) // flashdir.go
+	if err != nil {
+		return fail(fmt.Errorf("flash %s: %w", pf.name, err))
+	}
+	defer d.Close()
+	if err := placeFault(pf.name); err != nil {
+		return fail(err)
+	}
+	if err := renameIn(d, pf.tmp, pf.rec.File); err != nil {
+		return fail(fmt.Errorf("flash %s: %w", pf.name, err))
+	}
+	pl.placed = true
+	_ = d.Sync()
+	return pl, nil
+}
+
+// placeFault, when set (tests), fails a partition's Place after it set
+// the old files aside: a flash that fails half way.
+var placeFault = func(part string) error { return nil }
+
+// asideSuffix names a file a flash set aside until it is committed.
+const asideSuffix = ".pre-flash"
+
+// Placed is a flash put in place, not yet committed: the files it
+// replaced are set aside. The pod's worker owns it.
+type Placed struct {
+	f      *Flash
+	dir    string   // the pod's state dir
+	aside  []string // paths set aside (each to path+asideSuffix)
+	placed bool     // the partition file was renamed into the flash dir
+}
+
+// setAside moves path to path+asideSuffix (nothing to do when it is not
+// there). rename(2) moves a link itself, never what it points to.
+func (pl *Placed) setAside(path string) error {
+	if err := os.Rename(path, path+asideSuffix); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
 		}
-		return nil
+		return err
 	}
-	fdir := filepath.Join(dir, FlashDirName)
-	if pf.name == jumpstarter.PartitionRoot {
-		if err := os.Remove(overlay); err != nil && !errors.Is(err, os.ErrNotExist) {
-			f.Release()
-			return fmt.Errorf("flash root: remove the old disk: %w", err)
-		}
-	}
-	if err := os.Remove(filepath.Join(dir, qemu.UEFIVarsName)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		f.Release()
-		return fmt.Errorf("flash %s: remove the old UEFI variables: %w", pf.name, err)
-	}
-	if err := os.Rename(pf.tmp, filepath.Join(fdir, pf.rec.File)); err != nil {
-		f.Release()
-		return fmt.Errorf("flash %s: %w", pf.name, err)
-	}
-	f.Hold = nil // the file is the pod's now
-	if d, err := os.Open(fdir); err == nil {
-		_ = d.Sync()
-		d.Close()
-	}
+	pl.aside = append(pl.aside, path)
 	return nil
+}
+
+// Commit drops what the flash replaced (its record was written).
+func (pl *Placed) Commit() {
+	for _, p := range pl.aside {
+		_ = os.Remove(p + asideSuffix)
+	}
+	pl.aside = nil
+	if pl.placed {
+		pl.f.Hold = nil // the file is the pod's now
+	}
+}
+
+// Undo puts back what the flash replaced and takes the flash's file out
+// again (its record could not be written): the disk is as it was. The
+// flash's hold is released. Errors are best effort: each is reported to
+// the log by the caller through the flash's error.
+func (pl *Placed) Undo() error {
+	var errs []error
+	if pl.placed {
+		pf := pl.f.Part
+		if d, err := openFlashDir(pl.dir); err == nil {
+			if err := renameIn(d, pf.rec.File, pf.tmp); err != nil {
+				errs = append(errs, err)
+			}
+			d.Close()
+		} else {
+			errs = append(errs, err)
+		}
+		pl.placed = false
+	}
+	for i := len(pl.aside) - 1; i >= 0; i-- {
+		p := pl.aside[i]
+		if err := os.Rename(p+asideSuffix, p); err != nil {
+			errs = append(errs, fmt.Errorf("put %s back: %w", p, err))
+		}
+	}
+	pl.aside = nil
+	pl.f.Release()
+	return errors.Join(errs...)
 }
 
 // Record makes the placed flash the one the VM boots from now on in the
@@ -124,6 +198,16 @@ func (f *Flash) Record(dir string, st *podstatus.VMState) (podImageGoes bool, st
 		stale = filepath.Join(dir, FlashDirName, old.File)
 	}
 	return podImageGoes, stale
+}
+
+// Unrecord undoes Record on st: the fields Record sets are taken back
+// from before (the state as it was), the rest of st (changed meanwhile by
+// other owners) is kept. Pure.
+func (f *Flash) Unrecord(st *podstatus.VMState, before podstatus.VMState) {
+	st.FlashedImage = before.FlashedImage
+	st.ImageDigest = before.ImageDigest
+	st.ImageID = before.ImageID
+	st.Flashed = before.Flashed
 }
 
 // Flashed is the event message of an installed flash.

@@ -91,16 +91,17 @@ func (t *Target) DialGuest(ctx context.Context, port int) (net.Conn, error) {
 	return guest.DialGuest(ctx, vm, port)
 }
 
-// Flash pulls and verifies ref through the node's image store (the pod's
-// pull secrets apply) before anything else; then the worker powers the VM
-// off, makes ref the image it boots and powers it on again if it was on.
+// Flash pulls and verifies ref through the node's image store before
+// anything else; then the worker powers the VM off, makes ref the image it
+// boots and powers it on again if it was on. A lease pulls only what
+// anyone may pull (flashPullOptions): never with the pod's pull secrets.
 func (t *Target) Flash(ctx context.Context, ref string, progress func(string)) error {
 	return t.flash(ctx, ref, nil, progress)
 }
 
 // FlashWithCredentials is Flash pulling with the call's registry
-// credentials for ref's registry (over the pod's pull secrets). They are
-// used for this pull only and kept nowhere.
+// credentials for ref's registry. They are used for this pull only and
+// kept nowhere.
 func (t *Target) FlashWithCredentials(ctx context.Context, ref string, creds jumpstarter.RegistryCredentials, progress func(string)) error {
 	return t.flash(ctx, ref, &oci.Credentials{Username: creds.Username, Password: creds.Password}, progress)
 }
@@ -122,14 +123,10 @@ func (t *Target) flash(ctx context.Context, ref string, creds *oci.Credentials, 
 	if t.node.Images == nil {
 		return errors.New("flash: this node has no image store")
 	}
-	policy := oci.PullAlways
-	if strings.Contains(ref, "@") {
-		policy = oci.PullIfNotPresent
-	}
 	progress(fmt.Sprintf("pulling %s", ref))
 	t.pod.Event(corev1.EventTypeNormal, "Pulling", fmt.Sprintf("Pulling image %q to flash", ref))
 	t0 := time.Now()
-	img, err := t.node.Images.Pull(ctx, ref, oci.PullOptions{Auth: t.pod.PullSecrets(ctx), Credentials: creds, Policy: policy})
+	img, err := t.node.Images.Pull(ctx, ref, flashPullOptions(creds))
 	if err != nil {
 		t.pod.Event(corev1.EventTypeWarning, "FlashFailed", fmt.Sprintf("Failed to pull image %q to flash: %v", ref, err))
 		return fmt.Errorf("flash %s: %w", ref, err)
@@ -152,6 +149,16 @@ func (t *Target) flash(ctx context.Context, ref string, creds *oci.Credentials, 
 	}
 	progress(fmt.Sprintf("flashed %s", podspec.ImageID(img)))
 	return nil
+}
+
+// flashPullOptions are the pull options of a lease's flash_oci: the
+// call's own credentials (nil: anonymous), never the pod's pull secrets
+// (a lease holder is not the pod's owner), and policy Always, even for a
+// digest the node has cached: the registry is asked for the manifest with
+// the caller's credentials first, so a cached image is served only to a
+// caller who could pull it (the store then takes it from its cache).
+func flashPullOptions(creds *oci.Credentials) oci.PullOptions {
+	return oci.PullOptions{Credentials: creds, Policy: oci.PullAlways}
 }
 
 // consoleSession is one exporter console stream.
