@@ -21,6 +21,10 @@ const (
 	inspectMaxOutput       = 1 << 20
 )
 
+// inspectCommand is what inspectUpload runs under the limits (tests
+// replace it).
+var inspectCommand = []string{qemu.QEMUImgBinary, "info", "--output=json", "-U", "/dev/fd/3"}
+
 // inspectUpload runs qemu-img info on the open file f under those limits
 // (set by the shell's ulimit in the child before it execs qemu-img). The
 // child gets f itself as its fd 3 and opens /dev/fd/3: no path a link
@@ -28,7 +32,7 @@ const (
 func inspectUpload(ctx context.Context, f *os.File) (qemu.ImageInfo, error) {
 	var info qemu.ImageInfo
 	script := fmt.Sprintf(`ulimit -v %d && ulimit -t %d && exec "$0" "$@"`, inspectMaxAddressSpace>>10, inspectMaxCPUSeconds)
-	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", script, qemu.QEMUImgBinary, "info", "--output=json", "-U", "/dev/fd/3")
+	cmd := exec.CommandContext(ctx, "/bin/sh", append([]string{"-c", script}, inspectCommand...)...)
 	cmd.ExtraFiles = []*os.File{f}
 	var stdout, stderr limitedBuffer
 	stdout.max, stderr.max = inspectMaxOutput, 64<<10

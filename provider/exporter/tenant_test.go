@@ -318,3 +318,31 @@ func TestFlashOCIPrivateImageNeedsTheCallersCredentials(t *testing.T) {
 	require.Len(t, pod.flashes, 1)
 	assert.Equal(t, cached.Digest, pod.flashes[0].Image.Digest, "the cached image, for a caller who may pull it")
 }
+
+// TestInspectUploadUnderLimits: qemu-img runs on an upload with the
+// address space and CPU limits in force (a stand-in reports its own
+// limits as the image's sizes) and reads the file it was handed, a raw
+// image here, as qemu-img's json says.
+func TestInspectUploadUnderLimits(t *testing.T) {
+	f, err := os.CreateTemp(t.TempDir(), "upload-")
+	require.NoError(t, err)
+	defer f.Close()
+	_, err = f.Write(make([]byte, 1<<20))
+	require.NoError(t, err)
+	info, err := inspectUpload(context.Background(), f)
+	require.NoError(t, err)
+	assert.Equal(t, "raw", info.Format)
+	assert.Equal(t, int64(1<<20), info.VirtualSize)
+
+	inspectCommand = []string{"/bin/sh", "-c", `printf '{"format":"raw","virtual-size":%s,"actual-size":%s}' "$(ulimit -v)" "$(ulimit -t)"`}
+	t.Cleanup(func() { inspectCommand = []string{qemu.QEMUImgBinary, "info", "--output=json", "-U", "/dev/fd/3"} })
+	info, err = inspectUpload(context.Background(), f)
+	require.NoError(t, err)
+	assert.Equal(t, int64(inspectMaxAddressSpace>>10), info.VirtualSize, "ulimit -v (KiB)")
+	assert.Equal(t, int64(inspectMaxCPUSeconds), info.ActualSize, "ulimit -t (s)")
+
+	inspectCommand = []string{"/bin/sh", "-c", `kill -XCPU $$`}
+	_, err = inspectUpload(context.Background(), f)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "killed: qemu-img runs on uploads with at most 1024 MiB of address space and 30 s of CPU")
+}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"syscall"
 
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
@@ -65,7 +64,7 @@ func refused(err error) error {
 
 // diskFacts reads what CheckDiskSize needs: the disk the VM boots (a
 // flashed root, else its image's, from the node's cache: it ran), the
-// pod's overlay, the free space.
+// pod's overlay, the free space (less what flashes in progress hold).
 func (t *Target) diskFacts(ctx context.Context) (podspec.DiskFacts, error) {
 	plan, st := t.pod.Record()
 	dir := t.pod.Dir()
@@ -100,11 +99,12 @@ func (t *Target) diskFacts(ctx context.Context) (podspec.DiskFacts, error) {
 			f.CurrentBytes = max(f.CurrentBytes, oi.VirtualSize)
 		}
 	}
-	var fs syscall.Statfs_t
-	if err := syscall.Statfs(dir, &fs); err != nil {
-		return f, fmt.Errorf("disk size: free space of %s: %w", dir, err)
+	// What flashes in progress hold is not free (diskspace.go).
+	free, err := nodeDisk.available(dir, 0)
+	if err != nil {
+		return f, fmt.Errorf("disk size: %w", err)
 	}
-	f.FreeBytes = int64(fs.Bavail) * int64(fs.Bsize)
+	f.FreeBytes = free
 	return f, nil
 }
 
