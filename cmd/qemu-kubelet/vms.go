@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter"
@@ -78,7 +79,7 @@ func newVMs(ctx context.Context, cfg *config.Node, facts nodestatus.Facts, clien
 		ForceDelete: func(ctx context.Context, pod *corev1.Pod) error {
 			return podstatus.FinalDelete(ctx, client.CoreV1(), pod)
 		},
-		Exporters: exporter.RunnerFunc(runExporter),
+		Exporters: exporterRunner(leaseLimits(cfg)),
 		Memory: qemu.MemoryTuning{
 			TCGTranslationBufferMiB: cfg.VMMemory.TCGTranslationBufferMiB,
 			FreePageReporting:       cfg.VMMemory.FreePageReporting,
@@ -99,14 +100,43 @@ func newVMs(ctx context.Context, cfg *config.Node, facts nodestatus.Facts, clien
 	return vms, nil
 }
 
-// runExporter runs one pod's Jumpstarter exporter (package jumpstarter)
-// until ctx ends; it unregisters then.
-func runExporter(ctx context.Context, cfg jumpstarter.Config) error {
-	e, err := jumpstarter.New(cfg)
-	if err != nil {
-		return err
+// leaseLimits are the bounds of every lease on the node (its jumpstarter
+// section): one transfer limiter shared by all the node's exporters.
+func leaseLimits(cfg *config.Node) jumpstarter.ResourceOptions {
+	l := cfg.Leases
+	var plain []string
+	for host, r := range cfg.Images.Registries {
+		if r.PlainHTTP {
+			plain = append(plain, host)
+		}
 	}
-	return e.Run(ctx)
+	slices.Sort(plain)
+	return jumpstarter.ResourceOptions{
+		StallTimeout:    l.StallTimeout,
+		TransferTimeout: l.TransferTimeout,
+		Transfers:       jumpstarter.NewTransferLimiter(l.MaxConcurrentTransfers),
+		Fetch: jumpstarter.FetchPolicy{
+			AllowNets:           l.AllowNets,
+			AllowHosts:          l.AllowHosts,
+			Deny:                l.ClusterCIDRs,
+			PlainHTTPRegistries: plain,
+			AllowPlainHTTP:      l.AllowPlainHTTPRegistries,
+		},
+	}
+}
+
+// exporterRunner runs one pod's Jumpstarter exporter (package
+// jumpstarter) until ctx ends, under the node's lease limits; it
+// unregisters then.
+func exporterRunner(limits jumpstarter.ResourceOptions) exporter.Runner {
+	return exporter.RunnerFunc(func(ctx context.Context, cfg jumpstarter.Config) error {
+		cfg.Resources = limits
+		e, err := jumpstarter.New(cfg)
+		if err != nil {
+			return err
+		}
+		return e.Run(ctx)
+	})
 }
 
 // vmCgroup is the base of every VM's own cgroup (vmCgroup mode Own), nil

@@ -182,6 +182,8 @@ type Node struct {
 	VMCgroup VMCgroupConfig
 	// VMUser is the uid and gid every QEMU runs as.
 	VMUser VMUserConfig
+	// Leases is the resolved jumpstarter section.
+	Leases LeasesConfig
 
 	// GuestArch is the architecture of the node's guests, as Kubernetes
 	// names it (amd64, arm64): its kubernetes.io/arch label.
@@ -311,6 +313,7 @@ func Default(c *NodeConfiguration, env Environment) {
 	defaultVMUser(&c.VMUser, env)
 	defaultGuestArchitectures(c, env)
 	defaultFeatures(&c.Features)
+	defaultLeases(&c.Jumpstarter)
 }
 func defaultBool(p **bool, v bool) {
 	if *p == nil {

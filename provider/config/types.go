@@ -129,6 +129,9 @@ type NodeConfiguration struct {
 	// Features switches what the node offers (features.go); the only
 	// section a reload applies at runtime.
 	Features Features `json:"features,omitempty"`
+	// Jumpstarter bounds what a lease holder may make the node do through
+	// the pods' exporters (leases.go, docs/multi-tenant.md).
+	Jumpstarter Leases `json:"jumpstarter,omitempty"`
 }
 
 // VMMemory accounts and tunes the host memory of VMs.
