@@ -241,6 +241,7 @@ func TestTemplate(t *testing.T) {
 
 				// keepVMs (default): VMs outlive the container.
 				assert.True(t, spec.HostPID, "QEMU in the host's PID namespace outlives the container")
+				assert.Equal(t, "1Gi", c.Resources.Limits.Memory().String(), "the agent's own memory is bounded (nodeAgent.memoryLimit)")
 				cg := volume(t, spec.Volumes, "cgroup")
 				require.NotNil(t, cg.HostPath)
 				assert.Equal(t, "/sys/fs/cgroup", cg.HostPath.Path)
@@ -406,6 +407,7 @@ func TestTemplate(t *testing.T) {
 				// keepVMs disabled: VMs live in the agent's container.
 				spec := ds.Spec.Template.Spec
 				assert.False(t, spec.HostPID)
+				assert.True(t, spec.Containers[0].Resources.Limits.Memory().IsZero(), "no memory limit over the VMs' QEMUs")
 				for _, v := range spec.Volumes {
 					assert.NotEqual(t, "cgroup", v.Name)
 				}
