@@ -331,6 +331,7 @@ func Resolve(c *NodeConfiguration, env Environment) (*Node, error) {
 	cc.GuestArchitectures = slices.Clone(c.GuestArchitectures)
 	Default(&cc, env)
 	n, errs := validate(&cc, env)
+	n.Leases, errs = validateLeases(cc.Jumpstarter, errs) // leases.go
 	n.GuestArch = env.hostArch()
 	errs = validateGuestArchitectures(&cc, n, env.hostArch(), errs)
 	if len(errs) > 0 {

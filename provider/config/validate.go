@@ -187,7 +187,6 @@ func validate(c *NodeConfiguration, env Environment) (*Node, field.ErrorList) {
 	n.VMCgroup, errs = validateVMCgroup(c.VMCgroup, errs)
 	n.VMUser, errs = validateVMUser(c.VMUser, env, errs)
 	n.Features, errs = validateFeatures(c.Features, errs)
-	n.Leases, errs = validateLeases(c.Jumpstarter, errs)
 	if c.MaxVMs == nil && len(errs) == 0 {
 		n.MaxVMs, n.MaxVMsReason = DeriveMaxVMs(MaxVMsInput{
 			MemoryTotal:      env.MemoryTotal,
