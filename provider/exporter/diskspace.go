@@ -92,9 +92,10 @@ func (h *diskHold) use(n int64) error {
 		// never less than this write.
 		want := max(need, min(diskChunk, room/4))
 		if room < want {
+			others := h.l.held[fs] - h.left
 			h.l.mu.Unlock()
 			return fmt.Errorf("%w: the node's disk has no room left for the image (%d MiB free, %d MiB kept in reserve, %d MiB held by other flashes in progress)",
-				jumpstarter.ErrInvalidArgument, free>>20, h.reserve>>20, (h.l.held[fs]-h.left)>>20)
+				jumpstarter.ErrInvalidArgument, free>>20, h.reserve>>20, others>>20)
 		}
 		h.l.held[fs] += want
 		h.l.mu.Unlock()
