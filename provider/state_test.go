@@ -44,14 +44,19 @@ func TestFlashDropsTheDisk(t *testing.T) {
 	assert.Equal(t, "reg/os@sha256:bb", st.FlashedImage)
 	assert.Zero(t, held, "the image hold became the pod's")
 
-	// The old disk cannot be removed: nothing is recorded, the hold goes.
+	// The old disk cannot be set aside (a non-empty directory where it
+	// would go): nothing is recorded, the disk stays, the hold goes.
 	require.NoError(t, os.Remove(filepath.Join(rec.dir, StatusFileName)))
-	require.NoError(t, os.MkdirAll(filepath.Join(ov, "x"), 0o700)) // a non-empty directory where the disk is
+	require.NoError(t, os.WriteFile(ov, []byte("second disk"), 0o600))
+	require.NoError(t, os.MkdirAll(filepath.Join(ov+".pre-flash", "x"), 0o700))
 	err = p.installFlash(rec, &exporter.Flash{Image: &oci.Image{Ref: "reg/os:3", Digest: "sha256:cc"}, Hold: func() { held++ }})
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), "remove the old disk")
+	assert.Contains(t, err.Error(), "set the old disk aside")
 	assert.Equal(t, 1, held, "the refused request's image hold is released")
 	assert.NoFileExists(t, filepath.Join(rec.dir, StatusFileName), "no flash recorded")
+	b, err = os.ReadFile(ov)
+	require.NoError(t, err)
+	assert.Equal(t, "second disk", string(b), "the disk is as it was")
 }
 
 // TestReclaimDiskKeepsStateDirOnFailure: a disk that cannot be kept leaves
