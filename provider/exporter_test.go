@@ -28,29 +28,6 @@ import (
 	"k8s.io/client-go/tools/record"
 )
 
-func TestDecideRequest(t *testing.T) {
-	for _, tc := range []struct {
-		state podState
-		op    vmOp
-		want  reqAction
-	}{
-		{stateRunning, opPowerOn, reqAnswer},
-		{stateRunning, opPowerOff, reqPowerOff},
-		{stateRunning, opFlash, reqReimage},
-		{statePoweredOff, opPowerOn, reqStart},
-		{statePoweredOff, opPowerOff, reqAnswer},
-		{statePoweredOff, opFlash, reqInstall},
-		{stateBackOff, opPowerOn, reqStart},
-		{stateBackOff, opPowerOff, reqStayOff},
-		{stateBackOff, opFlash, reqInstall},
-		{stateFinished, opPowerOn, reqRefuse},
-		{stateFinished, opPowerOff, reqRefuse},
-		{stateFinished, opFlash, reqRefuse},
-	} {
-		assert.Equal(t, tc.want, decideRequest(tc.state, tc.op), "state %s, %s", tc.state, tc.op)
-	}
-}
-
 func TestRegistrationResult(t *testing.T) {
 	assert.Equal(t, "success", telemetry.RegistrationResult(nil))
 	assert.Equal(t, "token_rejected", telemetry.RegistrationResult(status.Error(codes.Unauthenticated, "bad token")))

@@ -91,7 +91,9 @@ const (
 	evExited
 	// evBackOffDone: the crash-loop back-off is over.
 	evBackOffDone
-	// evRequest: a power or flash request (package exporter) arrived.
+	// evRequest: a power or flash request (package exporter) arrived; what
+	// it means is next's (only Running, BackOff and PoweredOff serve one,
+	// Finished refuses it, the other states leave it waiting).
 	evRequest
 	// evStopped: the requested power off stopped the VM.
 	evStopped
@@ -308,13 +310,13 @@ func next(w podWorker, e workerEvent) (podWorker, []workerAction) {
 			}
 			return w.afterExit(e)
 		case evRequest:
-			switch decideRequest(stateRunning, e.op) {
-			case reqPowerOff:
+			switch e.op {
+			case opPowerOff: // stop the VM and stay off
 				return w.enter(statePoweringOff)
-			case reqReimage:
+			case opFlash: // stop the VM, install the image, start it
 				return w.enter(stateFlashing)
 			}
-			return w, []workerAction{act(actReply)}
+			return w, []workerAction{act(actReply)} // on already
 		case evReady:
 			// The run's first Ready ends its boot and starts the pod's
 			// exporter, which from then on lives with the pod (a later run's
@@ -335,26 +337,26 @@ func next(w podWorker, e workerEvent) (podWorker, []workerAction) {
 		case evBackOffDone:
 			return w.enter(stateStarting, act(actCountRestart))
 		case evRequest:
-			switch decideRequest(stateBackOff, e.op) {
-			case reqStart: // start now, not at the end of the back-off
+			switch e.op {
+			case opPowerOn: // start now, not at the end of the back-off
 				return w.enter(stateStarting, act(actAwaitStart), act(actCountRestart))
-			case reqStayOff:
+			case opPowerOff: // no VM runs: do not restart it, stay off
 				return w.enter(statePoweredOff, act(actOffInBackOff))
-			case reqInstall:
+			case opFlash: // the image the restart boots
 				return w, []workerAction{act(actInstallImage)}
 			}
 			return w, []workerAction{act(actRefuseFinished)}
 		}
 	case statePoweredOff:
 		if e.kind == evRequest {
-			switch decideRequest(statePoweredOff, e.op) {
-			case reqStart:
+			switch e.op {
+			case opPowerOn: // answered by the start
 				w.crashes = 0
 				return w.enter(stateStarting, act(actPowerOn), act(actAwaitStart))
-			case reqInstall:
+			case opFlash: // the image the next power on boots; stay off
 				return w, []workerAction{act(actInstallImage)}
 			}
-			return w, []workerAction{act(actReply)}
+			return w, []workerAction{act(actReply)} // off already
 		}
 	case statePoweringOff:
 		switch e.kind {

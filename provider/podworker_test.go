@@ -117,6 +117,7 @@ func TestPodWorkerTransitions(t *testing.T) {
 		// Finished: only the delete.
 		{"finished refuses power on", pw(stateFinished, 0, never), evReq(opPowerOn), stateFinished, 0, "RefuseFinished"},
 		{"finished refuses flash", pw(stateFinished, 0, never), evReq(opFlash), stateFinished, 0, "RefuseFinished"},
+		{"finished refuses power off", pw(stateFinished, 0, never), evReq(opPowerOff), stateFinished, 0, "RefuseFinished"},
 		{"delete when finished", pw(stateFinished, 0, never), ev(evDelete), stateTerminating, 0, "AnswerDeleted"},
 		{"shutdown when finished", pw(stateFinished, 0, never), ev(evShutdown), stateDetached, 0, ""},
 

@@ -6,127 +6,17 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/qemu-kubelet/qemu-kubelet/provider/exporter"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 )
 
-// Power and flash requests: the pod's exporter (package exporter, the
-// jumpstarter.Target of the VM, through podExporter) sends them to the
-// pod's worker (run in worker.go), which alone stops, starts and re-images
-// the VM.
-
-// vmOp is what a request asks of the worker.
-type vmOp int
-
-const (
-	opPowerOn vmOp = iota + 1
-	opPowerOff
-	opFlash
-)
-
-func (o vmOp) String() string {
-	switch o {
-	case opPowerOn:
-		return "power on"
-	case opPowerOff:
-		return "power off"
-	case opFlash:
-		return "flash"
-	}
-	return "unknown"
-}
-
-// vmRequest is one power or flash request. reply is buffered (1): the
-// worker never blocks answering, even when the caller gave up.
-type vmRequest struct {
-	op vmOp
-	// flash (opFlash) is what to install: a pulled and verified image or
-	// partition, with its hold, released by whoever ends up not using it
-	// (the worker once it took the request).
-	flash *exporter.Flash
-	reply chan error
-}
-
-// what names what a flash request installs.
-func (r *vmRequest) what() string {
-	if r.flash != nil {
-		return r.flash.What()
-	}
-	return r.op.String()
-}
-
-// release gives up the request's hold (idempotent per request).
-func (r *vmRequest) release() {
-	if r.flash != nil {
-		r.flash.Release()
-	}
-}
-
-// refuse answers a request the worker cannot serve.
-func (r *vmRequest) refuse(err error) {
-	r.release()
-	r.reply <- err
-}
-
-// reqAction is what the worker does with a request (decideRequest); the
-// worker's transition (next, podworker.go) turns it into a state and
-// actionKinds.
-type reqAction int
-
-const (
-	// reqAnswer: nothing to do (already in the asked state): answer at once.
-	reqAnswer reqAction = iota + 1
-	// reqRefuse: the pod cannot run again: answer with errPodFinished.
-	reqRefuse
-	// reqPowerOff: stop the VM and stay off.
-	reqPowerOff
-	// reqStart: leave the powered-off state and start; answered by the start.
-	reqStart
-	// reqInstall: make the flashed image the one to boot; stay off.
-	reqInstall
-	// reqReimage: stop the VM, install the flashed image, start; answered by
-	// the start.
-	reqReimage
-	// reqStayOff: no VM runs (back-off): do not restart it, stay off.
-	reqStayOff
-)
-
-// decideRequest is what the worker does with op in its state s (only
-// stateRunning, statePoweredOff and stateBackOff serve requests; every
-// other state refuses). Pure.
-func decideRequest(s podState, op vmOp) reqAction {
-	switch s {
-	case stateRunning:
-		switch op {
-		case opPowerOff:
-			return reqPowerOff
-		case opFlash:
-			return reqReimage
-		}
-		return reqAnswer
-	case statePoweredOff:
-		switch op {
-		case opPowerOn:
-			return reqStart
-		case opFlash:
-			return reqInstall
-		}
-		return reqAnswer
-	case stateBackOff:
-		switch op {
-		case opPowerOn:
-			return reqStart
-		case opPowerOff:
-			return reqStayOff
-		case opFlash:
-			return reqInstall
-		}
-	}
-	return reqRefuse
-}
+// Power and flash requests (requests.go): the pod's exporter (package
+// exporter, the jumpstarter.Target of the VM, through podExporter) sends
+// them to the pod's worker (run in worker.go), which alone stops, starts
+// and re-images the VM; what each means in the worker's state is its
+// machine's (next, podworker.go).
 
 // Why a request was not served.
 var (

@@ -1,0 +1,60 @@
+package provider
+
+import "github.com/qemu-kubelet/qemu-kubelet/provider/exporter"
+
+// The requests the pod's exporter sends its worker (power.go sends them,
+// the worker's machine in podworker.go decides what each means), as plain
+// data.
+
+// vmOp is what a request asks of the worker.
+type vmOp int
+
+const (
+	opPowerOn vmOp = iota + 1
+	opPowerOff
+	opFlash
+)
+
+func (o vmOp) String() string {
+	switch o {
+	case opPowerOn:
+		return "power on"
+	case opPowerOff:
+		return "power off"
+	case opFlash:
+		return "flash"
+	}
+	return "unknown"
+}
+
+// vmRequest is one power or flash request. reply is buffered (1): the
+// worker never blocks answering, even when the caller gave up.
+type vmRequest struct {
+	op vmOp
+	// flash (opFlash) is what to install: a pulled and verified image or
+	// partition, with its hold, released by whoever ends up not using it
+	// (the worker once it took the request).
+	flash *exporter.Flash
+	reply chan error
+}
+
+// what names what a flash request installs.
+func (r *vmRequest) what() string {
+	if r.flash != nil {
+		return r.flash.What()
+	}
+	return r.op.String()
+}
+
+// release gives up the request's hold (idempotent per request).
+func (r *vmRequest) release() {
+	if r.flash != nil {
+		r.flash.Release()
+	}
+}
+
+// refuse answers a request the worker cannot serve.
+func (r *vmRequest) refuse(err error) {
+	r.release()
+	r.reply <- err
+}
