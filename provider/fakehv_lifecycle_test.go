@@ -536,3 +536,40 @@ func TestFakeVMRecordRetried(t *testing.T) {
 		assert.False(t, hasEvent(evs, "Warning "+poddisk.ReasonDiskRetainFailed), "no disk to keep: %q", evs)
 	})
 }
+
+// A failing liveness probe has the pod's worker kill the VM (the probes
+// report, never kill): the kubelet's Killing event, one kill of that VM,
+// its exit (137, killed) as the last termination, and the restart the
+// policy asks for; the restarted VM, whose guest answers, keeps running.
+func TestFakeVMLivenessFailureKills(t *testing.T) {
+	f := newFakeVMHarness(t, t.TempDir(), newFakeHypervisor(), 20*time.Millisecond)
+	pod := podFor("u-liveness", "reg.example/os:1", corev1.RestartPolicyAlways, nil)
+	pod.Spec.Containers[0].LivenessProbe = &corev1.Probe{
+		ProbeHandler:  corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"true"}}},
+		PeriodSeconds: 1, TimeoutSeconds: 1, FailureThreshold: 1,
+	}
+	require.NoError(t, f.vms.CreatePod(context.Background(), pod))
+	vm1 := nextVM(t, f.hv) // its guest does not answer: the exec probe fails
+	select {
+	case <-vm1.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the VM whose liveness probe fails was not killed within 10s")
+	}
+	f.hv.guestUp.Store(true) // the next VM's guest answers
+	vm2 := nextVM(t, f.hv)
+	p := f.wait(pod.UID, 10*time.Second, "restarted", func(p *corev1.Pod) bool { return running(p) && restarts(p) == 1 })
+	_, kills := vm1.stopsKills()
+	assert.Equal(t, 1, kills, "the failed probe's VM was killed once")
+	ex, _ := vm1.Exit()
+	assert.Equal(t, qemu.ExitKilled, ex.Class)
+	last := p.Status.ContainerStatuses[0].LastTerminationState.Terminated
+	require.NotNil(t, last, "the killed run is the last termination")
+	assert.Equal(t, int32(qemu.ExitCodeKilled), last.ExitCode)
+	evs := f.drainEvents()
+	assert.True(t, hasEvent(evs, "Normal Killing Container vm failed liveness probe, will be restarted"), "events %q", evs)
+	assert.True(t, hasEvent(evs, "Warning Unhealthy Liveness probe failed"), "events %q", evs)
+	f.deleteFakePod(t, pod)
+	_, kills = vm2.stopsKills()
+	assert.Zero(t, kills, "the answering VM was not killed")
+	f.assertNoHolds(t)
+}

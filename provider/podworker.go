@@ -108,13 +108,17 @@ const (
 	// evReady: the pod is Ready (stateRunning): its probes' results made
 	// it so, or it has no readiness or startup probe and the VM runs.
 	evReady
+	// evProbeFailed: a liveness or startup probe failed (stateRunning):
+	// the VM is to be killed; its exit follows as evExited. current: the
+	// failing probe is of the VM running now (else an ended run's, stale).
+	evProbeFailed
 )
 
 var eventKindNames = map[eventKind]string{
 	evDelete: "Delete", evShutdown: "Shutdown", evStarted: "Started", evStartFailed: "StartFailed",
 	evExited: "Exited", evBackOffDone: "BackOffDone", evRequest: "Request", evStopped: "Stopped",
 	evStopFailed: "StopFailed", evFlashed: "Flashed", evFlashFailed: "FlashFailed", evDeleted: "Deleted",
-	evReady: "Ready",
+	evReady: "Ready", evProbeFailed: "ProbeFailed",
 }
 
 func (k eventKind) String() string {
@@ -135,6 +139,8 @@ type workerEvent struct {
 	// ranLong: the run lasted at least CrashLoopResetAfter (evExited from
 	// a running VM): the crash count starts again.
 	ranLong bool
+	// current: the event is of the VM running now (evProbeFailed).
+	current bool
 }
 
 // actionKind is one thing the worker does on a transition.
@@ -183,6 +189,9 @@ const (
 	actEndBoot
 	// actDetach lets go of the VM, which keeps running.
 	actDetach
+	// actKill kills the VM at once (a failed liveness or startup probe,
+	// with the kubelet's Killing event).
+	actKill
 )
 
 var actionKindNames = map[actionKind]string{
@@ -192,7 +201,7 @@ var actionKindNames = map[actionKind]string{
 	actAnswerFinished: "AnswerFinished", actAnswerDeleted: "AnswerDeleted",
 	actBeginBackOff: "BeginBackOff", actCountRestart: "CountRestart", actMarkFinal: "MarkFinal",
 	actReleaseImage: "ReleaseImage", actStopExporter: "StopExporter", actStartExporter: "StartExporter",
-	actStartProbes: "StartProbes", actEndBoot: "EndBoot", actDetach: "Detach",
+	actStartProbes: "StartProbes", actEndBoot: "EndBoot", actDetach: "Detach", actKill: "Kill",
 }
 
 func (k actionKind) String() string {
@@ -327,6 +336,14 @@ func next(w podWorker, e workerEvent) (podWorker, []workerAction) {
 			}
 			w.ready = true
 			return w, []workerAction{act(actEndBoot), act(actStartExporter)}
+		case evProbeFailed:
+			// As the kubelet: the failed container is killed, and its exit
+			// goes through the restart policy. A failure of an ended run's
+			// probes is not this run's.
+			if !e.current {
+				return w, nil
+			}
+			return w, []workerAction{act(actKill)}
 		}
 	case stateExited:
 		if e.kind == evExited {

@@ -33,6 +33,7 @@ func evReq(op vmOp) workerEvent  { return workerEvent{kind: evRequest, op: op} }
 func evExit(code int32, reason string, ranLong bool) workerEvent {
 	return workerEvent{kind: evExited, exitCode: code, reason: reason, ranLong: ranLong}
 }
+func evProbe(current bool) workerEvent { return workerEvent{kind: evProbeFailed, current: current} }
 func evStartFail(reason string) workerEvent {
 	return workerEvent{kind: evStartFailed, exitCode: 128, reason: reason}
 }
@@ -85,6 +86,15 @@ func TestPodWorkerTransitions(t *testing.T) {
 		{"Ready ignored while powering off", pw(statePoweringOff, 0, always), ev(evReady), statePoweringOff, 0, ""},
 		{"Ready ignored when off", pw(statePoweredOff, 0, always), ev(evReady), statePoweredOff, 0, ""},
 		{"Ready ignored when finished", pw(stateFinished, 0, never), ev(evReady), stateFinished, 0, ""},
+
+		// Running: a failed liveness or startup probe has the worker kill
+		// the VM (its exit then goes through the restart policy); only the
+		// running VM's probes count.
+		{"liveness failure kills the VM", pw(stateRunning, 1, always), evProbe(true), stateRunning, 1, "Kill"},
+		{"liveness failure after Ready kills the VM", wasReady(pw(stateRunning, 0, always)), evProbe(true), stateRunning, 0, "Kill"},
+		{"an ended run's probe failure is stale", pw(stateRunning, 0, always), evProbe(false), stateRunning, 0, ""},
+		{"probe failure ignored while powering off", pw(statePoweringOff, 0, always), evProbe(true), statePoweringOff, 0, ""},
+		{"probe failure ignored during back-off", pw(stateBackOff, 1, always), evProbe(true), stateBackOff, 1, ""},
 
 		// Power off and flash of a running VM.
 		{"powered off", pw(statePoweringOff, 2, always), ev(evStopped), statePoweredOff, 2, "StartExporter"},
@@ -212,10 +222,10 @@ func TestPodWorkerAlwaysEnds(t *testing.T) {
 		w, _ = next(podWorker{state: s}, ev(evShutdown))
 		assert.Equal(t, stateDetached, w.state, "shutdown in %s", s)
 	}
-	for k := evDelete; k <= evReady; k++ {
+	for k := evDelete; k <= evProbeFailed; k++ {
 		assert.NotContains(t, k.String(), "eventKind(", fmt.Sprint("event ", int(k)))
 	}
-	for k := actReply; k <= actDetach; k++ {
+	for k := actReply; k <= actKill; k++ {
 		assert.NotContains(t, k.String(), "actionKind(", fmt.Sprint("action ", int(k)))
 	}
 }

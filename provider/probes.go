@@ -11,7 +11,7 @@ import (
 // vm (probe.Start); rec.probes carries their results for the pod status
 // (probe.Apply). They report through the pod's probe.Sink (podProbeSink),
 // which wakes the worker on probed when their results change.
-func (p *VMs) startProbes(ctx context.Context, rec *podVM, vm VM, probed chan<- struct{}) {
+func (p *VMs) startProbes(ctx context.Context, rec *podVM, vm VM, probed chan<- struct{}, failed chan<- probeFailure) {
 	rec.mu.Lock()
 	if len(rec.pod.Spec.Containers) == 0 {
 		rec.mu.Unlock()
@@ -25,13 +25,14 @@ func (p *VMs) startProbes(ctx context.Context, rec *podVM, vm VM, probed chan<- 
 	state := probe.NewState(run)
 	rec.probes = state
 	rec.mu.Unlock()
-	probe.Start(ctx, vm, c, state, rec.deleteReq, podProbeSink{p: p, rec: rec, ctx: ctx, vm: vm, probed: probed})
+	probe.Start(ctx, vm, c, state, rec.deleteReq, podProbeSink{p: p, rec: rec, ctx: ctx, vm: vm, probed: probed, failed: failed})
 }
 
 // podProbeSink reports a run's probes to its pod: events, status pushes,
 // a wake-up of the pod's worker (which turns a first Ready into its
-// evReady), and the memory snapshot a creator saves at readiness
-// (snapshots.go).
+// evReady), a failed liveness or startup probe to the worker (its
+// evProbeFailed: the worker alone kills the VM), and the memory snapshot a
+// creator saves at readiness (snapshots.go).
 type podProbeSink struct {
 	p   *VMs
 	rec *podVM
@@ -39,6 +40,15 @@ type podProbeSink struct {
 	vm  VM
 	// probed is the worker's (worker.probed): one pending wake-up is enough.
 	probed chan<- struct{}
+	// failed is the worker's (worker.probeFailed).
+	failed chan<- probeFailure
+}
+
+// probeFailure is a failed liveness or startup probe of the run of vm,
+// sent to the pod's worker.
+type probeFailure struct {
+	vm        VM
+	kind, msg string
 }
 
 func (s podProbeSink) Event(typ, reason, msg string) {
@@ -57,3 +67,14 @@ func (s podProbeSink) Changed() {
 }
 
 func (s podProbeSink) Ready() { s.p.captureSnapshot(s.ctx, s.rec, s.vm) }
+
+// Failed hands the failure to the worker, waiting until it takes it or
+// the run is over (the VM ended, the pod is deleted, the agent stops).
+func (s podProbeSink) Failed(kind, msg string) {
+	select {
+	case s.failed <- probeFailure{vm: s.vm, kind: kind, msg: msg}:
+	case <-s.vm.Done():
+	case <-s.rec.deleteReq:
+	case <-s.ctx.Done():
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/qemu-kubelet/qemu-kubelet/provider/exporter"
@@ -60,6 +61,10 @@ type worker struct {
 	// probed wakes the worker when the probes' results changed (the
 	// probes' sink sends, never blocking): the pod may have turned Ready.
 	probed chan struct{}
+	// probeFailed carries a failed liveness or startup probe from the
+	// probes' sink (evProbeFailed); failure is the one taken.
+	probeFailed chan probeFailure
+	failure     probeFailure
 }
 
 // run owns one pod's VM until the pod is deleted or the provider stops.
@@ -68,7 +73,7 @@ func (p *VMs) run(rec *podVM) {
 	rec.mu.Lock()
 	pod := rec.pod.DeepCopy()
 	f := recoveredFacts{final: rec.state.Final, vm: rec.vm != nil, pendingExit: rec.handoff.pendingExit, poweredOff: rec.state.PoweredOff}
-	w := &worker{p: p, rec: rec, pod: pod, vm: rec.vm, probed: make(chan struct{}, 1)}
+	w := &worker{p: p, rec: rec, pod: pod, vm: rec.vm, probed: make(chan struct{}, 1), probeFailed: make(chan probeFailure)}
 	rec.handoff.pendingExit = false
 	rec.mu.Unlock()
 	w.log = p.log.WithValues("pod", klog.KObj(pod), "uid", rec.uid)
@@ -315,6 +320,9 @@ func (w *worker) waitRunning(ready bool) workerEvent {
 			if podstatus.Ready(p.snapshot(rec)) {
 				return workerEvent{kind: evReady}
 			}
+		case f := <-w.probeFailed:
+			w.failure = f
+			return workerEvent{kind: evProbeFailed, current: f.vm == vm}
 		case <-vm.Done():
 			exited = true
 		}
@@ -387,15 +395,30 @@ func (w *worker) do(acts []workerAction) {
 		case actStartExporter:
 			p.startExporter(ctx, rec) // idempotent
 		case actStartProbes:
-			p.startProbes(ctx, rec, w.vm, w.probed) // probes.go: end with this run
+			p.startProbes(ctx, rec, w.vm, w.probed, w.probeFailed) // probes.go: end with this run
 		case actEndBoot:
 			p.endBoot(rec) // telemetry.go
 		case actDetach:
 			w.vm.Detach()
+		case actKill:
+			w.kill()
 		default:
 			panic(fmt.Sprintf("pod worker: unknown action %s", a))
 		}
 	}
+}
+
+// kill kills the VM for the failed probe taken (w.failure), as the
+// kubelet kills a container: its exit is then the run's end.
+func (w *worker) kill() {
+	f := w.failure
+	name := "vm"
+	if len(w.pod.Spec.Containers) > 0 {
+		name = w.pod.Spec.Containers[0].Name
+	}
+	w.log.Info("Killing the VM", "probe", f.kind, "msg", f.msg)
+	w.p.event(w.pod, corev1.EventTypeNormal, "Killing", fmt.Sprintf("Container %s failed %s probe, will be restarted", name, strings.ToLower(f.kind)))
+	w.vm.Kill()
 }
 
 // beginBackOff starts the crash-loop back-off before the restart after

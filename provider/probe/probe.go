@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -31,8 +30,10 @@ import (
 // timeoutSeconds, successThreshold, failureThreshold; until a readiness or
 // startup probe first passes in a run, the node also checks early, between
 // periods (probeSchedule). Readiness starts
-// false; liveness starts true, and failureThreshold failures kill the VM
-// (exit 137), after which the restart policy applies as for any VM exit.
+// false; liveness starts true, and failureThreshold failures are reported
+// (Sink.Failed) for the VM's owner, the pod's worker, to kill it (exit
+// 137), after which the restart policy applies as for any VM exit. The
+// probes never act on the VM's lifecycle themselves.
 
 // NewState is the probes' state of the run of the VM started at run,
 // before any probe succeeded.
@@ -182,13 +183,18 @@ type Sink interface {
 	Changed()
 	// Ready: the readiness probe passed (after failing, or first).
 	Ready()
+	// Failed: the liveness or startup probe (kind) failed failureThreshold
+	// times (msg is the last failure): the run is to be killed, by the VM's
+	// owner. Called once per probe and run; it may block until the owner
+	// takes it or the run ends.
+	Failed(kind, msg string)
 }
 
 // Start starts the probes of container c for this run of vm, with
 // their results in state; they end when the VM exits, gone is closed (the
 // pod is deleted) or ctx ends. A startupProbe runs first and holds the
-// others until it succeeded; its failure kills the VM like a liveness
-// failure.
+// others until it succeeded; its failure is reported like a liveness
+// failure (Sink.Failed).
 func Start(ctx context.Context, vm VM, c *corev1.Container, state *State, gone <-chan struct{}, sink Sink) {
 	removeStaleProbeForwards(ctx, vm)
 	if c.ReadinessProbe == nil && c.LivenessProbe == nil && c.StartupProbe == nil {
@@ -204,10 +210,9 @@ func Start(ctx context.Context, vm VM, c *corev1.Container, state *State, gone <
 		}
 		close(stop)
 	}()
-	kill := func(kind, msg string) {
-		klog.FromContext(ctx).Info(kind+" probe failed; killing the VM", "msg", msg)
-		sink.Event(corev1.EventTypeNormal, "Killing", fmt.Sprintf("Container %s failed %s probe, will be restarted", c.Name, strings.ToLower(kind)))
-		vm.Kill()
+	failed := func(kind, msg string) {
+		klog.FromContext(ctx).Info(kind+" probe failed; the VM is to be killed", "msg", msg)
+		sink.Failed(kind, msg)
 	}
 	started := make(chan struct{})
 	if c.StartupProbe != nil {
@@ -219,7 +224,7 @@ func Start(ctx context.Context, vm VM, c *corev1.Container, state *State, gone <
 				return false
 			}
 			if msg != "" {
-				kill("Startup", msg)
+				failed("Startup", msg)
 				return false
 			}
 			return true
@@ -242,7 +247,7 @@ func Start(ctx context.Context, vm VM, c *corev1.Container, state *State, gone <
 	if c.LivenessProbe != nil {
 		go runProbe(ctx, vm, c, "Liveness", c.LivenessProbe, true, false, stop, afterStart(started, runStart), sink, func(ok bool, msg string) bool {
 			if !ok {
-				kill("Liveness", msg)
+				failed("Liveness", msg)
 				return false
 			}
 			return true
@@ -484,11 +489,10 @@ func runProbe(ctx context.Context, vm VM, c *corev1.Container, kind string, prob
 }
 
 // VM is what the probes use of a running VM: the guest side (exec,
-// forwards, usernet queries), and Kill for a failed liveness or startup
-// probe.
+// forwards, usernet queries). Nothing of its lifecycle: a failed liveness
+// or startup probe is reported (Sink.Failed), never acted on.
 type VM interface {
 	guest.VM
-	Kill()
 	// Pid and StateDir identify the run in the forwards ledger.
 	Pid() int
 	StateDir() string
