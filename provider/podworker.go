@@ -187,6 +187,10 @@ const (
 	actStartProbes
 	// actEndBoot ends the run's boot span: the pod is Ready (telemetry.go).
 	actEndBoot
+	// actSaveSnapshot saves the memory snapshot the run owes at its ready
+	// point (a snapshot-start pod's creator, snapshots.go; none owed:
+	// nothing), the guest paused meanwhile.
+	actSaveSnapshot
 	// actDetach lets go of the VM, which keeps running.
 	actDetach
 	// actKill kills the VM at once (a failed liveness or startup probe,
@@ -201,7 +205,7 @@ var actionKindNames = map[actionKind]string{
 	actAnswerFinished: "AnswerFinished", actAnswerDeleted: "AnswerDeleted",
 	actBeginBackOff: "BeginBackOff", actCountRestart: "CountRestart", actMarkFinal: "MarkFinal",
 	actReleaseImage: "ReleaseImage", actStopExporter: "StopExporter", actStartExporter: "StartExporter",
-	actStartProbes: "StartProbes", actEndBoot: "EndBoot", actDetach: "Detach", actKill: "Kill",
+	actStartProbes: "StartProbes", actEndBoot: "EndBoot", actSaveSnapshot: "SaveSnapshot", actDetach: "Detach", actKill: "Kill",
 }
 
 func (k actionKind) String() string {
@@ -327,15 +331,16 @@ func next(w podWorker, e workerEvent) (podWorker, []workerAction) {
 			}
 			return w, []workerAction{act(actReply)} // on already
 		case evReady:
-			// The run's first Ready ends its boot and starts the pod's
-			// exporter, which from then on lives with the pod (a later run's
-			// first Ready finds it running): a lease never lands on a target
-			// still pulling its image or booting.
+			// The run's first Ready ends its boot, is the point its memory
+			// snapshot is saved at, and starts the pod's exporter, which
+			// from then on lives with the pod (a later run's first Ready
+			// finds it running): a lease never lands on a target still
+			// pulling its image, booting or paused for its snapshot.
 			if w.ready {
 				return w, nil
 			}
 			w.ready = true
-			return w, []workerAction{act(actEndBoot), act(actStartExporter)}
+			return w, []workerAction{act(actEndBoot), act(actSaveSnapshot), act(actStartExporter)}
 		case evProbeFailed:
 			// As the kubelet: the failed container is killed, and its exit
 			// goes through the restart policy. A failure of an ended run's

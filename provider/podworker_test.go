@@ -79,7 +79,7 @@ func TestPodWorkerTransitions(t *testing.T) {
 		{"flash while running", pw(stateRunning, 0, always), evReq(opFlash), stateFlashing, 0, ""},
 
 		// Running: the run's first Ready ends the boot and starts the exporter.
-		{"first Ready: boot over, exporter on", pw(stateRunning, 1, always), ev(evReady), stateRunning, 1, "EndBoot,StartExporter"},
+		{"first Ready: boot over, exporter on", pw(stateRunning, 1, always), ev(evReady), stateRunning, 1, "EndBoot,SaveSnapshot,StartExporter"},
 		{"Ready again in the same run", wasReady(pw(stateRunning, 0, always)), ev(evReady), stateRunning, 0, ""},
 		{"exit after Ready: back-off", wasReady(pw(stateRunning, 0, always)), evExit(1, "Error", false), stateBackOff, 1, "BeginBackOff(1)"},
 		{"Ready ignored while starting", pw(stateStarting, 0, always), ev(evReady), stateStarting, 0, ""},
@@ -235,7 +235,7 @@ func TestPodWorkerAlwaysEnds(t *testing.T) {
 // (and its Ready); every new run (restart, power on, flash) waits for its
 // own first Ready.
 func TestPodWorkerReadyPerRun(t *testing.T) {
-	firstReady := "EndBoot,StartExporter"
+	firstReady := "EndBoot,SaveSnapshot,StartExporter"
 	w, _ := initialWorker(corev1.RestartPolicyAlways, recoveredFacts{})
 	w, _ = next(w, ev(evStarted))
 	assert.False(t, w.ready, "a started run is not Ready yet")

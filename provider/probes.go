@@ -30,9 +30,9 @@ func (p *VMs) startProbes(ctx context.Context, rec *podVM, vm VM, probed chan<- 
 
 // podProbeSink reports a run's probes to its pod: events, status pushes,
 // a wake-up of the pod's worker (which turns a first Ready into its
-// evReady), a failed liveness or startup probe to the worker (its
-// evProbeFailed: the worker alone kills the VM), and the memory snapshot a
-// creator saves at readiness (snapshots.go).
+// evReady: the boot's end, the memory snapshot a creator saves, the
+// exporter), and a failed liveness or startup probe to the worker (its
+// evProbeFailed: the worker alone kills the VM).
 type podProbeSink struct {
 	p   *VMs
 	rec *podVM
@@ -65,8 +65,6 @@ func (s podProbeSink) Changed() {
 	default:
 	}
 }
-
-func (s podProbeSink) Ready() { s.p.captureSnapshot(s.ctx, s.rec, s.vm) }
 
 // Failed hands the failure to the worker, waiting until it takes it or
 // the run is over (the VM ended, the pod is deleted, the agent stops).

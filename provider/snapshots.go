@@ -16,7 +16,7 @@ import (
 // The pod worker's side of cold start from a memory snapshot
 // (podspec.AnnotationStartFromSnapshot; keys, store and files are package
 // snapshot's): how a run starts (prepareSnapshotStart), the save at
-// readiness (captureSnapshot), a claim a run did not use
+// readiness (saveSnapshot), a claim a run did not use
 // (dropSnapshotClaim) and a restore QEMU could not do (restoreFailed).
 // The run's claim and use are on the pod record (podVM.snap).
 
@@ -61,10 +61,12 @@ func (p *VMs) dropSnapshotClaim(rec *podVM) {
 	p.snaps.Release(c)
 }
 
-// captureSnapshot saves the snapshot the run owes, now that it is ready
-// (the readiness probe's first success). Asynchronous; the claim is
-// released when it ends.
-func (p *VMs) captureSnapshot(ctx context.Context, rec *podVM, vm VM) {
+// saveSnapshot saves the snapshot the run owes, now that it is ready
+// (its first Ready: the worker's actSaveSnapshot), and releases its claim;
+// no claim, nothing. The guest is paused while its memory is written; the
+// worker, which alone acts on the VM, waits for it. A failure is an event:
+// the VM runs on.
+func (p *VMs) saveSnapshot(ctx context.Context, rec *podVM, vm VM) {
 	rec.mu.Lock()
 	c := rec.snap.claim
 	rec.snap.claim = nil
@@ -73,20 +75,18 @@ func (p *VMs) captureSnapshot(ctx context.Context, rec *podVM, vm VM) {
 	if c == nil {
 		return
 	}
-	go func() {
-		defer p.snaps.Release(c)
-		log := klog.FromContext(ctx)
-		m, err := p.snaps.Save(ctx, vm, c, filepath.Join(rec.dir, OverlayFileName))
-		if err != nil {
-			log.Error(err, "Save memory snapshot")
-			p.event(pod, corev1.EventTypeWarning, snapshot.ReasonFailed, fmt.Sprintf("Saving a memory snapshot of the VM failed (it runs on): %v", err))
-			return
-		}
-		log.Info("Memory snapshot saved", "key", m.Key, "bytes", m.StateBytes, "pausedMs", m.PausedMillis)
-		p.event(pod, corev1.EventTypeNormal, snapshot.ReasonSaved, fmt.Sprintf(
-			"Saved a memory snapshot of the VM at its ready point (%d MiB, guest paused %d ms); pods of the same image and VM shape start from it (key %s)",
-			m.StateBytes>>20, m.PausedMillis, m.Key[:12]))
-	}()
+	defer p.snaps.Release(c)
+	log := klog.FromContext(ctx)
+	m, err := p.snaps.Save(ctx, vm, c, filepath.Join(rec.dir, OverlayFileName))
+	if err != nil {
+		log.Error(err, "Save memory snapshot")
+		p.event(pod, corev1.EventTypeWarning, snapshot.ReasonFailed, fmt.Sprintf("Saving a memory snapshot of the VM failed (it runs on): %v", err))
+		return
+	}
+	log.Info("Memory snapshot saved", "key", m.Key, "bytes", m.StateBytes, "pausedMs", m.PausedMillis)
+	p.event(pod, corev1.EventTypeNormal, snapshot.ReasonSaved, fmt.Sprintf(
+		"Saved a memory snapshot of the VM at its ready point (%d MiB, guest paused %d ms); pods of the same image and VM shape start from it (key %s)",
+		m.StateBytes>>20, m.PausedMillis, m.Key[:12]))
 }
 
 // restoreFailed handles a restore QEMU could not do (startErr): the

@@ -225,7 +225,7 @@ type podDeletion struct {
 // snapshotRun is the current run's memory snapshot (snapshots.go, package
 // snapshot), under
 // podVM.mu: written by the worker when it starts the VM; the claim is
-// taken by captureSnapshot (at readiness) or dropped by the worker.
+// taken by saveSnapshot (at readiness) or dropped by the worker.
 type snapshotRun struct {
 	// claim is the snapshot this run saves at readiness.
 	claim *snapshot.Claim

@@ -398,6 +398,8 @@ func (w *worker) do(acts []workerAction) {
 			p.startProbes(ctx, rec, w.vm, w.probed, w.probeFailed) // probes.go: end with this run
 		case actEndBoot:
 			p.endBoot(rec) // telemetry.go
+		case actSaveSnapshot:
+			p.saveSnapshot(ctx, rec, w.vm) // snapshots.go
 		case actDetach:
 			w.vm.Detach()
 		case actKill:

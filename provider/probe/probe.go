@@ -179,10 +179,9 @@ func probePort(port intstr.IntOrString, c *corev1.Container) (int, error) {
 type Sink interface {
 	// Event records an event on the pod.
 	Event(typ, reason, msg string)
-	// Changed: the results the pod's status shows changed.
+	// Changed: the results the pod's status shows changed (a readiness
+	// probe's pass or failure, a startup probe's pass).
 	Changed()
-	// Ready: the readiness probe passed (after failing, or first).
-	Ready()
 	// Failed: the liveness or startup probe (kind) failed failureThreshold
 	// times (msg is the last failure): the run is to be killed, by the VM's
 	// owner. Called once per probe and run; it may block until the owner
@@ -237,9 +236,6 @@ func Start(ctx context.Context, vm VM, c *corev1.Container, state *State, gone <
 		go runProbe(ctx, vm, c, "Readiness", c.ReadinessProbe, false, true, stop, afterStart(started, runStart), sink, func(ok bool, msg string) bool {
 			if state.set(ok, msg) {
 				sink.Changed()
-				if ok {
-					sink.Ready()
-				}
 			}
 			return true
 		})
