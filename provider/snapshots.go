@@ -90,9 +90,9 @@ func (p *VMs) saveSnapshot(ctx context.Context, rec *podVM, vm VM) {
 }
 
 // restoreFailed handles a restore QEMU could not do (startErr): the
-// snapshot is discarded, an event says why, and the spec of a normal boot
-// is returned.
-func (p *VMs) restoreFailed(ctx context.Context, rec *podVM, pod *corev1.Pod, plan podspec.Plan, img *oci.Image, startErr error) (qemu.Spec, error) {
+// snapshot is discarded and an event says why; the next spec built for the
+// run boots (the run's restore failed: prepareSnapshotStart).
+func (p *VMs) restoreFailed(ctx context.Context, rec *podVM, pod *corev1.Pod, startErr error) {
 	rec.mu.Lock()
 	u := rec.snap.used
 	rec.snap.used, rec.snap.restoreFailed = nil, true
@@ -105,5 +105,4 @@ func (p *VMs) restoreFailed(ctx context.Context, rec *podVM, pod *corev1.Pod, pl
 	}
 	klog.FromContext(ctx).Info("Snapshot restore failed; booting", "err", startErr)
 	p.event(pod, corev1.EventTypeWarning, snapshot.ReasonRestoreFailed, msg)
-	return p.vmSpec(ctx, rec, pod, plan, img)
 }

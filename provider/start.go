@@ -214,7 +214,8 @@ func (p *VMs) startQEMU(ctx, pctx context.Context, rec *podVM, pod *corev1.Pod, 
 	scancel()
 	if err != nil && spec.Incoming != "" && pctx.Err() == nil {
 		// The snapshot cannot be loaded: discard it and boot (snapshots.go).
-		spec, err = p.restoreFailed(ctx, rec, pod, plan, img, err)
+		p.restoreFailed(ctx, rec, pod, err)
+		spec, err = p.vmSpec(ctx, rec, pod, plan, img)
 		if err == nil {
 			sctx, scancel := context.WithTimeout(pctx, p.cfg.StartTimeout)
 			vm, err = p.cfg.Hypervisor.Start(sctx, spec, rec.dir)
