@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 
 	"github.com/qemu-kubelet/qemu-kubelet/provider/internal/atomicfile"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 )
@@ -19,6 +20,15 @@ const (
 	ReasonFailedToRecordState = "FailedToRecordState"
 	ReasonRecordedState       = "RecordedState"
 )
+
+// update changes the state under the lock, persists it and pushes it.
+func (p *VMs) update(rec *podVM, f func(st *podstatus.VMState)) {
+	rec.mu.Lock()
+	f(&rec.state)
+	rec.mu.Unlock()
+	p.persist(rec)
+	p.push(rec)
+}
 
 // persist writes the pod's status.json and surfaces a failure: logged with
 // the pod, a Warning event on the first failure of a streak and a Normal

@@ -185,7 +185,7 @@ const (
 	actStartExporter
 	// actStartProbes starts this run's probes (probes.go).
 	actStartProbes
-	// actEndBoot ends the run's boot span: the pod is Ready (telemetry.go).
+	// actEndBoot ends the run's boot span: the pod is Ready (podtelemetry.go).
 	actEndBoot
 	// actSaveSnapshot saves the memory snapshot the run owes at its ready
 	// point (a snapshot-start pod's creator, snapshots.go; none owed:

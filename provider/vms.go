@@ -377,12 +377,3 @@ func (p *VMs) SetRecorder(r record.EventRecorder) {
 	p.cfg.Recorder = r
 	p.mu.Unlock()
 }
-
-// update changes the state under the lock, persists it and pushes it.
-func (p *VMs) update(rec *podVM, f func(st *podstatus.VMState)) {
-	rec.mu.Lock()
-	f(&rec.state)
-	rec.mu.Unlock()
-	p.persist(rec) // persist.go
-	p.push(rec)
-}

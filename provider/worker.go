@@ -397,7 +397,7 @@ func (w *worker) do(acts []workerAction) {
 		case actStartProbes:
 			p.startProbes(ctx, rec, w.vm, w.probed, w.probeFailed) // probes.go: end with this run
 		case actEndBoot:
-			p.endBoot(rec) // telemetry.go
+			p.endBoot(rec) // podtelemetry.go
 		case actSaveSnapshot:
 			p.saveSnapshot(ctx, rec, w.vm) // snapshots.go
 		case actDetach:
