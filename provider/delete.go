@@ -13,11 +13,9 @@ import (
 
 // finishDelete stops the VM (if any) within the grace period, removes the
 // state dir, pushes the terminal status and forgets the pod.
-func (p *VMs) finishDelete(rec *podVM, vm VM) {
+func (p *VMs) finishDelete(rec *podVM) {
+	vm := rec.vm.get()
 	rec.mu.Lock()
-	if vm == nil {
-		vm = rec.vm
-	}
 	grace := rec.del.grace
 	pod := rec.pod.DeepCopy()
 	rejected := rec.state.Rejection != nil
@@ -46,8 +44,8 @@ func (p *VMs) finishDelete(rec *podVM, vm VM) {
 				started = rec.state.Running.StartedAt.Time
 			}
 			rec.state.SetTerminated(podstatus.TerminatedFromExit(ex, started, podstatus.ContainerIDPrefix+string(rec.uid)))
-			rec.vm = nil
 			rec.mu.Unlock()
+			rec.vm.set(nil)
 		} else {
 			rec.mu.Lock()
 			if rec.state.Terminated == nil {

@@ -96,12 +96,10 @@ func (e podExporter) Dir() string     { return e.rec.dir }
 func (e podExporter) Overlay() string { return filepath.Join(e.rec.dir, OverlayFileName) }
 
 func (e podExporter) VM() exporter.VM {
-	e.rec.mu.Lock()
-	defer e.rec.mu.Unlock()
-	if e.rec.vm == nil {
-		return nil
+	if vm := e.rec.vm.get(); vm != nil {
+		return vm
 	}
-	return e.rec.vm
+	return nil // no VM, not a nil VM in an interface
 }
 
 func (e podExporter) Event(typ, reason, msg string) { e.p.event(e.Pod(), typ, reason, msg) }

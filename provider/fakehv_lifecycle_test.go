@@ -397,9 +397,7 @@ func TestFakeVMRecovery(t *testing.T) {
 	for _, uid := range []types.UID{"u-keep", "u-gone"} {
 		rec := f2.rec(uid)
 		require.NotNil(t, rec)
-		rec.mu.Lock()
-		adopted := rec.vm
-		rec.mu.Unlock()
+		adopted := rec.vm.get()
 		assert.Same(t, vms[uid], adopted, "%s: the same VM adopted", uid)
 		_, ended := vms[uid].Exit()
 		assert.False(t, ended, "%s: VM kept running", uid)

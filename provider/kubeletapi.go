@@ -47,7 +47,7 @@ func (p *VMs) view(namespace, name, container string) (podView, error) {
 	}
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
-	v := podView{pod: rec.pod.DeepCopy(), dir: rec.dir, vm: rec.vm, everStarted: rec.state.Started}
+	v := podView{pod: rec.pod.DeepCopy(), dir: rec.dir, vm: rec.vm.get(), everStarted: rec.state.Started}
 	if len(rec.pod.Spec.Containers) > 0 {
 		v.container = rec.pod.Spec.Containers[0].Name
 	}

@@ -152,7 +152,7 @@ func (p *VMs) requestDelete(rec *podVM, grace time.Duration) {
 	rec.confirm.Do(func() { close(rec.confirmed) })
 	if first && rec.state.Rejection != nil {
 		// Never had a VM: done at once.
-		go p.finishDelete(rec, nil)
+		go p.finishDelete(rec)
 	}
 }
 

@@ -17,11 +17,9 @@ func (p *VMs) RunningVMs() int {
 	p.mu.Unlock()
 	n := 0
 	for _, r := range recs {
-		r.mu.Lock()
-		if r.vm != nil {
+		if r.vm.get() != nil {
 			n++
 		}
-		r.mu.Unlock()
 	}
 	return n
 }

@@ -59,7 +59,8 @@ func (p *VMs) powerGrace(pod *corev1.Pod) time.Duration {
 // the pod's grace, then quit, then kill) but keeps the state dir and the
 // pod: the container shows Waiting/PoweredOff with this run's end as its
 // last state, and the restart policy does not apply. Worker only.
-func (p *VMs) powerOff(ctx context.Context, rec *podVM, vm VM, why string) error {
+func (p *VMs) powerOff(ctx context.Context, rec *podVM, why string) error {
+	vm := rec.vm.get()
 	rec.mu.Lock()
 	pod := rec.pod.DeepCopy()
 	started := time.Now()
@@ -82,9 +83,7 @@ func (p *VMs) powerOff(ctx context.Context, rec *podVM, vm VM, why string) error
 	p.cfg.Telemetry.VMExited(rec.uid, ex)
 	term := podstatus.TerminatedFromExit(ex, started, podstatus.ContainerIDPrefix+string(rec.uid))
 	log.Info("VM powered off on request", "why", why, "exitCode", ex.ExitCode, "reason", ex.Reason)
-	rec.mu.Lock()
-	rec.vm = nil
-	rec.mu.Unlock()
+	rec.vm.set(nil)
 	p.update(rec, func(st *podstatus.VMState) {
 		st.LastTerminated = &term
 		st.SetWaiting(podstatus.ReasonPoweredOff, fmt.Sprintf("powered off %s (%s); power it on to boot again", why, ex.Reason))

@@ -170,7 +170,7 @@ func (p *VMs) recoverOne(ctx context.Context, dir string) (*podVM, string, error
 		rec.handoff.pendingExit = true
 		return rec, "exited", nil
 	}
-	rec.vm = vm
+	rec.vm.set(vm)
 	rec.state.PoweredOff = false
 	if rec.state.Running == nil {
 		rec.state.SetRunning(p.now())

@@ -47,10 +47,9 @@ func (h *harness) podVMOf(uid types.UID) VM {
 	rec := h.vms.pods[uid]
 	h.vms.mu.Unlock()
 	require.NotNil(h.t, rec)
-	rec.mu.Lock()
-	defer rec.mu.Unlock()
-	require.NotNil(h.t, rec.vm)
-	return rec.vm
+	vm := rec.vm.get()
+	require.NotNil(h.t, vm)
+	return vm
 }
 
 // waitEvent waits for an event containing all of want (events seen are

@@ -19,12 +19,12 @@ import (
 )
 
 // pullAndStart pulls the image (retrying with back-off, showing
-// ErrImagePull / ImagePullBackOff) and starts the VM. ok is false when
-// interrupted (delete, shutdown) or when the start failed (recorded as a
-// terminated run). Each job is a step below: the run's plan, the pull, the
+// ErrImagePull / ImagePullBackOff) and starts the VM (then rec.vm). It is
+// false when interrupted (delete, shutdown) or when the start failed
+// (recorded as a terminated run). Each job is a step below: the run's plan, the pull, the
 // image hold, the VM spec (waiting for its config), the QEMU start and the
 // record of the started run.
-func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (VM, bool) {
+func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) bool {
 	log := klog.FromContext(ctx)
 	p.dropSnapshotClaim(rec) // an earlier run's, unused
 	pod, plan, size := p.runPlan(rec)
@@ -44,13 +44,13 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (VM, bool) {
 
 	img, ok := p.pullImage(pctx, rec, pod, plan, att)
 	if !ok {
-		return nil, false
+		return false
 	}
 	p.holdImage(ctx, rec, img)
 
 	pod, spec, ok, err := p.waitForSpec(ctx, pctx, rec, pod, plan, img)
 	if !ok {
-		return nil, false
+		return false
 	}
 	att.Overlaid(err)
 	if err != nil {
@@ -61,21 +61,21 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) (VM, bool) {
 		log.Error(err, "VM not started", "reason", reason)
 		p.event(pod, corev1.EventTypeWarning, "Failed", err.Error())
 		p.recordStartError(rec, reason, err)
-		return nil, false
+		return false
 	}
 	vm, spec, err := p.startQEMU(ctx, pctx, rec, pod, plan, img, spec)
 	att.QEMUStarted(vm, err)
 	if err != nil {
 		if pctx.Err() != nil {
-			return nil, false
+			return false
 		}
 		log.Error(err, "QEMU start failed")
 		p.event(pod, corev1.EventTypeWarning, "Failed", "Error: "+err.Error())
 		p.recordStartError(rec, podstatus.ReasonStartError, err)
-		return nil, false
+		return false
 	}
 	p.recordStarted(ctx, rec, pod, vm, spec, size)
-	return vm, true
+	return true
 }
 
 // runPlan is what this run boots: the pod's plan with a flashed image and
@@ -238,9 +238,7 @@ func (p *VMs) recordStartError(rec *podVM, reason string, err error) {
 // recordStarted records the started run: the pod's VM, the Started event,
 // Running, and the size this run applied.
 func (p *VMs) recordStarted(ctx context.Context, rec *podVM, pod *corev1.Pod, vm VM, spec qemu.Spec, size podstatus.VMSize) {
-	rec.mu.Lock()
-	rec.vm = vm
-	rec.mu.Unlock()
+	rec.vm.set(vm) // before Running shows: the console, exec and the rest find it
 	from := ""
 	if spec.Incoming != "" {
 		from = ", restored from a memory snapshot"

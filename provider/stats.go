@@ -20,7 +20,7 @@ func (p *VMs) samplePods() []stats.PodSample {
 	var out []stats.PodSample
 	for _, r := range recs {
 		r.mu.Lock()
-		vm, pod, dir := r.vm, r.pod, r.dir
+		vm, pod, dir := r.vm.get(), r.pod, r.dir
 		var started time.Time
 		if r.state.Running != nil {
 			started = r.state.Running.StartedAt.Time

@@ -154,6 +154,12 @@ type podVM struct {
 	uid types.UID
 	dir string
 
+	// vm is the running VM, the one copy of it (no lock): set by the
+	// worker alone (recovery sets an adopted one before the worker
+	// starts); the worker, console, port-forward, exec, stats and the
+	// exporter read it.
+	vm runningVM
+
 	// Signals: made by newPodVM, never replaced (no lock).
 	//
 	// ctl carries power and flash requests (package exporter) to the worker.
@@ -179,9 +185,6 @@ type podVM struct {
 	// before the worker starts, and by the exporter (a VM size); persisted
 	// to status.json (persist.go).
 	state podstatus.VMState
-	// vm is the running VM (nil: none): written by the worker alone; the
-	// console, port-forward, exec and stats read it.
-	vm VM
 	// release gives up the pod's hold on its image (nil: none): the worker's.
 	release func()
 	// probes is the readiness of the current run (probes.go); nil: no
@@ -199,6 +202,29 @@ type podVM struct {
 	resync  statusResync
 	// statusFile: the writes of status.json (persist.go).
 	statusFile statusFileWriter
+}
+
+// runningVM holds a pod's running VM (nil: none). Safe for concurrent use;
+// one writer, the pod's worker.
+type runningVM struct{ p atomic.Pointer[vmRef] }
+
+type vmRef struct{ vm VM }
+
+// get is the running VM, nil when none runs.
+func (r *runningVM) get() VM {
+	if ref := r.p.Load(); ref != nil {
+		return ref.vm
+	}
+	return nil
+}
+
+// set records vm as the running VM (nil: none runs). Worker only.
+func (r *runningVM) set(vm VM) {
+	if vm == nil {
+		r.p.Store(nil)
+		return
+	}
+	r.p.Store(&vmRef{vm: vm})
 }
 
 // workerHandoff is what the pod's creator leaves its worker: written by

@@ -27,9 +27,12 @@ import (
 //     and answered on the request's reply channel, so power, flash, delete,
 //     restart and recovery never race;
 //   - the console and guest port forwards (kubectl attach/port-forward,
-//     the exporter's console and TCP drivers) use the running VM
-//     read from rec.vm under rec.mu; they never change its lifecycle
-//     (VM methods are safe for concurrent use);
+//     the exporter's console and TCP drivers), exec, stats and the probes
+//     use the running VM read from rec.vm (its one copy, which the worker
+//     alone sets); they never change its lifecycle (VM methods are safe
+//     for concurrent use): a failed liveness or startup probe reaches
+//     the worker as an event (evProbeFailed), a memory snapshot is saved
+//     by the worker (actSaveSnapshot);
 //   - the exporter supervisor goroutine (package exporter) owns the
 //     exporter and the condition it shows.
 //
@@ -48,8 +51,6 @@ type worker struct {
 	ctx context.Context
 	log klog.Logger
 	pod *corev1.Pod
-	// vm is the running VM (nil: none).
-	vm VM
 	// req is the request being served (evRequest, statePoweringOff,
 	// stateFlashing).
 	req vmRequest
@@ -72,8 +73,8 @@ func (p *VMs) run(rec *podVM) {
 	defer close(rec.done)
 	rec.mu.Lock()
 	pod := rec.pod.DeepCopy()
-	f := recoveredFacts{final: rec.state.Final, vm: rec.vm != nil, pendingExit: rec.handoff.pendingExit, poweredOff: rec.state.PoweredOff}
-	w := &worker{p: p, rec: rec, pod: pod, vm: rec.vm, probed: make(chan struct{}, 1), probeFailed: make(chan probeFailure)}
+	f := recoveredFacts{final: rec.state.Final, vm: rec.vm.get() != nil, pendingExit: rec.handoff.pendingExit, poweredOff: rec.state.PoweredOff}
+	w := &worker{p: p, rec: rec, pod: pod, probed: make(chan struct{}, 1), probeFailed: make(chan probeFailure)}
 	rec.handoff.pendingExit = false
 	rec.mu.Unlock()
 	w.log = p.log.WithValues("pod", klog.KObj(pod), "uid", rec.uid)
@@ -142,20 +143,18 @@ func (w *worker) step(st podWorker) workerEvent {
 	case statePoweredOff, stateFinished:
 		return w.wait(nil)
 	case statePoweringOff:
-		err := p.powerOff(ctx, rec, w.vm, "on request")
+		err := p.powerOff(ctx, rec, "on request")
 		w.req.reply <- err
 		if err != nil {
 			return workerEvent{kind: evStopFailed}
 		}
-		w.vm = nil
 		return workerEvent{kind: evStopped}
 	case stateFlashing:
 		req := w.req
-		if err := p.powerOff(ctx, rec, w.vm, "to flash "+req.what()); err != nil {
+		if err := p.powerOff(ctx, rec, "to flash "+req.what()); err != nil {
 			req.refuse(err)
 			return workerEvent{kind: evStopFailed}
 		}
-		w.vm = nil
 		if err := p.installFlash(rec, req.flash); err != nil {
 			req.reply <- err
 			return workerEvent{kind: evFlashFailed}
@@ -164,8 +163,7 @@ func (w *worker) step(st podWorker) workerEvent {
 		w.waiter = req.reply // answered by the start of the new image
 		return workerEvent{kind: evFlashed}
 	case stateTerminating:
-		p.finishDelete(rec, w.vm)
-		w.vm = nil
+		p.finishDelete(rec)
 		return workerEvent{kind: evDeleted}
 	}
 	panic(fmt.Sprintf("pod worker: no step for state %s", s))
@@ -219,9 +217,7 @@ func (w *worker) start() workerEvent {
 		}
 		return workerEvent{kind: evDelete}
 	}
-	vm, ok := p.pullAndStart(ctx, rec)
-	if ok {
-		w.vm = vm
+	if p.pullAndStart(ctx, rec) {
 		return workerEvent{kind: evStarted}
 	}
 	if ctx.Err() != nil {
@@ -300,7 +296,7 @@ func (p *VMs) writeIntent(rec *podVM) error {
 // startup probe, or an adopted VM whose pod shows Ready), else when its
 // probes' results change to Ready.
 func (w *worker) waitRunning(ready bool) workerEvent {
-	p, rec, ctx, vm := w.p, w.rec, w.ctx, w.vm
+	p, rec, ctx, vm := w.p, w.rec, w.ctx, w.rec.vm.get()
 	var probed <-chan struct{}
 	if !ready {
 		if podstatus.Ready(p.snapshot(rec)) {
@@ -333,9 +329,8 @@ func (w *worker) waitRunning(ready bool) workerEvent {
 	if rec.state.Running != nil {
 		started = rec.state.Running.StartedAt.Time
 	}
-	rec.vm = nil
 	rec.mu.Unlock()
-	w.vm = nil
+	rec.vm.set(nil)
 	p.dropSnapshotClaim(rec)
 	term := podstatus.TerminatedFromExit(ex, started, podstatus.ContainerIDPrefix+string(rec.uid))
 	w.log.Info("VM exited", "exitCode", ex.ExitCode, "class", ex.Class, "reason", ex.Reason)
@@ -395,13 +390,13 @@ func (w *worker) do(acts []workerAction) {
 		case actStartExporter:
 			p.startExporter(ctx, rec) // idempotent
 		case actStartProbes:
-			p.startProbes(ctx, rec, w.vm, w.probed, w.probeFailed) // probes.go: end with this run
+			p.startProbes(ctx, rec, rec.vm.get(), w.probed, w.probeFailed) // probes.go: end with this run
 		case actEndBoot:
 			p.endBoot(rec) // podtelemetry.go
 		case actSaveSnapshot:
-			p.saveSnapshot(ctx, rec, w.vm) // snapshots.go
+			p.saveSnapshot(ctx, rec, rec.vm.get()) // snapshots.go
 		case actDetach:
-			w.vm.Detach()
+			rec.vm.get().Detach()
 		case actKill:
 			w.kill()
 		default:
@@ -420,7 +415,7 @@ func (w *worker) kill() {
 	}
 	w.log.Info("Killing the VM", "probe", f.kind, "msg", f.msg)
 	w.p.event(w.pod, corev1.EventTypeNormal, "Killing", fmt.Sprintf("Container %s failed %s probe, will be restarted", name, strings.ToLower(f.kind)))
-	w.vm.Kill()
+	w.rec.vm.get().Kill()
 }
 
 // beginBackOff starts the crash-loop back-off before the restart after
