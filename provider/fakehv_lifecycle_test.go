@@ -469,7 +469,7 @@ func TestFakeVMRecovery(t *testing.T) {
 		f2.deleteFakePod(t, p)
 	}
 	// The VM that could not be adopted is killed by its pidfile
-	// (killStaleQEMU), which a fake VM has not: it is the only one left.
+	// (qemu.KillStale), which a fake VM has not: it is the only one left.
 	left := hv.runningVMs()
 	require.Len(t, left, 1)
 	assert.Same(t, vms["u-stale"], left[0])

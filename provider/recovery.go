@@ -7,9 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
-	"syscall"
 	"time"
 
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
@@ -143,7 +140,7 @@ func (p *VMs) recoverOne(ctx context.Context, dir string) (*podVM, string, error
 	if err != nil {
 		// QEMU is alive but unreachable: do not leave it running unmanaged
 		// (and a restart could not start a new one next to it).
-		if kerr := killStaleQEMU(dir); kerr != nil {
+		if kerr := qemu.KillStale(dir, 10*time.Second); kerr != nil {
 			log.Error(kerr, "Kill unreachable QEMU")
 		}
 		now := p.now()
@@ -187,36 +184,4 @@ func (p *VMs) podUIDs() []types.UID {
 		out = append(out, u)
 	}
 	return out
-}
-
-// killStaleQEMU SIGKILLs the QEMU whose pidfile is in dir, if that process
-// is a QEMU using dir (pids are reused), and waits for it to go.
-func killStaleQEMU(dir string) error {
-	b, err := os.ReadFile(filepath.Join(dir, qemu.PidfileName))
-	if err != nil {
-		return nil
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil || pid <= 1 {
-		return fmt.Errorf("pidfile %s: %q", filepath.Join(dir, qemu.PidfileName), b)
-	}
-	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	if err != nil || !strings.Contains(string(cmdline), "qemu-system") || !strings.Contains(string(cmdline), dir) {
-		return nil // gone, or not ours
-	}
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
-		return fmt.Errorf("kill QEMU %d: %w", pid, err)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			return nil
-		}
-		if i := strings.LastIndexByte(string(st), ')'); i > 0 && len(st) > i+2 && st[i+2] == 'Z' {
-			return nil
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return fmt.Errorf("QEMU %d still alive after SIGKILL", pid)
 }

@@ -2,6 +2,7 @@ package qemu
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -46,6 +47,37 @@ func qemuAlive(pid int, stateDir string) bool {
 		return false
 	}
 	return bytes.Contains(cmdline, []byte(filepath.Join(stateDir, QMPSocketName)))
+}
+
+// KillStale SIGKILLs the QEMU whose pidfile is in stateDir, if that
+// process is a live QEMU serving stateDir (qemuAlive: pids are reused, so
+// any other process is left alone), and waits up to wait for it to go. For
+// a QEMU that Adopt could not reach and that must not run on unsupervised.
+// No pidfile, or no such QEMU: nothing to do.
+func KillStale(stateDir string, wait time.Duration) error {
+	abs, err := filepath.Abs(stateDir)
+	if err != nil {
+		return fmt.Errorf("kill stale QEMU: state dir %s: %w", stateDir, err)
+	}
+	pid, err := readPidfile(abs)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("kill stale QEMU: %w", err)
+	}
+	if !qemuAlive(pid, abs) {
+		return nil // gone, or not ours
+	}
+	if err := signalPid(pid, syscall.SIGKILL); err != nil {
+		return fmt.Errorf("kill stale QEMU: %w", err)
+	}
+	for deadline := time.Now().Add(wait); qemuAlive(pid, abs); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("kill stale QEMU: pid %d still alive %s after SIGKILL", pid, wait)
+		}
+	}
+	return nil
 }
 
 func signalPid(pid int, sig syscall.Signal) error {
