@@ -15,11 +15,9 @@ import (
 // state dir, pushes the terminal status and forgets the pod.
 func (p *VMs) finishDelete(rec *podVM) {
 	vm := rec.vm.get()
-	rec.mu.Lock()
-	grace := rec.del.grace
-	pod := rec.pod.DeepCopy()
-	rejected := rec.state.Rejection != nil
-	rec.mu.Unlock()
+	grace := rec.deletion().grace
+	pod, st := rec.read()
+	rejected := st.Rejection != nil
 	log := p.log.WithValues("pod", klog.KObj(pod), "uid", rec.uid)
 	ctx := context.WithoutCancel(p.base)
 	// The exporter unregisters first: no lease lands on a VM going away.
@@ -38,22 +36,18 @@ func (p *VMs) finishDelete(rec *podVM) {
 			}
 			log.Info("VM stopped", "exitCode", ex.ExitCode, "reason", ex.Reason)
 			p.cfg.Telemetry.VMExited(rec.uid, ex)
-			rec.mu.Lock()
-			started := time.Now()
-			if rec.state.Running != nil {
-				started = rec.state.Running.StartedAt.Time
-			}
-			rec.state.SetTerminated(podstatus.TerminatedFromExit(ex, started, podstatus.ContainerIDPrefix+string(rec.uid)))
-			rec.mu.Unlock()
+			rec.change(func(st *podstatus.VMState) {
+				st.SetTerminated(podstatus.TerminatedFromExit(ex, runStart(st), podstatus.ContainerIDPrefix+string(rec.uid)))
+			})
 			rec.vm.set(nil)
 		} else {
-			rec.mu.Lock()
-			if rec.state.Terminated == nil {
-				now := p.now()
-				rec.state.SetTerminated(corev1.ContainerStateTerminated{ExitCode: 137, Reason: "ContainerStatusUnknown",
-					Message: "the pod was deleted before its VM started", StartedAt: podstatus.MetaTime(now), FinishedAt: podstatus.MetaTime(now)})
-			}
-			rec.mu.Unlock()
+			rec.change(func(st *podstatus.VMState) {
+				if st.Terminated == nil {
+					now := p.now()
+					st.SetTerminated(corev1.ContainerStateTerminated{ExitCode: 137, Reason: "ContainerStatusUnknown",
+						Message: "the pod was deleted before its VM started", StartedAt: podstatus.MetaTime(now), FinishedAt: podstatus.MetaTime(now)})
+				}
+			})
 		}
 		if p.reclaimDisk(ctx, rec, pod) { // state.go: the disk kept first, if asked
 			if err := qemu.CleanStateDir(rec.dir, nil); err != nil {
@@ -62,10 +56,7 @@ func (p *VMs) finishDelete(rec *podVM) {
 		}
 		p.releaseImage(rec)
 	}
-	rec.mu.Lock()
-	rec.state.Final = true
-	rec.del.removed = true
-	rec.mu.Unlock()
+	rec.markRemoved()
 	p.push(rec)
 	p.pump.Flush(rec.uid) // the terminal status reaches the library before the pod goes
 	p.mu.Lock()

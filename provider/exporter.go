@@ -25,17 +25,13 @@ import (
 // startExporter starts the pod's exporter supervisor if the pod asks for
 // one and it has not started yet. Idempotent; worker only.
 func (p *VMs) startExporter(ctx context.Context, rec *podVM) {
-	rec.mu.Lock()
-	skip := podspec.ExporterSecretName(rec.pod) == "" || rec.state.Rejection != nil || rec.state.Final || rec.del.deleting || rec.exp != nil
-	var sup *exporter.Supervisor
-	if !skip {
-		sup = exporter.New(p.exporterNode(), podExporter{p: p, rec: rec})
-		rec.exp = sup
+	pod, st := rec.read()
+	if podspec.ExporterSecretName(pod) == "" || st.Rejection != nil || st.Final || rec.deletion().deleting || rec.exp.Load() != nil {
+		return
 	}
-	rec.mu.Unlock()
-	if sup != nil {
-		sup.Start(ctx)
-	}
+	sup := exporter.New(p.exporterNode(), podExporter{p: p, rec: rec})
+	rec.exp.Store(sup)
+	sup.Start(ctx)
 }
 
 // exporterNode is what the exporters of the node's pods share.
@@ -45,11 +41,7 @@ func (p *VMs) exporterNode() *exporter.Node {
 }
 
 // exporter is the pod's exporter supervisor (nil: not started).
-func (rec *podVM) exporter() *exporter.Supervisor {
-	rec.mu.Lock()
-	defer rec.mu.Unlock()
-	return rec.exp
-}
+func (rec *podVM) exporter() *exporter.Supervisor { return rec.exp.Load() }
 
 // stopExporter ends the exporter supervisor (it unregisters); idempotent.
 func (rec *podVM) stopExporter() {
@@ -72,7 +64,7 @@ func (p *VMs) nodeCapacity() podspec.NodeCapacity {
 }
 
 // podExporter is one pod as its exporter sees it (exporter.Pod): its
-// record read under podVM.mu, its requests sent to its worker.
+// record read through podVM's methods, its requests sent to its worker.
 type podExporter struct {
 	p   *VMs
 	rec *podVM
@@ -80,16 +72,10 @@ type podExporter struct {
 
 var _ exporter.Pod = podExporter{}
 
-func (e podExporter) Pod() *corev1.Pod {
-	e.rec.mu.Lock()
-	defer e.rec.mu.Unlock()
-	return e.rec.pod.DeepCopy()
-}
+func (e podExporter) Pod() *corev1.Pod { return e.rec.podCopy() }
 
 func (e podExporter) Record() (podspec.Plan, podstatus.VMState) {
-	e.rec.mu.Lock()
-	defer e.rec.mu.Unlock()
-	return e.rec.plan, e.rec.state
+	return e.rec.plan, e.rec.stateCopy()
 }
 
 func (e podExporter) Dir() string     { return e.rec.dir }
@@ -125,29 +111,24 @@ func (e podExporter) SetSize(check func(*corev1.Pod, podspec.NodeCapacity, []*co
 	node := p.nodeCapacity()
 	p.mu.Lock()
 	others := p.activePodsLocked()
-	rec.mu.Lock()
-	pod := rec.pod
-	rec.mu.Unlock()
-	if err := check(pod, node, others); err != nil {
+	if err := check(rec.podCopy(), node, others); err != nil {
 		p.mu.Unlock()
 		return err
 	}
-	rec.mu.Lock()
 	var old *podstatus.VMSize
-	if rec.state.Size != nil {
-		c := *rec.state.Size
-		old = &c
-	} else {
-		rec.state.Size = &podstatus.VMSize{}
-	}
-	change(rec.state.Size)
-	rec.state.Size.Changed = p.now().UTC()
-	rec.mu.Unlock()
+	rec.change(func(st *podstatus.VMState) {
+		if st.Size != nil {
+			c := *st.Size
+			old = &c
+		} else {
+			st.Size = &podstatus.VMSize{}
+		}
+		change(st.Size)
+		st.Size.Changed = p.now().UTC()
+	})
 	p.mu.Unlock()
 	if err := rec.persist(); err != nil {
-		rec.mu.Lock()
-		rec.state.Size = old
-		rec.mu.Unlock()
+		rec.change(func(st *podstatus.VMState) { st.Size = old })
 		p.persist(rec) // the record as it was (and the event of a failing disk)
 		return fmt.Errorf("record the size in the pod's state dir: %w", err)
 	}

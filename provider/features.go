@@ -52,10 +52,8 @@ func (p *VMs) holdForFeatures(ctx context.Context, rec *podVM) bool {
 	held := ""
 	for {
 		ch, features := p.featureWatch()
-		rec.mu.Lock()
-		pod, plan, started := rec.pod, rec.plan, rec.state.Started
-		rec.mu.Unlock()
-		h := podspec.DecideHold(pod, plan, features, p.cfg.NodeName, started)
+		pod, st := rec.read()
+		h := podspec.DecideHold(pod, rec.plan, features, p.cfg.NodeName, st.Started)
 		if h == nil {
 			if held != "" {
 				klog.FromContext(ctx).Info("Features enabled; starting the pod", "features", held)

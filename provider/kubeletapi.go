@@ -45,20 +45,19 @@ func (p *VMs) view(namespace, name, container string) (podView, error) {
 	if rec == nil {
 		return podView{}, errdefs.NotFoundf("pod %s/%s not found on node %s", namespace, name, p.cfg.NodeName)
 	}
-	rec.mu.Lock()
-	defer rec.mu.Unlock()
-	v := podView{pod: rec.pod.DeepCopy(), dir: rec.dir, vm: rec.vm.get(), everStarted: rec.state.Started}
-	if len(rec.pod.Spec.Containers) > 0 {
-		v.container = rec.pod.Spec.Containers[0].Name
+	pod, st := rec.read()
+	v := podView{pod: pod, dir: rec.dir, vm: rec.vm.get(), everStarted: st.Started}
+	if len(pod.Spec.Containers) > 0 {
+		v.container = pod.Spec.Containers[0].Name
 	}
-	if rec.state.Waiting != nil {
-		v.waiting = rec.state.Waiting.Reason
+	if st.Waiting != nil {
+		v.waiting = st.Waiting.Reason
 	}
 	switch {
-	case rec.state.Running != nil:
-		v.started = rec.state.Running.StartedAt.Time
-	case rec.state.Terminated != nil:
-		v.started = rec.state.Terminated.StartedAt.Time
+	case st.Running != nil:
+		v.started = st.Running.StartedAt.Time
+	case st.Terminated != nil:
+		v.started = st.Terminated.StartedAt.Time
 	}
 	if container != "" && container != v.container {
 		return podView{}, errdefs.InvalidInputf("container %s is not valid for pod %s (a VM pod has one container, %q)", container, name, v.container)

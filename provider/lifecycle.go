@@ -87,12 +87,11 @@ func (p *VMs) UpdatePod(ctx context.Context, pod *corev1.Pod) error {
 		return p.CreatePod(ctx, pod)
 	}
 	rec.confirm.Do(func() { close(rec.confirmed) })
-	rec.mu.Lock()
-	st := rec.pod.Status
-	metaChanged := !maps.Equal(rec.pod.Labels, pod.Labels) || !maps.Equal(rec.pod.Annotations, pod.Annotations)
-	rec.pod = pod.DeepCopy()
-	rec.pod.Status = st
-	rec.mu.Unlock()
+	cur := rec.podCopy()
+	metaChanged := !maps.Equal(cur.Labels, pod.Labels) || !maps.Equal(cur.Annotations, pod.Annotations)
+	next := pod.DeepCopy()
+	next.Status = cur.Status
+	rec.setPod(next)
 	if metaChanged {
 		// The library writes the last pod pushed, metadata included, and
 		// the API server refuses a node's status update whose labels
@@ -117,40 +116,35 @@ func (p *VMs) DeletePod(ctx context.Context, pod *corev1.Pod) error {
 		return errdefs.NotFoundf("pod %s/%s not found on node %s", pod.Namespace, pod.Name, p.cfg.NodeName)
 	}
 	grace := podstatus.DeleteGrace(pod, p.cfg.DefaultGrace)
-	rec.mu.Lock()
 	// rec.pod is replaced, never changed in place: readers that took it
-	// under the lock (a held pod's features check) keep a stable pod.
-	cur := rec.pod.DeepCopy()
-	if pod.DeletionTimestamp != nil {
-		cur.DeletionTimestamp = pod.DeletionTimestamp.DeepCopy()
-		cur.DeletionGracePeriodSeconds = pod.DeletionGracePeriodSeconds
-	}
-	if pod.UID == rec.uid {
-		// The library calls UpdatePod only for pods not being deleted: a
-		// label changed just before the deletion (a lease released) arrives
-		// here. The terminal status carries the metadata, and the API
-		// server refuses a node's status update whose labels differ.
-		cur.Labels = maps.Clone(pod.Labels)
-		cur.Annotations = maps.Clone(pod.Annotations)
-	}
-	rec.pod = cur
-	rec.mu.Unlock()
+	// keep a stable pod.
+	rec.updatePod(func(cur *corev1.Pod) {
+		if pod.DeletionTimestamp != nil {
+			cur.DeletionTimestamp = pod.DeletionTimestamp.DeepCopy()
+			cur.DeletionGracePeriodSeconds = pod.DeletionGracePeriodSeconds
+		}
+		if pod.UID == rec.uid {
+			// The library calls UpdatePod only for pods not being deleted: a
+			// label changed just before the deletion (a lease released)
+			// arrives here. The terminal status carries the metadata, and
+			// the API server refuses a node's status update whose labels
+			// differ.
+			cur.Labels = maps.Clone(pod.Labels)
+			cur.Annotations = maps.Clone(pod.Annotations)
+		}
+	})
 	klog.FromContext(ctx).Info("Deleting pod", "pod", klog.KObj(pod), "uid", rec.uid, "grace", grace)
 	p.requestDelete(rec, grace)
 	return nil
 }
 
 func (p *VMs) requestDelete(rec *podVM, grace time.Duration) {
-	rec.mu.Lock()
-	first := !rec.del.deleting
+	first := rec.beginDelete(grace)
 	if first {
-		rec.del.deleting = true
-		rec.del.grace = grace
 		close(rec.deleteReq)
 	}
-	rec.mu.Unlock()
 	rec.confirm.Do(func() { close(rec.confirmed) })
-	if first && rec.state.Rejection != nil {
+	if first && rec.stateCopy().Rejection != nil {
 		// Never had a VM: done at once.
 		go p.finishDelete(rec)
 	}
@@ -163,10 +157,7 @@ func (p *VMs) GetPod(_ context.Context, namespace, name string) (*corev1.Pod, er
 	rec := p.findLocked(namespace, name)
 	p.mu.Unlock()
 	if rec != nil {
-		rec.mu.Lock()
-		stopping := rec.del.deleting
-		rec.mu.Unlock()
-		if stopping {
+		if rec.deletion().deleting {
 			// A pod being stopped is gone for the library: a new pod of the
 			// same name (StatefulSet) must be created, not "updated".
 			rec = nil

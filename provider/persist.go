@@ -1,7 +1,6 @@
 package provider
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -23,9 +22,7 @@ const (
 
 // update changes the state under the lock, persists it and pushes it.
 func (p *VMs) update(rec *podVM, f func(st *podstatus.VMState)) {
-	rec.mu.Lock()
-	f(&rec.state)
-	rec.mu.Unlock()
+	rec.change(f)
 	p.persist(rec)
 	p.push(rec)
 }
@@ -38,11 +35,11 @@ func (p *VMs) update(rec *podVM, f func(st *podstatus.VMState)) {
 // record) instead of from an outdated status.
 func (p *VMs) persist(rec *podVM) {
 	err := rec.persist()
-	rec.mu.Lock()
+	rec.statusFile.mu.Lock()
 	was := rec.statusFile.failing
 	rec.statusFile.failing = err != nil
-	pod := rec.pod.DeepCopy()
-	rec.mu.Unlock()
+	rec.statusFile.mu.Unlock()
+	pod := rec.podCopy()
 	log := p.log.WithValues("pod", klog.KObj(pod), "uid", rec.uid)
 	switch {
 	case err != nil:
@@ -71,10 +68,7 @@ func (rec *podVM) persistKeep() error { return rec.write(false) }
 func (rec *podVM) write(removeStale bool) error {
 	rec.statusFile.mu.Lock()
 	defer rec.statusFile.mu.Unlock()
-	rec.mu.Lock()
-	removed := rec.del.removed
-	b, err := json.MarshalIndent(rec.state, "", "  ")
-	rec.mu.Unlock()
+	b, removed, err := rec.stateJSON()
 	if removed {
 		return nil
 	}

@@ -61,13 +61,8 @@ func (p *VMs) powerGrace(pod *corev1.Pod) time.Duration {
 // last state, and the restart policy does not apply. Worker only.
 func (p *VMs) powerOff(ctx context.Context, rec *podVM, why string) error {
 	vm := rec.vm.get()
-	rec.mu.Lock()
-	pod := rec.pod.DeepCopy()
-	started := time.Now()
-	if rec.state.Running != nil {
-		started = rec.state.Running.StartedAt.Time
-	}
-	rec.mu.Unlock()
+	pod, st := rec.read()
+	started := runStart(&st)
 	log := klog.FromContext(ctx)
 	acpi := podstatus.ACPIBudget(p.powerGrace(pod))
 	p.event(pod, corev1.EventTypeNormal, "PoweringOff", fmt.Sprintf("Powering off the VM %s (ACPI power button, %s before quit)", why, acpi.Round(time.Second)))
@@ -95,9 +90,7 @@ func (p *VMs) powerOff(ctx context.Context, rec *podVM, why string) error {
 
 // startError is why the last start failed (the terminated run it left).
 func (p *VMs) startError(rec *podVM) error {
-	rec.mu.Lock()
-	defer rec.mu.Unlock()
-	if t := rec.state.Terminated; t != nil {
+	if t := rec.stateCopy().Terminated; t != nil {
 		return fmt.Errorf("start VM: %s: %s", t.Reason, t.Message)
 	}
 	return errors.New("start VM: failed")

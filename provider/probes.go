@@ -12,19 +12,17 @@ import (
 // (probe.Apply). They report through the pod's probe.Sink (podProbeSink),
 // which wakes the worker on probed when their results change.
 func (p *VMs) startProbes(ctx context.Context, rec *podVM, vm VM, probed chan<- struct{}, failed chan<- probeFailure) {
-	rec.mu.Lock()
-	if len(rec.pod.Spec.Containers) == 0 {
-		rec.mu.Unlock()
+	pod, st := rec.read()
+	if len(pod.Spec.Containers) == 0 {
 		return
 	}
-	c := rec.pod.Spec.Containers[0].DeepCopy()
+	c := &pod.Spec.Containers[0]
 	var run time.Time
-	if rec.state.Running != nil {
-		run = rec.state.Running.StartedAt.Time
+	if st.Running != nil {
+		run = st.Running.StartedAt.Time
 	}
 	state := probe.NewState(run)
-	rec.probes = state
-	rec.mu.Unlock()
+	rec.probes.Store(state)
 	probe.Start(ctx, vm, c, state, rec.deleteReq, podProbeSink{p: p, rec: rec, ctx: ctx, vm: vm, probed: probed, failed: failed})
 }
 
@@ -51,12 +49,7 @@ type probeFailure struct {
 	kind, msg string
 }
 
-func (s podProbeSink) Event(typ, reason, msg string) {
-	s.rec.mu.Lock()
-	pod := s.rec.pod.DeepCopy()
-	s.rec.mu.Unlock()
-	s.p.event(pod, typ, reason, msg)
-}
+func (s podProbeSink) Event(typ, reason, msg string) { s.p.event(s.rec.podCopy(), typ, reason, msg) }
 
 func (s podProbeSink) Changed() {
 	s.p.push(s.rec)

@@ -18,7 +18,8 @@ import (
 // snapshot's): how a run starts (prepareSnapshotStart), the save at
 // readiness (saveSnapshot), a claim a run did not use
 // (dropSnapshotClaim) and a restore QEMU could not do (restoreFailed).
-// The run's claim and use are on the pod record (podVM.snap).
+// The run's claim and use are on the pod record (podVM.snap), the worker
+// goroutine's alone: every function here runs on it.
 
 // prepareSnapshotStart decides how a run of a snapshot-start pod starts
 // and adjusts spec (snapshot.Store.Prepare); it returns the overlay base
@@ -28,36 +29,29 @@ func (p *VMs) prepareSnapshotStart(ctx context.Context, rec *podVM, pod *corev1.
 	if !plan.SnapshotStart {
 		return ""
 	}
-	rec.mu.Lock()
-	afterFailed := rec.snap.restoreFailed
-	rec.mu.Unlock()
 	st, err := p.snaps.Prepare(ctx, p.cfg.Images, snapshot.Request{
 		UID: rec.uid, Pod: pod.Namespace + "/" + pod.Name, ImageDigest: img.Digest, ImageDisk: img.Disk != "",
-		AfterFailedRestore: afterFailed,
+		AfterFailedRestore: rec.snap.restoreFailed,
 	}, spec)
 	if err != nil {
 		klog.FromContext(ctx).Info("Snapshot start skipped", "err", err)
 		p.event(pod, corev1.EventTypeWarning, snapshot.ReasonSkipped, "Booting instead of starting from a memory snapshot: "+err.Error())
 		return ""
 	}
-	rec.mu.Lock()
 	if st.Use != nil {
 		rec.snap.used = st.Use
 	}
 	if st.Claim != nil {
 		rec.snap.claim = st.Claim
 	}
-	rec.mu.Unlock()
 	return st.Overlay
 }
 
 // dropSnapshotClaim releases a claim the run did not use (it ended before
 // readiness, or the pod goes).
 func (p *VMs) dropSnapshotClaim(rec *podVM) {
-	rec.mu.Lock()
 	c := rec.snap.claim
 	rec.snap.claim = nil
-	rec.mu.Unlock()
 	p.snaps.Release(c)
 }
 
@@ -67,14 +61,12 @@ func (p *VMs) dropSnapshotClaim(rec *podVM) {
 // worker, which alone acts on the VM, waits for it. A failure is an event:
 // the VM runs on.
 func (p *VMs) saveSnapshot(ctx context.Context, rec *podVM, vm VM) {
-	rec.mu.Lock()
 	c := rec.snap.claim
 	rec.snap.claim = nil
-	pod := rec.pod.DeepCopy()
-	rec.mu.Unlock()
 	if c == nil {
 		return
 	}
+	pod := rec.podCopy()
 	defer p.snaps.Release(c)
 	log := klog.FromContext(ctx)
 	m, err := p.snaps.Save(ctx, vm, c, filepath.Join(rec.dir, OverlayFileName))
@@ -93,10 +85,8 @@ func (p *VMs) saveSnapshot(ctx context.Context, rec *podVM, vm VM) {
 // snapshot is discarded and an event says why; the next spec built for the
 // run boots (the run's restore failed: prepareSnapshotStart).
 func (p *VMs) restoreFailed(ctx context.Context, rec *podVM, pod *corev1.Pod, startErr error) {
-	rec.mu.Lock()
 	u := rec.snap.used
 	rec.snap.used, rec.snap.restoreFailed = nil, true
-	rec.mu.Unlock()
 	msg := fmt.Sprintf("Starting from the memory snapshot failed; discarded it, booting instead: %v", startErr)
 	if u != nil {
 		if err := snapshot.Discard(u); err != nil {

@@ -82,18 +82,16 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) bool {
 // a size set through the exporter (exporter/vmsize.go) applied, and that size.
 // It also forgets the previous run's snapshot use.
 func (p *VMs) runPlan(rec *podVM) (*corev1.Pod, podspec.Plan, podstatus.VMSize) {
-	rec.mu.Lock()
-	defer rec.mu.Unlock()
 	rec.snap.used, rec.snap.restoreFailed = nil, false
-	pod := rec.pod.DeepCopy()
+	pod, st := rec.read()
 	plan := rec.plan
-	if rec.state.FlashedImage != "" {
+	if st.FlashedImage != "" {
 		// Flashed (package exporter): boot that image, pinned by digest.
-		plan.Image, plan.PullPolicy = rec.state.FlashedImage, oci.PullIfNotPresent
+		plan.Image, plan.PullPolicy = st.FlashedImage, oci.PullIfNotPresent
 	}
 	var size podstatus.VMSize
-	if rec.state.Size != nil {
-		size = *rec.state.Size
+	if st.Size != nil {
+		size = *st.Size
 		if size.MemoryBytes > 0 {
 			plan.MemoryMiB = podspec.MemoryMiB(size.MemoryBytes)
 		}
@@ -114,9 +112,7 @@ type pullObserver interface {
 func (p *VMs) pullImage(ctx context.Context, rec *podVM, pod *corev1.Pod, plan podspec.Plan, att pullObserver) (img *oci.Image, ok bool) {
 	log := klog.FromContext(ctx)
 	// A flashed root (package exporter) boots instead of any image.
-	rec.mu.Lock()
-	img = exporter.FlashedRoot(rec.dir, rec.state)
-	rec.mu.Unlock()
+	img = exporter.FlashedRoot(rec.dir, rec.stateCopy())
 	for attempt := 1; img == nil; attempt++ {
 		t0 := time.Now()
 		if img = p.presentImage(ctx, plan); img != nil {
@@ -160,17 +156,13 @@ func (p *VMs) pullImage(ctx context.Context, rec *podVM, pod *corev1.Pod, plan p
 // holdImage holds img while the pod lives (the previous image's hold is
 // given up) and records it as the pod's image: ContainerCreating.
 func (p *VMs) holdImage(ctx context.Context, rec *podVM, img *oci.Image) {
-	rec.mu.Lock()
-	haveRelease := rec.release != nil && rec.state.ImageDigest == img.Digest
-	rec.mu.Unlock()
+	haveRelease := rec.release != nil && rec.stateCopy().ImageDigest == img.Digest
 	if !haveRelease {
 		p.releaseImage(rec)
 	}
 	if !haveRelease && !exporter.IsFlashedRoot(img) {
 		if rel, err := p.cfg.Images.Acquire(img.Digest); err == nil {
-			rec.mu.Lock()
 			rec.release = rel
-			rec.mu.Unlock()
 		} else {
 			klog.FromContext(ctx).Error(err, "Acquire image")
 		}
@@ -197,9 +189,7 @@ func (p *VMs) waitForSpec(ctx, pctx context.Context, rec *podVM, pod *corev1.Pod
 		if !sleepCtx(pctx, min(p.cfg.Backoff.Delay(attempt), podspec.ConfigRetryMax)) {
 			return pod, spec, false, err
 		}
-		rec.mu.Lock()
-		pod = rec.pod.DeepCopy()
-		rec.mu.Unlock()
+		pod = rec.podCopy()
 		spec, err = p.vmSpec(ctx, rec, pod, plan, img)
 	}
 	return pod, spec, true, err
@@ -309,10 +299,7 @@ func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan pods
 		spec.UEFICode, spec.UEFIVarsTemplate = p.cfg.UEFICode, p.cfg.UEFIVars
 		spec.AllowedDirs = append(spec.AllowedDirs, filepath.Dir(p.cfg.UEFICode), filepath.Dir(p.cfg.UEFIVars))
 	}
-	rec.mu.Lock()
-	flashed := rec.state.Flashed
-	rec.mu.Unlock()
-	exporter.ApplyFlashedFirmware(rec.dir, flashed, p.cfg.UEFICode, p.cfg.UEFIVars, &spec)
+	exporter.ApplyFlashedFirmware(rec.dir, rec.stateCopy().Flashed, p.cfg.UEFICode, p.cfg.UEFIVars, &spec)
 	if img.Kernel == "" && plan.ExtraCmdline != "" {
 		return spec, podspec.InvalidSpec{Err: fmt.Errorf("annotation %s: image %s has no kernel to pass a command line to", podspec.AnnotationKernelCmdline, plan.Image)}
 	}
@@ -397,11 +384,11 @@ func (p *VMs) pullSecrets(ctx context.Context, pod *corev1.Pod, names []string) 
 	return out
 }
 
+// releaseImage gives up the pod's hold on its image. Worker only (or a
+// rejected pod's finishDelete: no worker).
 func (p *VMs) releaseImage(rec *podVM) {
-	rec.mu.Lock()
 	rel := rec.release
 	rec.release = nil
-	rec.mu.Unlock()
 	if rel != nil {
 		rel()
 	}

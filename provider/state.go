@@ -26,9 +26,7 @@ func (p *VMs) reclaimDisk(ctx context.Context, rec *podVM, pod *corev1.Pod) bool
 	if rec.handoff.unrecorded { // worker goroutine (finishDelete)
 		return true // deleted before it was recorded: no disk to keep
 	}
-	rec.mu.Lock()
-	st := rec.state
-	rec.mu.Unlock()
+	st := rec.stateCopy()
 	log := p.log.WithValues("pod", klog.KObj(pod), "uid", rec.uid)
 	// The decision first: the intent record gets the pod as it is now (its
 	// reclaim annotation may have come after it was bound), so a retry

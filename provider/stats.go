@@ -19,13 +19,12 @@ func (p *VMs) samplePods() []stats.PodSample {
 	p.mu.Unlock()
 	var out []stats.PodSample
 	for _, r := range recs {
-		r.mu.Lock()
-		vm, pod, dir := r.vm.get(), r.pod, r.dir
+		vm, dir := r.vm.get(), r.dir
+		pod, state := r.read()
 		var started time.Time
-		if r.state.Running != nil {
-			started = r.state.Running.StartedAt.Time
+		if state.Running != nil {
+			started = state.Running.StartedAt.Time
 		}
-		r.mu.Unlock()
 		if vm == nil || started.IsZero() {
 			continue
 		}

@@ -1,8 +1,6 @@
 package provider
 
 import (
-	"strconv"
-
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/cache"
 )
@@ -48,10 +46,7 @@ func (p *VMs) ResyncStatus(apiPod *corev1.Pod) {
 	if rec == nil {
 		return
 	}
-	rec.mu.Lock()
-	removed := rec.del.removed
-	rec.mu.Unlock()
-	if removed {
+	if rec.deletion().removed {
 		return
 	}
 	want := p.snapshot(rec)
@@ -60,15 +55,7 @@ func (p *VMs) ResyncStatus(apiPod *corev1.Pod) {
 	}
 	p.log.V(2).Info("Pod status in the API server differs from the node's; sending it again",
 		"pod", apiPod.Namespace+"/"+apiPod.Name, "apiPhase", apiPod.Status.Phase, "phase", want.Status.Phase)
-	rec.mu.Lock()
-	// The mark only has to differ from the last status sent: the library
-	// sets the resourceVersion it writes from its own copy.
-	rec.resync.count++
-	rec.resync.apiResourceVersion = apiPod.ResourceVersion
-	if rec.resync.apiResourceVersion == "" {
-		rec.resync.apiResourceVersion = "resync-" + strconv.Itoa(rec.resync.count)
-	}
-	rec.mu.Unlock()
+	rec.markResync(apiPod.ResourceVersion)
 	p.push(rec)
 }
 

@@ -10,9 +10,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/exporter"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/poddisk"
-	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
-	"github.com/qemu-kubelet/qemu-kubelet/provider/probe"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/snapshot"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/telemetry"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
@@ -142,152 +140,6 @@ type VMs struct {
 	snaps snapshot.Store
 }
 
-// podVM is one pod's record, shared by the goroutines that serve the pod:
-// its worker (worker.go), which alone starts, stops and replaces the VM;
-// the kubelet-API entry points (CreatePod, UpdatePod, DeletePod, GetPod...);
-// the status pump; the probes; the exporter supervisor; the status resync.
-// Each group below says who writes it and which lock guards it. The
-// worker's own state (the request it serves, the request waiting for the
-// next start, the back-off timer) is on worker (worker.go), off this record.
-type podVM struct {
-	// Identity: set by newPodVM, never changed (no lock).
-	uid types.UID
-	dir string
-
-	// vm is the running VM, the one copy of it (no lock): set by the
-	// worker alone (recovery sets an adopted one before the worker
-	// starts); the worker, console, port-forward, exec, stats and the
-	// exporter read it.
-	vm runningVM
-
-	// Signals: made by newPodVM, never replaced (no lock).
-	//
-	// ctl carries power and flash requests (package exporter) to the worker.
-	ctl       chan vmRequest
-	deleteReq chan struct{} // closed by DeletePod
-	confirmed chan struct{} // closed (through confirm) once the pod is known to still exist
-	confirm   sync.Once
-	done      chan struct{} // closed when the worker ends
-
-	// mu guards the record and every group below but statusFile.mu. It is
-	// taken after VMs.mu and after statusFile.mu, never before them
-	// (docs/architecture.md).
-	mu sync.Mutex
-	// The record, read by every owner under mu.
-	//
-	// pod is the pod as bound, with its current metadata: replaced under
-	// mu (UpdatePod, DeletePod), never changed in place, so a pointer read
-	// under mu stays valid.
-	pod *corev1.Pod
-	// plan is the pod's VM plan (podspec), set when the pod is admitted.
-	plan podspec.Plan
-	// state is the pod's VMState: written by its worker, by recovery
-	// before the worker starts, and by the exporter (a VM size); persisted
-	// to status.json (persist.go).
-	state podstatus.VMState
-	// release gives up the pod's hold on its image (nil: none): the worker's.
-	release func()
-	// probes is the readiness of the current run (probes.go); nil: no
-	// readiness probe. Replaced by the worker at each start.
-	probes *probe.State
-
-	// exp is the pod's Jumpstarter exporter (nil: none started): set once
-	// by the worker (startExporter, exporter.go); it lives with the pod and
-	// owns its own state (the condition it shows).
-	exp *exporter.Supervisor
-
-	handoff workerHandoff
-	del     podDeletion
-	snap    snapshotRun
-	resync  statusResync
-	// statusFile: the writes of status.json (persist.go).
-	statusFile statusFileWriter
-}
-
-// runningVM holds a pod's running VM (nil: none). Safe for concurrent use;
-// one writer, the pod's worker.
-type runningVM struct{ p atomic.Pointer[vmRef] }
-
-type vmRef struct{ vm VM }
-
-// get is the running VM, nil when none runs.
-func (r *runningVM) get() VM {
-	if ref := r.p.Load(); ref != nil {
-		return ref.vm
-	}
-	return nil
-}
-
-// set records vm as the running VM (nil: none runs). Worker only.
-func (r *runningVM) set(vm VM) {
-	if vm == nil {
-		r.p.Store(nil)
-		return
-	}
-	r.p.Store(&vmRef{vm: vm})
-}
-
-// workerHandoff is what the pod's creator leaves its worker: written by
-// CreatePod or Recover before the worker goroutine starts, the worker's
-// alone after (run reads and clears pendingExit under podVM.mu).
-type workerHandoff struct {
-	// pendingExit: recovered with a VM that ended while nobody watched;
-	// the restart policy still has to be applied.
-	pendingExit bool
-	// unrecorded: the intent record (pod.json) is not written yet: the
-	// worker writes it before anything of the VM exists (record).
-	unrecorded bool
-}
-
-// podDeletion is the pod's deletion (lifecycle.go, delete.go), under
-// podVM.mu: DeletePod sets deleting and grace; the worker's finishDelete
-// sets removed once the state dir is gone.
-type podDeletion struct {
-	deleting bool
-	grace    time.Duration
-	removed  bool
-}
-
-// snapshotRun is the current run's memory snapshot (snapshots.go, package
-// snapshot), under
-// podVM.mu: written by the worker when it starts the VM; the claim is
-// taken by saveSnapshot (at readiness) or dropped by the worker.
-type snapshotRun struct {
-	// claim is the snapshot this run saves at readiness.
-	claim *snapshot.Claim
-	// used is the snapshot the run was restored from.
-	used *snapshot.Use
-	// restoreFailed makes the next decision boot.
-	restoreFailed bool
-}
-
-// statusResync is the status resync's (statusresync.go), under podVM.mu.
-type statusResync struct {
-	// apiResourceVersion: the resourceVersion of the API server's copy
-	// whose status disagreed with the node's; sent with the next status so
-	// the library does not skip it as already sent.
-	apiResourceVersion string
-	// count is the number of resyncs (a made-up resourceVersion when the
-	// API server's copy has none).
-	count int
-}
-
-// statusFileWriter orders the writes of status.json (persist.go).
-type statusFileWriter struct {
-	// mu serializes the writes; taken before podVM.mu.
-	mu sync.Mutex
-	// failing: the last write failed (an event was sent); under podVM.mu,
-	// written by whoever persists.
-	failing bool
-}
-
-// newPodVM is the record of a new pod (CreatePod) or a recovered one
-// (recovery.go), before its worker starts.
-func newPodVM(uid types.UID, dir string, pod *corev1.Pod) *podVM {
-	return &podVM{uid: uid, dir: dir, pod: pod, ctl: make(chan vmRequest),
-		deleteReq: make(chan struct{}), confirmed: make(chan struct{}), done: make(chan struct{})}
-}
-
 // NewVMs returns the pod handler. ctx bounds the workers: when it ends they
 // detach from their VMs, which keep running for the next start to adopt.
 // Call Recover before handing it to the pod controller.
@@ -321,10 +173,7 @@ func (p *VMs) podDir(uid types.UID) string { return filepath.Join(p.vmsDir(), st
 func (p *VMs) findLocked(namespace, name string) *podVM {
 	var any *podVM
 	for _, r := range p.pods {
-		r.mu.Lock()
-		match := r.pod.Namespace == namespace && r.pod.Name == name && !r.del.removed
-		deleting := r.del.deleting
-		r.mu.Unlock()
+		match, deleting := r.matches(namespace, name)
 		if !match {
 			continue
 		}
@@ -340,11 +189,9 @@ func (p *VMs) findLocked(namespace, name string) *podVM {
 func (p *VMs) activePodsLocked() []*corev1.Pod {
 	var out []*corev1.Pod
 	for _, r := range p.pods {
-		r.mu.Lock()
-		if !r.del.deleting && !r.state.Final && r.state.Rejection == nil {
-			out = append(out, podspec.WithMemoryClaim(r.pod, r.state.Size.MemoryOrZero())) // exporter/vmsize.go
+		if pod := r.admissionClaim(); pod != nil {
+			out = append(out, pod)
 		}
-		r.mu.Unlock()
 	}
 	return out
 }
@@ -357,19 +204,7 @@ func (p *VMs) allocatable() corev1.ResourceList {
 }
 
 // snapshot is the pod with its current status.
-func (p *VMs) snapshot(rec *podVM) *corev1.Pod {
-	rec.mu.Lock()
-	defer rec.mu.Unlock()
-	pod := rec.pod.DeepCopy()
-	if rec.resync.apiResourceVersion != "" {
-		pod.ResourceVersion = rec.resync.apiResourceVersion // statusresync.go
-	}
-	pod.Status = podstatus.PodStatus(rec.pod, rec.state, p.cfg.NodeIP, p.now())
-	probe.Apply(&pod.Status, rec.pod, rec.probes)      // probes.go: readiness probe result
-	rec.exp.Apply(&pod.Status)                         // package exporter: the Jumpstarter exporter condition
-	podstatus.ApplyVMSize(&pod.Status, rec.state.Size) // exporter/vmsize.go: a size set through the exporter
-	return pod
-}
+func (p *VMs) snapshot(rec *podVM) *corev1.Pod { return rec.withStatus(p.cfg.NodeIP, p.now()) }
 
 // push has the pod's current status sent to the library: asynchronously,
 // coalesced per pod and in order (podstatus/statuspump.go).

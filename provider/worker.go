@@ -71,12 +71,10 @@ type worker struct {
 // run owns one pod's VM until the pod is deleted or the provider stops.
 func (p *VMs) run(rec *podVM) {
 	defer close(rec.done)
-	rec.mu.Lock()
-	pod := rec.pod.DeepCopy()
-	f := recoveredFacts{final: rec.state.Final, vm: rec.vm.get() != nil, pendingExit: rec.handoff.pendingExit, poweredOff: rec.state.PoweredOff}
+	pod, found := rec.read()
+	f := recoveredFacts{final: found.Final, vm: rec.vm.get() != nil, pendingExit: rec.handoff.pendingExit, poweredOff: found.PoweredOff}
 	w := &worker{p: p, rec: rec, pod: pod, probed: make(chan struct{}, 1), probeFailed: make(chan probeFailure)}
 	rec.handoff.pendingExit = false
-	rec.mu.Unlock()
 	w.log = p.log.WithValues("pod", klog.KObj(pod), "uid", rec.uid)
 	w.ctx = klog.NewContext(p.base, w.log)
 	defer w.answer(errWorkerGone)
@@ -128,9 +126,7 @@ func (w *worker) step(st podWorker) workerEvent {
 	case stateRunning:
 		return w.waitRunning(st.ready)
 	case stateExited:
-		rec.mu.Lock()
-		term := rec.state.Terminated
-		rec.mu.Unlock()
+		term := rec.stateCopy().Terminated
 		if term == nil { // recovery always records it
 			return workerEvent{kind: evExited, reason: podstatus.ReasonStartError, exitCode: 128}
 		}
@@ -228,11 +224,9 @@ func (w *worker) start() workerEvent {
 	}
 	// The start failed; recorded as a terminated run.
 	e := workerEvent{kind: evStartFailed, exitCode: 128, reason: podstatus.ReasonStartError}
-	rec.mu.Lock()
-	if t := rec.state.Terminated; t != nil {
+	if t := rec.stateCopy().Terminated; t != nil {
 		e.exitCode, e.reason = t.ExitCode, t.Reason
 	}
-	rec.mu.Unlock()
 	return e
 }
 
@@ -271,9 +265,7 @@ func (w *worker) record() (e workerEvent, ok bool) {
 // writeIntent writes rec's state dir, pod.json (the pod as it is now) and
 // status.json; a failed pod.json leaves no dir behind.
 func (p *VMs) writeIntent(rec *podVM) error {
-	rec.mu.Lock()
-	pod := rec.pod.DeepCopy()
-	rec.mu.Unlock()
+	pod := rec.podCopy()
 	if err := os.MkdirAll(rec.dir, 0o700); err != nil {
 		return fmt.Errorf("create state dir for pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
@@ -324,12 +316,8 @@ func (w *worker) waitRunning(ready bool) workerEvent {
 		}
 	}
 	ex, _ := vm.Exit()
-	rec.mu.Lock()
-	started := time.Now()
-	if rec.state.Running != nil {
-		started = rec.state.Running.StartedAt.Time
-	}
-	rec.mu.Unlock()
+	st := rec.stateCopy()
+	started := runStart(&st)
 	rec.vm.set(nil)
 	p.dropSnapshotClaim(rec)
 	term := podstatus.TerminatedFromExit(ex, started, podstatus.ContainerIDPrefix+string(rec.uid))
@@ -378,9 +366,7 @@ func (w *worker) do(acts []workerAction) {
 		case actBeginBackOff:
 			w.beginBackOff(a.crash)
 		case actCountRestart:
-			rec.mu.Lock()
-			rec.state.RestartCount++
-			rec.mu.Unlock()
+			rec.change(func(st *podstatus.VMState) { st.RestartCount++ })
 		case actMarkFinal:
 			p.update(rec, func(st *podstatus.VMState) { st.Final = true })
 		case actReleaseImage:
@@ -429,12 +415,10 @@ func (w *worker) beginBackOff(crash int) {
 		return
 	}
 	name := "vm"
-	rec.mu.Lock()
-	if len(rec.pod.Spec.Containers) > 0 {
-		name = rec.pod.Spec.Containers[0].Name
+	pod := rec.podCopy()
+	if len(pod.Spec.Containers) > 0 {
+		name = pod.Spec.Containers[0].Name
 	}
-	pod := rec.pod.DeepCopy()
-	rec.mu.Unlock()
 	msg := podstatus.CrashLoopMessage(delay, name, string(rec.uid))
 	p.update(rec, func(st *podstatus.VMState) {
 		st.LastTerminated = st.Terminated
