@@ -316,40 +316,7 @@ func next(w podWorker, e workerEvent) (podWorker, []workerAction) {
 			return w.afterExit(e, act(actAnswerStartError))
 		}
 	case stateRunning:
-		switch e.kind {
-		case evExited:
-			if e.ranLong {
-				w.crashes = 0
-			}
-			return w.afterExit(e)
-		case evRequest:
-			switch e.op {
-			case opPowerOff: // stop the VM and stay off
-				return w.enter(statePoweringOff)
-			case opFlash: // stop the VM, install the image, start it
-				return w.enter(stateFlashing)
-			}
-			return w, []workerAction{act(actReply)} // on already
-		case evReady:
-			// The run's first Ready ends its boot, is the point its memory
-			// snapshot is saved at, and starts the pod's exporter, which
-			// from then on lives with the pod (a later run's first Ready
-			// finds it running): a lease never lands on a target still
-			// pulling its image, booting or paused for its snapshot.
-			if w.ready {
-				return w, nil
-			}
-			w.ready = true
-			return w, []workerAction{act(actEndBoot), act(actSaveSnapshot), act(actStartExporter)}
-		case evProbeFailed:
-			// As the kubelet: the failed container is killed, and its exit
-			// goes through the restart policy. A failure of an ended run's
-			// probes is not this run's.
-			if !e.current {
-				return w, nil
-			}
-			return w, []workerAction{act(actKill)}
-		}
+		return w.running(e)
 	case stateExited:
 		if e.kind == evExited {
 			return w.afterExit(e)
@@ -404,6 +371,46 @@ func next(w podWorker, e workerEvent) (podWorker, []workerAction) {
 		if e.kind == evDeleted {
 			return w.enter(stateTerminated)
 		}
+	}
+	return w, nil
+}
+
+// running is next in stateRunning: the VM's exit, a request, its first
+// Ready, a failed probe.
+func (w podWorker) running(e workerEvent) (podWorker, []workerAction) {
+	switch e.kind {
+	case evExited:
+		if e.ranLong {
+			w.crashes = 0
+		}
+		return w.afterExit(e)
+	case evRequest:
+		switch e.op {
+		case opPowerOff: // stop the VM and stay off
+			return w.enter(statePoweringOff)
+		case opFlash: // stop the VM, install the image, start it
+			return w.enter(stateFlashing)
+		}
+		return w, []workerAction{act(actReply)} // on already
+	case evReady:
+		// The run's first Ready ends its boot, is the point its memory
+		// snapshot is saved at, and starts the pod's exporter, which
+		// from then on lives with the pod (a later run's first Ready
+		// finds it running): a lease never lands on a target still
+		// pulling its image, booting or paused for its snapshot.
+		if w.ready {
+			return w, nil
+		}
+		w.ready = true
+		return w, []workerAction{act(actEndBoot), act(actSaveSnapshot), act(actStartExporter)}
+	case evProbeFailed:
+		// As the kubelet: the failed container is killed, and its exit
+		// goes through the restart policy. A failure of an ended run's
+		// probes is not this run's.
+		if !e.current {
+			return w, nil
+		}
+		return w, []workerAction{act(actKill)}
 	}
 	return w, nil
 }
