@@ -60,27 +60,7 @@ func validate(c *NodeConfiguration, env Environment) (*Node, field.ErrorList) {
 		}
 	}
 
-	resPath := field.NewPath("reserved")
-	for _, k := range slices.Sorted(maps.Keys(c.Reserved)) {
-		v := c.Reserved[k]
-		p := resPath.Key(k)
-		switch corev1.ResourceName(k) {
-		case corev1.ResourceCPU, corev1.ResourceMemory, corev1.ResourceEphemeralStorage:
-		default:
-			errs = append(errs, field.NotSupported(p, k, []string{"cpu", "memory", "ephemeral-storage"}))
-			continue
-		}
-		q, err := resource.ParseQuantity(string(v))
-		if err != nil {
-			errs = append(errs, field.Invalid(p, v, "must be a resource quantity such as 500m, 2 or 1Gi"))
-			continue
-		}
-		if q.Sign() < 0 {
-			errs = append(errs, field.Invalid(p, v, "must not be negative"))
-			continue
-		}
-		n.Reserved[corev1.ResourceName(k)] = q
-	}
+	errs = validateReserved(c.Reserved, n.Reserved, errs)
 
 	ocPath := field.NewPath("overcommit")
 	for _, oc := range []struct {
@@ -101,54 +81,10 @@ func validate(c *NodeConfiguration, env Environment) (*Node, field.ErrorList) {
 	}
 	n.ProbeTimeout, errs = parseDuration(accPath.Child("probeTimeout"), c.Accelerator.ProbeTimeout, time.Second, errs)
 
-	taintsPath := field.NewPath("taints")
-	seen := map[string]bool{}
-	for i, t := range c.Taints {
-		p := taintsPath.Index(i)
-		for _, m := range validation.IsQualifiedName(t.Key) {
-			errs = append(errs, field.Invalid(p.Child("key"), t.Key, m))
-		}
-		if t.Value != "" {
-			for _, m := range validation.IsValidLabelValue(t.Value) {
-				errs = append(errs, field.Invalid(p.Child("value"), t.Value, m))
-			}
-		}
-		switch t.Effect {
-		case corev1.TaintEffectNoSchedule, corev1.TaintEffectPreferNoSchedule, corev1.TaintEffectNoExecute:
-		default:
-			errs = append(errs, field.NotSupported(p.Child("effect"), t.Effect, []string{"NoSchedule", "PreferNoSchedule", "NoExecute"}))
-		}
-		if t.TimeAdded != nil {
-			errs = append(errs, field.Forbidden(p.Child("timeAdded"), "is set by the API server"))
-		}
-		id := t.Key + ":" + string(t.Effect)
-		if seen[id] {
-			errs = append(errs, field.Duplicate(p, id))
-		}
-		seen[id] = true
-	}
+	errs = validateTaints(c.Taints, errs)
+	errs = validateLabels(c.Labels, errs)
 
-	labelsPath := field.NewPath("labels")
-	for _, k := range slices.Sorted(maps.Keys(c.Labels)) {
-		v := c.Labels[k]
-		for _, m := range validation.IsQualifiedName(k) {
-			errs = append(errs, field.Invalid(labelsPath.Key(k), k, m))
-		}
-		for _, m := range validation.IsValidLabelValue(v) {
-			errs = append(errs, field.Invalid(labelsPath.Key(k), v, m))
-		}
-	}
-
-	srvPath := field.NewPath("server")
-	if net.ParseIP(c.Server.Address) == nil {
-		errs = append(errs, field.Invalid(srvPath.Child("address"), c.Server.Address, "must be an IP address"))
-	}
-	if n.Port < 1 || n.Port > 65535 {
-		errs = append(errs, field.Invalid(srvPath.Child("port"), n.Port, "must be between 1 and 65535"))
-	}
-	if (n.TLSCertFile == "") != (n.TLSKeyFile == "") {
-		errs = append(errs, field.Invalid(srvPath.Child("tlsCertFile"), n.TLSCertFile, "tlsCertFile and tlsPrivateKeyFile must be set together (or both left empty for a generated self-signed pair)"))
-	}
+	errs = validateServer(c.Server.Address, n.Port, n.TLSCertFile, n.TLSKeyFile, errs)
 
 	n.StatusUpdateFrequency, errs = parseDuration(field.NewPath("nodeStatusUpdateFrequency"), c.NodeStatusUpdateFrequency, time.Second, errs)
 
@@ -196,6 +132,96 @@ func validate(c *NodeConfiguration, env Environment) (*Node, field.ErrorList) {
 		})
 	}
 	return n, errs
+}
+
+// validateReserved checks reserved (cpu, memory, ephemeral-storage
+// quantities, none negative) and fills out with the parsed ones.
+func validateReserved(reserved map[string]QuantityString, out corev1.ResourceList, errs field.ErrorList) field.ErrorList {
+	resPath := field.NewPath("reserved")
+	for _, k := range slices.Sorted(maps.Keys(reserved)) {
+		v := reserved[k]
+		p := resPath.Key(k)
+		switch corev1.ResourceName(k) {
+		case corev1.ResourceCPU, corev1.ResourceMemory, corev1.ResourceEphemeralStorage:
+		default:
+			errs = append(errs, field.NotSupported(p, k, []string{"cpu", "memory", "ephemeral-storage"}))
+			continue
+		}
+		q, err := resource.ParseQuantity(string(v))
+		if err != nil {
+			errs = append(errs, field.Invalid(p, v, "must be a resource quantity such as 500m, 2 or 1Gi"))
+			continue
+		}
+		if q.Sign() < 0 {
+			errs = append(errs, field.Invalid(p, v, "must not be negative"))
+			continue
+		}
+		out[corev1.ResourceName(k)] = q
+	}
+	return errs
+}
+
+// validateTaints checks the node's taints as the API server would, and
+// that no key and effect repeats.
+func validateTaints(taints []corev1.Taint, errs field.ErrorList) field.ErrorList {
+	taintsPath := field.NewPath("taints")
+	seen := map[string]bool{}
+	for i, t := range taints {
+		p := taintsPath.Index(i)
+		for _, m := range validation.IsQualifiedName(t.Key) {
+			errs = append(errs, field.Invalid(p.Child("key"), t.Key, m))
+		}
+		if t.Value != "" {
+			for _, m := range validation.IsValidLabelValue(t.Value) {
+				errs = append(errs, field.Invalid(p.Child("value"), t.Value, m))
+			}
+		}
+		switch t.Effect {
+		case corev1.TaintEffectNoSchedule, corev1.TaintEffectPreferNoSchedule, corev1.TaintEffectNoExecute:
+		default:
+			errs = append(errs, field.NotSupported(p.Child("effect"), t.Effect, []string{"NoSchedule", "PreferNoSchedule", "NoExecute"}))
+		}
+		if t.TimeAdded != nil {
+			errs = append(errs, field.Forbidden(p.Child("timeAdded"), "is set by the API server"))
+		}
+		id := t.Key + ":" + string(t.Effect)
+		if seen[id] {
+			errs = append(errs, field.Duplicate(p, id))
+		}
+		seen[id] = true
+	}
+	return errs
+}
+
+// validateLabels checks the node's labels' keys and values.
+func validateLabels(labels map[string]string, errs field.ErrorList) field.ErrorList {
+	labelsPath := field.NewPath("labels")
+	for _, k := range slices.Sorted(maps.Keys(labels)) {
+		v := labels[k]
+		for _, m := range validation.IsQualifiedName(k) {
+			errs = append(errs, field.Invalid(labelsPath.Key(k), k, m))
+		}
+		for _, m := range validation.IsValidLabelValue(v) {
+			errs = append(errs, field.Invalid(labelsPath.Key(k), v, m))
+		}
+	}
+	return errs
+}
+
+// validateServer checks the kubelet API server's address, port and TLS
+// pair.
+func validateServer(address string, port int32, certFile, keyFile string, errs field.ErrorList) field.ErrorList {
+	srvPath := field.NewPath("server")
+	if net.ParseIP(address) == nil {
+		errs = append(errs, field.Invalid(srvPath.Child("address"), address, "must be an IP address"))
+	}
+	if port < 1 || port > 65535 {
+		errs = append(errs, field.Invalid(srvPath.Child("port"), port, "must be between 1 and 65535"))
+	}
+	if (certFile == "") != (keyFile == "") {
+		errs = append(errs, field.Invalid(srvPath.Child("tlsCertFile"), certFile, "tlsCertFile and tlsPrivateKeyFile must be set together (or both left empty for a generated self-signed pair)"))
+	}
+	return errs
 }
 
 // MaxKSMPagesToScan bounds vmMemory.ksmPagesToScan (the kernel takes any
