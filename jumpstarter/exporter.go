@@ -439,45 +439,9 @@ func (e *Exporter) session(ctx context.Context, lease *leaseRun) (online, regist
 	if err != nil {
 		return false, true, lease, e.callError("open the status stream", err)
 	}
-	statusCh := make(chan *pb.StatusResponse)
-	statusErr := make(chan error, 1)
-	go func() {
-		for {
-			m, err := st.Recv()
-			if err != nil {
-				statusErr <- err
-				return
-			}
-			select {
-			case statusCh <- m:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-
+	statusCh, statusErr := recvStatus(ctx, st)
 	events := make(chan leaseEvent, 4)
-	reported := pb.ExporterStatus_EXPORTER_STATUS_UNSPECIFIED
-	report := func(s pb.ExporterStatus, msg string) error {
-		e.status.set(s, msg)
-		if reported == s {
-			return nil
-		}
-		rctx, rcancel := context.WithTimeout(ctx, callTimeout)
-		defer rcancel()
-		if _, err := ctl.ReportStatus(rctx, &pb.ReportStatusRequest{Status: s, Message: &msg}); err != nil {
-			return e.callError("report status "+s.String(), err)
-		}
-		reported = s
-		return nil
-	}
-	available := func(msg string) error {
-		if err := report(pb.ExporterStatus_EXPORTER_STATUS_AVAILABLE, msg); err != nil {
-			return err
-		}
-		e.setState(StateOnline, nil)
-		return nil
-	}
+	rep := &statusReporter{e: e, ctl: ctl}
 
 	for {
 		select {
@@ -500,7 +464,7 @@ func (e *Exporter) session(ctx context.Context, lease *leaseRun) (online, regist
 			if lease != nil {
 				cur = lease.name
 			}
-			step := onStatus(cur, m.GetLeased(), m.GetLeaseName(), reported == pb.ExporterStatus_EXPORTER_STATUS_AVAILABLE)
+			step := onStatus(cur, m.GetLeased(), m.GetLeaseName(), rep.reported == pb.ExporterStatus_EXPORTER_STATUS_AVAILABLE)
 			if step.stop {
 				e.log.Info("lease ended", "lease", lease.name)
 				e.logs.Add(LogEntry{Message: "lease " + lease.name + " ended"})
@@ -522,7 +486,7 @@ func (e *Exporter) session(ctx context.Context, lease *leaseRun) (online, regist
 				e.listenOn(ctx, lease, ctl, events)
 			}
 			if step.available != "" {
-				if err := available(step.available); err != nil {
+				if err := rep.available(ctx, step.available); err != nil {
 					return online, true, lease, err
 				}
 			}
@@ -534,19 +498,72 @@ func (e *Exporter) session(ctx context.Context, lease *leaseRun) (online, regist
 				return online, true, lease, ev.err
 			}
 			if ev.open {
-				if err := report(pb.ExporterStatus_EXPORTER_STATUS_LEASE_READY, "Ready for commands"); err != nil {
+				if err := rep.report(ctx, pb.ExporterStatus_EXPORTER_STATUS_LEASE_READY, "Ready for commands"); err != nil {
 					return online, true, lease, err
 				}
 				e.setState(StateLeased, nil)
 			}
 		case <-e.endSession:
 			if lease != nil {
-				if err := report(pb.ExporterStatus_EXPORTER_STATUS_AVAILABLE, "Session ended by the client"); err != nil {
+				if err := rep.report(ctx, pb.ExporterStatus_EXPORTER_STATUS_AVAILABLE, "Session ended by the client"); err != nil {
 					return online, true, lease, err
 				}
 			}
 		}
 	}
+}
+
+// recvStatus receives the controller's Status stream on its own goroutine
+// until the stream fails (its error on errc) or ctx ends.
+func recvStatus(ctx context.Context, st pb.ControllerService_StatusClient) (<-chan *pb.StatusResponse, <-chan error) {
+	ch := make(chan *pb.StatusResponse)
+	errc := make(chan error, 1)
+	go func() {
+		for {
+			m, err := st.Recv()
+			if err != nil {
+				errc <- err
+				return
+			}
+			select {
+			case ch <- m:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return ch, errc
+}
+
+// statusReporter reports the exporter's status to the controller, once
+// per change; owned by one session's goroutine.
+type statusReporter struct {
+	e        *Exporter
+	ctl      pb.ControllerServiceClient
+	reported pb.ExporterStatus // last reported (UNSPECIFIED: none yet)
+}
+
+func (r *statusReporter) report(ctx context.Context, s pb.ExporterStatus, msg string) error {
+	r.e.status.set(s, msg)
+	if r.reported == s {
+		return nil
+	}
+	rctx, rcancel := context.WithTimeout(ctx, callTimeout)
+	defer rcancel()
+	if _, err := r.ctl.ReportStatus(rctx, &pb.ReportStatusRequest{Status: s, Message: &msg}); err != nil {
+		return r.e.callError("report status "+s.String(), err)
+	}
+	r.reported = s
+	return nil
+}
+
+// available reports AVAILABLE, and the exporter is Online.
+func (r *statusReporter) available(ctx context.Context, msg string) error {
+	if err := r.report(ctx, pb.ExporterStatus_EXPORTER_STATUS_AVAILABLE, msg); err != nil {
+		return err
+	}
+	r.e.setState(StateOnline, nil)
+	return nil
 }
 
 // leaseStep is what the Run goroutine does on a StatusResponse.
