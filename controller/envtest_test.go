@@ -38,6 +38,7 @@ import (
 
 	jsv1 "github.com/qemu-kubelet/qemu-kubelet/api/jumpstarter/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
+	vtv1 "github.com/qemu-kubelet/qemu-kubelet/api/virtualtarget/v1alpha1"
 	qktest "github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 )
 
@@ -110,7 +111,8 @@ func runTests(m *testing.M) int {
 		// The Jumpstarter CRDs generated from api/jumpstarter/v1alpha1 make
 		// the apiserver serve the Exporters and Leases of Jumpstarter mode
 		// (e2e/jsfake checks the same objects against upstream's schema).
-		CRDDirectoryPaths:     []string{filepath.Join(root, "config", "crd"), qktest.JumpstarterCRDs(root)},
+		CRDDirectoryPaths: []string{filepath.Join(root, "config", "crd"), qktest.JumpstarterCRDs(root),
+			qktest.VirtualTargetCRDs(root)},
 		ErrorIfCRDPathMissing: true,
 	}
 	cfg, err := testEnv.Start()
@@ -139,6 +141,10 @@ func runTests(m *testing.M) int {
 		return 1
 	}
 	if err := v1alpha1.AddToScheme(env.scheme); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if err := vtv1.AddToScheme(env.scheme); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}

@@ -1,0 +1,195 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	apiextv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	vtv1 "github.com/qemu-kubelet/qemu-kubelet/api/virtualtarget/v1alpha1"
+)
+
+// startUpstreamManager runs both reconcilers (ours and the upstream API's,
+// as cmd/exporterset-controller does) for one namespace until the test ends.
+func startUpstreamManager(t *testing.T, ns string) *UpstreamReconciler {
+	t.Helper()
+	mgr, err := ctrl.NewManager(env.cfg, ctrl.Options{
+		Scheme:                 env.scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}}},
+		Controller:             ctrlConfigUnique(),
+	})
+	require.NoError(t, err)
+	require.NoError(t, NewReconciler(mgr.GetClient(), mgr.GetEventRecorder("exporterset-controller"), nil).SetupWithManager(mgr, 2))
+	require.True(t, UpstreamServed(mgr), "envtest serves virtualtarget.jumpstarter.dev")
+	u := NewUpstreamReconciler(mgr.GetClient(), mgr.GetEventRecorder("exporterset-controller"), "")
+	require.NoError(t, u.SetupWithManager(mgr, 2))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			assert.NoError(t, err, "manager")
+		case <-time.After(waitTimeout):
+			t.Error("manager did not stop")
+		}
+	})
+	return u
+}
+
+func createUpstream(t *testing.T, objs ...client.Object) {
+	t.Helper()
+	for _, o := range objs {
+		require.NoError(t, env.client.Create(context.Background(), o))
+	}
+}
+
+func vtClass(ns, name, provisioner, params string) *vtv1.VirtualTargetClass {
+	c := &vtv1.VirtualTargetClass{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: vtv1.VirtualTargetClassSpec{Provisioner: provisioner}}
+	if params != "" {
+		c.Spec.Parameters = &apiextv1.JSON{Raw: []byte(params)}
+	}
+	return c
+}
+
+func vtSet(ns, name, class string, minReplicas int32) *vtv1.ExporterSet {
+	return &vtv1.ExporterSet{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: vtv1.ExporterSetSpec{VirtualTargetClassName: class, MinReplicas: minReplicas,
+			Selector: metav1.LabelSelector{MatchLabels: map[string]string{"set": name}},
+			Template: vtv1.ExporterSetTemplate{Metadata: vtv1.TemplateMetadata{Labels: map[string]string{"set": name}}}}}
+}
+
+func upstreamPods(t *testing.T, ns, set string) []corev1.Pod {
+	t.Helper()
+	var l corev1.PodList
+	require.NoError(t, env.client.List(context.Background(), &l, client.InNamespace(ns), client.MatchingLabels{UpstreamLabel: set}))
+	var out []corev1.Pod
+	for _, p := range l.Items {
+		if p.DeletionTimestamp == nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func waitUpstream(t *testing.T, ns, name, what string, cond func(vtv1.ExporterSetStatus) bool) *vtv1.ExporterSet {
+	t.Helper()
+	var s vtv1.ExporterSet
+	eventually(t, what, func() (bool, string) {
+		require.NoError(t, env.client.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, &s))
+		return cond(s.Status), fmt.Sprintf("%+v", s.Status)
+	})
+	return &s
+}
+
+// TestEnvtestUpstreamProvisioner: an upstream-API set whose class names
+// our provisioner gets VM pods built from the class and its status in
+// upstream's fields and conditions; a set of class qemu.jumpstarter.dev
+// in the same namespace is never touched (same resourceVersion, no pod, no
+// event), nor is a set whose class does not exist; a set without an image
+// is Degraded and gets no pod.
+func TestEnvtestUpstreamProvisioner(t *testing.T) {
+	ns := namespace(t)
+	ctx := context.Background()
+	// Theirs first: by the time ours is served, the initial list has
+	// queued both.
+	createUpstream(t, vtClass(ns, "theirs", "qemu.jumpstarter.dev", `{"arch":"x86_64"}`), vtSet(ns, "other", "theirs", 2),
+		vtSet(ns, "orphan", "nowhere", 1))
+	var other vtv1.ExporterSet
+	require.NoError(t, env.client.Get(ctx, types.NamespacedName{Namespace: ns, Name: "other"}, &other))
+	u := startUpstreamManager(t, ns)
+
+	createUpstream(t, vtClass(ns, "ours", vtv1.DefaultProvisioner,
+		`{"arch":"aarch64","qemuKubelet":{"image":"reg.invalid/os:1"},"resources":{"cpu":"2","memory":"1Gi"}}`))
+	mine := vtSet(ns, "mine", "ours", 2)
+	mine.Spec.MaxReplicas = ptr.To[int32](3)
+	createUpstream(t, mine)
+
+	// Pods from the class: the virtual node's placement, arch, size, image.
+	var ps []corev1.Pod
+	eventually(t, "2 pods of mine", func() (bool, string) {
+		ps = upstreamPods(t, ns, "mine")
+		return len(ps) == 2, fmt.Sprintf("%d pods", len(ps))
+	})
+	for _, p := range ps {
+		assert.Equal(t, "reg.invalid/os:1", p.Spec.Containers[0].Image)
+		assert.Equal(t, map[string]string{"type": "virtual-kubelet", "kubernetes.io/arch": "arm64"}, p.Spec.NodeSelector)
+		assert.Contains(t, p.Spec.Tolerations, virtualNodeToleration)
+		assert.Equal(t, "1Gi", ptr.To(p.Spec.Containers[0].Resources.Limits[corev1.ResourceMemory]).String())
+		ref := metav1.GetControllerOf(&p)
+		require.NotNil(t, ref)
+		assert.Equal(t, vtv1.GroupVersion.String(), ref.APIVersion)
+		assert.Equal(t, "mine", ref.Name)
+	}
+	s := waitUpstream(t, ns, "mine", "2 pending pods in the status", func(st vtv1.ExporterSetStatus) bool {
+		return st.Replicas == 2 && st.PodsPending == 2 && len(st.Conditions) == 4
+	})
+	for _, typ := range []string{vtv1.ExporterSetConditionAvailable, vtv1.ExporterSetConditionProgressing,
+		vtv1.ExporterSetConditionDegraded, vtv1.ExporterSetConditionScalingLimited} {
+		assert.NotNil(t, meta.FindStatusCondition(s.Status.Conditions, typ), typ)
+	}
+	assert.True(t, meta.IsStatusConditionFalse(s.Status.Conditions, vtv1.ExporterSetConditionDegraded))
+	assert.True(t, meta.IsStatusConditionFalse(s.Status.Conditions, vtv1.ExporterSetConditionScalingLimited))
+	assert.Equal(t, UpstreamLabel+"=mine", s.Status.Selector)
+
+	// The kubelet's part: Running and Ready.
+	readyAll(t, ps)
+	s = waitUpstream(t, ns, "mine", "2 ready and running", func(st vtv1.ExporterSetStatus) bool {
+		return st.ReadyReplicas == 2 && st.PodsRunning == 2 && st.UnavailableReplicas == 0
+	})
+	assert.True(t, meta.IsStatusConditionTrue(s.Status.Conditions, vtv1.ExporterSetConditionAvailable))
+	// Available counts ready pods whose Exporter can take a lease: none
+	// has an Exporter yet (the next step of issue 37).
+	assert.Zero(t, s.Status.AvailableReplicas)
+	assert.Equal(t, int32(2), s.Status.ExportersOffline)
+
+	// Without an image: Degraded, saying which parameter; no pod.
+	createUpstream(t, vtClass(ns, "bare", vtv1.DefaultProvisioner, `{"resources":{"storage":"8Gi"}}`), vtSet(ns, "noimage", "bare", 1))
+	s = waitUpstream(t, ns, "noimage", "Degraded MissingImage", func(st vtv1.ExporterSetStatus) bool {
+		c := meta.FindStatusCondition(st.Conditions, vtv1.ExporterSetConditionDegraded)
+		return c != nil && c.Status == metav1.ConditionTrue && c.Reason == ReasonMissingImage
+	})
+	assert.Contains(t, meta.FindStatusCondition(s.Status.Conditions, vtv1.ExporterSetConditionDegraded).Message, UpstreamImageParameter)
+	assert.Empty(t, upstreamPods(t, ns, "noimage"))
+
+	// The other provisioner's set, planned again by hand now that the
+	// controller ran: still untouched.
+	_, err := u.Reconcile(ctx, ctrl.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: "other"}})
+	require.NoError(t, err)
+	for _, name := range []string{"other", "orphan"} {
+		var now vtv1.ExporterSet
+		require.NoError(t, env.client.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &now))
+		if name == "other" {
+			assert.Equal(t, other.ResourceVersion, now.ResourceVersion, "qemu.jumpstarter.dev's set is never written")
+		}
+		assert.Empty(t, now.Status.Conditions, name)
+		assert.Empty(t, upstreamPods(t, ns, name), name)
+	}
+	var evs eventsv1.EventList
+	require.NoError(t, env.client.List(ctx, &evs, client.InNamespace(ns)))
+	var regarding []string
+	for _, e := range evs.Items {
+		regarding = append(regarding, e.Regarding.Name)
+	}
+	assert.NotContains(t, regarding, "other")
+	assert.NotContains(t, regarding, "orphan")
+	assert.Contains(t, regarding, "mine", "our set's creates were recorded (the event list is read)")
+}

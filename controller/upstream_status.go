@@ -1,0 +1,100 @@
+package controller
+
+import (
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
+	vtv1 "github.com/qemu-kubelet/qemu-kubelet/api/virtualtarget/v1alpha1"
+)
+
+// The status of an upstream set, in upstream's fields and condition types,
+// from the planner's Status.
+
+// upstreamStatusInput is what upstreamStatus looks at.
+type upstreamStatusInput struct {
+	// Plan is the planner's status; nil when the set could not be planned
+	// (Failure says why): the counts then stay as last written.
+	Plan    *Status
+	Failure *ClassError
+	// Pods are the set's live pods (for the phase counts).
+	Pods []corev1.Pod
+	// Knobs are the mapped spec (MaxReplicas for ScalingLimited).
+	Knobs    Input
+	Selector string
+}
+
+// upstreamConditions are an upstream set's four conditions, in order.
+type upstreamConditions [4]Condition
+
+// upstreamStatus is the status an upstream set shows: the counts and the
+// conditions Available, Progressing, Degraded and ScalingLimited. Pure.
+// Exporter counts are those of pods' Exporters, none yet (see the report
+// of issue 37): ExportersOffline counts the pods.
+func upstreamStatus(prev vtv1.ExporterSetStatus, in upstreamStatusInput) (vtv1.ExporterSetStatus, upstreamConditions) {
+	st := prev
+	st.Conditions = nil
+	if in.Selector != "" {
+		st.Selector = in.Selector
+	}
+	if in.Failure != nil {
+		return st, upstreamConditions{
+			{vtv1.ExporterSetConditionAvailable, metav1.ConditionFalse, in.Failure.Reason, "the set cannot be planned: see Degraded"},
+			{vtv1.ExporterSetConditionProgressing, metav1.ConditionFalse, in.Failure.Reason, "nothing is created or deleted until the set is fixed"},
+			{vtv1.ExporterSetConditionDegraded, metav1.ConditionTrue, in.Failure.Reason, in.Failure.Message},
+			{vtv1.ExporterSetConditionScalingLimited, metav1.ConditionFalse, "WithinLimits", "not planned"},
+		}
+	}
+	p := in.Plan
+	st.Replicas, st.ReadyReplicas, st.AvailableReplicas, st.LeasedReplicas = p.Replicas, p.Ready, p.Available, p.Leased
+	st.UnavailableReplicas = max(p.Replicas-p.Ready, 0)
+	st.PodsPending, st.PodsRunning, st.PodsFailed, st.PodsUnknown = 0, 0, 0, 0
+	for i := range in.Pods {
+		switch in.Pods[i].Status.Phase {
+		case corev1.PodPending, "":
+			st.PodsPending++
+		case corev1.PodRunning:
+			st.PodsRunning++
+		case corev1.PodFailed:
+			st.PodsFailed++
+		default:
+			st.PodsUnknown++
+		}
+	}
+	st.ExportersActive, st.ExportersIdle, st.ExportersDisabled = 0, 0, 0
+	st.ExportersOffline = int32(len(in.Pods))
+
+	var out upstreamConditions
+	out[0] = conditionOf(p.Conditions, v1alpha1.ConditionAvailable, vtv1.ExporterSetConditionAvailable)
+	out[1] = conditionOf(p.Conditions, v1alpha1.ConditionProgressing, vtv1.ExporterSetConditionProgressing)
+	out[2] = Condition{vtv1.ExporterSetConditionDegraded, metav1.ConditionFalse, "AsExpected", "no instance fails"}
+	if f := conditionOf(p.Conditions, v1alpha1.ConditionReplicaFailure, ""); f.Status == metav1.ConditionTrue {
+		out[2] = Condition{vtv1.ExporterSetConditionDegraded, metav1.ConditionTrue, f.Reason, f.Message}
+	}
+	out[3] = Condition{vtv1.ExporterSetConditionScalingLimited, metav1.ConditionFalse, "WithinLimits", "maxReplicas holds nothing back"}
+	if m := in.Knobs.MaxReplicas; m != nil {
+		if want := Target(in.Knobs.Replicas, in.Knobs.MinAvailable, p.Leased, p.PendingLeases, nil); want > *m {
+			out[3] = Condition{vtv1.ExporterSetConditionScalingLimited, metav1.ConditionTrue, "MaxReplicasReached",
+				fmt.Sprintf("%d instances wanted (minReplicas %d, minAvailableReplicas %d, %d leased, %d pending leases), maxReplicas %d",
+					want, in.Knobs.Replicas, in.Knobs.MinAvailable, p.Leased, p.PendingLeases, *m)}
+		}
+	}
+	return st, out
+}
+
+// conditionOf is the condition of type from in the planned conditions
+// (the last one of that type), renamed to as; Unknown when absent.
+func conditionOf(cs []Condition, from, as string) Condition {
+	out := Condition{as, metav1.ConditionUnknown, "NotPlanned", "the planner said nothing"}
+	for _, c := range cs {
+		if c.Type == from {
+			out = Condition{as, c.Status, c.Reason, c.Message}
+		}
+	}
+	if as == "" {
+		out.Type = from
+	}
+	return out
+}

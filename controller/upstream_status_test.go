@@ -1,0 +1,79 @@
+package controller
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
+	vtv1 "github.com/qemu-kubelet/qemu-kubelet/api/virtualtarget/v1alpha1"
+)
+
+func phases(ps ...corev1.PodPhase) []corev1.Pod {
+	out := make([]corev1.Pod, len(ps))
+	for i, p := range ps {
+		out[i].Status.Phase = p
+	}
+	return out
+}
+
+// TestUpstreamStatus: the planner's status in upstream's fields: counts,
+// pod phases, the four conditions; ScalingLimited when maxReplicas caps
+// what the spec and the leases want; a failure keeps the counts.
+func TestUpstreamStatus(t *testing.T) {
+	prev := vtv1.ExporterSetStatus{Replicas: 7, ReadyReplicas: 5, Selector: "old"}
+	for _, tc := range []struct {
+		name  string
+		in    upstreamStatusInput
+		check func(t *testing.T, st vtv1.ExporterSetStatus, c upstreamConditions)
+	}{
+		{name: "counts and phases",
+			in: upstreamStatusInput{Plan: &Status{Replicas: 4, Ready: 3, Available: 1, Leased: 2, Conditions: []Condition{
+				{v1alpha1.ConditionAvailable, metav1.ConditionTrue, "MinimumReplicasAvailable", "m"},
+				{v1alpha1.ConditionProgressing, metav1.ConditionFalse, "Complete", "p"}}},
+				Pods: phases(corev1.PodPending, corev1.PodRunning, corev1.PodRunning, corev1.PodFailed, corev1.PodSucceeded, ""), Selector: "s"},
+			check: func(t *testing.T, st vtv1.ExporterSetStatus, c upstreamConditions) {
+				assert.Equal(t, vtv1.ExporterSetStatus{Replicas: 4, ReadyReplicas: 3, AvailableReplicas: 1, UnavailableReplicas: 1, LeasedReplicas: 2,
+					PodsPending: 2, PodsRunning: 2, PodsFailed: 1, PodsUnknown: 1, ExportersOffline: 6, Selector: "s"}, st)
+				assert.Equal(t, upstreamConditions{
+					{vtv1.ExporterSetConditionAvailable, metav1.ConditionTrue, "MinimumReplicasAvailable", "m"},
+					{vtv1.ExporterSetConditionProgressing, metav1.ConditionFalse, "Complete", "p"},
+					{vtv1.ExporterSetConditionDegraded, metav1.ConditionFalse, "AsExpected", "no instance fails"},
+					{vtv1.ExporterSetConditionScalingLimited, metav1.ConditionFalse, "WithinLimits", "maxReplicas holds nothing back"},
+				}, c)
+			}},
+		{name: "ReplicaFailure is Degraded",
+			in: upstreamStatusInput{Plan: &Status{Conditions: []Condition{{v1alpha1.ConditionReplicaFailure, metav1.ConditionTrue, "FailedCreate", "quota"}}}},
+			check: func(t *testing.T, _ vtv1.ExporterSetStatus, c upstreamConditions) {
+				assert.Equal(t, Condition{vtv1.ExporterSetConditionDegraded, metav1.ConditionTrue, "FailedCreate", "quota"}, c[2])
+				assert.Equal(t, metav1.ConditionUnknown, c[0].Status, "no Available condition planned")
+			}},
+		{name: "leases and pending leases over maxReplicas",
+			in: upstreamStatusInput{Plan: &Status{Leased: 2, PendingLeases: 2}, Knobs: Input{Replicas: 1, MinAvailable: 1, MaxReplicas: ptr.To[int32](4)}},
+			check: func(t *testing.T, _ vtv1.ExporterSetStatus, c upstreamConditions) {
+				assert.Equal(t, metav1.ConditionTrue, c[3].Status)
+				assert.Equal(t, "MaxReplicasReached", c[3].Reason)
+				assert.Contains(t, c[3].Message, "5 instances wanted")
+			}},
+		{name: "no limit never limits",
+			in: upstreamStatusInput{Plan: &Status{Leased: 50}, Knobs: Input{MinAvailable: 1}},
+			check: func(t *testing.T, _ vtv1.ExporterSetStatus, c upstreamConditions) {
+				assert.Equal(t, metav1.ConditionFalse, c[3].Status)
+			}},
+		{name: "failure keeps the counts",
+			in: upstreamStatusInput{Failure: &ClassError{ReasonMissingImage, "no image"}},
+			check: func(t *testing.T, st vtv1.ExporterSetStatus, c upstreamConditions) {
+				assert.Equal(t, vtv1.ExporterSetStatus{Replicas: 7, ReadyReplicas: 5, Selector: "old"}, st)
+				assert.Equal(t, Condition{vtv1.ExporterSetConditionDegraded, metav1.ConditionTrue, ReasonMissingImage, "no image"}, c[2])
+				assert.Equal(t, metav1.ConditionFalse, c[0].Status)
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st, c := upstreamStatus(prev, tc.in)
+			tc.check(t, st, c)
+		})
+	}
+}
