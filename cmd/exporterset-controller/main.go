@@ -11,7 +11,9 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
@@ -23,6 +25,7 @@ import (
 
 	jsv1 "github.com/qemu-kubelet/qemu-kubelet/api/jumpstarter/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
+	vtv1 "github.com/qemu-kubelet/qemu-kubelet/api/virtualtarget/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/controller"
 )
 
@@ -35,6 +38,10 @@ type options struct {
 	namespace               string
 	qps                     float64
 	burst                   int
+	provisioner             string
+	// registry receives the controller's metrics; nil: controller-runtime's
+	// (what /metrics serves). Tests that run twice in one process set it.
+	registry prometheus.Registerer
 }
 
 func main() {
@@ -68,7 +75,8 @@ func addFlags(fs *flag.FlagSet, o *options) {
 	fs.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election Lease (default: the pod's namespace)")
 	fs.StringVar(&o.leaderElectionID, "leader-election-id", "exporterset-controller.qemu-kubelet.io", "name of the leader election Lease")
 	fs.IntVar(&o.workers, "workers", 4, "number of ExporterSets reconciled in parallel")
-	fs.StringVar(&o.namespace, "namespace", "", "watch only this namespace (default: all)")
+	fs.StringVar(&o.namespace, "namespace", "", "watch only this namespace (default: $NAMESPACE, else all)")
+	fs.StringVar(&o.provisioner, "provisioner", vtv1.DefaultProvisioner, "the provisioner name this controller serves: upstream Jumpstarter's virtualtarget.jumpstarter.dev ExporterSets whose VirtualTargetClass names it")
 	fs.Float64Var(&o.qps, "kube-api-qps", 50, "client-side rate limit of API requests per second (as kube-controller-manager)")
 	fs.IntVar(&o.burst, "kube-api-burst", 100, "client-side burst of API requests (as kube-controller-manager)")
 	klog.InitFlags(fs)
@@ -76,13 +84,19 @@ func addFlags(fs *flag.FlagSet, o *options) {
 
 // run runs the manager until ctx ends.
 func run(ctx context.Context, cfg *rest.Config, o options) error {
+	if o.provisioner == "" {
+		o.provisioner = vtv1.DefaultProvisioner
+	}
+	if o.namespace == "" {
+		o.namespace = os.Getenv("NAMESPACE") // how Jumpstarter's operator scopes a provisioner
+	}
 	if o.workers < 1 {
 		return fmt.Errorf("--workers must be at least 1, got %d", o.workers)
 	}
 	cfg = rest.CopyConfig(cfg)
 	cfg.QPS, cfg.Burst = float32(o.qps), o.burst
 	scheme := runtime.NewScheme()
-	if err := errors.Join(clientgoscheme.AddToScheme(scheme), v1alpha1.AddToScheme(scheme), jsv1.AddToScheme(scheme)); err != nil {
+	if err := errors.Join(clientgoscheme.AddToScheme(scheme), v1alpha1.AddToScheme(scheme), jsv1.AddToScheme(scheme), vtv1.AddToScheme(scheme)); err != nil {
 		return fmt.Errorf("build scheme: %w", err)
 	}
 	mopts := ctrl.Options{
@@ -100,13 +114,29 @@ func run(ctx context.Context, cfg *rest.Config, o options) error {
 	if err != nil {
 		return fmt.Errorf("create manager: %w", err)
 	}
-	m, err := controller.NewMetrics(metrics.Registry)
+	var reg prometheus.Registerer = metrics.Registry
+	if o.registry != nil {
+		reg = o.registry
+	}
+	m, err := controller.NewMetrics(reg)
 	if err != nil {
 		return err
 	}
+	upstream := controller.UpstreamServed(mgr)
+	ours := served(mgr, v1alpha1.GroupVersion.WithKind("ExporterSet"))
 	r := controller.NewReconciler(mgr.GetClient(), mgr.GetEventRecorder("exporterset-controller"), m)
-	if err := r.SetupWithManager(mgr, o.workers); err != nil {
-		return fmt.Errorf("set up exporterset controller: %w", err)
+	// Under Jumpstarter's operator only upstream's CRDs (and its Role) may
+	// be there: our own ExporterSet is then not served and not watched.
+	if ours || !upstream {
+		if err := r.SetupWithManager(mgr, o.workers); err != nil {
+			return fmt.Errorf("set up exporterset controller: %w", err)
+		}
+	}
+	if upstream {
+		u := controller.NewUpstreamReconciler(mgr.GetClient(), mgr.GetEventRecorder("exporterset-controller"), o.provisioner)
+		if err := u.SetupWithManager(mgr, o.workers); err != nil {
+			return fmt.Errorf("set up virtualtarget exporterset controller: %w", err)
+		}
 	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return fmt.Errorf("add healthz check: %w", err)
@@ -115,9 +145,15 @@ func run(ctx context.Context, cfg *rest.Config, o options) error {
 		return fmt.Errorf("add readyz check: %w", err)
 	}
 	klog.InfoS("starting exporterset-controller", "metrics", o.metricsAddr, "health", o.healthAddr, "leaderElect", o.leaderElect, "namespace", o.namespace,
-		"jumpstarter", r.Jumpstarter)
+		"jumpstarter", r.Jumpstarter, "qemu-kubelet.io", ours || !upstream, "virtualtarget.jumpstarter.dev", upstream, "provisioner", o.provisioner)
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("run manager: %w", err)
 	}
 	return nil
+}
+
+// served reports whether the API server serves gvk.
+func served(mgr ctrl.Manager, gvk schema.GroupVersionKind) bool {
+	_, err := mgr.GetRESTMapper().RESTMapping(gvk.GroupKind(), gvk.Version)
+	return err == nil
 }
