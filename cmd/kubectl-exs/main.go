@@ -78,6 +78,12 @@ func newCommand(out, errOut io.Writer) *cobra.Command {
 	defaultHolder := exs.DefaultHolder(os.Getenv("USER"), host)
 	root.PersistentFlags().String("holder", defaultHolder, "who holds the lease: the value of the qemu-kubelet.io/leased-by label")
 
+	root.AddCommand(leaseCommand(out, newClient), releaseCommand(out, newClient), listCommand(out, errOut, newClient))
+	return root
+}
+
+// leaseCommand is `kubectl exs lease SET`.
+func leaseCommand(out io.Writer, newClient func() (*exs.Client, error)) *cobra.Command {
 	var lo exs.LeaseOptions
 	var timeout time.Duration
 	var output string
@@ -130,7 +136,11 @@ recycled as on release). --wait waits (watching, not polling) until a pod is fre
 	lease.Flags().BoolVar(&lo.Wait, "wait", false, "wait until a pod is free instead of failing")
 	lease.Flags().DurationVar(&timeout, "timeout", 0, "with --wait: give up after this long (default: wait forever)")
 	lease.Flags().StringVarP(&output, "output", "o", "", "output format: name (pod/NAME only)")
+	return lease
+}
 
+// releaseCommand is `kubectl exs release POD`.
+func releaseCommand(out io.Writer, newClient func() (*exs.Client, error)) *cobra.Command {
 	var ro exs.ReleaseOptions
 	release := &cobra.Command{
 		Use:   "release POD",
@@ -163,7 +173,11 @@ only with --force (or --holder naming that holder).`,
 		},
 	}
 	release.Flags().BoolVar(&ro.Force, "force", false, "release even if another holder leased the pod")
+	return release
+}
 
+// listCommand is `kubectl exs list [SET]`.
+func listCommand(out, errOut io.Writer, newClient func() (*exs.Client, error)) *cobra.Command {
 	list := &cobra.Command{
 		Use:   "list [SET]",
 		Short: "Table of ExporterSets, their free and leased pods, holders and ages",
@@ -188,6 +202,5 @@ only with --force (or --holder naming that holder).`,
 			return exs.WriteList(out, sets, time.Now())
 		},
 	}
-	root.AddCommand(lease, release, list)
-	return root
+	return list
 }
