@@ -184,8 +184,45 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	pki := func(f string) string { return filepath.Join(dir, "pki", f) }
 
 	t0 := time.Now()
-	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", etcdPort)
-	peerURL := fmt.Sprintf("http://127.0.0.1:%d", etcdPeer)
+	etcdURL, err := c.startEtcd(ctx, etcdPort, etcdPeer)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.startAPIServer(ctx, etcdURL, apiPort, pki); err != nil {
+		return nil, err
+	}
+	if c.restCfg, err = clientcmd.BuildConfigFromFlags("", c.admin); err != nil {
+		return nil, err
+	}
+	c.restCfg.QPS, c.restCfg.Burst = 100, 200
+	if c.client, err = kubernetes.NewForConfig(c.restCfg); err != nil {
+		return nil, err
+	}
+	if err := c.bindKubeletClient(ctx); err != nil {
+		return nil, err
+	}
+
+	if err := c.startControllers(ctx, kcmKC, schedKC, kcmPort, schedPort, pki); err != nil {
+		return nil, err
+	}
+	// Pods cannot be created before the service account controller has made
+	// the namespace's default ServiceAccount.
+	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, err := c.client.CoreV1().ServiceAccounts("default").Get(ctx, "default", metav1.GetOptions{})
+		return err == nil, nil
+	}); err != nil {
+		return nil, fmt.Errorf("default service account never appeared: %w", err)
+	}
+	opts.Logf("test cluster up in %s at %s (dir %s)", time.Since(t0).Round(time.Millisecond), c.serverURL, dir)
+	return c, nil
+}
+
+// startEtcd starts etcd on loopback and waits for its health; returns its
+// client URL.
+func (c *Cluster) startEtcd(ctx context.Context, port, peerPort int) (string, error) {
+	dir := c.dir
+	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", port)
+	peerURL := fmt.Sprintf("http://127.0.0.1:%d", peerPort)
 	if err := c.spawn("etcd",
 		"--name=test", "--data-dir="+filepath.Join(dir, "etcd"),
 		"--listen-client-urls="+etcdURL, "--advertise-client-urls="+etcdURL,
@@ -193,13 +230,17 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		"--initial-cluster=test="+peerURL, "--unsafe-no-fsync", "--log-level=warn",
 		"--listen-metrics-urls=", "--quota-backend-bytes=2147483648",
 	); err != nil {
-		return nil, err
+		return "", err
 	}
 	if err := c.waitHTTP(ctx, "etcd", etcdURL+"/health", nil); err != nil {
-		return nil, err
+		return "", err
 	}
+	return etcdURL, nil
+}
 
-	bind := opts.APIServerBindAddress
+// startAPIServer starts kube-apiserver on etcdURL and waits for /readyz.
+func (c *Cluster) startAPIServer(ctx context.Context, etcdURL string, apiPort int, pki func(string) string) error {
+	bind := c.opts.APIServerBindAddress
 	if bind == "" {
 		bind = "127.0.0.1"
 	}
@@ -223,7 +264,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		"--profiling=false",
 		"--v=1",
 	}
-	if opts.Aggregation {
+	if c.opts.Aggregation {
 		apiArgs = append(apiArgs,
 			"--requestheader-client-ca-file="+pki("front-proxy-ca.crt"),
 			"--requestheader-allowed-names="+FrontProxyClientCN,
@@ -236,25 +277,20 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		)
 	}
 	if err := c.spawn("kube-apiserver", apiArgs...); err != nil {
-		return nil, err
+		return err
 	}
 	if err := c.waitHTTP(ctx, "kube-apiserver", c.serverURL+"/readyz", c.adminTLS()); err != nil {
-		return nil, err
+		return err
 	}
-	if c.restCfg, err = clientcmd.BuildConfigFromFlags("", c.admin); err != nil {
-		return nil, err
-	}
-	c.restCfg.QPS, c.restCfg.Burst = 100, 200
-	if c.client, err = kubernetes.NewForConfig(c.restCfg); err != nil {
-		return nil, err
-	}
-	if err := c.bindKubeletClient(ctx); err != nil {
-		return nil, err
-	}
+	return nil
+}
 
+// startControllers starts kube-controller-manager and kube-scheduler and
+// waits for their health.
+func (c *Cluster) startControllers(ctx context.Context, kcmKC, schedKC string, kcmPort, schedPort int, pki func(string) string) error {
 	var kcmExtra []string
-	if opts.HPASyncPeriod > 0 {
-		kcmExtra = append(kcmExtra, "--horizontal-pod-autoscaler-sync-period="+opts.HPASyncPeriod.String())
+	if c.opts.HPASyncPeriod > 0 {
+		kcmExtra = append(kcmExtra, "--horizontal-pod-autoscaler-sync-period="+c.opts.HPASyncPeriod.String())
 	}
 	if err := c.spawn("kube-controller-manager", append([]string{
 		"--kubeconfig=" + kcmKC,
@@ -265,12 +301,12 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		"--service-account-private-key-file=" + pki("sa.key"),
 		"--root-ca-file=" + pki("ca.crt"),
 		"--cluster-signing-cert-file=" + pki("ca.crt"), "--cluster-signing-key-file=" + pki("ca.key"),
-		"--node-monitor-grace-period=" + opts.NodeMonitorGracePeriod.String(),
+		"--node-monitor-grace-period=" + c.opts.NodeMonitorGracePeriod.String(),
 		"--node-monitor-period=2s",
 		"--profiling=false",
 		"--v=1",
 	}, kcmExtra...)...); err != nil {
-		return nil, err
+		return err
 	}
 	if err := c.spawn("kube-scheduler",
 		"--kubeconfig="+schedKC,
@@ -280,25 +316,16 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		"--profiling=false",
 		"--v=1",
 	); err != nil {
-		return nil, err
+		return err
 	}
 	insecure := &tls.Config{InsecureSkipVerify: true} //nolint:gosec // self-signed component certs, loopback only
 	if err := c.waitHTTP(ctx, "kube-controller-manager", fmt.Sprintf("https://127.0.0.1:%d/healthz", kcmPort), insecure); err != nil {
-		return nil, err
+		return err
 	}
 	if err := c.waitHTTP(ctx, "kube-scheduler", fmt.Sprintf("https://127.0.0.1:%d/healthz", schedPort), insecure); err != nil {
-		return nil, err
+		return err
 	}
-	// Pods cannot be created before the service account controller has made
-	// the namespace's default ServiceAccount.
-	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		_, err := c.client.CoreV1().ServiceAccounts("default").Get(ctx, "default", metav1.GetOptions{})
-		return err == nil, nil
-	}); err != nil {
-		return nil, fmt.Errorf("default service account never appeared: %w", err)
-	}
-	opts.Logf("test cluster up in %s at %s (dir %s)", time.Since(t0).Round(time.Millisecond), c.serverURL, dir)
-	return c, nil
+	return nil
 }
 
 // ResolveBinDir returns a directory with the control-plane binaries: dir if
