@@ -38,8 +38,11 @@ const upstreamClassIndex = "spec.virtualTargetClassName"
 // provisioner can be told) is left alone: no status write, no event, no
 // pod.
 //
-// Its state: the expectations (pods created or deleted and not yet seen by
-// the cache), owned by the reconciler and safe for its workers.
+// Its state, owned by the reconciler and safe for its workers: the
+// expectations (pods created or deleted and not yet seen by the cache) and
+// the planner's memory of each set (upstreamMemory: what our own sets keep
+// in their status, such as when a scale-down's cooldown started and the
+// failure backoff).
 type UpstreamReconciler struct {
 	Client   client.Client
 	Recorder events.EventRecorder
@@ -52,11 +55,12 @@ type UpstreamReconciler struct {
 	Now func() time.Time
 
 	exp *expectations
+	mem *upstreamMemory
 }
 
 // NewUpstreamReconciler returns an UpstreamReconciler for provisioner.
 func NewUpstreamReconciler(c client.Client, rec events.EventRecorder, provisioner string) *UpstreamReconciler {
-	return &UpstreamReconciler{Client: c, Recorder: rec, Provisioner: provisioner, exp: newExpectations()}
+	return &UpstreamReconciler{Client: c, Recorder: rec, Provisioner: provisioner, exp: newExpectations(), mem: newUpstreamMemory()}
 }
 
 func (r *UpstreamReconciler) provisioner() string {
@@ -94,6 +98,9 @@ func UpstreamServed(mgr ctrl.Manager) bool {
 func (r *UpstreamReconciler) SetupWithManager(mgr ctrl.Manager, workers int) error {
 	if r.exp == nil {
 		r.exp = newExpectations()
+	}
+	if r.mem == nil {
+		r.mem = newUpstreamMemory()
 	}
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &vtv1.ExporterSet{}, upstreamClassIndex, func(o client.Object) []string {
 		return []string{o.(*vtv1.ExporterSet).Spec.VirtualTargetClassName}
@@ -170,6 +177,7 @@ func (r *UpstreamReconciler) reconcile(ctx context.Context, req ctrl.Request) (c
 	if err := r.Client.Get(ctx, key, &set); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.exp.Forget(key)
+			r.mem.Forget(key)
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, fmt.Errorf("get virtualtarget exporterset %s: %w", key, err)
@@ -182,9 +190,11 @@ func (r *UpstreamReconciler) reconcile(ctx context.Context, req ctrl.Request) (c
 		return ctrl.Result{}, fmt.Errorf("get virtualtargetclass %s/%s of exporterset %s: %w", set.Namespace, set.Spec.VirtualTargetClassName, key, err)
 	}
 	if class.Spec.Provisioner != r.provisioner() {
+		r.mem.Forget(key)
 		return ctrl.Result{}, nil // another provisioner's set: never touched
 	}
 	if set.DeletionTimestamp != nil {
+		r.mem.Forget(key)
 		return ctrl.Result{}, nil // the garbage collector deletes the pods
 	}
 	now := r.now()
@@ -208,7 +218,7 @@ func (r *UpstreamReconciler) reconcile(ctx context.Context, req ctrl.Request) (c
 	in := spec.Knobs
 	in.TemplateHash = TemplateHash(&spec.Template)
 	in.PendingCreates, in.Now = pending, now
-	in.ConsecutiveFailures = 0
+	r.mem.Get(key, set.UID).into(&in) // what our sets read from their status
 	for i := range owned {
 		if !deleting[owned[i].UID] {
 			in.Pods = append(in.Pods, podState(&owned[i], Lease{}))
@@ -220,6 +230,9 @@ func (r *UpstreamReconciler) reconcile(ctx context.Context, req ctrl.Request) (c
 		acts.Status.Conditions = append(acts.Status.Conditions,
 			Condition{v1alpha1.ConditionReplicaFailure, metav1.ConditionTrue, EventFailedCreate, execErr.Error()})
 	}
+	// What our sets' status write keeps; kept whether or not the write
+	// below succeeds, as the plan's creates and deletes were made.
+	r.mem.Put(key, set.UID, memoryOf(acts.Status))
 	st, conds := upstreamStatus(set.Status, upstreamStatusInput{Plan: &acts.Status, Pods: owned, Knobs: spec.Knobs, Selector: sel.String()})
 	if err := r.writeStatus(ctx, &set, st, conds, now); err != nil {
 		if apierrors.IsConflict(err) && execErr == nil {
