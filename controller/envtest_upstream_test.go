@@ -105,7 +105,8 @@ func waitUpstream(t *testing.T, ns, name, what string, cond func(vtv1.ExporterSe
 // upstream's fields and conditions; a set of class qemu.jumpstarter.dev
 // in the same namespace is never touched (same resourceVersion, no pod, no
 // event), nor is a set whose class does not exist; a set without an image
-// is Degraded and gets no pod.
+// is Degraded and gets no pod. Scaled down with a short scaleDownCooldown,
+// our set deletes its surplus pod once the cooldown elapsed.
 func TestEnvtestUpstreamProvisioner(t *testing.T) {
 	ns := namespace(t)
 	ctx := context.Background()
@@ -160,6 +161,20 @@ func TestEnvtestUpstreamProvisioner(t *testing.T) {
 	// has an Exporter yet (the next step of issue 37).
 	assert.Zero(t, s.Status.AvailableReplicas)
 	assert.Equal(t, int32(2), s.Status.ExportersOffline)
+
+	// Scaled down with a short cooldown: the surplus pod goes once it has
+	// elapsed (the cooldown's start is kept by the reconciler: upstream's
+	// status has no field for it).
+	before := client.MergeFrom(s.DeepCopy())
+	s.Spec.MinReplicas, s.Spec.ScaleDownCooldown = 1, &metav1.Duration{Duration: 2 * time.Second}
+	require.NoError(t, env.client.Patch(ctx, s, before))
+	eventually(t, "the surplus pod of mine deleted after the cooldown", func() (bool, string) {
+		left := upstreamPods(t, ns, "mine")
+		return len(left) == 1, fmt.Sprintf("%d pods", len(left))
+	})
+	left := upstreamPods(t, ns, "mine")
+	assert.Contains(t, []string{ps[0].Name, ps[1].Name}, left[0].Name, "one of the two pods stays; none is created")
+	waitUpstream(t, ns, "mine", "1 replica in the status", func(st vtv1.ExporterSetStatus) bool { return st.Replicas == 1 })
 
 	// Without an image: Degraded, saying which parameter; no pod.
 	createUpstream(t, vtClass(ns, "bare", vtv1.DefaultProvisioner, `{"resources":{"storage":"8Gi"}}`), vtSet(ns, "noimage", "bare", 1))
