@@ -15,6 +15,10 @@ type StopOptions struct {
 	Grace time.Duration
 	// QuitGrace is how long `quit` gets before SIGKILL (default 5s).
 	QuitGrace time.Duration
+	// NoACPI skips the ACPI power button (and Grace): QEMU is told to quit
+	// at once, then killed after QuitGrace, as upstream Jumpstarter's QEMU
+	// driver powers off. The guest gets no chance to shut down.
+	NoACPI bool
 	// Keep lists state-dir file names (globs) to keep; everything else in
 	// the state dir is removed after QEMU is gone. Nil keeps nothing, and
 	// the state dir itself is removed.
@@ -22,10 +26,10 @@ type StopOptions struct {
 }
 
 // Stop ends the VM gracefully: ACPI power button (system_powerdown), wait up
-// to Grace for the guest to power off, then QMP quit, then SIGKILL. It then
-// cleans the state dir down to opts.Keep. Safe to call on an exited VM (it
-// only cleans) and repeatedly. If ctx ends early the remaining steps are
-// skipped straight to SIGKILL.
+// to Grace for the guest to power off, then QMP quit, then SIGKILL (with
+// NoACPI: quit at once, then SIGKILL). It then cleans the state dir down to
+// opts.Keep. Safe to call on an exited VM (it only cleans) and repeatedly.
+// If ctx ends early the remaining steps are skipped straight to SIGKILL.
 func (vm *VM) Stop(ctx context.Context, opts StopOptions) (Exit, error) {
 	if opts.Grace <= 0 {
 		opts.Grace = 30 * time.Second
@@ -34,23 +38,22 @@ func (vm *VM) Stop(ctx context.Context, opts StopOptions) (Exit, error) {
 		opts.QuitGrace = 5 * time.Second
 	}
 	if _, exited := vm.Exit(); !exited {
-		graceEnd := time.Now().Add(opts.Grace)
-		pctx, cancel := context.WithDeadline(ctx, graceEnd) // a hung QMP must not hold the stop
-		if err := vm.QMP(pctx, "system_powerdown", nil, nil); err != nil {
-			vm.log.V(1).Info("system_powerdown failed", "err", err)
-		}
-		cancel()
-		if !vm.waitDone(ctx, time.Until(graceEnd)) {
-			vm.setForcing(fmt.Sprintf("guest did not power off within %s of the ACPI power button; quit", opts.Grace))
-			qctx, cancel := context.WithTimeout(ctx, opts.QuitGrace)
-			_ = vm.QMP(qctx, "quit", nil, nil)
+		if opts.NoACPI {
+			vm.setForcing("stopped at once: QEMU told to quit")
+			if err := vm.quitThenKill(ctx, opts.QuitGrace); err != nil {
+				return Exit{}, err
+			}
+		} else {
+			graceEnd := time.Now().Add(opts.Grace)
+			pctx, cancel := context.WithDeadline(ctx, graceEnd) // a hung QMP must not hold the stop
+			if err := vm.QMP(pctx, "system_powerdown", nil, nil); err != nil {
+				vm.log.V(1).Info("system_powerdown failed", "err", err)
+			}
 			cancel()
-			if !vm.waitDone(ctx, opts.QuitGrace) {
-				vm.Kill()
-				// Not bounded by ctx: once we kill, we wait for the exit
-				// record so nothing is left half-stopped.
-				if !vm.waitDone(context.Background(), 30*time.Second) {
-					return Exit{}, fmt.Errorf("stop VM %s: QEMU pid %d still alive after SIGKILL", vm.spec.Name, vm.pid)
+			if !vm.waitDone(ctx, time.Until(graceEnd)) {
+				vm.setForcing(fmt.Sprintf("guest did not power off within %s of the ACPI power button; quit", opts.Grace))
+				if err := vm.quitThenKill(ctx, opts.QuitGrace); err != nil {
+					return Exit{}, err
 				}
 			}
 		}
@@ -60,6 +63,24 @@ func (vm *VM) Stop(ctx context.Context, opts StopOptions) (Exit, error) {
 		return ex, fmt.Errorf("stop VM %s: %w", vm.spec.Name, err)
 	}
 	return ex, nil
+}
+
+// quitThenKill tells QEMU to quit (QMP quit), waits up to grace for it to
+// exit, then SIGKILLs it and waits for the exit record.
+func (vm *VM) quitThenKill(ctx context.Context, grace time.Duration) error {
+	qctx, cancel := context.WithTimeout(ctx, grace)
+	_ = vm.QMP(qctx, "quit", nil, nil)
+	cancel()
+	if vm.waitDone(ctx, grace) {
+		return nil
+	}
+	vm.Kill()
+	// Not bounded by ctx: once we kill, we wait for the exit record so
+	// nothing is left half-stopped.
+	if !vm.waitDone(context.Background(), 30*time.Second) {
+		return fmt.Errorf("stop VM %s: QEMU pid %d still alive after SIGKILL", vm.spec.Name, vm.pid)
+	}
+	return nil
 }
 
 func (vm *VM) setForcing(why string) {
