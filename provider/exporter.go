@@ -99,6 +99,12 @@ func (e podExporter) PowerOff(ctx context.Context) error {
 	return e.p.request(ctx, e.rec, vmRequest{op: opPowerOff})
 }
 
+// PowerOffNow is the exporter's power off: at once, QEMU told to quit and
+// killed after 5 s (exporter.PodPowerOffNow); PowerOff is its shutdown.
+func (e podExporter) PowerOffNow(ctx context.Context) error {
+	return e.p.request(ctx, e.rec, vmRequest{op: opPowerOff, now: true})
+}
+
 func (e podExporter) Flash(ctx context.Context, f *exporter.Flash) error {
 	return e.p.request(ctx, e.rec, vmRequest{op: opFlash, flash: f})
 }

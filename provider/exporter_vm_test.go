@@ -42,7 +42,8 @@ import (
 // the provider, on real QEMU (TCG), the test registry, and jstest's
 // controller and router (TLS) driven by jstest's Go client through the
 // router as jmp does: report, console both ways, TCP to the guest's HTTP
-// port, power off (the guest sees the ACPI button) and on, flash another
+// port, power off (at once: QEMU quits, the guest never sees the ACPI
+// button), shutdown (the guest sees the button) and on, flash another
 // image and see it boot, flash a local xz disk image onto root through
 // the router (a resource stream) and see it boot through the firmware,
 // dump it back byte for byte, bad flash and unknown method errors, a wrong
@@ -191,6 +192,8 @@ func TestJumpstarterExporterVM(t *testing.T) {
 	pidsBefore := vmtest.QEMUPids(dir)
 	require.Len(t, pidsBefore, 1)
 	t.Run("PowerOffAndOn", func(t *testing.T) {
+		// `j power off` is at once, as upstream's QEMU driver: QEMU is told
+		// to quit, the guest never sees the ACPI power button.
 		_, err := s.Call(ctx, uuidOf("power"), "off")
 		require.NoError(t, err)
 		p := h.wait(pod.UID, 5*time.Second, "PoweredOff", func(p *corev1.Pod) bool { return waitingReason(p) == podstatus.ReasonPoweredOff })
@@ -199,9 +202,18 @@ func TestJumpstarterExporterVM(t *testing.T) {
 		assert.False(t, cs.Ready)
 		assert.Equal(t, int32(0), cs.RestartCount)
 		require.NotNil(t, cs.LastTerminationState.Terminated)
-		assert.Equal(t, int32(0), cs.LastTerminationState.Terminated.ExitCode, "the guest powered off on the ACPI button")
-		waitConsole(t, dir, "QK-ACPI-POWERDOWN", 5*time.Second)
+		term := cs.LastTerminationState.Terminated
+		assert.Equal(t, int32(qemu.ExitCodeKilled), term.ExitCode, "QEMU was stopped, the guest did not power off")
+		assert.Contains(t, term.Message, "at once")
+		assert.NotContains(t, term.Message, "ACPI")
+		require.NotNil(t, cs.State.Waiting)
+		assert.NotContains(t, cs.State.Waiting.Message, "ACPI")
+		assert.Contains(t, events.all(), "Normal PoweringOff Powering off the VM on request at once (quit, kill after 5s)")
 		assert.Empty(t, vmtest.QEMUPids(dir))
+		cons, err := os.ReadFile(filepath.Join(dir, qemu.ConsoleLogName))
+		require.NoError(t, err)
+		assert.Contains(t, string(cons), vmtest.BootMarker, "the console of the run that was stopped")
+		assert.NotContains(t, string(cons), "QK-ACPI-POWERDOWN", "power off at once does not press the ACPI button")
 		assert.True(t, vmStateFile(t, dir).PoweredOff)
 		// The restart policy (Always) does not bring it back.
 		time.Sleep(3 * time.Second)
@@ -209,12 +221,33 @@ func TestJumpstarterExporterVM(t *testing.T) {
 		assert.NotContains(t, h.seenTags(pod.UID), "Running/CrashLoopBackOff")
 		_, err = s.Call(ctx, uuidOf("power"), "off")
 		require.NoError(t, err, "off when off: nothing to do")
+		_, err = s.Call(ctx, uuidOf("power"), "shutdown")
+		require.NoError(t, err, "shutdown when off: nothing to do")
 		_, err = s.Stream(ctx, uuidOf("console"), "connect")
 		require.Error(t, err, "no console while off")
 
 		_, err = s.Call(ctx, uuidOf("power"), "on")
 		require.NoError(t, err)
 		p = h.wait(pod.UID, 10*time.Second, "Running again", running)
+		assert.Equal(t, int32(0), p.Status.ContainerStatuses[0].RestartCount, "a power cycle is no restart")
+		waitConsole(t, dir, vmtest.BootMarker, 90*time.Second)
+		assert.False(t, vmStateFile(t, dir).PoweredOff)
+
+		// `shutdown` (power.call("shutdown")) is the graceful one: the
+		// guest powers off on the ACPI button.
+		_, err = s.Call(ctx, uuidOf("power"), "shutdown")
+		require.NoError(t, err)
+		p = h.wait(pod.UID, 5*time.Second, "PoweredOff by shutdown", func(p *corev1.Pod) bool { return waitingReason(p) == podstatus.ReasonPoweredOff })
+		cs = p.Status.ContainerStatuses[0]
+		require.NotNil(t, cs.LastTerminationState.Terminated)
+		assert.Equal(t, int32(0), cs.LastTerminationState.Terminated.ExitCode, "the guest powered off on the ACPI button")
+		waitConsole(t, dir, "QK-ACPI-POWERDOWN", 5*time.Second)
+		assert.Empty(t, vmtest.QEMUPids(dir))
+		assert.True(t, vmStateFile(t, dir).PoweredOff)
+
+		_, err = s.Call(ctx, uuidOf("power"), "on")
+		require.NoError(t, err)
+		p = h.wait(pod.UID, 10*time.Second, "Running again after shutdown", running)
 		assert.Equal(t, int32(0), p.Status.ContainerStatuses[0].RestartCount, "a power cycle is no restart")
 		waitConsole(t, dir, vmtest.BootMarker, 90*time.Second)
 		prev, err := os.ReadFile(filepath.Join(dir, qemu.ConsolePreviousLogName))

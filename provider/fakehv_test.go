@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -156,6 +157,8 @@ type fakeVM struct {
 	detached bool
 	stops    int
 	kills    int
+	// stopOpts are the options of each Stop, in order.
+	stopOpts []qemu.StopOptions
 	// holdStop: Stop waits (the guest ignores the power button) until the
 	// VM ends some other way (crash, Kill) or the stop's context ends.
 	holdStop bool
@@ -212,15 +215,20 @@ func (v *fakeVM) Exit() (qemu.Exit, bool) {
 }
 
 // Stop powers the guest off at once (exit 0), or with holdStop waits for
-// another end; the state dir is cleaned as package qemu does.
+// another end; with NoACPI it ends as QEMU told to quit (killed, as package
+// qemu classifies it). The state dir is cleaned as package qemu does.
 func (v *fakeVM) Stop(ctx context.Context, opts qemu.StopOptions) (qemu.Exit, error) {
 	v.mu.Lock()
 	v.stops++
+	v.stopOpts = append(v.stopOpts, opts)
 	if v.stops == 1 {
 		close(v.stopCalled)
 	}
 	hold := v.holdStop
 	v.mu.Unlock()
+	if opts.NoACPI {
+		v.end(qemu.Exit{Class: qemu.ExitKilled, ExitCode: qemu.ExitCodeKilled, Reason: "stopped at once: QEMU told to quit"})
+	}
 	if hold {
 		select {
 		case <-v.done:
@@ -234,6 +242,12 @@ func (v *fakeVM) Stop(ctx context.Context, opts qemu.StopOptions) (qemu.Exit, er
 		return ex, fmt.Errorf("fake stop: %w", err)
 	}
 	return ex, nil
+}
+
+func (v *fakeVM) stopOptions() []qemu.StopOptions {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return slices.Clone(v.stopOpts)
 }
 
 func (v *fakeVM) Kill() {

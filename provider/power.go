@@ -56,19 +56,20 @@ func (p *VMs) powerGrace(pod *corev1.Pod) time.Duration {
 }
 
 // powerOff stops the running VM as a delete does (ACPI power button within
-// the pod's grace, then quit, then kill) but keeps the state dir and the
-// pod: the container shows Waiting/PoweredOff with this run's end as its
-// last state, and the restart policy does not apply. Worker only.
-func (p *VMs) powerOff(ctx context.Context, rec *podVM, why string) error {
+// the pod's grace, then quit, then kill; now: quit at once, kill after
+// powerOffNowQuit, as upstream's QEMU power off) but keeps the state dir
+// and the pod: the container shows Waiting/PoweredOff with this run's end
+// as its last state, and the restart policy does not apply. Worker only.
+func (p *VMs) powerOff(ctx context.Context, rec *podVM, why string, now bool) error {
 	vm := rec.vm.get()
 	pod, st := rec.read()
 	started := runStart(&st)
 	log := klog.FromContext(ctx)
-	acpi := podstatus.ACPIBudget(p.powerGrace(pod))
-	p.event(pod, corev1.EventTypeNormal, "PoweringOff", fmt.Sprintf("Powering off the VM %s (ACPI power button, %s before quit)", why, acpi.Round(time.Second)))
+	opts := powerOffStop(p.powerGrace(pod), now)
+	p.event(pod, corev1.EventTypeNormal, "PoweringOff", powerOffMessage(why, opts))
 	// Not bounded by ctx: a stop once begun finishes (the agent's shutdown
 	// included), so the VM is never left half-stopped.
-	ex, err := vm.Stop(context.WithoutCancel(ctx), qemu.StopOptions{Grace: acpi, QuitGrace: podstatus.QuitGrace, Keep: []string{"*"}})
+	ex, err := vm.Stop(context.WithoutCancel(ctx), opts)
 	if _, exited := vm.Exit(); !exited {
 		return fmt.Errorf("power off: %w", err)
 	}
@@ -86,6 +87,27 @@ func (p *VMs) powerOff(ctx context.Context, rec *podVM, why string) error {
 	})
 	p.event(pod, corev1.EventTypeNormal, podstatus.ReasonPoweredOff, fmt.Sprintf("VM powered off %s: %s", why, ex.Reason))
 	return nil
+}
+
+// powerOffNowQuit is how long QEMU gets to quit in a power off at once
+// before it is killed (upstream's QEMU driver: terminate, kill after 5 s).
+const powerOffNowQuit = 5 * time.Second
+
+// powerOffStop is how a power off stops the VM: through the ACPI power
+// button within the pod's grace, or (now) at once.
+func powerOffStop(grace time.Duration, now bool) qemu.StopOptions {
+	if now {
+		return qemu.StopOptions{NoACPI: true, QuitGrace: powerOffNowQuit, Keep: []string{"*"}}
+	}
+	return qemu.StopOptions{Grace: podstatus.ACPIBudget(grace), QuitGrace: podstatus.QuitGrace, Keep: []string{"*"}}
+}
+
+// powerOffMessage is the PoweringOff event's message for a stop.
+func powerOffMessage(why string, opts qemu.StopOptions) string {
+	if opts.NoACPI {
+		return fmt.Sprintf("Powering off the VM %s at once (quit, kill after %s)", why, opts.QuitGrace)
+	}
+	return fmt.Sprintf("Powering off the VM %s (ACPI power button, %s before quit)", why, opts.Grace.Round(time.Second))
 }
 
 // startError is why the last start failed (the terminated run it left).

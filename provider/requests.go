@@ -35,6 +35,9 @@ type vmRequest struct {
 	// partition, with its hold, released by whoever ends up not using it
 	// (the worker once it took the request).
 	flash *exporter.Flash
+	// now (opPowerOff): stop at once as upstream's QEMU power off does
+	// (QEMU told to quit, killed after 5 s), not through the ACPI button.
+	now   bool
 	reply chan error
 }
 

@@ -139,7 +139,7 @@ func (w *worker) step(st podWorker) workerEvent {
 	case statePoweredOff, stateFinished:
 		return w.wait(nil)
 	case statePoweringOff:
-		err := p.powerOff(ctx, rec, "on request")
+		err := p.powerOff(ctx, rec, "on request", w.req.now)
 		w.req.reply <- err
 		if err != nil {
 			return workerEvent{kind: evStopFailed}
@@ -147,7 +147,7 @@ func (w *worker) step(st podWorker) workerEvent {
 		return workerEvent{kind: evStopped}
 	case stateFlashing:
 		req := w.req
-		if err := p.powerOff(ctx, rec, "to flash "+req.what()); err != nil {
+		if err := p.powerOff(ctx, rec, "to flash "+req.what(), false); err != nil {
 			req.refuse(err)
 			return workerEvent{kind: evStopFailed}
 		}
