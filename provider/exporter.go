@@ -70,7 +70,10 @@ type podExporter struct {
 	rec *podVM
 }
 
-var _ exporter.Pod = podExporter{}
+var (
+	_ exporter.Pod            = podExporter{}
+	_ exporter.PodPowerOffNow = podExporter{}
+)
 
 func (e podExporter) Pod() *corev1.Pod { return e.rec.podCopy() }
 
