@@ -85,7 +85,11 @@ type Spec struct {
 	Accelerator Accelerator
 	// Machine is one of Arch.Machines(): q35 (x86_64 default), pc,
 	// microvm; virt (aarch64, the only one).
-	Machine   string
+	Machine string
+	// CPUModel is QEMU's -cpu value (a model, optionally with feature
+	// flags: "Haswell-v4", "max,la57=off"); "" picks the accelerator's
+	// default, DefaultCPUModel. "host" needs KVM.
+	CPUModel  string
 	CPUs      int
 	MemoryMiB int
 	// Firmware defaults to BIOS.
@@ -234,7 +238,13 @@ const maxSocketPath = 107
 var (
 	nameRE   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 	serialRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,20}$`)
+	// cpuModelRE: a model name, then comma-separated properties
+	// (feature=on|off, +feature, -feature).
+	cpuModelRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}(,[A-Za-z0-9+_.-][A-Za-z0-9._-]{0,63}(=[A-Za-z0-9._-]{1,63})?)*$`)
 )
+
+// MaxCPUModelLen bounds Spec.CPUModel.
+const MaxCPUModelLen = 512
 
 // withDefaults fills the defaults Validate and Args assume.
 func (s Spec) withDefaults() Spec {
@@ -292,6 +302,15 @@ func (s Spec) Validate() error {
 	}
 	if s.Machine == "microvm" && s.Accelerator != AccelKVM {
 		bad("machine microvm: needs accelerator kvm (under TCG the guest finds no reliable clock: no HPET/PM timer, PIT calibration fails)")
+	}
+	if m := s.CPUModel; m != "" {
+		name, _, _ := strings.Cut(m, ",")
+		switch {
+		case len(m) > MaxCPUModelLen || !cpuModelRE.MatchString(m):
+			bad("cpu model %q: want a QEMU CPU model, optionally with comma-separated features (e.g. max, Haswell-v4, max,la57=off), at most %d characters", m, MaxCPUModelLen)
+		case name == "host" && s.Accelerator != AccelKVM:
+			bad("cpu model %q: host needs accelerator kvm (under %s pick a model, e.g. max)", m, s.Accelerator)
+		}
 	}
 	if s.CPUs < 1 || s.CPUs > s.Limits.MaxCPUs {
 		bad("cpus %d: must be between 1 and %d", s.CPUs, s.Limits.MaxCPUs)
@@ -486,14 +505,9 @@ func Args(s Spec) []string {
 	if s.Accelerator == AccelTCG && s.Memory.TCGTranslationBufferMiB > 0 {
 		accel += fmt.Sprintf(",tb-size=%d", s.Memory.TCGTranslationBufferMiB)
 	}
-	cpu := "max"
-	switch {
-	case s.Accelerator == AccelKVM:
-		cpu = "host"
-	case s.Arch == ArchAArch64:
-		// QEMU's documented speed-up for TCG: pointer authentication with
-		// its cheap implementation-defined algorithm instead of QARMA.
-		cpu = "max,pauth-impdef=on"
+	cpu := s.CPUModel
+	if cpu == "" {
+		cpu = DefaultCPUModel(s.Arch, s.Accelerator)
 	}
 	a := []string{
 		"-name", "guest=" + s.Name + ",debug-threads=on",
@@ -587,6 +601,26 @@ func Args(s Spec) []string {
 	}
 	return a
 }
+
+// DefaultCPUModel is the -cpu of a Spec of arch under accel that names no
+// CPUModel. Under KVM the host's own CPU (host). Under TCG a model is
+// emulated instruction by instruction, and each feature the guest kernel
+// turns on can cost it at boot: see tcgX86CPUModel for x86_64; on aarch64
+// max with pointer authentication on QEMU's cheap implementation-defined
+// algorithm instead of QARMA (QEMU's documented TCG speed-up).
+func DefaultCPUModel(arch Arch, accel Accelerator) string {
+	switch {
+	case accel == AccelKVM:
+		return "host"
+	case arch == ArchAArch64:
+		return "max,pauth-impdef=on"
+	default:
+		return tcgX86CPUModel
+	}
+}
+
+// tcgX86CPUModel is the x86_64 TCG default CPU model.
+const tcgX86CPUModel = "max"
 
 // IncomingFD is the descriptor Start hands Spec.Incoming to QEMU on (the
 // first of exec.Cmd.ExtraFiles).

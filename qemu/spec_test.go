@@ -154,6 +154,10 @@ func TestValidateRejects(t *testing.T) {
 		{"negative tb size", func(s *Spec) { s.Memory.TCGTranslationBufferMiB = -1 }, "memory tcg translation buffer -1 MiB"},
 		{"huge tb size", func(s *Spec) { s.Memory.TCGTranslationBufferMiB = 1 << 20 }, "memory tcg translation buffer 1048576 MiB"},
 		{"uefi without code", func(s *Spec) { s.Firmware = FirmwareUEFI }, "uefi code: path is empty"},
+		{"cpu model with a space", func(s *Spec) { s.CPUModel = "max -device x" }, `cpu model "max -device x": want a QEMU CPU model`},
+		{"cpu model option injection", func(s *Spec) { s.CPUModel = "max,,x" }, `cpu model "max,,x"`},
+		{"cpu model too long", func(s *Spec) { s.CPUModel = "max" + strings.Repeat(",a=on", 120) }, "at most 512 characters"},
+		{"cpu host under tcg", func(s *Spec) { s.CPUModel = "host,pmu=off" }, `cpu model "host,pmu=off": host needs accelerator kvm`},
 		{"display on microvm", func(s *Spec) { s.Machine, s.Accelerator, s.Display = "microvm", AccelKVM, true }, "display: machine microvm has no graphics card"},
 	}
 	for _, tc := range cases {
@@ -283,4 +287,49 @@ func TestArgsDisplay(t *testing.T) {
 	if !strings.Contains(a, "-device virtio-gpu-pci") {
 		t.Errorf("aarch64 display: want virtio-gpu-pci: %s", a)
 	}
+}
+
+// TestArgsCPUModel: -cpu is the spec's CPUModel when set, else the
+// accelerator's and architecture's default (DefaultCPUModel).
+func TestArgsCPUModel(t *testing.T) {
+	cases := []struct {
+		name  string
+		arch  Arch
+		accel Accelerator
+		model string
+		want  string
+	}{
+		{"tcg x86_64 default", ArchX86_64, AccelTCG, "", tcgX86CPUModel},
+		{"kvm default", HostArch(), AccelKVM, "", "host"},
+		{"tcg aarch64 default", ArchAArch64, AccelTCG, "", "max,pauth-impdef=on"},
+		{"tcg x86_64 asked for max", ArchX86_64, AccelTCG, "max", "max"},
+		{"tcg x86_64 named model with features", ArchX86_64, AccelTCG, "Haswell-v4,-hle,+pcid,la57=off", "Haswell-v4,-hle,+pcid,la57=off"},
+		{"kvm asked for a model", HostArch(), AccelKVM, "EPYC-v4", "EPYC-v4"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := baseSpec()
+			s.Arch, s.Accelerator, s.CPUModel = tc.arch, tc.accel, tc.model
+			if tc.arch == ArchAArch64 {
+				s.Machine = "virt"
+			}
+			if err := s.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			if got := argOf(Args(s), "-cpu"); len(got) != 1 || got[0] != tc.want {
+				t.Errorf("-cpu %v, want [%s]", got, tc.want)
+			}
+		})
+	}
+}
+
+// argOf returns the values given to flag in args, in order.
+func argOf(args []string, flag string) []string {
+	var out []string
+	for i := 0; i+1 < len(args); i++ {
+		if args[i] == flag {
+			out = append(out, args[i+1])
+		}
+	}
+	return out
 }
