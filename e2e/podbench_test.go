@@ -215,6 +215,9 @@ type podBenchEnv struct {
 	kernel     string
 	initrd     string
 	cmdline    string
+	// imageCmdline is the image's own kernel command line (its cmdline
+	// file), without what the node adds.
+	imageCmdline string
 }
 
 func newPodBenchEnv(b *testing.B) *podBenchEnv {
@@ -253,6 +256,7 @@ func newPodBenchEnvWith(b *testing.B, o podBenchOptions) *podBenchEnv {
 	}
 	e := &podBenchEnv{c: c, node: "qk-bench", dir: testutil.Searchable(b, b.TempDir()), ref: refs[vmtest.VariantACPI],
 		kernel: filepath.Join(imgDir, "vmlinuz"), initrd: filepath.Join(imgDir, "initramfs-"+vmtest.VariantACPI+".cpio.gz"),
+		imageCmdline: strings.TrimSpace(string(cmdline)),
 		// The command line the node gives this image on a TCG node.
 		cmdline: podspec.EmulatedKernelCmdline(qemu.ArchX86_64, qemu.AccelTCG,
 			podspec.KernelCmdline(qemu.ArchX86_64, strings.TrimSpace(string(cmdline)), ""), config.DefaultEmulatedKernelArgs)}
