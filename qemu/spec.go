@@ -473,7 +473,7 @@ const sandboxArg = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcec
 // Args returns the QEMU argument list (without the binary) for a valid spec.
 // It is pure: same spec, same arguments.
 //
-// Choices: -nodefaults and no display; QMP and the serial console on unix
+// Choices: -cpu from CPUModel or DefaultCPUModel; -nodefaults and no display; QMP and the serial console on unix
 // sockets in the state dir, the console also written by QEMU to console.log
 // (so it survives our restarts); pvpanic; guest shutdown and panic pause the
 // VM instead of exiting (-action shutdown=pause,panic=pause) so the
