@@ -240,7 +240,7 @@ var (
 	serialRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,20}$`)
 	// cpuModelRE: a model name, then comma-separated properties
 	// (feature=on|off, +feature, -feature).
-	cpuModelRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}(,[A-Za-z0-9+_.-][A-Za-z0-9._-]{0,63}(=[A-Za-z0-9._-]{1,63})?)*$`)
+	cpuModelRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}(,[+-]?[A-Za-z0-9_][A-Za-z0-9._-]{0,63}(=[A-Za-z0-9._-]{1,63})?)*$`)
 )
 
 // MaxCPUModelLen bounds Spec.CPUModel.
@@ -473,9 +473,10 @@ const sandboxArg = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcec
 // Args returns the QEMU argument list (without the binary) for a valid spec.
 // It is pure: same spec, same arguments.
 //
-// Choices: -cpu from CPUModel or DefaultCPUModel; -nodefaults and no display; QMP and the serial console on unix
-// sockets in the state dir, the console also written by QEMU to console.log
-// (so it survives our restarts); pvpanic; guest shutdown and panic pause the
+// Choices: -cpu from CPUModel or DefaultCPUModel; -nodefaults and no
+// display; QMP and the serial console on unix sockets in the state dir,
+// the console also written by QEMU to console.log (so it survives our
+// restarts); pvpanic; guest shutdown and panic pause the
 // VM instead of exiting (-action shutdown=pause,panic=pause) so the
 // supervisor — or a later Adopt — can read why the guest stopped from QMP
 // before quitting QEMU; user-mode networking with forwards bound to
@@ -606,9 +607,9 @@ func Args(s Spec) []string {
 // CPUModel. Under KVM the host's own CPU (host). Under TCG a model is
 // emulated instruction by instruction, and each feature the guest kernel
 // turns on can cost it at boot: on x86_64 x86-64-v2 without max's extras
-// (tcgX86CPUModel); on aarch64
-// max with pointer authentication on QEMU's cheap implementation-defined
-// algorithm instead of QARMA (QEMU's documented TCG speed-up).
+// (tcgX86CPUModel); on aarch64 max with pointer authentication on QEMU's
+// cheap implementation-defined algorithm instead of QARMA (QEMU's
+// documented TCG speed-up).
 func DefaultCPUModel(arch Arch, accel Accelerator) string {
 	switch {
 	case accel == AccelKVM:

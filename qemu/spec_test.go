@@ -156,6 +156,7 @@ func TestValidateRejects(t *testing.T) {
 		{"uefi without code", func(s *Spec) { s.Firmware = FirmwareUEFI }, "uefi code: path is empty"},
 		{"cpu model with a space", func(s *Spec) { s.CPUModel = "max -device x" }, `cpu model "max -device x": want a QEMU CPU model`},
 		{"cpu model option injection", func(s *Spec) { s.CPUModel = "max,,x" }, `cpu model "max,,x"`},
+		{"cpu model bare plus", func(s *Spec) { s.CPUModel = "max,+" }, `cpu model "max,+"`},
 		{"cpu model too long", func(s *Spec) { s.CPUModel = "max" + strings.Repeat(",a=on", 120) }, "at most 512 characters"},
 		{"cpu host under tcg", func(s *Spec) { s.CPUModel = "host,pmu=off" }, `cpu model "host,pmu=off": host needs accelerator kvm`},
 		{"display on microvm", func(s *Spec) { s.Machine, s.Accelerator, s.Display = "microvm", AccelKVM, true }, "display: machine microvm has no graphics card"},
