@@ -275,177 +275,224 @@ func (s Spec) withDefaults() Spec {
 // Validate checks the spec and returns every problem found, each naming the
 // field and why. It touches no files.
 func (s Spec) Validate() error {
-	s = s.withDefaults()
-	var errs []error
-	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	c := &specCheck{s: s.withDefaults()}
+	c.machine()
+	c.dirs()
+	c.boot()
+	c.disks()
+	c.network()
+	c.limits()
+	if c.s.Cgroup != nil {
+		c.errs = append(c.errs, c.s.Cgroup.validate(c.s)...)
+	}
+	return errors.Join(c.errs...)
+}
 
+// specCheck collects what is wrong with a Spec (its defaults applied):
+// each method checks one part, Validate joins the errors.
+type specCheck struct {
+	s    Spec
+	errs []error
+}
+
+func (c *specCheck) bad(format string, a ...any) { c.errs = append(c.errs, fmt.Errorf(format, a...)) }
+
+// path checks a file QEMU opens: absolute, no commas or newlines (QEMU's
+// option syntax), inside the allowed dirs or the state dir.
+func (c *specCheck) path(what, p string) {
+	if p == "" {
+		c.bad("%s: path is empty", what)
+		return
+	}
+	if !filepath.IsAbs(p) {
+		c.bad("%s %q: must be an absolute path", what, p)
+		return
+	}
+	if strings.ContainsAny(p, ",\n") {
+		c.bad("%s %q: commas and newlines are not allowed in paths", what, p)
+		return
+	}
+	if !c.s.pathAllowed(p) {
+		c.bad("%s %q: outside the allowed dirs %v and the state dir", what, p, c.s.AllowedDirs)
+	}
+}
+
+// machine: name, architecture, accelerator, machine type, CPU model and
+// size.
+func (c *specCheck) machine() {
+	s := c.s
 	if !nameRE.MatchString(s.Name) {
-		bad("name %q: must be 1-63 characters of [A-Za-z0-9._-] starting with a letter or digit", s.Name)
+		c.bad("name %q: must be 1-63 characters of [A-Za-z0-9._-] starting with a letter or digit", s.Name)
 	}
 	if !s.Arch.Valid() {
-		bad("arch %q: want %q or %q", s.Arch, ArchX86_64, ArchAArch64)
+		c.bad("arch %q: want %q or %q", s.Arch, ArchX86_64, ArchAArch64)
 	}
 	switch s.Accelerator {
 	case AccelKVM:
 		if s.Arch.Valid() && !s.Arch.CanKVM() {
-			bad("accelerator kvm: KVM cannot run %s guests on this %s host (use tcg)", s.Arch, HostArch())
+			c.bad("accelerator kvm: KVM cannot run %s guests on this %s host (use tcg)", s.Arch, HostArch())
 		}
 	case AccelTCG:
 	default:
-		bad("accelerator %q: want %q or %q", s.Accelerator, AccelKVM, AccelTCG)
+		c.bad("accelerator %q: want %q or %q", s.Accelerator, AccelKVM, AccelTCG)
 	}
 	if s.Arch.Valid() && !slices.Contains(s.Arch.Machines(), s.Machine) {
-		bad("machine %q: not a %s machine (want %s)", s.Machine, s.Arch, strings.Join(s.Arch.Machines(), ", "))
+		c.bad("machine %q: not a %s machine (want %s)", s.Machine, s.Arch, strings.Join(s.Arch.Machines(), ", "))
 	}
 	if s.Display && s.Machine == "microvm" {
-		bad("display: machine microvm has no graphics card (use q35 or pc)")
+		c.bad("display: machine microvm has no graphics card (use q35 or pc)")
 	}
 	if s.Machine == "microvm" && s.Accelerator != AccelKVM {
-		bad("machine microvm: needs accelerator kvm (under TCG the guest finds no reliable clock: no HPET/PM timer, PIT calibration fails)")
+		c.bad("machine microvm: needs accelerator kvm (under TCG the guest finds no reliable clock: no HPET/PM timer, PIT calibration fails)")
 	}
 	if m := s.CPUModel; m != "" {
 		name, _, _ := strings.Cut(m, ",")
 		switch {
 		case len(m) > MaxCPUModelLen || !cpuModelRE.MatchString(m):
-			bad("cpu model %q: want a QEMU CPU model, optionally with comma-separated features (e.g. max, Haswell-v4, max,la57=off), at most %d characters", m, MaxCPUModelLen)
+			c.bad("cpu model %q: want a QEMU CPU model, optionally with comma-separated features (e.g. max, Haswell-v4, max,la57=off), at most %d characters", m, MaxCPUModelLen)
 		case name == "host" && s.Accelerator != AccelKVM:
-			bad("cpu model %q: host needs accelerator kvm (under %s pick a model, e.g. max)", m, s.Accelerator)
+			c.bad("cpu model %q: host needs accelerator kvm (under %s pick a model, e.g. max)", m, s.Accelerator)
 		}
 	}
 	if s.CPUs < 1 || s.CPUs > s.Limits.MaxCPUs {
-		bad("cpus %d: must be between 1 and %d", s.CPUs, s.Limits.MaxCPUs)
+		c.bad("cpus %d: must be between 1 and %d", s.CPUs, s.Limits.MaxCPUs)
 	}
 	if s.MemoryMiB < s.Limits.MinMemoryMiB || s.MemoryMiB > s.Limits.MaxMemoryMiB {
-		bad("memory %d MiB: must be between %d and %d MiB", s.MemoryMiB, s.Limits.MinMemoryMiB, s.Limits.MaxMemoryMiB)
+		c.bad("memory %d MiB: must be between %d and %d MiB", s.MemoryMiB, s.Limits.MinMemoryMiB, s.Limits.MaxMemoryMiB)
 	}
+}
+
+// dirs: the state dir (its sockets' path length) and the allowed dirs.
+func (c *specCheck) dirs() {
+	s := c.s
 	if s.StateDir == "" || !filepath.IsAbs(s.StateDir) {
-		bad("state dir %q: must be an absolute path", s.StateDir)
+		c.bad("state dir %q: must be an absolute path", s.StateDir)
 	} else if l := len(filepath.Join(s.StateDir, ConsoleSocketName)); l > maxSocketPath {
-		bad("state dir %q: too long for unix sockets (%d > %d bytes)", s.StateDir, l, maxSocketPath)
+		c.bad("state dir %q: too long for unix sockets (%d > %d bytes)", s.StateDir, l, maxSocketPath)
 	} else if l := len(filepath.Join(s.StateDir, GuestAgentSocketName)); l > maxSocketPath {
-		bad("state dir %q: too long for unix sockets (%d > %d bytes)", s.StateDir, l, maxSocketPath)
+		c.bad("state dir %q: too long for unix sockets (%d > %d bytes)", s.StateDir, l, maxSocketPath)
 	}
 	for i, d := range s.AllowedDirs {
 		if !filepath.IsAbs(d) {
-			bad("allowed dir [%d] %q: must be absolute", i, d)
+			c.bad("allowed dir [%d] %q: must be absolute", i, d)
 		}
 	}
-	checkPath := func(what, p string) {
-		if p == "" {
-			bad("%s: path is empty", what)
-			return
-		}
-		if !filepath.IsAbs(p) {
-			bad("%s %q: must be an absolute path", what, p)
-			return
-		}
-		if strings.ContainsAny(p, ",\n") {
-			bad("%s %q: commas and newlines are not allowed in paths", what, p)
-			return
-		}
-		if !s.pathAllowed(p) {
-			bad("%s %q: outside the allowed dirs %v and the state dir", what, p, s.AllowedDirs)
-		}
-	}
+}
+
+// boot: the firmware and the kernel or disk the guest boots from.
+func (c *specCheck) boot() {
+	s := c.s
 	switch s.Firmware {
 	case FirmwareBIOS:
 		if s.BIOS != "" {
-			checkPath("bios", s.BIOS)
+			c.path("bios", s.BIOS)
 		}
 	case FirmwareUEFI:
 		if s.BIOS != "" {
-			bad("bios %q: only with firmware %q", s.BIOS, FirmwareBIOS)
+			c.bad("bios %q: only with firmware %q", s.BIOS, FirmwareBIOS)
 		}
 		if s.Machine == "microvm" {
-			bad("firmware uefi: not supported with machine microvm")
+			c.bad("firmware uefi: not supported with machine microvm")
 		}
-		checkPath("uefi code", s.UEFICode)
-		checkPath("uefi vars template", s.UEFIVarsTemplate)
+		c.path("uefi code", s.UEFICode)
+		c.path("uefi vars template", s.UEFIVarsTemplate)
 	default:
-		bad("firmware %q: want %q or %q", s.Firmware, FirmwareBIOS, FirmwareUEFI)
+		c.bad("firmware %q: want %q or %q", s.Firmware, FirmwareBIOS, FirmwareUEFI)
 	}
 	if s.Kernel == "" {
 		if s.Initrd != "" || s.Cmdline != "" {
-			bad("initrd/cmdline given without a kernel")
+			c.bad("initrd/cmdline given without a kernel")
 		}
 		if len(s.Disks) == 0 {
-			bad("boot source: no kernel and no disk to boot from")
+			c.bad("boot source: no kernel and no disk to boot from")
 		}
 		if s.Machine == "microvm" {
-			bad("machine microvm: needs a kernel (no disk boot)")
+			c.bad("machine microvm: needs a kernel (no disk boot)")
 		}
 	} else {
-		checkPath("kernel", s.Kernel)
+		c.path("kernel", s.Kernel)
 		if s.Initrd != "" {
-			checkPath("initrd", s.Initrd)
+			c.path("initrd", s.Initrd)
 		}
 		if strings.ContainsAny(s.Cmdline, "\n\x00") || len(s.Cmdline) > 4096 {
-			bad("cmdline: must be one line of at most 4096 bytes")
+			c.bad("cmdline: must be one line of at most 4096 bytes")
 		}
 	}
+}
+
+// disks: each disk's file, format and serial, no file twice.
+func (c *specCheck) disks() {
+	s := c.s
 	seenDisk := map[string]int{}
 	for i, d := range s.Disks {
 		what := fmt.Sprintf("disk[%d]", i)
-		checkPath(what, d.Path)
+		c.path(what, d.Path)
 		if j, dup := seenDisk[d.Path]; dup {
-			bad("%s %q: same file as disk[%d]", what, d.Path, j)
+			c.bad("%s %q: same file as disk[%d]", what, d.Path, j)
 		}
 		seenDisk[d.Path] = i
 		switch d.Format {
 		case FormatQCOW2, FormatRaw:
 		default:
-			bad("%s format %q: want qcow2 or raw", what, d.Format)
+			c.bad("%s format %q: want qcow2 or raw", what, d.Format)
 		}
 		if d.Serial != "" && !serialRE.MatchString(d.Serial) {
-			bad("%s serial %q: at most 20 characters of [A-Za-z0-9._-]", what, d.Serial)
+			c.bad("%s serial %q: at most 20 characters of [A-Za-z0-9._-]", what, d.Serial)
 		}
 	}
+}
+
+// network: port forwards and the MAC.
+func (c *specCheck) network() {
+	s := c.s
 	if len(s.Forwards) > 0 && !s.Network {
-		bad("forwards: need network enabled")
+		c.bad("forwards: need network enabled")
 	}
 	hostPorts, guestPorts := map[int]int{}, map[int]int{}
 	for i, f := range s.Forwards {
 		what := fmt.Sprintf("forward[%d]", i)
 		if f.HostPort < 1 || f.HostPort > 65535 {
-			bad("%s host port %d: must be 1-65535", what, f.HostPort)
+			c.bad("%s host port %d: must be 1-65535", what, f.HostPort)
 		}
 		if f.GuestPort < 1 || f.GuestPort > 65535 {
-			bad("%s guest port %d: must be 1-65535", what, f.GuestPort)
+			c.bad("%s guest port %d: must be 1-65535", what, f.GuestPort)
 		}
 		if j, dup := hostPorts[f.HostPort]; dup {
-			bad("%s host port %d: collides with forward[%d]", what, f.HostPort, j)
+			c.bad("%s host port %d: collides with forward[%d]", what, f.HostPort, j)
 		}
 		if j, dup := guestPorts[f.GuestPort]; dup {
-			bad("%s guest port %d: already forwarded by forward[%d]", what, f.GuestPort, j)
+			c.bad("%s guest port %d: already forwarded by forward[%d]", what, f.GuestPort, j)
 		}
 		hostPorts[f.HostPort], guestPorts[f.GuestPort] = i, i
 	}
-	if s.Nice < 0 || s.Nice > MaxNice {
-		bad("nice %d: must be between 0 and %d (QEMU never runs above the agent's priority)", s.Nice, MaxNice)
-	}
-	if tb := s.Memory.TCGTranslationBufferMiB; tb < 0 || tb > MaxTCGTranslationBufferMiB {
-		bad("memory tcg translation buffer %d MiB: must be 0 (QEMU's default) or between 1 and %d MiB", tb, MaxTCGTranslationBufferMiB)
-	}
 	if s.MAC != "" {
 		if hw, err := net.ParseMAC(s.MAC); err != nil || len(hw) != 6 || hw[0]&1 != 0 || hw[0]&2 == 0 || hw.String() != s.MAC {
-			bad("mac %q: want a locally administered unicast MAC in lower case (e.g. 52:54:00:12:34:56)", s.MAC)
+			c.bad("mac %q: want a locally administered unicast MAC in lower case (e.g. 52:54:00:12:34:56)", s.MAC)
 		} else if !s.Network {
-			bad("mac: needs network enabled")
+			c.bad("mac: needs network enabled")
 		}
 	}
+}
+
+// limits: priority, translation buffer, incoming state, console cap and
+// the user QEMU runs as.
+func (c *specCheck) limits() {
+	s := c.s
+	if s.Nice < 0 || s.Nice > MaxNice {
+		c.bad("nice %d: must be between 0 and %d (QEMU never runs above the agent's priority)", s.Nice, MaxNice)
+	}
+	if tb := s.Memory.TCGTranslationBufferMiB; tb < 0 || tb > MaxTCGTranslationBufferMiB {
+		c.bad("memory tcg translation buffer %d MiB: must be 0 (QEMU's default) or between 1 and %d MiB", tb, MaxTCGTranslationBufferMiB)
+	}
 	if s.Incoming != "" {
-		checkPath("incoming state", s.Incoming)
+		c.path("incoming state", s.Incoming)
 	}
 	if s.ConsoleCapBytes < 0 || (s.ConsoleCapBytes > 0 && s.ConsoleCapBytes < 64<<10) {
-		bad("console cap %d bytes: must be 0 (default) or at least 64 KiB", s.ConsoleCapBytes)
+		c.bad("console cap %d bytes: must be 0 (default) or at least 64 KiB", s.ConsoleCapBytes)
 	}
 	if u := s.RunAs; u != nil && (u.UID > MaxID || u.GID > MaxID) {
-		bad("run as uid %d gid %d: uid and gid must be at most %d", u.UID, u.GID, MaxID)
+		c.bad("run as uid %d gid %d: uid and gid must be at most %d", u.UID, u.GID, MaxID)
 	}
-	if s.Cgroup != nil {
-		errs = append(errs, s.Cgroup.validate(s)...)
-	}
-	return errors.Join(errs...)
 }
 
 func (s Spec) pathAllowed(p string) bool {
