@@ -245,7 +245,7 @@ func TestFlashRootWithinEphemeralStorageLimit(t *testing.T) {
 
 	err = tgt.WritePartition(ctx, "root", bytes.NewReader(diskBytes(t, 5<<20)), nil)
 	require.ErrorIs(t, err, jumpstarter.ErrInvalidArgument)
-	assert.Contains(t, err.Error(), "larger than the partition may hold (4194304 bytes)")
+	assert.Contains(t, err.Error(), "larger than the partition may hold (4194304 bytes:")
 
 	q := filepath.Join(t.TempDir(), "big.qcow2")
 	out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", q, "64M").CombinedOutput()

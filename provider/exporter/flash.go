@@ -239,7 +239,7 @@ func writeSparse(f *os.File, r io.Reader, h hash.Hash, limit int64, hold *diskHo
 		k, err := io.ReadFull(r, c.b[:cap(c.b)])
 		switch {
 		case k > 0 && n+int64(k) > limit:
-			rerr = fmt.Errorf("%w: the image is larger than the partition may hold (%d bytes)", jumpstarter.ErrInvalidArgument, limit)
+			rerr = fmt.Errorf("%w: the image is larger than the partition may hold (%d bytes: the pod's ephemeral-storage limit or the node's free space when the flash began)", jumpstarter.ErrInvalidArgument, limit)
 		case k > 0:
 			c.b, c.off = c.b[:k], n
 			c.left.Store(2)
