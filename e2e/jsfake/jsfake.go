@@ -136,13 +136,18 @@ func (f *Fake) Sync(ctx context.Context) error {
 	if f.added == nil {
 		f.added = map[string]string{}
 	}
-	var exps jsv1.ExporterList
-	if err := f.Client.List(ctx, &exps, client.InNamespace(f.Namespace)); err != nil {
-		return fmt.Errorf("jsfake: list exporters: %w", err)
-	}
+	// Leases are listed before exporters: every exporter made before a
+	// lease this pass sees is then in the exporter list. The other order
+	// let a pass that listed exporters just before a set's cold Exporter
+	// was made, and leases after a Lease for it was made, end that Lease
+	// as Unsatisfiable (no exporter matches), as seen on a loaded host.
 	var leases jsv1.LeaseList
 	if err := f.Client.List(ctx, &leases, client.InNamespace(f.Namespace)); err != nil {
 		return fmt.Errorf("jsfake: list leases: %w", err)
+	}
+	var exps jsv1.ExporterList
+	if err := f.Client.List(ctx, &exps, client.InNamespace(f.Namespace)); err != nil {
+		return fmt.Errorf("jsfake: list exporters: %w", err)
 	}
 	sort.Slice(exps.Items, func(i, j int) bool { return exps.Items[i].Name < exps.Items[j].Name })
 	var errs []error
