@@ -120,7 +120,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, workers int) error {
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named("exporterset").
 		For(&v1alpha1.ExporterSet{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Watches(&corev1.Pod{}, podEvents{exp: r.expectations(), inner: owner}).
+		Watches(&corev1.Pod{}, podEvents{exp: r.expectations(), inner: owner, owner: v1alpha1.GroupVersion.String()}).
 		// A class change (or its creation, for a set that waited for it)
 		// plans the sets naming it again.
 		Watches(&v1alpha1.VirtualTargetClass{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
@@ -178,17 +178,20 @@ func jumpstarterServed(mgr ctrl.Manager) bool {
 	return true
 }
 
-// podEvents settles expectations from pod events before queueing the owner.
+// podEvents settles expectations from pod events before queueing the
+// owner: pods an ExporterSet of apiVersion owner controls (ours or
+// upstream's virtualtarget.jumpstarter.dev).
 type podEvents struct {
 	exp   *expectations
 	inner handler.EventHandler
+	owner string
 }
 
 type queue = workqueue.TypedRateLimitingInterface[reconcile.Request]
 
 func (h podEvents) observe(obj client.Object, deleted bool) {
 	ref := metav1.GetControllerOf(obj)
-	if ref == nil || ref.Kind != "ExporterSet" || ref.APIVersion != v1alpha1.GroupVersion.String() {
+	if ref == nil || ref.Kind != "ExporterSet" || ref.APIVersion != h.owner {
 		return
 	}
 	h.exp.Observe(types.NamespacedName{Namespace: obj.GetNamespace(), Name: ref.Name}, obj.GetName(), obj.GetUID(), deleted)

@@ -18,7 +18,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	crcontroller "sigs.k8s.io/controller-runtime/pkg/controller"
-	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -111,7 +110,7 @@ func (r *UpstreamReconciler) SetupWithManager(mgr ctrl.Manager, workers int) err
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("virtualtarget-exporterset").
 		For(&vtv1.ExporterSet{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Watches(&corev1.Pod{}, upstreamPodEvents{exp: r.exp, inner: owner}).
+		Watches(&corev1.Pod{}, podEvents{exp: r.exp, inner: owner, owner: vtv1.GroupVersion.String()}).
 		Watches(&vtv1.VirtualTargetClass{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			var sets vtv1.ExporterSetList
 			if err := mgr.GetClient().List(ctx, &sets, client.InNamespace(o.GetNamespace()), client.MatchingFields{upstreamClassIndex: o.GetName()}); err != nil {
@@ -126,40 +125,6 @@ func (r *UpstreamReconciler) SetupWithManager(mgr ctrl.Manager, workers int) err
 		})).
 		WithOptions(crcontroller.Options{MaxConcurrentReconciles: max(workers, 1)}).
 		Complete(r)
-}
-
-// upstreamPodEvents settles expectations from the events of pods an
-// upstream set controls before queueing the set.
-type upstreamPodEvents struct {
-	exp   *expectations
-	inner handler.EventHandler
-}
-
-func (h upstreamPodEvents) observe(obj client.Object, deleted bool) {
-	ref := metav1.GetControllerOf(obj)
-	if ref == nil || ref.Kind != "ExporterSet" || ref.APIVersion != vtv1.GroupVersion.String() {
-		return
-	}
-	h.exp.Observe(types.NamespacedName{Namespace: obj.GetNamespace(), Name: ref.Name}, obj.GetName(), obj.GetUID(), deleted)
-}
-
-func (h upstreamPodEvents) Create(ctx context.Context, e event.CreateEvent, q queue) {
-	h.observe(e.Object, false)
-	h.inner.Create(ctx, e, q)
-}
-
-func (h upstreamPodEvents) Update(ctx context.Context, e event.UpdateEvent, q queue) {
-	h.observe(e.ObjectNew, false)
-	h.inner.Update(ctx, e, q)
-}
-
-func (h upstreamPodEvents) Delete(ctx context.Context, e event.DeleteEvent, q queue) {
-	h.observe(e.Object, true)
-	h.inner.Delete(ctx, e, q)
-}
-
-func (h upstreamPodEvents) Generic(ctx context.Context, e event.GenericEvent, q queue) {
-	h.inner.Generic(ctx, e, q)
 }
 
 // Reconcile plans one upstream set of this provisioner and applies the plan.
