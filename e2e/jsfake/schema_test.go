@@ -28,7 +28,7 @@ func TestSchemaKeepsEveryField(t *testing.T) {
 }
 
 // TestUpstreamSchemaAcceptsTheProjectsObjects runs, against an apiserver
-// with upstream Jumpstarter's own CRDs (../shared/jumpstarter/crds or
+// with upstream Jumpstarter's own CRDs (testutil.UpstreamJumpstarterCRDs:
 // $QK_JUMPSTARTER_CRDS; skipped on a clone of the repository alone), what
 // the other tests run against the generated ones: every field the project
 // writes kept, the fake's status writes and the tests' Leases
@@ -41,7 +41,7 @@ func TestUpstreamSchemaAcceptsTheProjectsObjects(t *testing.T) {
 	dir, ok, err := testutil.UpstreamJumpstarterCRDs(root)
 	require.NoError(t, err)
 	if !ok {
-		t.Skip("upstream Jumpstarter CRDs not beside the repository (../shared/jumpstarter/crds or $QK_JUMPSTARTER_CRDS)")
+		t.Skip("upstream Jumpstarter CRDs not beside the repository ($QK_JUMPSTARTER_CRDS unset, none beside the repository)")
 	}
 	up, stop, err := startAPI(dir, filepath.Join(root, "config", "crd"))
 	require.NoError(t, err)

@@ -34,7 +34,7 @@ func TestGeneratedCRDsAreASubsetOfUpstreams(t *testing.T) {
 	up, ok, err := testutil.UpstreamJumpstarterCRDs(root)
 	require.NoError(t, err)
 	if !ok {
-		t.Skip("upstream Jumpstarter CRDs not beside the repository (../shared/jumpstarter/crds or $QK_JUMPSTARTER_CRDS)")
+		t.Skip("upstream Jumpstarter CRDs not beside the repository ($QK_JUMPSTARTER_CRDS unset, none beside the repository)")
 	}
 	for _, g := range []struct {
 		dir  string

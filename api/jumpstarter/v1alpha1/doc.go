@@ -12,7 +12,7 @@
 // functions and, for the tests only, config/jumpstarter/crd: the subset of
 // Jumpstarter's schema this project writes and reads, so that the tests
 // need nothing beside the repository. When upstream's CRDs are beside the
-// repository (../shared/jumpstarter/crds, or $QK_JUMPSTARTER_CRDS), tests
+// repository ($QK_JUMPSTARTER_CRDS; testutil.UpstreamJumpstarterCRDs), tests
 // check that the generated schema is a faithful subset of upstream's and
 // that upstream's API server accepts what the project writes.
 //

@@ -19,7 +19,7 @@
 // operator. hack/gen-crds.sh generates from these types the deepcopy
 // functions and, for the tests only, config/virtualtarget/crd, so that the
 // tests need nothing beside the repository. When upstream's CRDs are beside
-// the repository (../shared/jumpstarter/crds, or $QK_JUMPSTARTER_CRDS), a
+// the repository ($QK_JUMPSTARTER_CRDS; testutil.UpstreamJumpstarterCRDs), a
 // test checks that the generated schema is a faithful subset of upstream's.
 //
 // +kubebuilder:object:generate=true
