@@ -21,6 +21,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
@@ -128,6 +129,7 @@ func firmware(n int) []byte { return bytes.Repeat([]byte{0xea, 0x5b}, n/2) }
 // fails with a clear error, nothing is written through the link, the pod
 // is unchanged.
 func TestSymlinkPlantedInVMDir(t *testing.T) {
+	testutil.SkipIfShort(t, "qemu-img (a flash of root is inspected)")
 	pod := newTenantPod(t)
 	victim := t.TempDir()
 	require.NoError(t, os.Symlink(victim, filepath.Join(pod.dir, FlashDirName)))
@@ -171,6 +173,7 @@ func TestSymlinkPlantedInVMDir(t *testing.T) {
 // recorded, leave the pod's record and its state dir exactly as they
 // were; the flashed file goes.
 func TestFlashInstallFailsHalfWay(t *testing.T) {
+	testutil.SkipIfShort(t, "qemu-img (a flash of root is inspected)")
 	pod := newTenantPod(t)
 	tgt := NewTarget(&Node{}, pod)
 	ctx := context.Background()
@@ -206,6 +209,7 @@ func TestFlashInstallFailsHalfWay(t *testing.T) {
 // write into the reserve together; those that find no room left fail
 // with the reason and leave no file; the others install.
 func TestTenConcurrentFlashes(t *testing.T) {
+	testutil.SkipIfShort(t, "qemu-img (each flash of root is inspected)")
 	const image = 24 << 20
 	var pods []*tenantPod
 	for range 10 {
@@ -325,6 +329,7 @@ func TestFlashOCIPrivateImageNeedsTheCallersCredentials(t *testing.T) {
 // limits as the image's sizes) and reads the file it was handed, a raw
 // image here, as qemu-img's json says.
 func TestInspectUploadUnderLimits(t *testing.T) {
+	testutil.SkipIfShort(t, "qemu-img")
 	f, err := os.CreateTemp(t.TempDir(), "upload-")
 	require.NoError(t, err)
 	defer f.Close()
