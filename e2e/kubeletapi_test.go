@@ -424,7 +424,12 @@ func TestKubeletAPI(t *testing.T) {
 		good.Spec.Containers[0].Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}}
 		good.Spec.Containers[0].ReadinessProbe = httpProbe(8080)
 		good.Spec.Containers[0].LivenessProbe = tcpProbe(8080)
-		good.Spec.Containers[0].LivenessProbe.InitialDelaySeconds = 20
+		// Liveness starts once the guest serves (a startup probe, the
+		// kubelet's answer to slow starts), not after a fixed delay: a TCG
+		// guest on a loaded host booted past a 20 s initial delay and the
+		// good pod was killed once.
+		good.Spec.Containers[0].StartupProbe = httpProbe(8080)
+		good.Spec.Containers[0].StartupProbe.FailureThreshold = 60
 		bad := vmPodSpec("probe-bad", a.name, refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, nil)
 		bad.Spec.Containers[0].ReadinessProbe = tcpProbe(9999)
 		bad.Spec.Containers[0].LivenessProbe = httpProbe(9999)
