@@ -252,7 +252,15 @@ func (c *Serial) Pipe(ctx context.Context, o PipeOptions) error {
 		if o.Input == nil {
 			return errors.New("pipe: --no-output requires stdin input")
 		}
-		return send()
+		if err := send(); err != nil {
+			return err
+		}
+		// The exporter ends a console's stream at the end of input, once
+		// what came before it went to the guest; closing the stream at
+		// once cancels it, and a cancel can overtake the last data
+		// (seen under -race). Wait for that end, discarding the output.
+		_, err := io.Copy(io.Discard, rw)
+		return err
 	}
 	sent := make(chan error, 1)
 	if o.Input != nil {
