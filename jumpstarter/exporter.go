@@ -513,59 +513,6 @@ func (e *Exporter) session(ctx context.Context, lease *leaseRun) (online, regist
 	}
 }
 
-// recvStatus receives the controller's Status stream on its own goroutine
-// until the stream fails (its error on errc) or ctx ends.
-func recvStatus(ctx context.Context, st pb.ControllerService_StatusClient) (<-chan *pb.StatusResponse, <-chan error) {
-	ch := make(chan *pb.StatusResponse)
-	errc := make(chan error, 1)
-	go func() {
-		for {
-			m, err := st.Recv()
-			if err != nil {
-				errc <- err
-				return
-			}
-			select {
-			case ch <- m:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-	return ch, errc
-}
-
-// statusReporter reports the exporter's status to the controller, once
-// per change; owned by one session's goroutine.
-type statusReporter struct {
-	e        *Exporter
-	ctl      pb.ControllerServiceClient
-	reported pb.ExporterStatus // last reported (UNSPECIFIED: none yet)
-}
-
-func (r *statusReporter) report(ctx context.Context, s pb.ExporterStatus, msg string) error {
-	r.e.status.set(s, msg)
-	if r.reported == s {
-		return nil
-	}
-	rctx, rcancel := context.WithTimeout(ctx, callTimeout)
-	defer rcancel()
-	if _, err := r.ctl.ReportStatus(rctx, &pb.ReportStatusRequest{Status: s, Message: &msg}); err != nil {
-		return r.e.callError("report status "+s.String(), err)
-	}
-	r.reported = s
-	return nil
-}
-
-// available reports AVAILABLE, and the exporter is Online.
-func (r *statusReporter) available(ctx context.Context, msg string) error {
-	if err := r.report(ctx, pb.ExporterStatus_EXPORTER_STATUS_AVAILABLE, msg); err != nil {
-		return err
-	}
-	r.e.setState(StateOnline, nil)
-	return nil
-}
-
 // leaseStep is what the Run goroutine does on a StatusResponse.
 type leaseStep struct {
 	stop      bool   // stop the current lease
