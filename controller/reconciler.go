@@ -11,6 +11,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -166,8 +167,14 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, workers int) error {
 // jumpstarterServed reports whether the manager's scheme has Jumpstarter's
 // Exporter and Lease types and the API server serves them.
 func jumpstarterServed(mgr ctrl.Manager) bool {
-	for _, kind := range []string{"Exporter", "Lease"} {
-		gvk := jsv1.GroupVersion.WithKind(kind)
+	return served(mgr, jsv1.GroupVersion, "Exporter", "Lease")
+}
+
+// served reports whether the manager's scheme has each kind of gv and the
+// API server serves it.
+func served(mgr ctrl.Manager, gv schema.GroupVersion, kinds ...string) bool {
+	for _, kind := range kinds {
+		gvk := gv.WithKind(kind)
 		if !mgr.GetScheme().Recognizes(gvk) {
 			return false
 		}

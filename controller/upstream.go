@@ -79,16 +79,7 @@ func (r *UpstreamReconciler) now() time.Time {
 // UpstreamServed reports whether the manager's scheme has upstream's
 // ExporterSet and VirtualTargetClass and the API server serves them.
 func UpstreamServed(mgr ctrl.Manager) bool {
-	for _, kind := range []string{"ExporterSet", "VirtualTargetClass"} {
-		gvk := vtv1.GroupVersion.WithKind(kind)
-		if !mgr.GetScheme().Recognizes(gvk) {
-			return false
-		}
-		if _, err := mgr.GetRESTMapper().RESTMapping(gvk.GroupKind(), gvk.Version); err != nil {
-			return false
-		}
-	}
-	return true
+	return served(mgr, vtv1.GroupVersion, "ExporterSet", "VirtualTargetClass")
 }
 
 // SetupWithManager registers the controller: upstream sets (spec
