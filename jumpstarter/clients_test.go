@@ -376,7 +376,7 @@ func TestReportLabelsAndHelp(t *testing.T) {
 		}},
 		"flasher": {desc: "Flash and dump the VM's disk and firmware", methods: map[string]string{
 			"flash": "Flash FILE, an http(s):// URL or oci://REF onto a partition (--target root, bios, OVMF_CODE.fd or OVMF_VARS.fd); the VM is powered off for the swap and on again if it was on",
-			"dump":  "Dump a partition (--target, default root) to FILE: what was flashed there, or the pod's image's disk",
+			"dump":  "Dump a partition (--target, default root) to FILE: root is the disk as the guest left it (power off first); flashed:PARTITION is what was flashed there, or the pod's image's disk",
 		}},
 		"console": {desc: "VM serial console (the stream kubectl attach shows)", methods: map[string]string{
 			"start-console": "Start the serial console (exit with CTRL+B x 3 times); the first session that types is the console's one writer",

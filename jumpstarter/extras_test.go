@@ -31,6 +31,7 @@ type richTarget struct {
 	disk     int64
 	maxBytes int64 // sizes over this are refused, as a node over capacity
 	creds    []jumpstarter.RegistryCredentials
+	parts    []string      // the partition of each FlashOCI
 	displays chan net.Conn // the VNC server side of each Display
 	books    *jumpstarter.LogBook
 }
@@ -61,12 +62,17 @@ func (r *richTarget) Display(context.Context) (io.ReadWriteCloser, error) {
 	return client, nil
 }
 
-func (r *richTarget) FlashWithCredentials(ctx context.Context, ref string, c jumpstarter.RegistryCredentials, progress func(string)) error {
+func (r *richTarget) FlashOCI(ctx context.Context, f jumpstarter.OCIFlash, progress func(string)) error {
 	r.mu.Lock()
-	r.creds = append(r.creds, c)
+	if f.Credentials != nil {
+		r.creds = append(r.creds, *f.Credentials)
+	}
+	r.parts = append(r.parts, f.Partition)
 	r.mu.Unlock()
-	r.books.Printf(jumpstarter.DriverFlasher, jumpstarter.SeverityInfo, "pulling %s as %s", ref, c.Username)
-	return r.fakeTarget.Flash(ctx, ref, progress)
+	if f.Credentials != nil {
+		r.books.Printf(jumpstarter.DriverFlasher, jumpstarter.SeverityInfo, "pulling %s as %s", f.Ref, f.Credentials.Username)
+	}
+	return r.fakeTarget.Flash(ctx, f.Ref, progress)
 }
 
 // leasedSession starts an exporter over target (mutate adjusts its
@@ -210,9 +216,10 @@ func TestDisplayChild(t *testing.T) {
 }
 
 // TestFlashOCICredentials: flash_oci's oci_username/oci_password reach the
-// target for that call; half a pair, non-strings or a target that takes no
-// credentials are refused; the password appears in no log, no LogStream
-// line and no error.
+// target for that call, onto root and onto a firmware partition (as
+// upstream's QEMU driver takes them for every partition); half a pair,
+// non-strings or a target that takes no credentials are refused; the
+// password appears in no log, no LogStream line and no error.
 func TestFlashOCICredentials(t *testing.T) {
 	const password = "s3cret-Registry-Passw0rd"
 	var rt *richTarget
@@ -248,6 +255,11 @@ func TestFlashOCICredentials(t *testing.T) {
 		errs = append(errs, fmt.Sprint(err))
 	}
 	assert.NotContains(t, strings.Join(errs, "\n"), password)
+	require.NoError(t, s.StreamingCall(ctx, flasher, "flash_oci", []any{"oci://registry.local/private/fw:1", "OVMF_CODE.fd", "robot2", password}, func(any) error { return nil }))
+	rt.mu.Lock()
+	assert.Equal(t, []jumpstarter.RegistryCredentials{{Username: "robot", Password: password}, {Username: "robot2", Password: password}}, rt.creds)
+	assert.Equal(t, []string{"root", "OVMF_CODE.fd"}, rt.parts, "credentials for every partition")
+	rt.mu.Unlock()
 
 	// The flash's lines reached LogStream; none holds the password.
 	var msgs []string

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // FetchPolicy says where the exporter may connect on a lease holder's
@@ -173,6 +174,18 @@ func (p FetchPolicy) dialContext(base *net.Dialer) func(ctx context.Context, net
 	}
 }
 
+// Dialer is the policy as a Dialer (OCIFlash.Dial): each connection's
+// address is checked at dial time, as for presigned requests.
+func (p FetchPolicy) Dialer() Dialer {
+	return dialFunc(p.dialContext(&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}))
+}
+
+type dialFunc func(ctx context.Context, network, addr string) (net.Conn, error)
+
+func (f dialFunc) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	return f(ctx, network, addr)
+}
+
 // registryHost is the registry host[:port] of an image reference, as
 // Docker names it (no domain: docker.io).
 func registryHost(ref string) string {
@@ -186,9 +199,10 @@ func registryHost(ref string) string {
 // CheckRegistry says why flash_oci may not pull ref for a lease (nil: it
 // may): a plain-HTTP registry (a loopback one, or one the node's image
 // settings pull over plain HTTP) unless allowed, a registry whose name
-// resolves into a refused range unless allowed. The registry is dialled
-// by the node's image store, so this check is made on the addresses the
-// name resolves to just before the pull.
+// resolves into a refused range unless allowed. It is the early, clear
+// refusal; the pull itself dials through Dialer, which checks every
+// address it connects to (the registry's, its token service's, its
+// redirects'), so a name that resolves differently later gains nothing.
 func (p FetchPolicy) CheckRegistry(ctx context.Context, ref string) error {
 	hp := registryHost(ref)
 	host := hp

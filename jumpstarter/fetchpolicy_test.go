@@ -3,6 +3,7 @@ package jumpstarter_test
 import (
 	"bytes"
 	"context"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -181,6 +182,39 @@ func TestFlashOCIRegistryPolicy(t *testing.T) {
 	require.NoError(t, s2.StreamingCall(ctx, uuidOf2("flasher"), "flash_oci", []any{"oci://10.255.0.2:5000/os:1", "bios"}, func(any) error { return nil }),
 		"an allowed range over HTTPS")
 	assert.Equal(t, []string{"bios=10.255.0.2:5000/os:1"}, target2().ociParts)
+
+	// The pull dials through the policy: every address is checked at dial
+	// time (a name that resolves elsewhere later, a redirect, a token
+	// service), the allow-list still holds.
+	dials := target2().ociDials
+	require.Len(t, dials, 1)
+	require.NotNil(t, dials[0], "the target gets the policy's dialler")
+	for addr, why := range map[string]string{
+		"127.0.0.1:5000": "address 127.0.0.1 is the node itself",
+		"localhost:5000": "is the node itself",
+		"10.0.0.7:443":   "address 10.0.0.7 is in a private range",
+	} {
+		_, err := dials[0].DialContext(ctx, "tcp", addr)
+		require.Error(t, err, addr)
+		assert.ErrorIs(t, err, jumpstarter.ErrInvalidArgument, addr)
+		assert.Contains(t, err.Error(), why, addr)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	mutate3, target3 := withDisk(jumpstarter.ResourceOptions{Fetch: jumpstarter.FetchPolicy{
+		AllowNets: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, AllowPlainHTTP: true}})
+	_, s3, uuidOf3 := leased(t, mutate3)
+	require.NoError(t, s3.StreamingCall(ctx, uuidOf3("flasher"), "flash_oci", []any{"oci://" + l.Addr().String() + "/os:1", "bios"}, func(any) error { return nil }))
+	c, err := target3().ociDials[0].DialContext(ctx, "tcp", l.Addr().String())
+	require.NoError(t, err, "an allowed range is dialled")
+	c.Close()
+
+	// AllowLocalFetch lifts the policy: no dialler of its own.
+	mutate4, target4 := withDisk(jumpstarter.ResourceOptions{AllowLocalFetch: true})
+	_, s4, uuidOf4 := leased(t, mutate4)
+	require.NoError(t, s4.StreamingCall(ctx, uuidOf4("flasher"), "flash_oci", []any{"oci://127.0.0.1:5000/os:1", "bios"}, func(any) error { return nil }))
+	assert.Nil(t, target4().ociDials[0])
 }
 
 // TestTransferQueue: with one transfer slot on the node, a second flash

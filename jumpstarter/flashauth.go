@@ -3,6 +3,7 @@ package jumpstarter
 import (
 	"context"
 	"fmt"
+	"net"
 )
 
 // RegistryCredentials are the registry username and password a client
@@ -21,13 +22,32 @@ func (c RegistryCredentials) String() string {
 // GoString hides the password from %#v.
 func (c RegistryCredentials) GoString() string { return c.String() }
 
-// CredentialFlasher is a Target that can pull a flash_oci image with the
-// call's registry credentials. A target that is no CredentialFlasher
-// refuses credentials in the call (InvalidArgument).
-type CredentialFlasher interface {
-	// FlashWithCredentials is Target.Flash pulling with creds (for this
-	// pull only; the target keeps them nowhere).
-	FlashWithCredentials(ctx context.Context, ref string, creds RegistryCredentials, progress func(line string)) error
+// OCIFlash is one flash_oci call as the target gets it.
+type OCIFlash struct {
+	// Ref is the image reference (no oci:// prefix).
+	Ref string
+	// Partition is where the image's disk goes (one of Partitions).
+	Partition string
+	// Credentials are the call's own (nil: an anonymous pull).
+	Credentials *RegistryCredentials
+	// Dial makes every connection of the pull to the image's registry,
+	// refusing at dial time the addresses the node's fetch policy refuses
+	// (nil: the policy is lifted, ResourceOptions.AllowLocalFetch).
+	Dial Dialer
+}
+
+// Dialer makes connections (net.Dialer's DialContext, or one that refuses
+// some addresses).
+type Dialer interface {
+	DialContext(ctx context.Context, network, addr string) (net.Conn, error)
+}
+
+// OCIFlasher is a Target that pulls flash_oci images for a lease onto
+// any partition, with the call's credentials and dialler. A target that is
+// no OCIFlasher gets flash_oci of root without credentials as
+// Target.Flash, and refuses the rest.
+type OCIFlasher interface {
+	FlashOCI(ctx context.Context, f OCIFlash, progress func(line string)) error
 }
 
 // flashCredentials reads flash_oci's oci_username and oci_password
@@ -45,4 +65,31 @@ func flashCredentials(args []any) (*RegistryCredentials, error) {
 		return nil, fmt.Errorf("%w: flash_oci: oci_username and oci_password must both be non-empty strings (or both omitted)", ErrInvalidArgument)
 	}
 	return &RegistryCredentials{Username: us, Password: ps}, nil
+}
+
+// ociFlash is how flash_oci runs f on this exporter's target: FlashOCI
+// with the node's fetch policy as f.Dial (checked at every dial, after a
+// first check of the registry's name: plain HTTP, where it resolves), or,
+// for a target that is no OCIFlasher, Target.Flash for root without
+// credentials.
+func (s *server) ociFlash(ctx context.Context, f OCIFlash) (func(ctx context.Context, progress func(string)) error, error) {
+	of, ok := s.e.cfg.Target.(OCIFlasher)
+	switch {
+	case !ok && f.Credentials != nil:
+		return nil, fmt.Errorf("%w: registry credentials in the call are not supported by this target", ErrInvalidArgument)
+	case !ok && f.Partition != PartitionRoot:
+		return nil, fmt.Errorf("%w: this target takes flash_oci onto partition %s only", ErrUnsupported, PartitionRoot)
+	}
+	if opts := s.e.cfg.Resources; !opts.AllowLocalFetch {
+		if err := opts.Fetch.CheckRegistry(ctx, f.Ref); err != nil { // fetchpolicy.go
+			return nil, fmt.Errorf("flash_oci %s: %w", f.Ref, err)
+		}
+		f.Dial = opts.Fetch.Dialer()
+	}
+	if ok {
+		return func(ctx context.Context, progress func(string)) error { return of.FlashOCI(ctx, f, progress) }, nil
+	}
+	return func(ctx context.Context, progress func(string)) error {
+		return s.e.cfg.Target.Flash(ctx, f.Ref, progress)
+	}, nil
 }

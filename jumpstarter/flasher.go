@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
@@ -23,7 +24,7 @@ var Partitions = []string{PartitionRoot, PartitionBIOS, PartitionOVMFCode, Parti
 
 // DiskTarget is a Target whose partitions can be written from a byte
 // stream and read back: the flasher's flash(handle, partition) and
-// dump(handle, partition), and flash_oci onto a partition other than root.
+// dump(handle, partition).
 // The exporter asks Config.Target for it; a Target without it answers
 // those calls Unimplemented. Methods may be called concurrently; the
 // implementation serialises what must be.
@@ -42,12 +43,30 @@ type DiskTarget interface {
 	// human-readable lines.
 	WritePartition(ctx context.Context, partition string, img io.Reader, progress func(string)) error
 	// ReadPartition opens what the partition holds for reading (size
-	// bytes): what the target boots from, the node's default when nothing
-	// was flashed there.
+	// bytes): for root, the disk as the guest left it (a running target
+	// refuses); for the others, and for FlashedPrefix+partition, what was
+	// flashed there, the node's default when nothing was.
 	ReadPartition(ctx context.Context, partition string) (rc io.ReadCloser, size int64, err error)
-	// FlashOCIPartition writes the disk of the OCI image ref (pulled and
-	// verified as Target.Flash does) onto partition, as WritePartition.
-	FlashOCIPartition(ctx context.Context, ref, partition string, progress func(string)) error
+}
+
+// FlashedPrefix before a partition name asks dump for what was flashed
+// there (the node's default when nothing was) rather than what the guest
+// left: "flashed:root".
+const FlashedPrefix = "flashed:"
+
+// dumpPartitionArg is dump's partition argument: a partition, or one with
+// FlashedPrefix.
+func dumpPartitionArg(v any) (string, error) {
+	if p, ok := v.(string); ok && strings.HasPrefix(p, FlashedPrefix) {
+		if _, err := partitionArg(strings.TrimPrefix(p, FlashedPrefix)); err == nil {
+			return p, nil
+		}
+	}
+	p, err := partitionArg(v)
+	if err != nil {
+		return "", fmt.Errorf("%w; dump also takes each with the prefix %q, for what was flashed there", err, FlashedPrefix)
+	}
+	return p, nil
 }
 
 // partitionArg is a call's partition argument: null or "root" is root.
@@ -126,7 +145,7 @@ func (s *server) dump(ctx context.Context, d *driver, args []any) error {
 	if err != nil {
 		return err
 	}
-	part, err := partitionArg(arg(args, 1))
+	part, err := dumpPartitionArg(arg(args, 1))
 	if err != nil {
 		return err
 	}

@@ -35,7 +35,8 @@ type diskTarget struct {
 	parts    map[string][]byte
 	limits   map[string]int64
 	writes   map[string]int // installed writes by partition
-	ociParts []string       // FlashOCIPartition calls: partition=ref
+	ociParts []string       // FlashOCI calls: partition=ref
+	ociDials []jumpstarter.Dialer
 	// block, when set, holds the first WritePartition (after it read its
 	// image) until it is closed; blocked is closed once one waits there.
 	block   chan struct{}
@@ -95,11 +96,12 @@ func (d *diskTarget) ReadPartition(_ context.Context, p string) (io.ReadCloser, 
 	return io.NopCloser(bytes.NewReader(b)), int64(len(b)), nil
 }
 
-func (d *diskTarget) FlashOCIPartition(_ context.Context, ref, p string, progress func(string)) error {
-	progress("pulling " + ref)
+func (d *diskTarget) FlashOCI(_ context.Context, f jumpstarter.OCIFlash, progress func(string)) error {
+	progress("pulling " + f.Ref)
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.ociParts = append(d.ociParts, p+"="+ref)
+	d.ociParts = append(d.ociParts, f.Partition+"="+f.Ref)
+	d.ociDials = append(d.ociDials, f.Dial)
 	return nil
 }
 

@@ -280,23 +280,9 @@ func (s *server) flashOCI(ctx context.Context, args []any, send func(any) error)
 	if ref == "" {
 		return fmt.Errorf("%w: OCI URL %q names no image", ErrInvalidArgument, url)
 	}
-	flash := s.e.cfg.Target.Flash
-	if creds != nil && part != PartitionRoot {
-		return fmt.Errorf("%w: registry credentials in the call are supported for partition %s only", ErrInvalidArgument, PartitionRoot)
-	}
-	if creds != nil {
-		cf, ok := s.e.cfg.Target.(CredentialFlasher)
-		if !ok {
-			return fmt.Errorf("%w: registry credentials in the call are not supported by this target", ErrInvalidArgument)
-		}
-		flash = func(ctx context.Context, ref string, progress func(string)) error {
-			return cf.FlashWithCredentials(ctx, ref, *creds, progress)
-		}
-	}
-	if opts := s.e.cfg.Resources; !opts.AllowLocalFetch {
-		if err := opts.Fetch.CheckRegistry(ctx, ref); err != nil { // fetchpolicy.go
-			return fmt.Errorf("flash_oci %s: %w", ref, err)
-		}
+	flash, err := s.ociFlash(ctx, OCIFlash{Ref: ref, Partition: part, Credentials: creds}) // flashauth.go
+	if err != nil {
+		return err
 	}
 	s.e.logs.Add(LogEntry{Driver: DriverFlasher, Operation: "flash", Message: "flashing " + ref})
 
@@ -322,15 +308,7 @@ func (s *server) flashOCI(ctx context.Context, args []any, send func(any) error)
 		defer release()
 		ctx, cancel := context.WithTimeout(ctx, s.e.cfg.Resources.withDefaults().TransferTimeout)
 		defer cancel()
-		if part != PartitionRoot { // flasher.go
-			dt, err := s.diskTarget()
-			if err == nil {
-				err = dt.FlashOCIPartition(ctx, ref, part, progress)
-			}
-			done <- err
-			return
-		}
-		done <- flash(ctx, ref, progress)
+		done <- flash(ctx, progress)
 	}()
 	for {
 		select {

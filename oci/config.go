@@ -1,6 +1,7 @@
 package oci
 
 import (
+	"context"
 	"crypto/tls"
 	"encoding/base64"
 	"encoding/json"
@@ -116,12 +117,29 @@ func (c clients) get(insecure bool) *http.Client {
 }
 
 func (o Options) newClients() clients {
-	return clients{secure: o.httpClient(false), insecure: o.httpClient(true)}
+	d := &net.Dialer{Timeout: o.DialTimeout, KeepAlive: 30 * time.Second}
+	return clients{secure: o.httpClient(d, false), insecure: o.httpClient(d, true)}
 }
 
-func (o Options) httpClient(insecure bool) *http.Client {
+// dialClients are the clients of one pull with its own Dialer
+// (PullOptions.Dial): their connections are the pull's alone.
+func (o Options) dialClients(d Dialer) clients {
+	return clients{secure: o.httpClient(d, false), insecure: o.httpClient(d, true)}
+}
+
+func (c clients) closeIdle() {
+	c.secure.CloseIdleConnections()
+	c.insecure.CloseIdleConnections()
+}
+
+func (o Options) httpClient(d Dialer, insecure bool) *http.Client {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.DialContext = (&net.Dialer{Timeout: o.DialTimeout, KeepAlive: 30 * time.Second}).DialContext
+	dial := d.DialContext
+	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		ctx, cancel := context.WithTimeout(ctx, o.DialTimeout)
+		defer cancel()
+		return dial(ctx, network, addr)
+	}
 	tr.ResponseHeaderTimeout = o.ResponseHeaderTimeout
 	tr.TLSHandshakeTimeout = o.DialTimeout
 	tr.Proxy = nil
@@ -132,17 +150,23 @@ func (o Options) httpClient(insecure bool) *http.Client {
 }
 
 // registryHosts builds the containerd Hosts function: mirrors first, then the
-// registry itself, each with the credentials from auth.
-func (o Options) registryHosts(c clients, auth *dockerConfig) docker.RegistryHosts {
+// registry itself, each with the credentials from auth. The node's
+// configured mirrors use the clients c (the node's settings chose them),
+// the reference's own registry (and the token service it names) own.
+func (o Options) registryHosts(c, own clients, auth *dockerConfig) docker.RegistryHosts {
 	authorizer := docker.NewDockerAuthorizer(
-		docker.WithAuthClient(c.secure),
+		docker.WithAuthClient(own.secure),
 		docker.WithAuthCreds(auth.credentials),
 	)
+	mirrorAuthorizer := authorizer
+	if own != c {
+		mirrorAuthorizer = docker.NewDockerAuthorizer(docker.WithAuthClient(c.secure), docker.WithAuthCreds(auth.credentials))
+	}
 	return func(host string) ([]docker.RegistryHost, error) {
 		cfg := o.Registries[host]
 		var hosts []docker.RegistryHost
 		for _, m := range cfg.Mirrors {
-			h, err := o.mirrorHost(c, m, authorizer)
+			h, err := o.mirrorHost(c, m, mirrorAuthorizer)
 			if err != nil {
 				return nil, fmt.Errorf("registry %s: %w", host, err)
 			}
@@ -157,7 +181,7 @@ func (o Options) registryHosts(c clients, auth *dockerConfig) docker.RegistryHos
 			apiHost = "registry-1.docker.io"
 		}
 		hosts = append(hosts, docker.RegistryHost{
-			Client:       c.get(cfg.InsecureSkipVerify),
+			Client:       own.get(cfg.InsecureSkipVerify),
 			Authorizer:   authorizer,
 			Host:         apiHost,
 			Scheme:       scheme,

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"sort"
@@ -54,6 +55,25 @@ type PullOptions struct {
 	// Progress, if set, is called with byte counts while downloading (at
 	// most every 100ms, and once at the end).
 	Progress func(Progress)
+	// ProveAccess: before a cached (or in-flight) copy is used, the
+	// reference's registry must hand this pull the manifest's bytes by
+	// digest, with these credentials, and they must hash to that digest
+	// (proveAccess). A registry that merely names a digest the node has
+	// cached (its own, or another registry's private one), or that refuses
+	// these credentials, gets nothing from the cache.
+	ProveAccess bool
+	// Dial, when set, makes every connection of this pull to the
+	// reference's registry, its token service and its redirects (not the
+	// node's configured mirrors of it) on a transport of the pull's own,
+	// so it can refuse an address at dial time (e.g. a lease's fetch
+	// policy). Connections are not shared with other pulls.
+	Dial Dialer
+}
+
+// Dialer makes a pull's connections (PullOptions.Dial): net.Dialer's
+// DialContext, or one that refuses some addresses.
+type Dialer interface {
+	DialContext(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // Credentials are a registry user name and password. String hides the
@@ -108,12 +128,22 @@ func (s *Store) pull(ctx context.Context, ref string, opts PullOptions) (*Image,
 	if c := opts.Credentials; c != nil {
 		auth.Auths[normalizeAuthKey(reference.Domain(named))] = dockerAuth{Username: c.Username, Password: c.Password}
 	}
-	resolver := docker.NewResolver(docker.ResolverOptions{Hosts: s.opts.registryHosts(s.clients, auth)})
+	own := s.clients
+	if opts.Dial != nil {
+		own = s.opts.dialClients(opts.Dial)
+		defer own.closeIdle()
+	}
+	resolver := docker.NewResolver(docker.ResolverOptions{Hosts: s.opts.registryHosts(s.clients, own, auth)})
 	rctx, cancel := context.WithTimeout(ctx, s.opts.ResponseHeaderTimeout+s.opts.DialTimeout)
 	_, desc, err := resolver.Resolve(rctx, name)
 	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("resolve: %w", err)
+	}
+	if opts.ProveAccess {
+		if err := s.proveAccess(ctx, resolver, name, desc); err != nil {
+			return nil, err
+		}
 	}
 	for {
 		s.mu.Lock()

@@ -126,7 +126,7 @@ func TestFlashPartitionsFake(t *testing.T) {
 		assert.Equal(t, podstatus.FlashedPartition{File: "root-" + digest[7:19], Digest: digest, Size: 3 << 20, Format: "raw"}, st.Flashed["root"])
 		assert.True(t, hasEvent(f1.drainEvents(), "Normal Flashed Partition root replaced"))
 
-		rc, size, err := tgt.ReadPartition(ctx, "root")
+		rc, size, err := tgt.ReadPartition(ctx, "flashed:root") // root: refused while the VM runs
 		require.NoError(t, err)
 		back, err := io.ReadAll(rc)
 		rc.Close()
@@ -202,7 +202,7 @@ func TestFlashPartitionsFake(t *testing.T) {
 		info, err := qemu.InspectImage(ctx, vm.spec.Disks[0].Path)
 		require.NoError(t, err)
 		assert.Equal(t, filepath.Join(dir, exporter.FlashDirName, vmStateFile(t, dir).Flashed["root"].File), info.BackingFile)
-		rc, _, err := tgt2.ReadPartition(ctx, "root")
+		rc, _, err := tgt2.ReadPartition(ctx, "flashed:root")
 		require.NoError(t, err)
 		b, _ := io.ReadAll(rc)
 		rc.Close()

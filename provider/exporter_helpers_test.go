@@ -105,3 +105,20 @@ func (c *countWriter) Write(p []byte) (int, error) {
 	c.n += int64(n)
 	return n, err
 }
+
+// windowWriter counts what is written and keeps the want bytes from
+// offset from.
+type windowWriter struct {
+	from, want int64
+	n          int64
+	got        []byte
+}
+
+func (w *windowWriter) Write(p []byte) (int, error) {
+	start, end := w.n, w.n+int64(len(p))
+	if lo, hi := max(start, w.from), min(end, w.from+w.want); lo < hi {
+		w.got = append(w.got, p[lo-start:hi-start]...)
+	}
+	w.n = end
+	return len(p), nil
+}

@@ -380,6 +380,7 @@ func TestJumpstarterExporterVM(t *testing.T) {
 		assert.Contains(t, events.all(), "Normal Flashed")
 	})
 
+	var flashedDigest string // of the root FlashLocalImageAndDump flashed
 	t.Run("FlashLocalImageAndDump", func(t *testing.T) {
 		// A bootable disk (SYSLINUX + the test kernel and acpi initramfs,
 		// hack/build-test-image.sh) as a raw image, xz-compressed on the
@@ -416,9 +417,10 @@ func TestJumpstarterExporterVM(t *testing.T) {
 		h.wait(pod.UID, 5*time.Second, "PoweredOff", func(p *corev1.Pod) bool { return waitingReason(p) == podstatus.ReasonPoweredOff })
 		back := sha256.New()
 		cw := &countWriter{w: back}
-		require.NoError(t, s.Dump(ctx, uuidOf("flasher"), cw, "root", ""))
+		require.NoError(t, s.Dump(ctx, uuidOf("flasher"), cw, jumpstarter.FlashedPrefix+"root", ""))
 		assert.Equal(t, int64(len(rawBytes)), cw.n)
-		assert.Equal(t, digest, "sha256:"+hex.EncodeToString(back.Sum(nil)), "dump returns the flashed bytes")
+		assert.Equal(t, digest, "sha256:"+hex.EncodeToString(back.Sum(nil)), "dump flashed:root returns the flashed bytes")
+		flashedDigest = digest
 		_, err = s.Call(ctx, uuidOf("power"), "on")
 		require.NoError(t, err)
 		h.wait(pod.UID, 10*time.Second, "Running", running)
@@ -457,6 +459,43 @@ func TestJumpstarterExporterVM(t *testing.T) {
 		t.Logf("guest disk %d bytes before, %d after set_disk_size %d", before, after, want)
 		assert.Equal(t, want, after, "the guest sees the grown disk")
 		assert.Equal(t, want, vmStateFile(t, dir).Size.DiskBytes)
+	})
+
+	t.Run("DumpGuestDisk", func(t *testing.T) {
+		// The guest writes known bytes to its disk (the last MiB, in the
+		// room set_disk_size added: no file system there), the VM is
+		// powered off, and dump root has them; dump while running is
+		// refused; flashed:root is still the flashed file.
+		require.NotEmpty(t, flashedDigest, "FlashLocalImageAndDump ran")
+		waitConsole(t, dir, "QK-AGENT-OK", 180*time.Second)
+		marker := fmt.Sprintf("QK-DUMP-MARKER-%d", time.Now().UnixNano())
+		var out execIO
+		require.NoError(t, h.vms.RunInContainer(ctx, "default", pod.Name, "vm", []string{"sh", "-c",
+			`n=$(cat /sys/block/vda/size); printf '` + marker + `' | dd of=/dev/vda bs=512 seek=$((n-2048)) conv=notrunc,sync,fsync 2>/dev/null && sync && echo "$n"`}, &out))
+		var sectors int64
+		_, err := fmt.Sscanf(strings.TrimSpace(out.stdout.String()), "%d", &sectors)
+		require.NoError(t, err, "%q %q", out.stdout.String(), out.stderr.String())
+		off := (sectors - 2048) * 512
+
+		err = s.Dump(ctx, uuidOf("flasher"), io.Discard, "root", "")
+		require.Error(t, err, "dump root while the VM runs")
+		assert.Contains(t, err.Error(), "the VM is running")
+		assert.Contains(t, err.Error(), "power it off first")
+
+		_, err = s.Call(ctx, uuidOf("power"), "off")
+		require.NoError(t, err)
+		h.wait(pod.UID, 5*time.Second, "PoweredOff", func(p *corev1.Pod) bool { return waitingReason(p) == podstatus.ReasonPoweredOff })
+		win := &windowWriter{from: off, want: int64(len(marker))}
+		require.NoError(t, s.Dump(ctx, uuidOf("flasher"), win, "root", ""))
+		assert.Equal(t, sectors*512, win.n, "the whole disk, raw as its root (the grown size)")
+		assert.Equal(t, marker, string(win.got), "the bytes the guest wrote, at their offset")
+
+		back := sha256.New()
+		require.NoError(t, s.Dump(ctx, uuidOf("flasher"), back, jumpstarter.FlashedPrefix+"root", ""))
+		assert.Equal(t, flashedDigest, "sha256:"+hex.EncodeToString(back.Sum(nil)), "flashed:root is still what was flashed")
+		_, err = s.Call(ctx, uuidOf("power"), "on")
+		require.NoError(t, err)
+		h.wait(pod.UID, 10*time.Second, "Running", running)
 	})
 
 	t.Run("SecretsLeaveNoTrace", func(t *testing.T) {

@@ -396,12 +396,24 @@ func checkPartitionImage(ctx context.Context, part string, f *os.File, limit int
 	return info.Format, nil
 }
 
-// ReadPartition opens what the partition holds: the flashed file, or the
-// node's default (the pod's image's disk for root, the node's OVMF).
+// ReadPartition opens what the partition holds: for root the disk as the
+// guest left it (dump.go), for the others and for a name with
+// jumpstarter.FlashedPrefix the flashed file, or the node's default (the
+// pod's image's disk for root, the node's OVMF).
 func (t *Target) ReadPartition(ctx context.Context, part string) (io.ReadCloser, int64, error) {
+	flashedOnly := strings.HasPrefix(part, jumpstarter.FlashedPrefix)
+	part = strings.TrimPrefix(part, jumpstarter.FlashedPrefix)
 	if err := validPartition(part); err != nil {
 		return nil, 0, err
 	}
+	if part == jumpstarter.PartitionRoot && !flashedOnly {
+		return t.readGuestDisk(ctx) // dump.go
+	}
+	return t.readFlashed(ctx, part)
+}
+
+// readFlashed opens what was flashed onto part, or the node's default.
+func (t *Target) readFlashed(ctx context.Context, part string) (io.ReadCloser, int64, error) {
 	plan, st := t.pod.Record()
 	fp, flashed := st.Flashed[part]
 	if st.FlashedImage != "" {
@@ -456,14 +468,11 @@ func sized(f *os.File, part string) (io.ReadCloser, int64, error) {
 	return f, fi.Size(), nil
 }
 
-// FlashOCIPartition pulls ref (as Flash does) and writes its disk onto a
-// firmware partition.
-func (t *Target) FlashOCIPartition(ctx context.Context, ref, part string, progress func(string)) error {
+// flashOCIPartition pulls ref (as flash does, with opts) and writes its
+// disk onto a firmware partition.
+func (t *Target) flashOCIPartition(ctx context.Context, ref, part string, opts oci.PullOptions, progress func(string)) error {
 	if progress == nil {
 		progress = func(string) {}
-	}
-	if part == jumpstarter.PartitionRoot {
-		return t.Flash(ctx, ref, progress)
 	}
 	limit, err := t.PartitionLimit(part)
 	if err != nil {
@@ -475,7 +484,7 @@ func (t *Target) FlashOCIPartition(ctx context.Context, ref, part string, progre
 	ref = strings.TrimPrefix(strings.TrimSpace(ref), "oci://")
 	progress(fmt.Sprintf("pulling %s", ref))
 	t0 := time.Now()
-	img, err := t.node.Images.Pull(ctx, ref, flashPullOptions(nil)) // target.go
+	img, err := t.node.Images.Pull(ctx, ref, flashPullOptions(opts)) // target.go
 	if err != nil {
 		return fmt.Errorf("flash %s: %w", ref, err)
 	}

@@ -31,10 +31,10 @@ type Target struct {
 func NewTarget(node *Node, pod Pod) *Target { return &Target{node: node, pod: pod} }
 
 var (
-	_ jumpstarter.Target            = (*Target)(nil)
-	_ jumpstarter.Displayer         = (*Target)(nil)
-	_ jumpstarter.CredentialFlasher = (*Target)(nil)
-	_ jumpstarter.Shutdowner        = (*Target)(nil)
+	_ jumpstarter.Target     = (*Target)(nil)
+	_ jumpstarter.Displayer  = (*Target)(nil)
+	_ jumpstarter.OCIFlasher = (*Target)(nil)
+	_ jumpstarter.Shutdowner = (*Target)(nil)
 )
 
 // PodPowerOffNow is a Pod whose worker can stop the VM at once: QEMU told
@@ -96,14 +96,22 @@ func (t *Target) DialGuest(ctx context.Context, port int) (net.Conn, error) {
 // boots and powers it on again if it was on. A lease pulls only what
 // anyone may pull (flashPullOptions): never with the pod's pull secrets.
 func (t *Target) Flash(ctx context.Context, ref string, progress func(string)) error {
-	return t.flash(ctx, ref, nil, progress)
+	return t.flash(ctx, ref, oci.PullOptions{}, progress)
 }
 
-// FlashWithCredentials is Flash pulling with the call's registry
-// credentials for ref's registry. They are used for this pull only and
-// kept nowhere.
-func (t *Target) FlashWithCredentials(ctx context.Context, ref string, creds jumpstarter.RegistryCredentials, progress func(string)) error {
-	return t.flash(ctx, ref, &oci.Credentials{Username: creds.Username, Password: creds.Password}, progress)
+// FlashOCI is a lease's flash_oci: the image pulled with the call's
+// registry credentials (used for this pull only and kept nowhere) and
+// dialler, its disk onto f.Partition (root: as Flash; a firmware
+// partition: as WritePartition).
+func (t *Target) FlashOCI(ctx context.Context, f jumpstarter.OCIFlash, progress func(string)) error {
+	opts := oci.PullOptions{Dial: f.Dial}
+	if c := f.Credentials; c != nil {
+		opts.Credentials = &oci.Credentials{Username: c.Username, Password: c.Password}
+	}
+	if f.Partition == jumpstarter.PartitionRoot || f.Partition == "" {
+		return t.flash(ctx, f.Ref, opts, progress)
+	}
+	return t.flashOCIPartition(ctx, f.Ref, f.Partition, opts, progress) // flash.go
 }
 
 // Display connects to the VM's VNC server (a pod with a display).
@@ -115,7 +123,7 @@ func (t *Target) Display(ctx context.Context) (io.ReadWriteCloser, error) {
 	return vm.DialDisplay(ctx)
 }
 
-func (t *Target) flash(ctx context.Context, ref string, creds *oci.Credentials, progress func(string)) error {
+func (t *Target) flash(ctx context.Context, ref string, opts oci.PullOptions, progress func(string)) error {
 	if progress == nil {
 		progress = func(string) {}
 	}
@@ -126,7 +134,7 @@ func (t *Target) flash(ctx context.Context, ref string, creds *oci.Credentials, 
 	progress(fmt.Sprintf("pulling %s", ref))
 	t.pod.Event(corev1.EventTypeNormal, "Pulling", fmt.Sprintf("Pulling image %q to flash", ref))
 	t0 := time.Now()
-	img, err := t.node.Images.Pull(ctx, ref, flashPullOptions(creds))
+	img, err := t.node.Images.Pull(ctx, ref, flashPullOptions(opts))
 	if err != nil {
 		t.pod.Event(corev1.EventTypeWarning, "FlashFailed", fmt.Sprintf("Failed to pull image %q to flash: %v", ref, err))
 		return fmt.Errorf("flash %s: %w", ref, err)
@@ -152,13 +160,14 @@ func (t *Target) flash(ctx context.Context, ref string, creds *oci.Credentials, 
 }
 
 // flashPullOptions are the pull options of a lease's flash_oci: the
-// call's own credentials (nil: anonymous), never the pod's pull secrets
-// (a lease holder is not the pod's owner), and policy Always, even for a
-// digest the node has cached: the registry is asked for the manifest with
-// the caller's credentials first, so a cached image is served only to a
-// caller who could pull it (the store then takes it from its cache).
-func flashPullOptions(creds *oci.Credentials) oci.PullOptions {
-	return oci.PullOptions{Credentials: creds, Policy: oci.PullAlways}
+// call's own credentials (none: anonymous) and dialler, never the pod's
+// pull secrets (a lease holder is not the pod's owner), and policy Always
+// with ProveAccess, even for a digest the node has cached: the registry
+// must hand over the manifest's bytes to the caller's credentials first,
+// so a cached image is served only to a caller who could pull it (the
+// store then takes it from its cache, no layer downloaded again).
+func flashPullOptions(opts oci.PullOptions) oci.PullOptions {
+	return oci.PullOptions{Credentials: opts.Credentials, Dial: opts.Dial, Policy: oci.PullAlways, ProveAccess: true}
 }
 
 // consoleSession is one exporter console stream.

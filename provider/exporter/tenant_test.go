@@ -7,6 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -290,10 +293,15 @@ func dockerConfig(host, user, pass string) []byte {
 // TestFlashOCIPrivateImageNeedsTheCallersCredentials: the pod's pull
 // secrets pulled a private image (its digest is in the node's cache); a
 // lease's flash_oci of that digest without credentials is refused by the
-// registry, as the cached copy is served only after the registry took
-// the caller's credentials; with them it flashes.
+// registry, as the cached copy is served only after the registry handed
+// the manifest to the caller's credentials; with them it flashes from
+// the cache (no layer downloaded again), onto root and onto a firmware
+// partition. A registry that claims the cached digest without holding
+// its manifest gets nothing from the cache, and the pull dials through
+// the lease's fetch policy.
 func TestFlashOCIPrivateImageNeedsTheCallersCredentials(t *testing.T) {
 	reg := ocitest.StartRegistry(t, ocitest.RegistryOptions{User: "owner", Pass: "Owner-Pa55-31"})
+	proxy := ocitest.NewProxy(t, reg.Addr) // counts the registry's requests
 	layout := t.TempDir()
 	ocitest.WriteLayout(t, layout, "v1", ocitest.LayoutImage{
 		Platform: ocispec.Platform{OS: "linux", Architecture: "amd64"},
@@ -301,27 +309,89 @@ func TestFlashOCIPrivateImageNeedsTheCallersCredentials(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	ref := reg.Addr + "/private/os:1"
+	ref := proxy.Addr + "/private/os:1"
 	ocitest.Run(ctx, t, "", "skopeo", "copy", "--quiet", "--dest-tls-verify=false", "--dest-creds", reg.User+":"+reg.Pass, "oci:"+layout+":v1", "docker://"+ref)
 	store, err := oci.Open(t.TempDir(), oci.Options{})
 	require.NoError(t, err)
-	cached, err := store.Pull(ctx, ref, oci.PullOptions{Auth: [][]byte{dockerConfig(reg.Addr, reg.User, reg.Pass)}}) // the pod's start
+	cached, err := store.Pull(ctx, ref, oci.PullOptions{Auth: [][]byte{dockerConfig(proxy.Addr, reg.User, reg.Pass)}}) // the pod's start
 	require.NoError(t, err)
-	byDigest := reg.Addr + "/private/os@" + cached.Digest
+	byDigest := proxy.Addr + "/private/os@" + cached.Digest
+	blobGETs := func() int {
+		n := 0
+		for _, r := range proxy.Requests() {
+			if r.Method == "GET" && strings.Contains(r.Path, "/blobs/") {
+				n++
+			}
+		}
+		return n
+	}
 
 	pod := newTenantPod(t)
 	tgt := NewTarget(&Node{Images: store}, pod)
+	owner := &jumpstarter.RegistryCredentials{Username: reg.User, Password: reg.Pass}
 	for _, r := range []string{byDigest, ref} {
 		err = tgt.Flash(ctx, "oci://"+r, nil)
 		require.Error(t, err, r)
 		assert.ErrorIs(t, err, oci.ErrUnauthorized, "%s: %v", r, err)
+		err = tgt.FlashOCI(ctx, jumpstarter.OCIFlash{Ref: r, Partition: jumpstarter.PartitionBIOS}, nil)
+		assert.ErrorIs(t, err, oci.ErrUnauthorized, "%s onto bios: %v", r, err)
 		assert.Empty(t, pod.flashes, "%s: nothing installed", r)
 	}
-	err = tgt.FlashWithCredentials(ctx, "oci://"+byDigest, jumpstarter.RegistryCredentials{Username: "owner", Password: "wrong"}, nil)
+	err = tgt.FlashOCI(ctx, jumpstarter.OCIFlash{Ref: byDigest, Partition: jumpstarter.PartitionRoot,
+		Credentials: &jumpstarter.RegistryCredentials{Username: "owner", Password: "wrong"}}, nil)
 	assert.ErrorIs(t, err, oci.ErrUnauthorized, "wrong credentials: %v", err)
-	require.NoError(t, tgt.FlashWithCredentials(ctx, "oci://"+byDigest, jumpstarter.RegistryCredentials{Username: reg.User, Password: reg.Pass}, nil))
+
+	proxy.Reset()
+	require.NoError(t, tgt.FlashOCI(ctx, jumpstarter.OCIFlash{Ref: byDigest, Partition: jumpstarter.PartitionRoot, Credentials: owner}, nil))
 	require.Len(t, pod.flashes, 1)
 	assert.Equal(t, cached.Digest, pod.flashes[0].Image.Digest, "the cached image, for a caller who may pull it")
+	assert.Zero(t, blobGETs(), "served from the cache: no layer downloaded again (requests: %v)", proxy.Requests())
+	assert.NotEmpty(t, proxy.Requests(), "the registry was asked")
+
+	// Credentials on a firmware partition, as upstream takes them.
+	require.NoError(t, tgt.FlashOCI(ctx, jumpstarter.OCIFlash{Ref: ref, Partition: jumpstarter.PartitionBIOS, Credentials: owner}, nil))
+	require.Len(t, pod.flashes, 2)
+	require.NotNil(t, pod.flashes[1].Part)
+	assert.Equal(t, jumpstarter.PartitionBIOS, pod.flashes[1].Part.name)
+
+	// A registry that names the cached digest for its own tag, without
+	// holding that manifest, gets nothing from the cache.
+	liar := liarRegistry(t, cached.Digest)
+	err = tgt.Flash(ctx, "oci://"+liar+"/evil/os:1", nil)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, oci.ErrDigestMismatch, "%v", err)
+	assert.Contains(t, err.Error(), "nothing is served from the node's cache")
+	assert.Len(t, pod.flashes, 2, "nothing installed")
+
+	// The lease's fetch policy, checked at each dial: the registry is on
+	// the node's loopback, refused unless allowed.
+	err = tgt.FlashOCI(ctx, jumpstarter.OCIFlash{Ref: byDigest, Partition: jumpstarter.PartitionRoot, Credentials: owner, Dial: jumpstarter.FetchPolicy{}.Dialer()}, nil)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "address 127.0.0.1 is the node itself")
+	allowed := jumpstarter.FetchPolicy{AllowNets: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}
+	require.NoError(t, tgt.FlashOCI(ctx, jumpstarter.OCIFlash{Ref: byDigest, Partition: jumpstarter.PartitionRoot, Credentials: owner, Dial: allowed.Dialer()}, nil))
+	assert.Len(t, pod.flashes, 3)
+}
+
+// liarRegistry is a registry that answers every manifest request for a tag
+// with digest dgst (a manifest it does not have) and serves bytes that do
+// not hash to it. It returns its host:port.
+func liarRegistry(t *testing.T, dgst string) string {
+	body := []byte(`{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","layers":[]}`)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.Contains(r.URL.Path, "/manifests/") {
+			w.WriteHeader(http.StatusOK)
+			return
+		}
+		w.Header().Set("Content-Type", ocispec.MediaTypeImageManifest)
+		w.Header().Set("Docker-Content-Digest", dgst)
+		w.Header().Set("Content-Length", fmt.Sprint(len(body)))
+		if r.Method == http.MethodGet {
+			_, _ = w.Write(body)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return strings.TrimPrefix(srv.URL, "http://")
 }
 
 // TestInspectUploadUnderLimits: qemu-img runs on an upload with the
