@@ -190,6 +190,20 @@ func TestFlashAndDumpResources(t *testing.T) {
 		assert.Equal(t, "node-default-ovmf-code", back.String())
 	})
 
+	t.Run("DumpFlashedPrefix", func(t *testing.T) {
+		// flashed:P reaches the target as it is (it says what was flashed);
+		// the prefix before no partition is refused.
+		target().mu.Lock()
+		target().parts["flashed:OVMF_CODE.fd"] = []byte("what was flashed")
+		target().mu.Unlock()
+		var back bytes.Buffer
+		require.NoError(t, s.Dump(ctx, fl, &back, "flashed:OVMF_CODE.fd", ""))
+		assert.Equal(t, "what was flashed", back.String())
+		_, err := s.Call(ctx, fl, "dump", map[string]any{"kind": "presigned_request", "method": "PUT", "url": "https://storage.example/x", "headers": map[string]any{}}, "flashed:efi")
+		assert.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
+		assert.Contains(t, status.Convert(err).Message(), `dump also takes each with the prefix "flashed:"`)
+	})
+
 	for _, c := range []struct {
 		part        any
 		file        string // compression of the file the client flashes
