@@ -276,7 +276,7 @@ func TestFlashAndDumpResources(t *testing.T) {
 		}
 	})
 
-	t.Run("FlashOCIPartition", func(t *testing.T) {
+	t.Run("FlashOCIOntoPartitions", func(t *testing.T) {
 		err := s.StreamingCall(ctx, fl, "flash_oci", []any{"oci://registry.local/fw:1", "bios"}, func(any) error { return nil })
 		require.NoError(t, err)
 		_, err = s.Call(ctx, fl, "flash", "oci://registry.local/fw:2", "OVMF_VARS.fd")
