@@ -93,10 +93,17 @@ func finishPods(in finishInput) finishDecision {
 	var out finishDecision
 	for _, p := range in.Pods {
 		healAt := autohealAt(in.Autohealing, p)
+		// A pod whose Exporter this controller disabled to let it go was
+		// decided, and its failure counted, by an earlier pass: it only
+		// waits for the drain now.
+		counted := p.Exporter.draining()
 		switch {
 		case p.Terminating, in.Removed[p.Name]:
 		case !healAt.IsZero() && !in.Now.Before(healAt):
 			out.Delete = append(out.Delete, Deletion{PodRef: p.ref(), Reason: ReasonFailingToStart})
+			if counted {
+				continue
+			}
 			out.NewFailures++
 			f := p
 			f.FailedReason, f.FailedMessage = p.WaitingReason, fmt.Sprintf("restarted %d times, not Ready since %s: %s",
@@ -107,7 +114,7 @@ func finishPods(in finishInput) finishDecision {
 				continue
 			}
 			out.Delete = append(out.Delete, Deletion{PodRef: p.ref(), Reason: ReasonFailed})
-			if p.Phase == corev1.PodFailed {
+			if p.Phase == corev1.PodFailed && !counted {
 				out.NewFailures++
 				f := p
 				out.LastFailed = &f
