@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	apiextv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -20,12 +21,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	jsv1 "github.com/qemu-kubelet/qemu-kubelet/api/jumpstarter/v1alpha1"
+	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	vtv1 "github.com/qemu-kubelet/qemu-kubelet/api/virtualtarget/v1alpha1"
 )
 
 // startUpstreamManager runs both reconcilers (ours and the upstream API's,
 // as cmd/exporterset-controller does) for one namespace until the test ends.
-func startUpstreamManager(t *testing.T, ns string) *UpstreamReconciler {
+func startUpstreamManager(t *testing.T, ns string, opts ...func(*UpstreamReconciler)) *UpstreamReconciler {
 	t.Helper()
 	mgr, err := ctrl.NewManager(env.cfg, ctrl.Options{
 		Scheme:                 env.scheme,
@@ -38,6 +41,9 @@ func startUpstreamManager(t *testing.T, ns string) *UpstreamReconciler {
 	require.NoError(t, NewReconciler(mgr.GetClient(), mgr.GetEventRecorder("exporterset-controller"), nil).SetupWithManager(mgr, 2))
 	require.True(t, UpstreamServed(mgr), "envtest serves virtualtarget.jumpstarter.dev")
 	u := NewUpstreamReconciler(mgr.GetClient(), mgr.GetEventRecorder("exporterset-controller"), "")
+	for _, o := range opts {
+		o(u)
+	}
 	require.NoError(t, u.SetupWithManager(mgr, 2))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -157,9 +163,7 @@ func TestEnvtestUpstreamProvisioner(t *testing.T) {
 		return st.ReadyReplicas == 2 && st.PodsRunning == 2 && st.UnavailableReplicas == 0
 	})
 	assert.True(t, meta.IsStatusConditionTrue(s.Status.Conditions, vtv1.ExporterSetConditionAvailable))
-	// Available counts ready pods whose Exporter can take a lease: none
-	// has an Exporter yet (the next step of issue 37).
-	assert.Zero(t, s.Status.AvailableReplicas)
+	// Each pod has its Exporter, not yet Online (no Jumpstarter here).
 	assert.Equal(t, int32(2), s.Status.ExportersOffline)
 
 	// Scaled down with a short cooldown: the surplus pod goes once it has
@@ -207,4 +211,103 @@ func TestEnvtestUpstreamProvisioner(t *testing.T) {
 	assert.NotContains(t, regarding, "other")
 	assert.NotContains(t, regarding, "orphan")
 	assert.Contains(t, regarding, "mine", "our set's creates were recorded (the event list is read)")
+}
+
+// TestEnvtestUpstreamLeaseFromZero: an upstream set of our provisioner at
+// minReplicas 0 keeps a cold Exporter (owned by the set, the template's
+// labels) and no pod; a pending Lease selecting those labels makes one
+// gated pod with its Exporter (owned by the pod, upstream's set label);
+// once Jumpstarter issued the credential, the Secret exporter-config-<pod>
+// holds the endpoint, token and the CA of the namespace's
+// jumpstarter-service-ca-cert and the gate goes. ExitAndReplace: the
+// lease's end retires the pod and its Exporter (back to the cold one);
+// InPlaceReuse keeps the pod and its Exporter.
+func TestEnvtestUpstreamLeaseFromZero(t *testing.T) {
+	ns := namespace(t)
+	ctx := context.Background()
+	startUpstreamManager(t, ns, func(u *UpstreamReconciler) { u.DrainDelay = 300 * time.Millisecond })
+	createUpstream(t, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: upstreamCAConfigMap}, Data: map[string]string{upstreamCAKey: testCA}},
+		vtClass(ns, "ours", vtv1.DefaultProvisioner, `{"qemuKubelet":{"image":"reg.invalid/os:1"}}`))
+	for _, tc := range []struct {
+		name     string
+		strategy vtv1.RecycleStrategy
+	}{{"exit", vtv1.RecycleStrategyExitAndReplace}, {"reuse", vtv1.RecycleStrategyInPlaceReuse}} {
+		set := vtSet(ns, tc.name, "ours", 0)
+		set.Spec.RecycleStrategy = tc.strategy
+		createUpstream(t, set)
+		eventually(t, tc.name+": cold exporter", func() (bool, string) {
+			e, err := getExporter(t, ns, tc.name+"-cold")
+			if err != nil {
+				return false, err.Error()
+			}
+			ref := metav1.GetControllerOf(e)
+			return e.IsEnabled() && e.Labels["set"] == tc.name && e.Labels[UpstreamExporterSetLabel] == tc.name &&
+				ref != nil && ref.APIVersion == vtv1.GroupVersion.String() && ref.Name == tc.name, fmt.Sprint(e.Labels, ref)
+		})
+		assert.Empty(t, upstreamPods(t, ns, tc.name), "minReplicas 0: no pod before a lease waits")
+
+		lease := "lease-" + tc.name
+		createLease(t, ns, lease, map[string]string{"set": tc.name})
+		var p corev1.Pod
+		eventually(t, tc.name+": one pod for the lease", func() (bool, string) {
+			ps := upstreamPods(t, ns, tc.name)
+			if len(ps) == 1 {
+				p = ps[0]
+			}
+			return len(ps) == 1, fmt.Sprintf("%d pods", len(ps))
+		})
+		assert.True(t, hasGate(&p), "pod created without the scheduling gate")
+		assert.Equal(t, tc.name, p.Labels[UpstreamExporterSetLabel])
+		assert.Equal(t, upstreamSecretName(p.Name), p.Annotations[v1alpha1.JumpstarterSecretAnnotation])
+		var e *jsv1.Exporter
+		eventually(t, tc.name+": the pod's Exporter", func() (bool, string) {
+			var err error
+			e, err = getExporter(t, ns, p.Name)
+			return err == nil, fmt.Sprint(err)
+		})
+		assert.Equal(t, tc.name, e.Labels["set"], "the template's labels: Leases select on them")
+		assert.Equal(t, p.UID, metav1.GetControllerOf(e).UID, "the pod's Exporter is owned by the pod")
+
+		issueCredential(t, ns, p.Name)
+		eventually(t, tc.name+": gate removed", func() (bool, string) {
+			q := getPod(t, &p)
+			return !hasGate(q), fmt.Sprint(q.Spec.SchedulingGates)
+		})
+		var sec corev1.Secret
+		require.NoError(t, env.client.Get(ctx, types.NamespacedName{Namespace: ns, Name: "exporter-config-" + p.Name}, &sec))
+		assert.Equal(t, "jumpstarter-own.example:8082", string(sec.Data[v1alpha1.JumpstarterSecretEndpoint]), "the Exporter's status.endpoint")
+		assert.Equal(t, "tok-"+p.Name, string(sec.Data[v1alpha1.JumpstarterSecretToken]))
+		assert.Equal(t, testCA, string(sec.Data[v1alpha1.JumpstarterSecretCA]), "the CA of "+upstreamCAConfigMap)
+		assert.Equal(t, p.Name, string(sec.Data[v1alpha1.JumpstarterSecretName]))
+		assert.Equal(t, tc.name, sec.Labels[UpstreamExporterSetLabel])
+
+		readyAll(t, []corev1.Pod{*getPod(t, &p)})
+		updateExporterStatus(t, ns, p.Name, func(e *jsv1.Exporter) {
+			meta.SetStatusCondition(&e.Status.Conditions, metav1.Condition{Type: jsv1.ExporterConditionOnline, Status: metav1.ConditionTrue, Reason: "Online", Message: "registered"})
+		})
+		assignLease(t, ns, lease, p.Name)
+		waitUpstream(t, ns, tc.name, tc.name+": leased 1, exporter active", func(st vtv1.ExporterSetStatus) bool {
+			return st.LeasedReplicas == 1 && st.ExportersActive == 1
+		})
+		endLease(t, ns, lease, p.Name)
+		if tc.strategy == vtv1.RecycleStrategyInPlaceReuse {
+			waitUpstream(t, ns, tc.name, tc.name+": released, idle", func(st vtv1.ExporterSetStatus) bool {
+				return st.LeasedReplicas == 0 && st.ExportersIdle == 1
+			})
+			ps := upstreamPods(t, ns, tc.name)
+			require.Len(t, ps, 1, "InPlaceReuse keeps the pod")
+			assert.Equal(t, p.UID, ps[0].UID)
+			e, err := getExporter(t, ns, p.Name)
+			require.NoError(t, err)
+			assert.True(t, e.IsEnabled(), "InPlaceReuse keeps the Exporter enabled")
+			continue
+		}
+		eventually(t, tc.name+": the used pod and its Exporter retired", func() (bool, string) {
+			_, err := getExporter(t, ns, p.Name)
+			left := upstreamPods(t, ns, tc.name)
+			return len(left) == 0 && apierrors.IsNotFound(err), fmt.Sprintf("%d pods, exporter: %v", len(left), err)
+		})
+		_, err := getExporter(t, ns, tc.name+"-cold")
+		assert.NoError(t, err, "the cold exporter stays")
+	}
 }

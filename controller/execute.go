@@ -81,7 +81,7 @@ func (r *Reconciler) patchSet(ctx context.Context, set *v1alpha1.ExporterSet, p 
 func (r *Reconciler) execute(ctx context.Context, set *v1alpha1.ExporterSet, key types.NamespacedName, hash string, js *jsState, acts Actions, now time.Time) error {
 	log := logf.FromContext(ctx)
 	if js != nil {
-		acts.Delete = r.executeJumpstarter(ctx, set, js, acts, now)
+		acts.Delete = r.js().executeJumpstarter(ctx, ourJS(set), js, acts, now)
 	}
 	for _, p := range acts.ExpireLease {
 		patch := fmt.Appendf(nil, `{"metadata":{"resourceVersion":%q,"labels":{%q:null},"annotations":{%q:null,%q:null}}}`,
@@ -120,7 +120,7 @@ func (r *Reconciler) execute(ctx context.Context, set *v1alpha1.ExporterSet, key
 			r.expectations().ExpectDelete(key, d.UID, now)
 			r.Recorder.Eventf(set, nil, corev1.EventTypeNormal, EventSuccessfulDelete, "Delete", "Deleted pod: %s (%s)", d.Name, d.Reason)
 			if js != nil && js.exporters[d.Name] != nil {
-				r.deleteExporter(ctx, set.Namespace, d.Name)
+				r.js().deleteExporter(ctx, set.Namespace, d.Name)
 			}
 		case apierrors.IsNotFound(err):
 		case apierrors.IsConflict(err):
@@ -197,7 +197,7 @@ func (r *Reconciler) createJumpstarterPod(ctx context.Context, set *v1alpha1.Exp
 		return "", err
 	}
 	r.expectations().ExpectCreate(key, pod.Name, now)
-	if err := r.Client.Create(ctx, newExporter(set, pod)); err != nil && !apierrors.IsAlreadyExists(err) {
+	if err := r.Client.Create(ctx, newExporter(ourJS(set), pod)); err != nil && !apierrors.IsAlreadyExists(err) {
 		logf.FromContext(ctx).Info("create exporter; retried on the next pass", "exporter", pod.Name, "err", err.Error())
 	}
 	return pod.Name, nil

@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -42,12 +43,48 @@ const (
 
 // coldExporterName is the name of a set's cold exporter. Pod names are the
 // set's name, a dash and 5 random characters, so they never collide.
-func coldExporterName(set *v1alpha1.ExporterSet) string { return set.Name + "-cold" }
+func coldExporterName(set string) string { return set + "-cold" }
 
 // exporterSecretName is the name of the per-pod exporter Secret (the
 // contract of v1alpha1.JumpstarterSecretAnnotation). Jumpstarter's own
 // credential Secret is "<exporter>-exporter".
 func exporterSecretName(pod string) string { return pod + "-jumpstarter" }
+
+// jsTarget is the set Jumpstarter mode works for, one of ours or an upstream
+// (virtualtarget.jumpstarter.dev) one: what the Exporter steps read of it.
+type jsTarget struct {
+	// Obj is the set (events go to it); Owner its controller reference
+	// (the cold exporter's).
+	Obj   client.Object
+	Owner metav1.OwnerReference
+	// Spec holds the exporter labels, endpoint, CA and guest login.
+	Spec  *v1alpha1.JumpstarterSpec
+	Reuse bool
+	// SetLabel is the label key naming the set on its Exporters and
+	// exporter Secrets; SecretName names a pod's exporter Secret.
+	SetLabel   string
+	SecretName func(pod string) string
+}
+
+// ourJS is one of our own Jumpstarter-mode sets (the effective one).
+func ourJS(set *v1alpha1.ExporterSet) jsTarget {
+	return jsTarget{Obj: set, Owner: *metav1.NewControllerRef(set, v1alpha1.GroupVersion.WithKind("ExporterSet")),
+		Spec: set.Spec.Jumpstarter, Reuse: set.Spec.RecyclePolicy == v1alpha1.RecyclePolicyReuse,
+		SetLabel: v1alpha1.ExporterSetLabel, SecretName: exporterSecretName}
+}
+
+// jsClient carries out the Exporter steps: Client writes, Reader reads
+// uncached (credentials, the check before a delete), events go to
+// Recorder.
+type jsClient struct {
+	Client   client.Client
+	Reader   client.Reader
+	Recorder events.EventRecorder
+}
+
+func (r *Reconciler) js() jsClient {
+	return jsClient{Client: r.Client, Reader: r.apiReader(), Recorder: r.Recorder}
+}
 
 // jsState is what Jumpstarter says about one set.
 type jsState struct {
@@ -78,26 +115,27 @@ func (j JumpstarterLeases) Leases(ctx context.Context, set *v1alpha1.ExporterSet
 	if j.Now != nil {
 		now = j.Now
 	}
-	st, err := readJumpstarter(ctx, j.Reader, set, pods, now())
+	st, err := readJumpstarter(ctx, j.Reader, ourJS(set), pods, now())
 	if err != nil {
 		return nil, 0, err
 	}
 	return st.leases, int32(len(st.demand)), nil
 }
 
-func readJumpstarter(ctx context.Context, rd client.Reader, set *v1alpha1.ExporterSet, pods []corev1.Pod, now time.Time) (*jsState, error) {
+func readJumpstarter(ctx context.Context, rd client.Reader, set jsTarget, pods []corev1.Pod, now time.Time) (*jsState, error) {
+	ns, name := set.Obj.GetNamespace(), set.Obj.GetName()
 	var exps jsv1.ExporterList
-	if err := rd.List(ctx, &exps, client.InNamespace(set.Namespace), client.MatchingLabels{v1alpha1.ExporterSetLabel: set.Name}); err != nil {
-		return nil, fmt.Errorf("list exporters of exporterset %s/%s: %w", set.Namespace, set.Name, err)
+	if err := rd.List(ctx, &exps, client.InNamespace(ns), client.MatchingLabels{set.SetLabel: name}); err != nil {
+		return nil, fmt.Errorf("list exporters of exporterset %s/%s: %w", ns, name, err)
 	}
 	var ls jsv1.LeaseList
-	if err := rd.List(ctx, &ls, client.InNamespace(set.Namespace)); err != nil {
-		return nil, fmt.Errorf("list leases in namespace %s: %w", set.Namespace, err)
+	if err := rd.List(ctx, &ls, client.InNamespace(ns)); err != nil {
+		return nil, fmt.Errorf("list leases in namespace %s: %w", ns, err)
 	}
 	st := &jsState{leases: map[string]Lease{}, exporters: map[string]*jsv1.Exporter{}}
 	for i := range exps.Items {
 		e := &exps.Items[i]
-		if e.Name == coldExporterName(set) && e.Labels[v1alpha1.ExporterPodLabel] == v1alpha1.ExporterPodCold {
+		if e.Name == coldExporterName(name) && e.Labels[v1alpha1.ExporterPodLabel] == v1alpha1.ExporterPodCold {
 			st.cold = e
 			continue
 		}
@@ -105,7 +143,7 @@ func readJumpstarter(ctx context.Context, rd client.Reader, set *v1alpha1.Export
 			st.exporters[e.Name] = e
 		}
 	}
-	want := labels.Set(set.Spec.Jumpstarter.ExporterLabels)
+	want := labels.Set(set.Spec.ExporterLabels)
 	// Leases one of the set's Exporters names in status.leaseRef are leased,
 	// never demand, even while the Lease informer has not yet delivered
 	// their assignment (the Exporter and Lease watches are not ordered with
@@ -137,7 +175,7 @@ func readJumpstarter(ctx context.Context, rd client.Reader, set *v1alpha1.Export
 			st.coldLease = st.cold.Status.LeaseRef.Name
 		}
 	}
-	reuse := set.Spec.RecyclePolicy == v1alpha1.RecyclePolicyReuse
+	reuse := set.Reuse
 	for i := range pods {
 		p := &pods[i]
 		l := Lease{Holder: holder[p.Name]}
@@ -205,12 +243,12 @@ func setHash(set *v1alpha1.ExporterSet) string {
 }
 
 // exporterLabels are the labels of an Exporter of the set.
-func exporterLabels(set *v1alpha1.ExporterSet, pod string) map[string]string {
-	l := make(map[string]string, len(set.Spec.Jumpstarter.ExporterLabels)+2)
-	for k, v := range set.Spec.Jumpstarter.ExporterLabels {
+func exporterLabels(set jsTarget, pod string) map[string]string {
+	l := make(map[string]string, len(set.Spec.ExporterLabels)+2)
+	for k, v := range set.Spec.ExporterLabels {
 		l[k] = v
 	}
-	l[v1alpha1.ExporterSetLabel] = set.Name
+	l[set.SetLabel] = set.Obj.GetName()
 	l[v1alpha1.ExporterPodLabel] = pod
 	return l
 }
@@ -218,15 +256,15 @@ func exporterLabels(set *v1alpha1.ExporterSet, pod string) map[string]string {
 // newExporter builds the Exporter of a pod (owned by the pod: the garbage
 // collector deletes it with the pod, and with the set through the pod) or,
 // with pod nil, the set's cold exporter (owned by the set).
-func newExporter(set *v1alpha1.ExporterSet, pod *corev1.Pod) *jsv1.Exporter {
+func newExporter(set jsTarget, pod *corev1.Pod) *jsv1.Exporter {
 	e := &jsv1.Exporter{
-		ObjectMeta: metav1.ObjectMeta{Namespace: set.Namespace},
+		ObjectMeta: metav1.ObjectMeta{Namespace: set.Obj.GetNamespace()},
 		Spec:       jsv1.ExporterSpec{Enabled: new(true)},
 	}
 	if pod == nil {
-		e.Name = coldExporterName(set)
+		e.Name = coldExporterName(set.Obj.GetName())
 		e.Labels = exporterLabels(set, v1alpha1.ExporterPodCold)
-		e.OwnerReferences = []metav1.OwnerReference{*metav1.NewControllerRef(set, v1alpha1.GroupVersion.WithKind("ExporterSet"))}
+		e.OwnerReferences = []metav1.OwnerReference{set.Owner}
 		return e
 	}
 	e.Name = pod.Name
@@ -240,7 +278,7 @@ func newExporter(set *v1alpha1.ExporterSet, pod *corev1.Pod) *jsv1.Exporter {
 // issued the Exporter's credential (and endpoint), the pod's exporter
 // Secret is written and the scheduling gate removed. It returns, per pod
 // still gated, why.
-func (r *Reconciler) setupPods(ctx context.Context, set *v1alpha1.ExporterSet, pods []corev1.Pod, st *jsState) map[string]string {
+func (r jsClient) setupPods(ctx context.Context, set jsTarget, pods []corev1.Pod, st *jsState) map[string]string {
 	log := logf.FromContext(ctx)
 	gated := map[string]string{}
 	for i := range pods {
@@ -297,11 +335,11 @@ func hasGate(p *corev1.Pod) bool {
 
 // writeExporterSecret writes the pod's exporter Secret from the Exporter's
 // credential. It returns why it could not ("" when written).
-func (r *Reconciler) writeExporterSecret(ctx context.Context, set *v1alpha1.ExporterSet, p *corev1.Pod, e *jsv1.Exporter) string {
+func (r jsClient) writeExporterSecret(ctx context.Context, set jsTarget, p *corev1.Pod, e *jsv1.Exporter) string {
 	if e.Status.Credential == nil || e.Status.Credential.Name == "" {
 		return fmt.Sprintf("Exporter %s has no status.credential yet", e.Name)
 	}
-	endpoint := set.Spec.Jumpstarter.Endpoint
+	endpoint := set.Spec.Endpoint
 	if endpoint == "" {
 		endpoint = e.Status.Endpoint
 	}
@@ -311,7 +349,7 @@ func (r *Reconciler) writeExporterSecret(ctx context.Context, set *v1alpha1.Expo
 	// The credential Secret is read uncached: the controller does not watch
 	// (nor cache) every Secret of the cluster.
 	var cred corev1.Secret
-	if err := r.apiReader().Get(ctx, types.NamespacedName{Namespace: set.Namespace, Name: e.Status.Credential.Name}, &cred); err != nil {
+	if err := r.Reader.Get(ctx, types.NamespacedName{Namespace: e.Namespace, Name: e.Status.Credential.Name}, &cred); err != nil {
 		return fmt.Sprintf("reading credential Secret %s of Exporter %s failed: %v", e.Status.Credential.Name, e.Name, err)
 	}
 	token := cred.Data["token"]
@@ -324,12 +362,12 @@ func (r *Reconciler) writeExporterSecret(ctx context.Context, set *v1alpha1.Expo
 		v1alpha1.JumpstarterSecretNamespace: []byte(e.Namespace),
 		v1alpha1.JumpstarterSecretName:      []byte(e.Name),
 	}
-	if ca := set.Spec.Jumpstarter.CABundle; ca != "" {
+	if ca := set.Spec.CABundle; ca != "" {
 		data[v1alpha1.JumpstarterSecretCA] = []byte(ca)
 	}
-	if ln := set.Spec.Jumpstarter.GuestLoginSecretName; ln != "" {
+	if ln := set.Spec.GuestLoginSecretName; ln != "" {
 		var login corev1.Secret
-		if err := r.apiReader().Get(ctx, types.NamespacedName{Namespace: set.Namespace, Name: ln}, &login); err != nil {
+		if err := r.Reader.Get(ctx, types.NamespacedName{Namespace: p.Namespace, Name: ln}, &login); err != nil {
 			if apierrors.IsNotFound(err) {
 				return fmt.Sprintf("guest login Secret %s (spec.jumpstarter.guestLoginSecretName) not found", ln)
 			}
@@ -346,7 +384,7 @@ func (r *Reconciler) writeExporterSecret(ctx context.Context, set *v1alpha1.Expo
 		return fmt.Sprintf("pod has no %s annotation", v1alpha1.JumpstarterSecretAnnotation)
 	}
 	sec := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: name, Labels: map[string]string{v1alpha1.ExporterSetLabel: set.Name},
+		ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: name, Labels: map[string]string{set.SetLabel: set.Obj.GetName()},
 			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(p, corev1.SchemeGroupVersion.WithKind("Pod"))}},
 		Type: corev1.SecretTypeOpaque,
 		Data: data,
@@ -356,7 +394,7 @@ func (r *Reconciler) writeExporterSecret(ctx context.Context, set *v1alpha1.Expo
 		// A previous pass wrote it (and failed to remove the gate), or the
 		// token changed: overwrite what it holds.
 		var cur corev1.Secret
-		if err = r.apiReader().Get(ctx, client.ObjectKeyFromObject(sec), &cur); err == nil {
+		if err = r.Reader.Get(ctx, client.ObjectKeyFromObject(sec), &cur); err == nil {
 			if !metav1.IsControlledBy(&cur, p) {
 				return fmt.Sprintf("Secret %s exists and is not owned by the pod", name)
 			}
@@ -379,7 +417,7 @@ func (r *Reconciler) apiReader() client.Reader {
 
 // patchExporter sets spec.enabled (and the disabled-at mark) on an
 // Exporter with a resourceVersion precondition.
-func (r *Reconciler) patchExporter(ctx context.Context, ns string, ref ExporterRef, enable bool, now time.Time) error {
+func (r jsClient) patchExporter(ctx context.Context, ns string, ref ExporterRef, enable bool, now time.Time) error {
 	at := "null"
 	if !enable {
 		at = strconv.Quote(now.UTC().Format(time.RFC3339Nano))
@@ -394,9 +432,9 @@ func (r *Reconciler) patchExporter(ctx context.Context, ns string, ref ExporterR
 // server (not the cache) right before a delete: the Exporter must still be
 // disabled and no unended Lease may name it. It returns the lease that
 // holds it, or why it must stay.
-func (r *Reconciler) stillLeaseFree(ctx context.Context, ns, name string, leases *jsv1.LeaseList) (string, error) {
+func (r jsClient) stillLeaseFree(ctx context.Context, ns, name string, leases *jsv1.LeaseList) (string, error) {
 	var e jsv1.Exporter
-	if err := r.apiReader().Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &e); err != nil {
+	if err := r.Reader.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &e); err != nil {
 		if apierrors.IsNotFound(err) {
 			return "", nil
 		}
@@ -420,13 +458,14 @@ func (r *Reconciler) stillLeaseFree(ctx context.Context, ns, name string, leases
 // executeJumpstarter applies the exporter actions of a plan and deletes the
 // drained pods (with their Exporters) that are still lease-free when read
 // from the API server. It returns the deletions the plan may count as done.
-func (r *Reconciler) executeJumpstarter(ctx context.Context, set *v1alpha1.ExporterSet, st *jsState, acts Actions, now time.Time) []Deletion {
+func (r jsClient) executeJumpstarter(ctx context.Context, set jsTarget, st *jsState, acts Actions, now time.Time) []Deletion {
 	log := logf.FromContext(ctx)
+	ns, obj := set.Obj.GetNamespace(), set.Obj
 	for _, ref := range acts.Disable {
-		err := r.patchExporter(ctx, set.Namespace, ref, false, now)
+		err := r.patchExporter(ctx, ns, ref, false, now)
 		switch {
 		case err == nil:
-			r.Recorder.Eventf(set, nil, corev1.EventTypeNormal, EventExporterDisabled, "Disable", "Disabled Exporter %s before its pod goes", ref.Name)
+			r.Recorder.Eventf(obj, nil, corev1.EventTypeNormal, EventExporterDisabled, "Disable", "Disabled Exporter %s before its pod goes", ref.Name)
 		case apierrors.IsConflict(err), apierrors.IsNotFound(err):
 			log.V(1).Info("exporter changed since the plan; not disabled", "exporter", ref.Name)
 		default:
@@ -434,10 +473,10 @@ func (r *Reconciler) executeJumpstarter(ctx context.Context, set *v1alpha1.Expor
 		}
 	}
 	for _, ref := range acts.Enable {
-		err := r.patchExporter(ctx, set.Namespace, ref, true, now)
+		err := r.patchExporter(ctx, ns, ref, true, now)
 		switch {
 		case err == nil:
-			r.Recorder.Eventf(set, nil, corev1.EventTypeNormal, EventExporterEnabled, "Enable", "Enabled Exporter %s again: its pod is wanted", ref.Name)
+			r.Recorder.Eventf(obj, nil, corev1.EventTypeNormal, EventExporterEnabled, "Enable", "Enabled Exporter %s again: its pod is wanted", ref.Name)
 		case apierrors.IsConflict(err), apierrors.IsNotFound(err):
 		default:
 			log.Info("enable exporter", "exporter", ref.Name, "err", err.Error())
@@ -449,7 +488,7 @@ func (r *Reconciler) executeJumpstarter(ctx context.Context, set *v1alpha1.Expor
 			log.Info("create cold exporter", "err", err.Error())
 		}
 	case ColdEnable:
-		if err := r.patchExporter(ctx, set.Namespace, ExporterRef{Name: st.cold.Name, ResourceVersion: st.cold.ResourceVersion}, true, now); err != nil && !apierrors.IsConflict(err) {
+		if err := r.patchExporter(ctx, ns, ExporterRef{Name: st.cold.Name, ResourceVersion: st.cold.ResourceVersion}, true, now); err != nil && !apierrors.IsConflict(err) {
 			log.Info("enable cold exporter", "err", err.Error())
 		}
 	case ColdDelete:
@@ -465,20 +504,20 @@ func (r *Reconciler) executeJumpstarter(ctx context.Context, set *v1alpha1.Expor
 		return nil
 	}
 	var fresh jsv1.LeaseList
-	if err := r.apiReader().List(ctx, &fresh, client.InNamespace(set.Namespace)); err != nil {
+	if err := r.Reader.List(ctx, &fresh, client.InNamespace(ns)); err != nil {
 		log.Info("list leases before delete; deleting nothing", "err", err.Error())
 		return nil
 	}
 	var ok []Deletion
 	for _, d := range acts.Delete {
 		if st.exporters[d.Name] != nil {
-			why, err := r.stillLeaseFree(ctx, set.Namespace, d.Name, &fresh)
+			why, err := r.stillLeaseFree(ctx, ns, d.Name, &fresh)
 			if err != nil {
 				log.Info("check exporter before delete; kept", "pod", d.Name, "err", err.Error())
 				continue
 			}
 			if why != "" {
-				r.Recorder.Eventf(set, nil, corev1.EventTypeNormal, EventLeaseKeptPod, "Keep", "Kept pod %s (%s): %s", d.Name, d.Reason, why)
+				r.Recorder.Eventf(obj, nil, corev1.EventTypeNormal, EventLeaseKeptPod, "Keep", "Kept pod %s (%s): %s", d.Name, d.Reason, why)
 				continue
 			}
 		}
@@ -489,7 +528,7 @@ func (r *Reconciler) executeJumpstarter(ctx context.Context, set *v1alpha1.Expor
 
 // deleteExporter deletes a pod's Exporter after its pod (the garbage
 // collector would too, but later).
-func (r *Reconciler) deleteExporter(ctx context.Context, ns, name string) {
+func (r jsClient) deleteExporter(ctx context.Context, ns, name string) {
 	e := &jsv1.Exporter{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
 	if err := r.Client.Delete(ctx, e); err != nil && !apierrors.IsNotFound(err) {
 		logf.FromContext(ctx).Info("delete exporter", "exporter", name, "err", err.Error())
@@ -497,7 +536,7 @@ func (r *Reconciler) deleteExporter(ctx context.Context, ns, name string) {
 }
 
 // syncColdLabels keeps the cold exporter's labels those of the set.
-func (r *Reconciler) syncColdLabels(ctx context.Context, set *v1alpha1.ExporterSet, cold *jsv1.Exporter) {
+func (r jsClient) syncColdLabels(ctx context.Context, set jsTarget, cold *jsv1.Exporter) {
 	want := exporterLabels(set, v1alpha1.ExporterPodCold)
 	if labels.Equals(want, cold.Labels) {
 		return
@@ -520,20 +559,27 @@ func (r *Reconciler) syncColdLabels(ctx context.Context, set *v1alpha1.ExporterS
 // annotation can name its Secret at once.
 func newJumpstarterPod(set *v1alpha1.ExporterSet, hash string) *corev1.Pod {
 	p := newPod(set, hash)
+	gateForExporter(p, set.Name, exporterSecretName)
+	return p
+}
+
+// gateForExporter makes p a gated pod of a Jumpstarter-mode set: named
+// now (so that its annotation can name its Secret at once), the Secret
+// referenced as a volume, held at the scheduling gate.
+func gateForExporter(p *corev1.Pod, set string, secretName func(pod string) string) {
 	p.GenerateName = ""
-	p.Name = set.Name + "-" + rand.String(5)
+	p.Name = set + "-" + rand.String(5)
 	ann := make(map[string]string, len(p.Annotations)+1)
 	for k, v := range p.Annotations {
 		ann[k] = v
 	}
-	ann[v1alpha1.JumpstarterSecretAnnotation] = exporterSecretName(p.Name)
+	ann[v1alpha1.JumpstarterSecretAnnotation] = secretName(p.Name)
 	p.Annotations = ann
 	// The Secret as a volume: the Node authorizer then lets the pod's node
 	// (and no other) read it. The node keeps it on the host.
 	p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: v1alpha1.JumpstarterSecretVolume,
-		VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: exporterSecretName(p.Name)}}})
+		VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: secretName(p.Name)}}})
 	p.Spec.SchedulingGates = append(p.Spec.SchedulingGates, corev1.PodSchedulingGate{Name: v1alpha1.JumpstarterGate})
-	return p
 }
 
 // leaseList renders lease names for an event, at most 10.

@@ -61,7 +61,7 @@ func TestEnvtestJumpstarterLeases(t *testing.T) {
 	set := jsSet(ns, "src", 0)
 	createSet(t, set)
 	for _, name := range []string{"held", "history", "free"} {
-		e := newExporter(set, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, UID: types.UID("u-" + name)}})
+		e := newExporter(ourJS(set), &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, UID: types.UID("u-" + name)}})
 		e.OwnerReferences = nil // no such pod in this test
 		require.NoError(t, env.client.Create(ctx, e))
 	}

@@ -336,12 +336,12 @@ func (r *Reconciler) observe(ctx context.Context, set *v1alpha1.ExporterSet, res
 				"spec.jumpstarter (of the set or its class) is set but the API server does not serve jumpstarter.dev/v1alpha1 Exporters and Leases (install Jumpstarter's CRDs and restart the controller)"}}
 			return obs, true, r.writeStatus(ctx, set, st, "", res, now)
 		}
-		js, err := readJumpstarter(ctx, r.reader(), eff, obs.owned, now)
+		js, err := readJumpstarter(ctx, r.reader(), ourJS(eff), obs.owned, now)
 		if err != nil {
 			return obs, false, err
 		}
 		obs.js = js
-		obs.gated = r.setupPods(ctx, eff, obs.owned, js)
+		obs.gated = r.js().setupPods(ctx, ourJS(eff), obs.owned, js)
 		obs.leases, obs.demand = js.leases, int32(len(js.demand))
 	} else {
 		var src LeaseSource = LabelLeases{}

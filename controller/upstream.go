@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	jsv1 "github.com/qemu-kubelet/qemu-kubelet/api/jumpstarter/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	vtv1 "github.com/qemu-kubelet/qemu-kubelet/api/virtualtarget/v1alpha1"
 )
@@ -43,8 +44,11 @@ const upstreamClassIndex = "spec.virtualTargetClassName"
 // in their status, such as when a scale-down's cooldown started and the
 // failure backoff).
 type UpstreamReconciler struct {
-	Client   client.Client
-	Recorder events.EventRecorder
+	Client client.Client
+	// APIReader reads uncached (credentials, the CA bundle, the check
+	// before a delete); the manager's when nil at setup.
+	APIReader client.Reader
+	Recorder  events.EventRecorder
 	// Provisioner is the name this controller serves
 	// (vtv1.DefaultProvisioner when empty).
 	Provisioner string
@@ -52,6 +56,9 @@ type UpstreamReconciler struct {
 	DrainDelay time.Duration
 	// Now, when set, replaces time.Now.
 	Now func() time.Time
+	// Jumpstarter says the API server serves Jumpstarter's Exporters and
+	// Leases (SetupWithManager finds out): without them a set is Degraded.
+	Jumpstarter bool
 
 	exp *expectations
 	mem *upstreamMemory
@@ -92,13 +99,16 @@ func (r *UpstreamReconciler) SetupWithManager(mgr ctrl.Manager, workers int) err
 	if r.mem == nil {
 		r.mem = newUpstreamMemory()
 	}
+	if r.APIReader == nil {
+		r.APIReader = mgr.GetAPIReader()
+	}
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &vtv1.ExporterSet{}, upstreamClassIndex, func(o client.Object) []string {
 		return []string{o.(*vtv1.ExporterSet).Spec.VirtualTargetClassName}
 	}); err != nil {
 		return fmt.Errorf("index virtualtarget exportersets by %s: %w", upstreamClassIndex, err)
 	}
 	owner := handler.EnqueueRequestForOwner(mgr.GetScheme(), mgr.GetRESTMapper(), &vtv1.ExporterSet{}, handler.OnlyControllerOwner())
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named("virtualtarget-exporterset").
 		For(&vtv1.ExporterSet{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&corev1.Pod{}, podEvents{exp: r.exp, inner: owner, owner: vtv1.GroupVersion.String()}).
@@ -114,8 +124,28 @@ func (r *UpstreamReconciler) SetupWithManager(mgr ctrl.Manager, workers int) err
 			}
 			return out
 		})).
-		WithOptions(crcontroller.Options{MaxConcurrentReconciles: max(workers, 1)}).
-		Complete(r)
+		WithOptions(crcontroller.Options{MaxConcurrentReconciles: max(workers, 1)})
+	if r.Jumpstarter = jumpstarterServed(mgr); r.Jumpstarter {
+		// An Exporter names its set in a label (a pod's Exporter is owned
+		// by the pod); a Lease may concern any set of its namespace.
+		b = b.Watches(&jsv1.Exporter{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+			if n := o.GetLabels()[UpstreamExporterSetLabel]; n != "" {
+				return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: n}}}
+			}
+			return nil
+		})).Watches(&jsv1.Lease{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			var sets vtv1.ExporterSetList
+			if err := mgr.GetClient().List(ctx, &sets, client.InNamespace(o.GetNamespace())); err != nil {
+				return nil
+			}
+			out := make([]reconcile.Request, 0, len(sets.Items))
+			for _, s := range sets.Items {
+				out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: s.Namespace, Name: s.Name}})
+			}
+			return out
+		}))
+	}
+	return b.Complete(r)
 }
 
 // Reconcile plans one upstream set of this provisioner and applies the plan.
@@ -155,6 +185,9 @@ func (r *UpstreamReconciler) reconcile(ctx context.Context, req ctrl.Request) (c
 	}
 	now := r.now()
 	spec, cerr := MapUpstream(&set, &class, r.drainDelay())
+	if cerr == nil && !r.Jumpstarter {
+		cerr = &ClassError{"JumpstarterUnavailable", "the API server does not serve jumpstarter.dev/v1alpha1 Exporters and Leases: install Jumpstarter's CRDs and restart the controller"}
+	}
 	if cerr != nil {
 		st, conds := upstreamStatus(set.Status, upstreamStatusInput{Failure: cerr})
 		return ctrl.Result{}, r.writeStatus(ctx, &set, st, conds, now)
@@ -170,18 +203,34 @@ func (r *UpstreamReconciler) reconcile(ctx context.Context, req ctrl.Request) (c
 			owned = append(owned, list.Items[i])
 		}
 	}
+	ca, err := r.caBundle(ctx, set.Namespace)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	target := upstreamTarget(&set, spec.Knobs.Recycle == v1alpha1.RecyclePolicyReuse, ca)
+	js, err := readJumpstarter(ctx, r.Client, target, owned, now)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	gated := r.js().setupPods(ctx, target, owned, js)
 	pending, deleting := r.exp.Pending(key, owned, now)
 	in := spec.Knobs
-	in.TemplateHash = TemplateHash(&spec.Template)
-	in.PendingCreates, in.Now = pending, now
+	in.TemplateHash = upstreamHash(&spec.Template, set.Spec.Template.Metadata.Labels)
+	in.PendingCreates, in.Demand, in.Now = pending, int32(len(js.demand)), now
+	in.Jumpstarter.Cold = exporterState(js.cold)
+	in.Jumpstarter.Cold.Leased = js.coldLease != ""
 	r.mem.Get(key, set.UID).into(&in) // what our sets read from their status
 	for i := range owned {
 		if !deleting[owned[i].UID] {
-			in.Pods = append(in.Pods, podState(&owned[i], Lease{}))
+			ps := podState(&owned[i], js.leases[owned[i].Name])
+			ps.Exporter = exporterState(js.exporters[ps.Name])
+			ps.GateReason = gated[ps.Name]
+			in.Pods = append(in.Pods, ps)
 		}
 	}
 	acts := Plan(in)
-	execErr := r.execute(ctx, &set, &spec.Template, in.TemplateHash, acts, now)
+	acts.Delete = r.executeJumpstarter(ctx, target, js, acts, now)
+	execErr := r.execute(ctx, &set, target, js, &spec.Template, in.TemplateHash, acts, now)
 	if execErr != nil {
 		acts.Status.Conditions = append(acts.Status.Conditions,
 			Condition{v1alpha1.ConditionReplicaFailure, metav1.ConditionTrue, EventFailedCreate, execErr.Error()})
@@ -189,7 +238,7 @@ func (r *UpstreamReconciler) reconcile(ctx context.Context, req ctrl.Request) (c
 	// What our sets' status write keeps; kept whether or not the write
 	// below succeeds, as the plan's creates and deletes were made.
 	r.mem.Put(key, set.UID, memoryOf(acts.Status))
-	st, conds := upstreamStatus(set.Status, upstreamStatusInput{Plan: &acts.Status, Pods: owned, Knobs: spec.Knobs, Selector: sel.String()})
+	st, conds := upstreamStatus(set.Status, upstreamStatusInput{Plan: &acts.Status, Pods: owned, Exporters: js.exporters, Knobs: spec.Knobs, Selector: sel.String()})
 	if err := r.writeStatus(ctx, &set, st, conds, now); err != nil {
 		if apierrors.IsConflict(err) && execErr == nil {
 			return ctrl.Result{RequeueAfter: 200 * time.Millisecond}, nil
@@ -206,10 +255,9 @@ func (r *UpstreamReconciler) drainDelay() time.Duration {
 	return r.DrainDelay
 }
 
-// execute creates and deletes the plan's pods. The Exporter actions
-// (Disable, Enable, Cold) are not carried out yet: upstream sets' pods
-// have no Exporters so far, which the planner sees as nothing to drain.
-func (r *UpstreamReconciler) execute(ctx context.Context, set *vtv1.ExporterSet, t *corev1.PodTemplateSpec, hash string, acts Actions, now time.Time) error {
+// execute deletes the plan's pods that may go (with their Exporters) and
+// creates its new ones (gated, each with its Exporter).
+func (r *UpstreamReconciler) execute(ctx context.Context, set *vtv1.ExporterSet, target jsTarget, js *jsState, t *corev1.PodTemplateSpec, hash string, acts Actions, now time.Time) error {
 	key := client.ObjectKeyFromObject(set)
 	for _, d := range acts.Delete {
 		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: d.Name, Namespace: set.Namespace}}
@@ -218,16 +266,23 @@ func (r *UpstreamReconciler) execute(ctx context.Context, set *vtv1.ExporterSet,
 		case err == nil:
 			r.exp.ExpectDelete(key, d.UID, now)
 			r.Recorder.Eventf(set, nil, corev1.EventTypeNormal, EventSuccessfulDelete, "Delete", "Deleted pod: %s (%s)", d.Name, d.Reason)
+			if js.exporters[d.Name] != nil {
+				r.js().deleteExporter(ctx, set.Namespace, d.Name)
+			}
 		case apierrors.IsNotFound(err), apierrors.IsConflict(err):
 		default:
 			r.Recorder.Eventf(set, nil, corev1.EventTypeWarning, EventFailedDelete, "Delete", "Error deleting pod %s: %v", d.Name, err)
 		}
 	}
+	if acts.Create > 0 && len(js.demand) > 0 {
+		r.Recorder.Eventf(set, nil, corev1.EventTypeNormal, EventLeaseDemand, "ScaleUp", "Creating %d pods for %d pending leases: %s",
+			acts.Create, len(js.demand), leaseList(js.demand))
+	}
 	var created []string
 	var errs []error
 	for range acts.Create {
-		pod := newUpstreamPod(set, t, hash)
-		if err := r.Client.Create(ctx, pod); err != nil {
+		pod, err := r.createPod(ctx, set, target, t, hash)
+		if err != nil {
 			errs = append(errs, err)
 			break // the next pass retries, with the planner's backoff
 		}
@@ -251,6 +306,7 @@ func newUpstreamPod(set *vtv1.ExporterSet, t *corev1.PodTemplateSpec, hash strin
 		lbls[k] = v
 	}
 	lbls[v1alpha1.TemplateHashLabel] = hash
+	lbls[UpstreamExporterSetLabel] = set.Name
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			GenerateName:    set.Name + "-",

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
+	jsv1 "github.com/qemu-kubelet/qemu-kubelet/api/jumpstarter/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	vtv1 "github.com/qemu-kubelet/qemu-kubelet/api/virtualtarget/v1alpha1"
 )
@@ -40,13 +41,14 @@ func newUpstreamFixture(t *testing.T, minReplicas int32, cooldown time.Duration,
 	scheme := runtime.NewScheme()
 	require.NoError(t, corev1.AddToScheme(scheme))
 	require.NoError(t, vtv1.AddToScheme(scheme))
+	require.NoError(t, jsv1.AddToScheme(scheme))
 	class := vtClass("ns", "ours", vtv1.DefaultProvisioner, `{"qemuKubelet":{"image":"reg.invalid/os:1"}}`)
 	set := vtSet("ns", "mine", "ours", minReplicas)
 	set.UID, set.Generation = "set-uid", 1
 	set.Spec.ScaleDownCooldown = &metav1.Duration{Duration: cooldown}
 	spec, cerr := MapUpstream(set, class, time.Minute)
 	require.Nil(t, cerr)
-	f := &upstreamFixture{set: set, key: client.ObjectKeyFromObject(set), hash: TemplateHash(&spec.Template),
+	f := &upstreamFixture{set: set, key: client.ObjectKeyFromObject(set), hash: upstreamHash(&spec.Template, set.Spec.Template.Metadata.Labels),
 		now: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
 	objs := []client.Object{class, set}
 	for _, p := range pods {
@@ -55,6 +57,7 @@ func newUpstreamFixture(t *testing.T, minReplicas int32, cooldown time.Duration,
 	f.c = fake.NewClientBuilder().WithScheme(scheme).WithStatusSubresource(&vtv1.ExporterSet{}).WithObjects(objs...).Build()
 	f.r = NewUpstreamReconciler(f.c, &events.FakeRecorder{}, "")
 	f.r.Now = func() time.Time { return f.now }
+	f.r.Jumpstarter = true
 	return f
 }
 
@@ -102,8 +105,9 @@ func fixtureHash(t *testing.T) string {
 // TestUpstreamScaleDownAfterCooldown: an upstream set of minReplicas 1
 // with two Ready pods and a cooldown of one minute keeps its surplus pod
 // while the cooldown runs (the pass half-way does not restart it) and
-// deletes the newest pod on the first pass after it elapsed; once the set
-// is gone its memory is dropped.
+// disables the newest pod's Exporter on the first pass after it elapsed
+// and deletes the pod once the drain delay passed; once the set is gone
+// its memory is dropped.
 func TestUpstreamScaleDownAfterCooldown(t *testing.T) {
 	hash := fixtureHash(t)
 	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
@@ -127,7 +131,14 @@ func TestUpstreamScaleDownAfterCooldown(t *testing.T) {
 
 	f.now = t0.Add(time.Minute)
 	f.pass(t)
-	assert.Equal(t, []string{"old"}, f.podNames(t), "cooldown elapsed: the newest surplus pod is deleted")
+	assert.ElementsMatch(t, []string{"new", "old"}, f.podNames(t), "cooldown elapsed: the surplus pod's Exporter is disabled first")
+	var e jsv1.Exporter
+	require.NoError(t, f.c.Get(context.Background(), types.NamespacedName{Namespace: "ns", Name: "new"}, &e))
+	assert.False(t, e.IsEnabled(), "the newest surplus pod's Exporter is disabled")
+
+	f.now = f.now.Add(DefaultDrainDelay)
+	f.pass(t)
+	assert.Equal(t, []string{"old"}, f.podNames(t), "drained: the newest surplus pod is deleted")
 
 	require.NoError(t, f.c.Delete(context.Background(), f.set))
 	f.pass(t)
@@ -137,7 +148,8 @@ func TestUpstreamScaleDownAfterCooldown(t *testing.T) {
 // TestUpstreamFailureBackoff: an upstream set whose pods keep failing
 // counts the failures from pass to pass: after the first failure a
 // replacement is created at once, after the second none until
-// failureBackoffBase has passed; from the third the set is Degraded, and
+// failureBackoffBase has passed (the failed pod goes once its Exporter
+// drained); from the third the set is Degraded, and
 // stays so with the last pod's reason on a pass that sees no new failure.
 func TestUpstreamFailureBackoff(t *testing.T) {
 	ctx := context.Background()
@@ -174,7 +186,7 @@ func TestUpstreamFailureBackoff(t *testing.T) {
 	failOnly(2)
 	f.now = t0.Add(time.Second)
 	res := f.pass(t)
-	assert.Empty(t, f.podNames(t), "second failure in a row: no create during the backoff")
+	assert.Equal(t, names, f.podNames(t), "second failure in a row: no create during the backoff (the failed pod's Exporter drains)")
 	m := f.r.mem.Get(f.key, "set-uid")
 	assert.Equal(t, int32(2), m.ConsecutiveFailures)
 	require.NotNil(t, m.LastFailureTime)
@@ -183,12 +195,14 @@ func TestUpstreamFailureBackoff(t *testing.T) {
 
 	f.now = t0.Add(time.Second + failureBackoffBase)
 	f.pass(t)
-	assert.Len(t, f.podNames(t), 1, "backoff over: a pod is created")
+	require.Len(t, f.podNames(t), 1, "backoff over: the drained failed pod is deleted, a pod is created")
+	require.NotEqual(t, names, f.podNames(t))
 
+	names = f.podNames(t)
 	failOnly(3)
 	f.now = f.now.Add(time.Second)
 	f.pass(t)
-	assert.Empty(t, f.podNames(t), "third failure: backing off again")
+	assert.Equal(t, names, f.podNames(t), "third failure: backing off again")
 	m = f.r.mem.Get(f.key, "set-uid")
 	assert.Equal(t, int32(3), m.ConsecutiveFailures)
 	require.NotNil(t, m.LastFailure, "the repeated-failure condition is kept")

@@ -6,6 +6,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	jsv1 "github.com/qemu-kubelet/qemu-kubelet/api/jumpstarter/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	vtv1 "github.com/qemu-kubelet/qemu-kubelet/api/virtualtarget/v1alpha1"
 )
@@ -19,8 +20,10 @@ type upstreamStatusInput struct {
 	// (Failure says why): the counts then stay as last written.
 	Plan    *Status
 	Failure *ClassError
-	// Pods are the set's live pods (for the phase counts).
-	Pods []corev1.Pod
+	// Pods are the set's live pods (for the phase counts); Exporters
+	// their Exporters by pod name (for the exporter counts).
+	Pods      []corev1.Pod
+	Exporters map[string]*jsv1.Exporter
 	// Knobs are the mapped spec (MaxReplicas for ScalingLimited).
 	Knobs    Input
 	Selector string
@@ -31,8 +34,7 @@ type upstreamConditions [4]Condition
 
 // upstreamStatus is the status an upstream set shows: the counts and the
 // conditions Available, Progressing, Degraded and ScalingLimited. Pure.
-// Exporter counts are those of pods' Exporters, none yet (see the report
-// of issue 37): ExportersOffline counts the pods.
+// Exporter counts are those of the pods' Exporters (exporterCounts).
 func upstreamStatus(prev vtv1.ExporterSetStatus, in upstreamStatusInput) (vtv1.ExporterSetStatus, upstreamConditions) {
 	st := prev
 	st.Conditions = nil
@@ -63,8 +65,7 @@ func upstreamStatus(prev vtv1.ExporterSetStatus, in upstreamStatusInput) (vtv1.E
 			st.PodsUnknown++
 		}
 	}
-	st.ExportersActive, st.ExportersIdle, st.ExportersDisabled = 0, 0, 0
-	st.ExportersOffline = int32(len(in.Pods))
+	st.ExportersActive, st.ExportersIdle, st.ExportersDisabled, st.ExportersOffline = exporterCounts(in.Pods, in.Exporters)
 
 	var out upstreamConditions
 	out[0] = conditionOf(p.Conditions, v1alpha1.ConditionAvailable, vtv1.ExporterSetConditionAvailable)

@@ -8,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	jsv1 "github.com/qemu-kubelet/qemu-kubelet/api/jumpstarter/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	vtv1 "github.com/qemu-kubelet/qemu-kubelet/api/virtualtarget/v1alpha1"
 )
@@ -76,4 +77,24 @@ func TestUpstreamStatus(t *testing.T) {
 			tc.check(t, st, c)
 		})
 	}
+}
+
+// TestExporterCounts: upstream's exporter counts from the pods' Exporters:
+// leased is active, disabled is disabled, Online enabled unleased is idle,
+// the rest (no Exporter yet, not Online) offline.
+func TestExporterCounts(t *testing.T) {
+	pods := make([]corev1.Pod, 6)
+	for i, n := range []string{"leased", "disabled", "idle", "offline", "none", "leased-disabled"} {
+		pods[i].Name = n
+	}
+	online := []metav1.Condition{{Type: jsv1.ExporterConditionOnline, Status: metav1.ConditionTrue}}
+	exps := map[string]*jsv1.Exporter{
+		"leased":          {Status: jsv1.ExporterStatus{LeaseRef: &corev1.LocalObjectReference{Name: "l"}, Conditions: online}},
+		"disabled":        {Spec: jsv1.ExporterSpec{Enabled: ptr.To(false)}, Status: jsv1.ExporterStatus{Conditions: online}},
+		"idle":            {Spec: jsv1.ExporterSpec{Enabled: ptr.To(true)}, Status: jsv1.ExporterStatus{Conditions: online}},
+		"offline":         {Spec: jsv1.ExporterSpec{Enabled: ptr.To(true)}},
+		"leased-disabled": {Spec: jsv1.ExporterSpec{Enabled: ptr.To(false)}, Status: jsv1.ExporterStatus{LeaseRef: &corev1.LocalObjectReference{Name: "m"}}},
+	}
+	active, idle, disabled, offline := exporterCounts(pods, exps)
+	assert.Equal(t, []int32{2, 1, 1, 2}, []int32{active, idle, disabled, offline}, "active, idle, disabled, offline")
 }

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -39,6 +40,10 @@ type options struct {
 	qps                     float64
 	burst                   int
 	provisioner             string
+	// upstreamOnly: --provisioner was given, as Jumpstarter's operator
+	// starts a provisioner: only upstream's API is served (its Role grants
+	// nothing else) and events go to the core API (the Role's).
+	upstreamOnly bool
 	// registry receives the controller's metrics; nil: controller-runtime's
 	// (what /metrics serves). Tests that run twice in one process set it.
 	registry prometheus.Registerer
@@ -48,6 +53,7 @@ func main() {
 	var o options
 	addFlags(flag.CommandLine, &o) // which holds --kubeconfig, registered by controller-runtime
 	flag.Parse()
+	flagsParsed(flag.CommandLine, &o)
 	ctrl.SetLogger(klog.NewKlogr())
 
 	err := func() error {
@@ -82,6 +88,12 @@ func addFlags(fs *flag.FlagSet, o *options) {
 	klog.InitFlags(fs)
 }
 
+// flagsParsed completes o once fs is parsed: a --provisioner given on
+// the command line serves upstream's API only.
+func flagsParsed(fs *flag.FlagSet, o *options) {
+	fs.Visit(func(f *flag.Flag) { o.upstreamOnly = o.upstreamOnly || f.Name == "provisioner" })
+}
+
 // run runs the manager until ctx ends.
 func run(ctx context.Context, cfg *rest.Config, o options) error {
 	if o.provisioner == "" {
@@ -89,6 +101,11 @@ func run(ctx context.Context, cfg *rest.Config, o options) error {
 	}
 	if o.namespace == "" {
 		o.namespace = os.Getenv("NAMESPACE") // how Jumpstarter's operator scopes a provisioner
+	}
+	if o.leaderElectionNamespace == "" {
+		// In a pod, "" is the pod's namespace; outside one, the watched
+		// namespace (a provisioner's Role holds its Leases there).
+		o.leaderElectionNamespace = o.namespace
 	}
 	if o.workers < 1 {
 		return fmt.Errorf("--workers must be at least 1, got %d", o.workers)
@@ -125,15 +142,24 @@ func run(ctx context.Context, cfg *rest.Config, o options) error {
 	upstream := controller.UpstreamServed(mgr)
 	ours := served(mgr, v1alpha1.GroupVersion.WithKind("ExporterSet"))
 	r := controller.NewReconciler(mgr.GetClient(), mgr.GetEventRecorder("exporterset-controller"), m)
-	// Under Jumpstarter's operator only upstream's CRDs (and its Role) may
-	// be there: our own ExporterSet is then not served and not watched.
-	if ours || !upstream {
+	// Under Jumpstarter's operator (--provisioner) its Role grants upstream's
+	// API alone: our own ExporterSet is then not watched, even when served.
+	ours = ours && !o.upstreamOnly
+	if o.upstreamOnly && !upstream {
+		return fmt.Errorf("--provisioner %s: the API server does not serve virtualtarget.jumpstarter.dev/v1alpha1 ExporterSets and VirtualTargetClasses (Jumpstarter's operator installs them)", o.provisioner)
+	}
+	if ours || !upstream && !o.upstreamOnly {
 		if err := r.SetupWithManager(mgr, o.workers); err != nil {
 			return fmt.Errorf("set up exporterset controller: %w", err)
 		}
 	}
 	if upstream {
-		u := controller.NewUpstreamReconciler(mgr.GetClient(), mgr.GetEventRecorder("exporterset-controller"), o.provisioner)
+		rec := mgr.GetEventRecorder("exporterset-controller")
+		if o.upstreamOnly {
+			//nolint:staticcheck // the core events API is the one upstream's Role grants
+			rec = coreEvents{mgr.GetEventRecorderFor("exporterset-controller")}
+		}
+		u := controller.NewUpstreamReconciler(mgr.GetClient(), rec, o.provisioner)
 		if err := u.SetupWithManager(mgr, o.workers); err != nil {
 			return fmt.Errorf("set up virtualtarget exporterset controller: %w", err)
 		}
@@ -145,7 +171,7 @@ func run(ctx context.Context, cfg *rest.Config, o options) error {
 		return fmt.Errorf("add readyz check: %w", err)
 	}
 	klog.InfoS("starting exporterset-controller", "metrics", o.metricsAddr, "health", o.healthAddr, "leaderElect", o.leaderElect, "namespace", o.namespace,
-		"jumpstarter", r.Jumpstarter, "qemu-kubelet.io", ours || !upstream, "virtualtarget.jumpstarter.dev", upstream, "provisioner", o.provisioner)
+		"jumpstarter", r.Jumpstarter, "qemu-kubelet.io", ours || !upstream && !o.upstreamOnly, "virtualtarget.jumpstarter.dev", upstream, "provisioner", o.provisioner)
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("run manager: %w", err)
 	}
@@ -156,4 +182,13 @@ func run(ctx context.Context, cfg *rest.Config, o options) error {
 func served(mgr ctrl.Manager, gvk schema.GroupVersionKind) bool {
 	_, err := mgr.GetRESTMapper().RESTMapping(gvk.GroupKind(), gvk.Version)
 	return err == nil
+}
+
+// coreEvents records events.EventRecorder events through the core
+// (v1) events API: a provisioner's Role grants events in the core group,
+// not events.k8s.io.
+type coreEvents struct{ rec record.EventRecorder }
+
+func (c coreEvents) Eventf(regarding, _ runtime.Object, eventtype, reason, _, note string, args ...any) {
+	c.rec.Eventf(regarding, eventtype, reason, note, args...)
 }

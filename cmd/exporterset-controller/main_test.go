@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -196,7 +197,7 @@ func TestRunAsUpstreamProvisioner(t *testing.T) {
 	}
 
 	t.Setenv("NAMESPACE", "lab")
-	o := options{metricsAddr: "0", healthAddr: freeAddr(t), leaderElect: true, provisioner: "lab.example/vms",
+	o := options{metricsAddr: "0", healthAddr: freeAddr(t), leaderElect: true, provisioner: "lab.example/vms", upstreamOnly: true,
 		leaderElectionNamespace: "lab", leaderElectionID: "exs-upstream-test", workers: 2, qps: 50, burst: 100,
 		registry: prometheus.NewRegistry()}
 	runCtx, cancel := context.WithCancel(ctx)
@@ -241,4 +242,27 @@ func upstreamSet(ns, name, class string) *vtv1.ExporterSet {
 		Spec: vtv1.ExporterSetSpec{VirtualTargetClassName: class, MinReplicas: 1,
 			Selector: metav1.LabelSelector{MatchLabels: map[string]string{"set": name}},
 			Template: vtv1.ExporterSetTemplate{Metadata: vtv1.TemplateMetadata{Labels: map[string]string{"set": name}}}}}
+}
+
+// TestFlagsProvisionerServesUpstreamOnly: --provisioner on the command line
+// (as Jumpstarter's operator starts a provisioner) serves upstream's API
+// only; without it, the default provisioner name and both APIs.
+func TestFlagsProvisionerServesUpstreamOnly(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		only bool
+		name string
+	}{
+		{nil, false, vtv1.DefaultProvisioner},
+		{[]string{"--provisioner=qemu-kubelet.io", "--leader-elect", "--health-probe-bind-address=:8081", "--metrics-bind-address=0"}, true, "qemu-kubelet.io"},
+		{[]string{"--provisioner", "lab.example/vms"}, true, "lab.example/vms"},
+	} {
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		var o options
+		addFlags(fs, &o)
+		require.NoError(t, fs.Parse(tc.args))
+		flagsParsed(fs, &o)
+		assert.Equal(t, tc.only, o.upstreamOnly, "%v", tc.args)
+		assert.Equal(t, tc.name, o.provisioner, "%v", tc.args)
+	}
 }
