@@ -125,17 +125,26 @@ func upstreamTemplate(set *vtv1.ExporterSet, sch *vtv1.SchedulingSpec, params ma
 		return t, &ClassError{ReasonMissingImage, fmt.Sprintf("parameter %s (of the set or its class %s) must name the OCI image the VM boots: "+
 			"this provisioner has no empty-disk mode yet", UpstreamImageParameter, set.Spec.VirtualTargetClassName)}
 	}
-	c := corev1.Container{Name: upstreamVMContainer, Image: image}
+	drv, derr := MapDrivers(set.Spec.Template.Spec.Drivers)
+	if derr != nil {
+		return t, derr
+	}
+	c := corev1.Container{Name: upstreamVMContainer, Image: image, Ports: drv.Ports}
 	if sch != nil && sch.Resources != nil {
 		c.Resources = *sch.Resources.DeepCopy()
 	}
 	for _, r := range []struct {
-		param string
-		name  corev1.ResourceName
-	}{{"resources.cpu", corev1.ResourceCPU}, {"resources.memory", corev1.ResourceMemory}, {"resources.storage", corev1.ResourceEphemeralStorage}} {
+		param  string
+		name   corev1.ResourceName
+		driver *resource.Quantity // the Qemu driver's setting, over the parameter
+	}{{"resources.cpu", corev1.ResourceCPU, drv.CPU}, {"resources.memory", corev1.ResourceMemory, drv.Memory},
+		{"resources.storage", corev1.ResourceEphemeralStorage, drv.Disk}} {
 		q, err := paramQuantity(params, r.param)
 		if err != nil {
 			return t, bad("%v", err)
+		}
+		if r.driver != nil {
+			q = r.driver
 		}
 		if q == nil {
 			continue
@@ -165,6 +174,12 @@ func upstreamTemplate(set *vtv1.ExporterSet, sch *vtv1.SchedulingSpec, params ma
 	arch, err := paramString(params, upstreamArchParameter)
 	if err != nil {
 		return t, bad("%v", err)
+	}
+	if drv.Arch != "" {
+		if arch != "" && kubeArch[arch] != kubeArch[drv.Arch] {
+			return t, &ClassError{ReasonUnsupportedDriver, fmt.Sprintf("the Qemu driver's arch %s differs from parameter arch %s", drv.Arch, arch)}
+		}
+		arch = drv.Arch
 	}
 	if arch != "" {
 		k, ok := kubeArch[arch]
