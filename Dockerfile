@@ -2,7 +2,8 @@
 #
 # One image for both binaries of qemu-kubelet:
 #   /usr/local/bin/qemu-kubelet            node agent (needs QEMU, below)
-#   /usr/local/bin/exporterset-controller  ExporterSet controller
+#   /usr/local/bin/exporterset-controller  ExporterSet controller (also
+#                                          /exporter-set-controller)
 # The Helm chart (charts/qemu-kubelet) runs each with an explicit command.
 #
 #   docker build -t qemu-kubelet:dev --build-arg VERSION=$(git describe --always) .
@@ -54,5 +55,8 @@ RUN groupadd --system --gid 65532 qemu-kubelet \
  && useradd --system --uid 65532 --gid 65532 --home-dir /nonexistent --no-create-home \
       --shell /usr/sbin/nologin qemu-kubelet
 COPY --from=build /src/bin/qemu-kubelet /src/bin/exporterset-controller /usr/local/bin/
+# Jumpstarter's operator runs a provisioner's image as /exporter-set-controller
+# (docs/jumpstarter-operator.md).
+RUN ln -s /usr/local/bin/exporterset-controller /exporter-set-controller
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/exporterset-controller"]

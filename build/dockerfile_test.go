@@ -439,3 +439,24 @@ COPY --from=build /go/pkg/mod /cache
 	require.Error(t, err, "output: %s", out)
 	assert.Contains(t, string(out), "may only COPY --from=build /src/bin/")
 }
+
+// TestProvisionerEntrypoint: the runtime stage has /exporter-set-controller,
+// the path Jumpstarter's operator runs a provisioner's image by, and it is
+// the exporterset-controller binary the stage copies.
+func TestProvisionerEntrypoint(t *testing.T) {
+	root := testutil.MustRepoRoot(t)
+	stages := parseDockerfile(t, filepath.Join(root, "Dockerfile"))
+	require.Len(t, stages, 2)
+	var copied, linked bool
+	for _, in := range stages[1].instrs {
+		f := strings.Fields(in.args)
+		switch {
+		case in.cmd == "COPY" && slices.Contains(f, "/src/bin/exporterset-controller") && f[len(f)-1] == "/usr/local/bin/":
+			copied = true
+		case in.cmd == "RUN" && copied && slices.Equal(f, []string{"ln", "-s", "/usr/local/bin/exporterset-controller", "/exporter-set-controller"}):
+			linked = true
+		}
+	}
+	assert.True(t, copied, "the runtime stage copies exporterset-controller to /usr/local/bin/")
+	assert.True(t, linked, "after the copy, RUN ln -s /usr/local/bin/exporterset-controller /exporter-set-controller")
+}
