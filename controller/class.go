@@ -125,7 +125,8 @@ func Resolve(set *v1alpha1.ExporterSet, class *v1alpha1.VirtualTargetClass) (*Re
 
 	if cs != nil && cs.Jumpstarter != nil {
 		js := &v1alpha1.JumpstarterSpec{Endpoint: cs.Jumpstarter.Endpoint, CABundle: cs.Jumpstarter.CABundle,
-			ExporterLabels: maps.Clone(cs.Jumpstarter.ExporterLabels)}
+			ExporterLabels: maps.Clone(cs.Jumpstarter.ExporterLabels), LeaseStatePolicy: cs.Jumpstarter.LeaseStatePolicy,
+			Hooks: cs.Jumpstarter.Hooks.DeepCopy()}
 		if own := set.Spec.Jumpstarter; own != nil {
 			if own.Endpoint != "" {
 				js.Endpoint = own.Endpoint
@@ -134,6 +135,11 @@ func Resolve(set *v1alpha1.ExporterSet, class *v1alpha1.VirtualTargetClass) (*Re
 				js.CABundle = own.CABundle
 			}
 			js.GuestLoginSecretName = own.GuestLoginSecretName // the set's alone: a class names no Secret of the set's namespace
+			js.LeaseStatePolicy = orDefault(own.LeaseStatePolicy, cs.Jumpstarter.LeaseStatePolicy)
+			js.Hooks = cs.Jumpstarter.Hooks.DeepCopy()
+			if own.Hooks != nil {
+				js.Hooks = own.Hooks.DeepCopy()
+			}
 			if js.ExporterLabels == nil {
 				js.ExporterLabels = map[string]string{}
 			}
@@ -144,11 +150,38 @@ func Resolve(set *v1alpha1.ExporterSet, class *v1alpha1.VirtualTargetClass) (*Re
 	if js := eff.Spec.Jumpstarter; js != nil && len(js.ExporterLabels) == 0 {
 		return nil, &ClassError{ReasonInvalidJumpstarter, "Jumpstarter mode needs exporter labels: set spec.jumpstarter.exporterLabels or the class's spec.jumpstarter.exporterLabels"}
 	}
+	if js := eff.Spec.Jumpstarter; js != nil {
+		if ann := LeaseAnnotations(js); len(ann) > 0 {
+			t.Annotations = maps.Clone(t.Annotations)
+			if t.Annotations == nil {
+				t.Annotations = map[string]string{}
+			}
+			maps.Copy(t.Annotations, ann)
+		}
+	}
 	if res.BindingMode == v1alpha1.BindingModeWaitForFirstConsumer && eff.Spec.Jumpstarter == nil {
 		return nil, &ClassError{ReasonInvalidBindingMode, fmt.Sprintf("class %s has bindingMode WaitForFirstConsumer, which needs Jumpstarter mode (pending Leases ask for pods); with label leases a pod is claimed only after it exists, so no pod would ever be created",
 			set.Spec.ClassName)}
 	}
 	return res, nil
+}
+
+// LeaseAnnotations are the pod annotations that carry a set's effective
+// lease state policy and lease hooks to its pods' exporters: only what
+// differs from the default (Reset, no hooks), so a set that asks for
+// nothing keeps its template hash. Pure.
+func LeaseAnnotations(js *v1alpha1.JumpstarterSpec) map[string]string {
+	ann := map[string]string{}
+	if js.LeaseStatePolicy == v1alpha1.LeaseStatePolicyKeep {
+		ann[v1alpha1.LeaseStatePolicyAnnotation] = string(v1alpha1.LeaseStatePolicyKeep)
+	}
+	if js.Hooks != nil && (js.Hooks.BeforeLease != nil || js.Hooks.AfterLease != nil) {
+		b, err := json.Marshal(js.Hooks)
+		if err == nil { // plain structs of strings and numbers always marshal
+			ann[v1alpha1.LeaseHooksAnnotation] = string(b)
+		}
+	}
+	return ann
 }
 
 // EffectiveStatePolicy is a set's state policy: its own (set), else its

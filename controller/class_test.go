@@ -248,6 +248,44 @@ func TestResolve(t *testing.T) {
 			"the set's guest login Secret is kept")
 		assert.Empty(t, c.Spec.Jumpstarter.ExporterLabels["set"], "the class is not changed")
 	})
+	t.Run("lease state policy and hooks: the set's win, non-defaults become pod annotations", func(t *testing.T) {
+		c := fullClass()
+		off := &v1alpha1.LeaseHooks{AfterLease: &v1alpha1.LeaseHook{Actions: []v1alpha1.LeaseHookAction{v1alpha1.LeaseHookPowerOff}}}
+		c.Spec.Jumpstarter = &v1alpha1.ClassJumpstarter{ExporterLabels: map[string]string{"board": "rpi4"}, LeaseStatePolicy: v1alpha1.LeaseStatePolicyKeep, Hooks: off}
+		r, err := Resolve(classSet(func(s *v1alpha1.ExporterSet) { s.Spec.ClassName = "c" }), c)
+		require.Nil(t, err)
+		ann := r.Set.Spec.Template.Annotations
+		assert.Equal(t, "Keep", ann[v1alpha1.LeaseStatePolicyAnnotation], "the class's Keep")
+		assert.JSONEq(t, `{"afterLease":{"actions":["powerOff"]}}`, ann[v1alpha1.LeaseHooksAnnotation])
+
+		on := &v1alpha1.LeaseHooks{BeforeLease: &v1alpha1.LeaseHook{Actions: []v1alpha1.LeaseHookAction{v1alpha1.LeaseHookPowerOn}, Timeout: 30, OnFailure: v1alpha1.LeaseHookEndLease}}
+		r, err = Resolve(classSet(func(s *v1alpha1.ExporterSet) {
+			s.Spec.ClassName = "c"
+			s.Spec.Jumpstarter = &v1alpha1.JumpstarterSpec{LeaseStatePolicy: v1alpha1.LeaseStatePolicyReset, Hooks: on}
+		}), c)
+		require.Nil(t, err)
+		ann = r.Set.Spec.Template.Annotations
+		assert.NotContains(t, ann, v1alpha1.LeaseStatePolicyAnnotation, "the set's Reset wins and is the default")
+		assert.JSONEq(t, `{"beforeLease":{"actions":["powerOn"],"timeout":30,"onFailure":"endLease"}}`, ann[v1alpha1.LeaseHooksAnnotation], "the set's hooks replace the class's")
+		assert.Equal(t, off, c.Spec.Jumpstarter.Hooks, "the class is not changed")
+
+		// A set that asks for nothing (or for the default) gets no
+		// annotation; Keep or hooks roll the set.
+		js := func(f func(*v1alpha1.JumpstarterSpec)) *v1alpha1.ExporterSet {
+			return classSet(func(s *v1alpha1.ExporterSet) {
+				s.Spec.Jumpstarter = &v1alpha1.JumpstarterSpec{ExporterLabels: map[string]string{"board": "rpi4"}}
+				f(s.Spec.Jumpstarter)
+			})
+		}
+		base, _ := Resolve(js(func(*v1alpha1.JumpstarterSpec) {}), nil)
+		reset, _ := Resolve(js(func(j *v1alpha1.JumpstarterSpec) { j.LeaseStatePolicy = v1alpha1.LeaseStatePolicyReset }), nil)
+		keep, _ := Resolve(js(func(j *v1alpha1.JumpstarterSpec) { j.LeaseStatePolicy = v1alpha1.LeaseStatePolicyKeep }), nil)
+		hooked, _ := Resolve(js(func(j *v1alpha1.JumpstarterSpec) { j.Hooks = on }), nil)
+		assert.Equal(t, base.Set.Spec.Template.Annotations, reset.Set.Spec.Template.Annotations)
+		assert.NotContains(t, base.Set.Spec.Template.Annotations, v1alpha1.LeaseStatePolicyAnnotation)
+		assert.NotEqual(t, setHash(base.Set), setHash(keep.Set))
+		assert.NotEqual(t, setHash(base.Set), setHash(hooked.Set))
+	})
 	t.Run("class changes change the hash; a binding mode change does not", func(t *testing.T) {
 		s := classSet(func(s *v1alpha1.ExporterSet) { s.Spec.ClassName = "c" })
 		c := fullClass()

@@ -283,6 +283,22 @@ type JumpstarterSpec struct {
 	// +kubebuilder:validation:MaxLength=253
 	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
 	GuestLoginSecretName string `json:"guestLoginSecretName,omitempty"`
+
+	// LeaseStatePolicy says what a lease leaves for the next one: Reset
+	// (default) returns the target to what the set defines when a lease
+	// ends (flashed image and firmware dropped, sizes undone, booted
+	// again from the pod's image, powered on); Keep leaves it as the lease
+	// left it. Unset: the class's, else Reset. Pods with Keep carry the
+	// annotation qemu-kubelet.io/lease-state-policy=Keep.
+	// +optional
+	LeaseStatePolicy LeaseStatePolicy `json:"leaseStatePolicy,omitempty"`
+
+	// Hooks are the exporter's lease hooks (beforeLease, afterLease), as
+	// Jumpstarter's exporter config defines them, with VM actions for
+	// scripts. Unset: the class's. They reach the pods as the annotation
+	// qemu-kubelet.io/lease-hooks.
+	// +optional
+	Hooks *LeaseHooks `json:"hooks,omitempty"`
 }
 
 // ExporterSetStatus is the observed state of an ExporterSet.

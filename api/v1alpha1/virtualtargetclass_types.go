@@ -202,6 +202,14 @@ type ClassJumpstarter struct {
 	// +kubebuilder:validation:MaxProperties=32
 	// +kubebuilder:validation:XValidation:rule="self.all(k, !k.startsWith('qemu-kubelet.io/'))",message="spec.jumpstarter.exporterLabels must not use the qemu-kubelet.io/ prefix"
 	ExporterLabels map[string]string `json:"exporterLabels,omitempty"`
+	// LeaseStatePolicy is the default of the class's sets for what a lease
+	// leaves for the next one: Reset (default) or Keep.
+	// +optional
+	LeaseStatePolicy LeaseStatePolicy `json:"leaseStatePolicy,omitempty"`
+	// Hooks are the default lease hooks of the class's sets (a set's own
+	// hooks replace them).
+	// +optional
+	Hooks *LeaseHooks `json:"hooks,omitempty"`
 }
 
 // The short name vtc stays for the reason ExporterSet keeps exs: upstream

@@ -11,6 +11,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 )
 
@@ -64,6 +65,8 @@ var knownAnnotations = map[string]bool{
 	// controller's.
 	v1alpha1.ParametersAnnotation: true, v1alpha1.RemoveAnnotation: true,
 	v1alpha1.StatePolicyAnnotation: true, v1alpha1.ReclaimPolicyAnnotation: true,
+	// The lease state policy and hooks are the pod's exporter's (leasepolicy.go).
+	v1alpha1.LeaseStatePolicyAnnotation: true, v1alpha1.LeaseHooksAnnotation: true,
 }
 
 // DefaultMemory is the guest RAM of a pod that sets neither a memory limit
@@ -370,6 +373,10 @@ func translateAnnotations(ann map[string]string, arch qemu.Arch, bad func(field,
 		case v1alpha1.JumpstarterSecretAnnotation:
 			if errs := validation.IsDNS1123Subdomain(v); len(errs) > 0 {
 				bad(f, "secret name %q: %s", v, strings.Join(errs, "; "))
+			}
+		case v1alpha1.LeaseStatePolicyAnnotation, v1alpha1.LeaseHooksAnnotation:
+			if _, err := LeaseSettingsOf(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{k: v}}}); err != nil {
+				bad(f, "%v", err)
 			}
 		case v1alpha1.StatePolicyAnnotation:
 			switch v1alpha1.StatePolicy(v) {

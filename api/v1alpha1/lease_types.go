@@ -1,0 +1,95 @@
+package v1alpha1
+
+// What a lease leaves for the next one, and the lease hooks: a set's (or
+// its class's) spec.jumpstarter.leaseStatePolicy and spec.jumpstarter.hooks.
+// They reach the pods as annotations, which the node's exporter reads.
+
+const (
+	// LeaseStatePolicyAnnotation is on the pods of a set whose effective
+	// leaseStatePolicy is Keep (value "Keep"). Absent means Reset.
+	LeaseStatePolicyAnnotation = "qemu-kubelet.io/lease-state-policy"
+	// LeaseHooksAnnotation holds a set's effective lease hooks (LeaseHooks)
+	// as compact JSON. Absent: no hooks.
+	LeaseHooksAnnotation = "qemu-kubelet.io/lease-hooks"
+)
+
+// LeaseStatePolicy says what a lease leaves for the next one.
+// +kubebuilder:validation:Enum=Reset;Keep
+type LeaseStatePolicy string
+
+const (
+	// LeaseStatePolicyReset returns the target to what the set defines
+	// when a lease ends (the default): a flashed image, flashed firmware
+	// and sizes set through the exporter are dropped, and the VM boots
+	// again, powered on, from the pod's image (a fresh disk unless the
+	// set's statePolicy is Retain) with the set's guest login.
+	LeaseStatePolicyReset LeaseStatePolicy = "Reset"
+	// LeaseStatePolicyKeep leaves the target as the lease left it: the next
+	// lease sees what the last one flashed, resized and powered.
+	LeaseStatePolicyKeep LeaseStatePolicy = "Keep"
+)
+
+// LeaseHookAction is one thing a lease hook does to the VM.
+// +kubebuilder:validation:Enum=powerOn;powerOff;powerCycle;reset
+type LeaseHookAction string
+
+const (
+	// LeaseHookPowerOn powers the VM on (nothing when it runs).
+	LeaseHookPowerOn LeaseHookAction = "powerOn"
+	// LeaseHookPowerOff powers the VM off at once (nothing when it is off).
+	LeaseHookPowerOff LeaseHookAction = "powerOff"
+	// LeaseHookPowerCycle powers the VM off and on again.
+	LeaseHookPowerCycle LeaseHookAction = "powerCycle"
+	// LeaseHookReset returns the VM to what the set defines, as
+	// leaseStatePolicy Reset does at a lease's end.
+	LeaseHookReset LeaseHookAction = "reset"
+)
+
+// LeaseHookOnFailure is what a failed or timed-out hook does, as
+// Jumpstarter's exporter hooks define it.
+// +kubebuilder:validation:Enum=warn;endLease;exit
+type LeaseHookOnFailure string
+
+const (
+	// LeaseHookWarn logs the failure and goes on as if the hook succeeded.
+	LeaseHookWarn LeaseHookOnFailure = "warn"
+	// LeaseHookEndLease reports BEFORE_LEASE_HOOK_FAILED (the lease is
+	// released, the client is never served) or AFTER_LEASE_HOOK_FAILED.
+	LeaseHookEndLease LeaseHookOnFailure = "endLease"
+	// LeaseHookExit reports the failed status and takes the exporter
+	// offline until the pod is recreated.
+	LeaseHookExit LeaseHookOnFailure = "exit"
+)
+
+// LeaseHooks are the hooks the exporter runs around each lease, as
+// Jumpstarter's exporter config names them (hooks.beforeLease,
+// hooks.afterLease); a hook here is a list of VM actions, not a script.
+type LeaseHooks struct {
+	// BeforeLease runs when a lease is assigned, before the client may
+	// use the drivers (exporter status BEFORE_LEASE_HOOK).
+	// +optional
+	BeforeLease *LeaseHook `json:"beforeLease,omitempty"`
+	// AfterLease runs when a lease ended, after the reset of
+	// leaseStatePolicy Reset (exporter status AFTER_LEASE_HOOK).
+	// +optional
+	AfterLease *LeaseHook `json:"afterLease,omitempty"`
+}
+
+// LeaseHook is one lease hook.
+type LeaseHook struct {
+	// Actions are done in order; the first that fails fails the hook.
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=8
+	Actions []LeaseHookAction `json:"actions"`
+	// Timeout bounds the whole hook, in seconds (default 120). A hook
+	// that takes longer fails.
+	// +optional
+	// +kubebuilder:default=120
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=3600
+	Timeout int32 `json:"timeout,omitempty"`
+	// OnFailure is what a failure does: warn (default), endLease or exit.
+	// +optional
+	// +kubebuilder:default=warn
+	OnFailure LeaseHookOnFailure `json:"onFailure,omitempty"`
+}
