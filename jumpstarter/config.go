@@ -43,6 +43,10 @@ type Config struct {
 	// never logged.
 	Hostname, Username, Password string
 
+	// Hooks are what the exporter does around each lease (hooks.go): the
+	// reset at a lease's end and the beforeLease and afterLease hooks.
+	Hooks LeaseHooks
+
 	// OnState is called (from the exporter's own goroutine, never
 	// concurrently) on every state change; err is set for StateFailed.
 	OnState func(s State, err error)

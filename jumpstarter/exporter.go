@@ -189,8 +189,9 @@ func (e *Exporter) setState(s State, err error) {
 // 2 s for temporary failures; back to the initial delay after a session
 // that got Online). A lease and its client connections survive a lost
 // controller session. On ctx end it unregisters
-// (best effort, short timeout), reports StateStopped and returns nil. An
-// Exporter runs once.
+// (best effort, short timeout), reports StateStopped and returns nil. A
+// lease hook with onFailure exit that failed (hooks.go) ends it the same
+// way, with an error wrapping ErrHookExit. An Exporter runs once.
 func (e *Exporter) Run(ctx context.Context) error {
 	if !e.running.CompareAndSwap(false, true) {
 		return errors.New("jumpstarter exporter: Run called twice")
@@ -209,6 +210,7 @@ func (e *Exporter) Run(ctx context.Context) error {
 	// controller restart must not cut the client connections of a lease.
 	// Only a StatusResponse that ends or replaces it, or Run's end, stops it.
 	var lease *leaseRun
+	var hookExit error // a hook with onFailure exit failed
 	defer func() {
 		if lease != nil {
 			lease.stop()
@@ -221,6 +223,10 @@ func (e *Exporter) Run(ctx context.Context) error {
 		online, reg, lease, err = e.session(ctx, lease)
 		registered = registered || reg
 		if ctx.Err() != nil {
+			break
+		}
+		if errors.Is(err, ErrHookExit) {
+			hookExit = err
 			break
 		}
 		e.setState(StateFailed, err)
@@ -242,6 +248,10 @@ func (e *Exporter) Run(ctx context.Context) error {
 	}
 	if registered {
 		e.unregister()
+	}
+	if hookExit != nil {
+		e.setState(StateFailed, hookExit)
+		return hookExit
 	}
 	e.setState(StateStopped, nil)
 	return nil
@@ -470,6 +480,9 @@ func (e *Exporter) session(ctx context.Context, lease *leaseRun) (online, regist
 				e.logs.Add(LogEntry{Message: "lease " + lease.name + " ended"})
 				lease.stop()
 				lease = nil
+				if err := e.afterLeasePhase(ctx, rep, &step); err != nil { // hooks.go
+					return online, true, lease, err
+				}
 			}
 			if step.start != "" {
 				e.log.Info("lease assigned", "lease", step.start, "client", m.GetClientName())
@@ -485,6 +498,11 @@ func (e *Exporter) session(ctx context.Context, lease *leaseRun) (online, regist
 				// a new lease, or one that outlived the last session
 				e.listenOn(ctx, lease, ctl, events)
 			}
+			if step.start != "" {
+				if err := e.beforeLeasePhase(ctx, rep, lease); err != nil { // hooks.go
+					return online, true, lease, err
+				}
+			}
 			if step.available != "" {
 				if err := rep.available(ctx, step.available); err != nil {
 					return online, true, lease, err
@@ -498,10 +516,10 @@ func (e *Exporter) session(ctx context.Context, lease *leaseRun) (online, regist
 				return online, true, lease, ev.err
 			}
 			if ev.open {
-				if err := rep.report(ctx, pb.ExporterStatus_EXPORTER_STATUS_LEASE_READY, "Ready for commands"); err != nil {
+				lease.open = true
+				if err := e.leaseReady(ctx, rep, lease); err != nil { // hooks.go
 					return online, true, lease, err
 				}
-				e.setState(StateLeased, nil)
 			}
 		case <-e.endSession:
 			if lease != nil {
@@ -565,6 +583,11 @@ type leaseRun struct {
 	name   string
 	ctx    context.Context
 	cancel context.CancelFunc
+	// ready: the beforeLease hook passed (or there is none), with its
+	// LEASE_READY message; open: Listen opened. Drivers are served once
+	// both hold. Run goroutine only.
+	ready, open bool
+	readyMsg    string
 
 	// Listen of the current session (Run goroutine only).
 	listenCancel context.CancelFunc

@@ -40,13 +40,23 @@ type statusReporter struct {
 }
 
 func (r *statusReporter) report(ctx context.Context, s pb.ExporterStatus, msg string) error {
+	return r.reportRelease(ctx, s, msg, false)
+}
+
+// reportRelease reports s; release also asks the controller to release
+// the active lease (a failed beforeLease hook).
+func (r *statusReporter) reportRelease(ctx context.Context, s pb.ExporterStatus, msg string, release bool) error {
 	r.e.status.set(s, msg)
-	if r.reported == s {
+	if r.reported == s && !release {
 		return nil
 	}
 	rctx, rcancel := context.WithTimeout(ctx, callTimeout)
 	defer rcancel()
-	if _, err := r.ctl.ReportStatus(rctx, &pb.ReportStatusRequest{Status: s, Message: &msg}); err != nil {
+	req := &pb.ReportStatusRequest{Status: s, Message: &msg}
+	if release {
+		req.ReleaseLease = &release
+	}
+	if _, err := r.ctl.ReportStatus(rctx, req); err != nil {
 		return r.e.callError("report status "+s.String(), err)
 	}
 	r.reported = s

@@ -1,0 +1,288 @@
+package jumpstarter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/pb"
+)
+
+// Lease hooks, as upstream Jumpstarter's exporter config defines them
+// (hooks.beforeLease, hooks.afterLease: timeout, onFailure warn, endLease
+// or exit; the exporter statuses BEFORE_LEASE_HOOK, AFTER_LEASE_HOOK and
+// their *_FAILED), with VM actions for scripts, and the lease state
+// policy's reset at every lease's end. What to run and what its outcome
+// means are pure (afterLeaseHook, decideHook); runHook only does the
+// actions. The Run goroutine runs the hooks (exporter.go's session).
+
+// HookAction is one thing a hook does to the target.
+type HookAction string
+
+const (
+	HookPowerOn    HookAction = "powerOn"
+	HookPowerOff   HookAction = "powerOff"
+	HookPowerCycle HookAction = "powerCycle"
+	// HookReset returns the target to what its owner defines (Resetter).
+	HookReset HookAction = "reset"
+)
+
+// OnFailure is what a failed or timed-out hook does.
+type OnFailure string
+
+const (
+	// OnFailureWarn logs the failure and goes on as if the hook succeeded.
+	OnFailureWarn OnFailure = "warn"
+	// OnFailureEndLease reports the *_FAILED status; a beforeLease failure
+	// also asks the controller to release the lease and serves no driver.
+	OnFailureEndLease OnFailure = "endLease"
+	// OnFailureExit reports the *_FAILED status and ends the exporter
+	// (Run returns an error wrapping ErrHookExit).
+	OnFailureExit OnFailure = "exit"
+)
+
+// DefaultHookTimeout bounds a hook that names no timeout (upstream's).
+const DefaultHookTimeout = 120 * time.Second
+
+// Hook is one lease hook.
+type Hook struct {
+	Actions   []HookAction
+	Timeout   time.Duration // <= 0: DefaultHookTimeout
+	OnFailure OnFailure     // "": warn
+}
+
+// LeaseHooks are what the exporter does around each lease.
+type LeaseHooks struct {
+	// ResetAfterLease resets the target when a lease ends (the lease state
+	// policy Reset), before AfterLease's actions.
+	ResetAfterLease bool
+	// BeforeLease and AfterLease are the hooks (nil: none).
+	BeforeLease, AfterLease *Hook
+}
+
+// Resetter is a Target that can return to what its owner defines: the
+// image, firmware, sizes and login it was created with, powered on.
+type Resetter interface {
+	ResetTarget(ctx context.Context) error
+}
+
+// ErrHookExit: a hook with onFailure exit failed; the exporter went
+// offline.
+var ErrHookExit = errors.New("a lease hook with onFailure exit failed: the exporter went offline")
+
+// afterLeaseHook is what runs when a lease ends: the reset of the lease
+// state policy first (the set's definition), then the afterLease hook's
+// actions (which may power it off for the next beforeLease to power on),
+// under the hook's timeout and onFailure. A reset without an afterLease
+// hook fails with exit: a target that could not be reset must not serve
+// the next lease. nil: nothing runs. Pure.
+func afterLeaseHook(h LeaseHooks) *Hook {
+	if !h.ResetAfterLease {
+		return h.AfterLease
+	}
+	out := &Hook{Actions: []HookAction{HookReset}, OnFailure: OnFailureExit}
+	if a := h.AfterLease; a != nil {
+		out.Actions = append(out.Actions, a.Actions...)
+		out.Timeout, out.OnFailure = a.Timeout, a.OnFailure
+	}
+	return out
+}
+
+// hookPhase is when a hook runs.
+type hookPhase int
+
+const (
+	beforeLease hookPhase = iota + 1
+	afterLease
+)
+
+func (p hookPhase) String() string {
+	if p == beforeLease {
+		return "beforeLease"
+	}
+	return "afterLease"
+}
+
+// hookVerdict is what the exporter does once a phase is over.
+type hookVerdict struct {
+	status pb.ExporterStatus // reported to the controller, answered by GetStatus
+	msg    string
+	// release asks the controller to release the lease (a beforeLease
+	// hook failed with endLease or exit): the client is never served.
+	release bool
+	// exit: the exporter goes offline (Run ends with ErrHookExit).
+	exit bool
+	// warn: the failure is only logged (onFailure warn).
+	warn bool
+}
+
+// decideHook is the outcome of phase's hook h (nil: none ran) that
+// ended with err (nil: done). Pure.
+func decideHook(phase hookPhase, h *Hook, err error) hookVerdict {
+	ok := pb.ExporterStatus_EXPORTER_STATUS_LEASE_READY
+	okMsg := "Ready for commands"
+	failed := pb.ExporterStatus_EXPORTER_STATUS_BEFORE_LEASE_HOOK_FAILED
+	if phase == afterLease {
+		ok, okMsg = pb.ExporterStatus_EXPORTER_STATUS_AVAILABLE, "Available for new lease"
+		failed = pb.ExporterStatus_EXPORTER_STATUS_AFTER_LEASE_HOOK_FAILED
+	}
+	if h == nil || err == nil {
+		return hookVerdict{status: ok, msg: okMsg}
+	}
+	switch h.OnFailure {
+	case OnFailureEndLease:
+		return hookVerdict{status: failed, msg: fmt.Sprintf("%s hook failed (onFailure=endLease): %v", phase, err), release: phase == beforeLease}
+	case OnFailureExit:
+		return hookVerdict{status: failed, msg: fmt.Sprintf("%s hook failed (onFailure=exit, shutting down): %v", phase, err), release: phase == beforeLease, exit: true}
+	}
+	return hookVerdict{status: ok, msg: fmt.Sprintf("%s (%s hook warning: %v)", okMsg, phase, err), warn: true}
+}
+
+// hookStatus is the status reported while phase's hook runs.
+func hookStatus(phase hookPhase) (pb.ExporterStatus, string) {
+	if phase == beforeLease {
+		return pb.ExporterStatus_EXPORTER_STATUS_BEFORE_LEASE_HOOK, "Running beforeLease hook"
+	}
+	return pb.ExporterStatus_EXPORTER_STATUS_AFTER_LEASE_HOOK, "Running afterLease hooks"
+}
+
+// runHook does h's actions in order within its timeout; the first that
+// fails (or the timeout) fails the hook. Each step is a LogStream line.
+func (e *Exporter) runHook(ctx context.Context, phase hookPhase, h *Hook) error {
+	d := h.Timeout
+	if d <= 0 {
+		d = DefaultHookTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	op := phase.String() + " hook"
+	e.log.Info("lease hook", "phase", phase.String(), "actions", actionNames(h.Actions), "timeout", d.String(), "onFailure", string(h.OnFailure))
+	for _, a := range h.Actions {
+		e.logs.Add(LogEntry{Message: fmt.Sprintf("%s: %s", op, a), Operation: op})
+		err := e.hookAction(ctx, a)
+		if err == nil && ctx.Err() != nil {
+			err = ctx.Err()
+		}
+		if err != nil {
+			if errors.Is(err, context.DeadlineExceeded) || ctx.Err() == context.DeadlineExceeded {
+				err = fmt.Errorf("timed out after %s in action %s: %w", d, a, err)
+			} else {
+				err = fmt.Errorf("action %s: %w", a, err)
+			}
+			e.logs.Add(LogEntry{Severity: SeverityError, Message: fmt.Sprintf("%s failed: %v", op, err), Operation: op})
+			return err
+		}
+	}
+	e.logs.Add(LogEntry{Message: op + " done: " + strings.Join(actionNames(h.Actions), ", "), Operation: op})
+	return nil
+}
+
+func actionNames(as []HookAction) []string {
+	out := make([]string, len(as))
+	for i, a := range as {
+		out[i] = string(a)
+	}
+	return out
+}
+
+// hookAction does one action on the target.
+func (e *Exporter) hookAction(ctx context.Context, a HookAction) error {
+	t := e.cfg.Target
+	switch a {
+	case HookPowerOn:
+		return t.PowerOn(ctx)
+	case HookPowerOff:
+		return t.PowerOff(ctx)
+	case HookPowerCycle:
+		if err := t.PowerOff(ctx); err != nil {
+			return err
+		}
+		return t.PowerOn(ctx)
+	case HookReset:
+		r, ok := t.(Resetter)
+		if !ok {
+			return errors.New("this target cannot be reset")
+		}
+		return r.ResetTarget(ctx)
+	}
+	return fmt.Errorf("unknown hook action %q", a)
+}
+
+// runPhase runs phase's hook h (nil: none) and reports its statuses: the
+// hook's while it runs, then the verdict's. It returns the verdict.
+func (e *Exporter) runPhase(ctx context.Context, rep *statusReporter, phase hookPhase, h *Hook) (hookVerdict, error) {
+	var err error
+	if h != nil {
+		st, msg := hookStatus(phase)
+		if rerr := rep.report(ctx, st, msg); rerr != nil {
+			return hookVerdict{}, rerr
+		}
+		err = e.runHook(ctx, phase, h)
+		if err != nil {
+			e.log.Info("lease hook failed", "phase", phase.String(), "onFailure", string(h.OnFailure), "error", err.Error())
+		}
+	}
+	v := decideHook(phase, h, err)
+	if v.status == pb.ExporterStatus_EXPORTER_STATUS_LEASE_READY {
+		return v, nil // reported once Listen is open
+	}
+	if rerr := rep.reportRelease(ctx, v.status, v.msg, v.release); rerr != nil {
+		return v, rerr
+	}
+	return v, nil
+}
+
+// afterLeasePhase runs when a lease ended (Run goroutine): the reset and
+// the afterLease hook, before anything else is served; their verdict is
+// the status (step.available, the AVAILABLE message, follows it). A hook
+// with onFailure exit that failed ends the session with ErrHookExit.
+func (e *Exporter) afterLeasePhase(ctx context.Context, rep *statusReporter, step *leaseStep) error {
+	h := afterLeaseHook(e.cfg.Hooks)
+	if h == nil {
+		return nil
+	}
+	v, err := e.runPhase(ctx, rep, afterLease, h)
+	if err != nil {
+		return err
+	}
+	if v.exit {
+		return fmt.Errorf("%s: %w", v.msg, ErrHookExit)
+	}
+	if v.status != pb.ExporterStatus_EXPORTER_STATUS_AVAILABLE {
+		step.available = "" // the failed status stays until the next lease
+		e.setState(StateOnline, nil)
+	} else if step.available != "" {
+		step.available = v.msg
+	}
+	return nil
+}
+
+// beforeLeasePhase runs the beforeLease hook of a lease just assigned
+// (Run goroutine): its drivers are served (LEASE_READY) once it passed
+// and Listen is open (leaseReady).
+func (e *Exporter) beforeLeasePhase(ctx context.Context, rep *statusReporter, lr *leaseRun) error {
+	v, err := e.runPhase(ctx, rep, beforeLease, e.cfg.Hooks.BeforeLease)
+	if err != nil {
+		return err
+	}
+	if v.exit {
+		return fmt.Errorf("%s: %w", v.msg, ErrHookExit)
+	}
+	lr.ready, lr.readyMsg = v.status == pb.ExporterStatus_EXPORTER_STATUS_LEASE_READY, v.msg
+	return e.leaseReady(ctx, rep, lr)
+}
+
+// leaseReady reports LEASE_READY once the lease's beforeLease hook passed
+// and its Listen is open (StateLeased).
+func (e *Exporter) leaseReady(ctx context.Context, rep *statusReporter, lr *leaseRun) error {
+	if !lr.ready || !lr.open {
+		return nil
+	}
+	if err := rep.report(ctx, pb.ExporterStatus_EXPORTER_STATUS_LEASE_READY, lr.readyMsg); err != nil {
+		return err
+	}
+	e.setState(StateLeased, nil)
+	return nil
+}
