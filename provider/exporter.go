@@ -109,7 +109,11 @@ func (e podExporter) PowerOffNow(ctx context.Context) error {
 }
 
 func (e podExporter) Flash(ctx context.Context, f *exporter.Flash) error {
-	return e.p.request(ctx, e.rec, vmRequest{op: opFlash, flash: f})
+	op := opFlash
+	if f.IsReset() {
+		op = opReset
+	}
+	return e.p.request(ctx, e.rec, vmRequest{op: op, flash: f})
 }
 
 // SetSize checks and changes the pod's size under the admission lock
@@ -192,6 +196,6 @@ func (p *VMs) installFlash(rec *podVM, f *exporter.Flash) error {
 		}
 	}
 	p.push(rec)
-	p.event(pod, corev1.EventTypeNormal, "Flashed", f.Flashed())
+	p.event(pod, corev1.EventTypeNormal, f.Reason(), f.Flashed())
 	return nil
 }

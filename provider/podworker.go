@@ -41,7 +41,8 @@ const (
 	// statePoweringOff: a requested power off is stopping the VM.
 	statePoweringOff
 	// stateFlashing: a flash request is stopping the VM and installing the
-	// new image.
+	// new image; a reset request (from Running, BackOff or PoweredOff)
+	// stops the VM if one runs and installs the pod's own definition.
 	stateFlashing
 	// stateFinished: the VM will not run again (restart policy, invalid
 	// spec, rejected by this build): wait for the delete.
@@ -333,6 +334,9 @@ func next(w podWorker, e workerEvent) (podWorker, []workerAction) {
 				return w.enter(statePoweredOff, act(actOffInBackOff))
 			case opFlash: // the image the restart boots
 				return w, []workerAction{act(actInstallImage)}
+			case opReset: // the pod's definition, started now
+				w.crashes = 0
+				return w.enter(stateFlashing)
 			}
 			return w, []workerAction{act(actRefuseFinished)}
 		}
@@ -344,6 +348,9 @@ func next(w podWorker, e workerEvent) (podWorker, []workerAction) {
 				return w.enter(stateStarting, act(actPowerOn), act(actAwaitStart))
 			case opFlash: // the image the next power on boots; stay off
 				return w, []workerAction{act(actInstallImage)}
+			case opReset: // the pod's definition, powered on
+				w.crashes = 0
+				return w.enter(stateFlashing)
 			}
 			return w, []workerAction{act(actReply)} // off already
 		}
@@ -388,7 +395,7 @@ func (w podWorker) running(e workerEvent) (podWorker, []workerAction) {
 		switch e.op {
 		case opPowerOff: // stop the VM and stay off
 			return w.enter(statePoweringOff)
-		case opFlash: // stop the VM, install the image, start it
+		case opFlash, opReset: // stop the VM, install the image (or the pod's own), start it
 			return w.enter(stateFlashing)
 		}
 		return w, []workerAction{act(actReply)} // on already

@@ -77,6 +77,7 @@ func TestPodWorkerTransitions(t *testing.T) {
 		{"power on while running", pw(stateRunning, 0, always), evReq(opPowerOn), stateRunning, 0, "Reply"},
 		{"power off while running", pw(stateRunning, 0, always), evReq(opPowerOff), statePoweringOff, 0, ""},
 		{"flash while running", pw(stateRunning, 0, always), evReq(opFlash), stateFlashing, 0, ""},
+		{"reset while running: stop, reset, start", pw(stateRunning, 0, always), evReq(opReset), stateFlashing, 0, ""},
 
 		// Running: the run's first Ready ends the boot and starts the exporter.
 		{"first Ready: boot over, exporter on", pw(stateRunning, 1, always), ev(evReady), stateRunning, 1, "EndBoot,SaveSnapshot,StartExporter"},
@@ -110,11 +111,13 @@ func TestPodWorkerTransitions(t *testing.T) {
 		{"power on during back-off: start now", pw(stateBackOff, 3, always), evReq(opPowerOn), stateStarting, 3, "AwaitStart,CountRestart"},
 		{"power off during back-off: stay off", pw(stateBackOff, 3, always), evReq(opPowerOff), statePoweredOff, 3, "OffInBackOff,StartExporter"},
 		{"flash during back-off: install, keep waiting", pw(stateBackOff, 3, always), evReq(opFlash), stateBackOff, 3, "InstallImage"},
+		{"reset during back-off: reset, start now", pw(stateBackOff, 3, always), evReq(opReset), stateFlashing, 0, ""},
 
 		// Powered off on request.
 		{"power on", pw(statePoweredOff, 4, always), evReq(opPowerOn), stateStarting, 0, "PowerOn,AwaitStart"},
 		{"power off when off", pw(statePoweredOff, 0, always), evReq(opPowerOff), statePoweredOff, 0, "Reply"},
 		{"flash when off", pw(statePoweredOff, 0, always), evReq(opFlash), statePoweredOff, 0, "InstallImage"},
+		{"reset when off: reset, power on", pw(statePoweredOff, 2, always), evReq(opReset), stateFlashing, 0, ""},
 		{"delete when off", pw(statePoweredOff, 0, always), ev(evDelete), stateTerminating, 0, "AnswerDeleted"},
 		{"shutdown when off", pw(statePoweredOff, 0, always), ev(evShutdown), stateDetached, 0, ""},
 
@@ -127,6 +130,7 @@ func TestPodWorkerTransitions(t *testing.T) {
 		// Finished: only the delete.
 		{"finished refuses power on", pw(stateFinished, 0, never), evReq(opPowerOn), stateFinished, 0, "RefuseFinished"},
 		{"finished refuses flash", pw(stateFinished, 0, never), evReq(opFlash), stateFinished, 0, "RefuseFinished"},
+		{"finished refuses reset", pw(stateFinished, 0, never), evReq(opReset), stateFinished, 0, "RefuseFinished"},
 		{"finished refuses power off", pw(stateFinished, 0, never), evReq(opPowerOff), stateFinished, 0, "RefuseFinished"},
 		{"delete when finished", pw(stateFinished, 0, never), ev(evDelete), stateTerminating, 0, "AnswerDeleted"},
 		{"shutdown when finished", pw(stateFinished, 0, never), ev(evShutdown), stateDetached, 0, ""},

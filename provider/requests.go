@@ -13,6 +13,9 @@ const (
 	opPowerOn vmOp = iota + 1
 	opPowerOff
 	opFlash
+	// opReset returns the VM to what the pod defines and powers it on
+	// (exporter.NewReset: a flash of the pod's own definition).
+	opReset
 )
 
 func (o vmOp) String() string {
@@ -23,6 +26,8 @@ func (o vmOp) String() string {
 		return "power off"
 	case opFlash:
 		return "flash"
+	case opReset:
+		return "reset"
 	}
 	return "unknown"
 }
@@ -31,7 +36,7 @@ func (o vmOp) String() string {
 // worker never blocks answering, even when the caller gave up.
 type vmRequest struct {
 	op vmOp
-	// flash (opFlash) is what to install: a pulled and verified image or
+	// flash (opFlash, opReset) is what to install: a pulled and verified image or
 	// partition, with its hold, released by whoever ends up not using it
 	// (the worker once it took the request).
 	flash *exporter.Flash
@@ -60,4 +65,13 @@ func (r *vmRequest) release() {
 func (r *vmRequest) refuse(err error) {
 	r.release()
 	r.reply <- err
+}
+
+// flashVerb says what a flash or reset request does, for the power off's
+// event ("to flash <what>", "to reset").
+func flashVerb(r vmRequest) string {
+	if r.op == opReset {
+		return "reset"
+	}
+	return "flash " + r.what()
 }

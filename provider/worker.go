@@ -147,9 +147,12 @@ func (w *worker) step(st podWorker) workerEvent {
 		return workerEvent{kind: evStopped}
 	case stateFlashing:
 		req := w.req
-		if err := p.powerOff(ctx, rec, "to flash "+req.what(), false); err != nil {
-			req.refuse(err)
-			return workerEvent{kind: evStopFailed}
+		if rec.vm.get() != nil { // a reset comes from BackOff and PoweredOff too
+			// A reset drops the guest's state: no need to shut it down.
+			if err := p.powerOff(ctx, rec, "to "+flashVerb(req), req.op == opReset); err != nil {
+				req.refuse(err)
+				return workerEvent{kind: evStopFailed}
+			}
 		}
 		if err := p.installFlash(rec, req.flash); err != nil {
 			req.reply <- err

@@ -173,6 +173,11 @@ func Settings(pod *corev1.Pod, secret *corev1.Secret) (jumpstarter.Config, error
 	if login != nil {
 		cfg.Username, cfg.Password = login.Username, login.Password
 	}
+	ls, err := podspec.LeaseSettingsOf(pod) // the set's leaseStatePolicy and hooks
+	if err != nil {
+		return cfg, &podspec.ConfigError{Msg: err.Error()}
+	}
+	cfg.Hooks = leaseHooks(ls)
 	cfg.Display = pod.Annotations[podspec.AnnotationDisplay] == podspec.DisplayVNC
 	cfg.Ports = exporterPorts(pod, cfg.Display)
 	cfg.Hostname = pod.Name
@@ -497,6 +502,9 @@ func (s *Supervisor) supervise(ctx context.Context) {
 			if st == jumpstarter.StateStopped {
 				return // the supervisor reports its own stop
 			}
+			if st == jumpstarter.StateOnline || st == jumpstarter.StateLeased {
+				msg = leaseStateNote(cfg.Hooks)
+			}
 			s.setState(st, msg)
 		}
 		s.setState(jumpstarter.StateConnecting, "")
@@ -516,6 +524,15 @@ func (s *Supervisor) supervise(ctx context.Context) {
 			log.Info("Exporter secret changed; restarting the exporter")
 			attempt = 0
 			continue
+		case errors.Is(err, jumpstarter.ErrHookExit):
+			// As upstream's exit code 1: not restarted; the pod's
+			// recreation (or the node agent's restart) brings it back.
+			msg := redact(err.Error(), token) + "; the exporter stays offline until the pod is recreated"
+			log.Info("Exporter ended by a lease hook", "err", msg)
+			s.setState(jumpstarter.StateFailed, msg)
+			<-ctx.Done()
+			s.setState(jumpstarter.StateStopped, "")
+			return
 		case err != nil:
 			msg := redact(err.Error(), token)
 			log.Info("Exporter ended", "err", msg)

@@ -26,6 +26,7 @@ type Flash struct {
 	Image *oci.Image
 	Part  *Partition
 	Hold  func()
+	reset *resetting // a reset (reset.go), not a flash
 }
 
 // Partition is a partition image written aside and verified.
@@ -37,6 +38,9 @@ type Partition struct {
 
 // What names what f installs.
 func (f *Flash) What() string {
+	if f.reset != nil {
+		return "reset"
+	}
 	if f.Part != nil {
 		return "partition " + f.Part.name
 	}
@@ -66,6 +70,12 @@ func (f *Flash) Place(dir, overlay string) (*Placed, error) {
 	fail := func(err error) (*Placed, error) {
 		pl.Undo()
 		return nil, err
+	}
+	if f.reset != nil {
+		if err := pl.placeReset(f.reset, overlay); err != nil {
+			return fail(err)
+		}
+		return pl, nil
 	}
 	pf := f.Part
 	if pf == nil || pf.name == jumpstarter.PartitionRoot {
@@ -133,6 +143,9 @@ func (pl *Placed) Commit() {
 	if pl.placed {
 		pl.f.Hold = nil // the file is the pod's now
 	}
+	if pl.f.reset != nil {
+		emptyFlashDir(pl.dir)
+	}
 }
 
 // Undo puts back what the flash replaced and takes the flash's file out
@@ -172,6 +185,10 @@ func (pl *Placed) Undo() error {
 // stale is a file to remove once the state is written ("": none). Pure
 // but for its input.
 func (f *Flash) Record(dir string, st *podstatus.VMState) (podImageGoes bool, stale string) {
+	if f.reset != nil {
+		recordReset(st)
+		return false, ""
+	}
 	if img := f.Image; img != nil {
 		ref := podspec.ImageID(img)
 		st.FlashedImage = ref
@@ -208,10 +225,16 @@ func (f *Flash) Unrecord(st *podstatus.VMState, before podstatus.VMState) {
 	st.ImageDigest = before.ImageDigest
 	st.ImageID = before.ImageID
 	st.Flashed = before.Flashed
+	if f.reset != nil {
+		st.Size = before.Size
+	}
 }
 
 // Flashed is the event message of an installed flash.
 func (f *Flash) Flashed() string {
+	if f.reset != nil {
+		return resetMessage(f.reset)
+	}
 	if pf := f.Part; pf != nil {
 		return fmt.Sprintf("Partition %s replaced by a flashed %s image (%s, %d bytes); the VM boots it from now on", pf.name, pf.rec.Format, pf.rec.Digest, pf.rec.Size)
 	}
@@ -220,6 +243,9 @@ func (f *Flash) Flashed() string {
 
 // RecordError is the error of a flash whose state could not be written.
 func (f *Flash) RecordError(err error) error {
+	if f.reset != nil {
+		return fmt.Errorf("reset: record it in the pod's state dir: %w", err)
+	}
 	if pf := f.Part; pf != nil {
 		return fmt.Errorf("flash %s: record it in the pod's state dir: %w", pf.name, err)
 	}
