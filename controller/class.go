@@ -151,7 +151,7 @@ func Resolve(set *v1alpha1.ExporterSet, class *v1alpha1.VirtualTargetClass) (*Re
 		return nil, &ClassError{ReasonInvalidJumpstarter, "Jumpstarter mode needs exporter labels: set spec.jumpstarter.exporterLabels or the class's spec.jumpstarter.exporterLabels"}
 	}
 	if js := eff.Spec.Jumpstarter; js != nil {
-		if ann := LeaseAnnotations(js); len(ann) > 0 {
+		if ann := LeaseAnnotations(js, eff.Spec.RecyclePolicy); len(ann) > 0 {
 			t.Annotations = maps.Clone(t.Annotations)
 			if t.Annotations == nil {
 				t.Annotations = map[string]string{}
@@ -168,11 +168,12 @@ func Resolve(set *v1alpha1.ExporterSet, class *v1alpha1.VirtualTargetClass) (*Re
 
 // LeaseAnnotations are the pod annotations that carry a set's effective
 // lease state policy and lease hooks to its pods' exporters: only what
-// differs from the default (Reset, no hooks), so a set that asks for
-// nothing keeps its template hash. Pure.
-func LeaseAnnotations(js *v1alpha1.JumpstarterSpec) map[string]string {
+// differs from the node's default (Reset, no hooks). A pod of a set that
+// does not recycle with Reuse is deleted when its lease ends, so it gets
+// Keep: a reset would only boot a VM about to be deleted. Pure.
+func LeaseAnnotations(js *v1alpha1.JumpstarterSpec, recycle v1alpha1.RecyclePolicy) map[string]string {
 	ann := map[string]string{}
-	if js.LeaseStatePolicy == v1alpha1.LeaseStatePolicyKeep {
+	if js.LeaseStatePolicy == v1alpha1.LeaseStatePolicyKeep || recycle != v1alpha1.RecyclePolicyReuse {
 		ann[v1alpha1.LeaseStatePolicyAnnotation] = string(v1alpha1.LeaseStatePolicyKeep)
 	}
 	if js.Hooks != nil && (js.Hooks.BeforeLease != nil || js.Hooks.AfterLease != nil) {

@@ -261,6 +261,7 @@ func TestResolve(t *testing.T) {
 		on := &v1alpha1.LeaseHooks{BeforeLease: &v1alpha1.LeaseHook{Actions: []v1alpha1.LeaseHookAction{v1alpha1.LeaseHookPowerOn}, Timeout: 30, OnFailure: v1alpha1.LeaseHookEndLease}}
 		r, err = Resolve(classSet(func(s *v1alpha1.ExporterSet) {
 			s.Spec.ClassName = "c"
+			s.Spec.RecyclePolicy = v1alpha1.RecyclePolicyReuse
 			s.Spec.Jumpstarter = &v1alpha1.JumpstarterSpec{LeaseStatePolicy: v1alpha1.LeaseStatePolicyReset, Hooks: on}
 		}), c)
 		require.Nil(t, err)
@@ -269,10 +270,11 @@ func TestResolve(t *testing.T) {
 		assert.JSONEq(t, `{"beforeLease":{"actions":["powerOn"],"timeout":30,"onFailure":"endLease"}}`, ann[v1alpha1.LeaseHooksAnnotation], "the set's hooks replace the class's")
 		assert.Equal(t, off, c.Spec.Jumpstarter.Hooks, "the class is not changed")
 
-		// A set that asks for nothing (or for the default) gets no
+		// A Reuse set that asks for nothing (or for the default) gets no
 		// annotation; Keep or hooks roll the set.
 		js := func(f func(*v1alpha1.JumpstarterSpec)) *v1alpha1.ExporterSet {
 			return classSet(func(s *v1alpha1.ExporterSet) {
+				s.Spec.RecyclePolicy = v1alpha1.RecyclePolicyReuse
 				s.Spec.Jumpstarter = &v1alpha1.JumpstarterSpec{ExporterLabels: map[string]string{"board": "rpi4"}}
 				f(s.Spec.Jumpstarter)
 			})
@@ -285,6 +287,17 @@ func TestResolve(t *testing.T) {
 		assert.NotContains(t, base.Set.Spec.Template.Annotations, v1alpha1.LeaseStatePolicyAnnotation)
 		assert.NotEqual(t, setHash(base.Set), setHash(keep.Set))
 		assert.NotEqual(t, setHash(base.Set), setHash(hooked.Set))
+
+		// A Replace set's pods are deleted at lease end: Keep, even when
+		// the set asks for Reset (a reset would boot a VM about to go).
+		for _, p := range []v1alpha1.LeaseStatePolicy{"", v1alpha1.LeaseStatePolicyReset} {
+			r, err := Resolve(classSet(func(s *v1alpha1.ExporterSet) {
+				s.Spec.RecyclePolicy = v1alpha1.RecyclePolicyReplace
+				s.Spec.Jumpstarter = &v1alpha1.JumpstarterSpec{ExporterLabels: map[string]string{"board": "rpi4"}, LeaseStatePolicy: p}
+			}), nil)
+			require.Nil(t, err)
+			assert.Equal(t, "Keep", r.Set.Spec.Template.Annotations[v1alpha1.LeaseStatePolicyAnnotation], "Replace set, policy %q", p)
+		}
 	})
 	t.Run("class changes change the hash; a binding mode change does not", func(t *testing.T) {
 		s := classSet(func(s *v1alpha1.ExporterSet) { s.Spec.ClassName = "c" })

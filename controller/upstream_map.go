@@ -106,6 +106,10 @@ func MapUpstream(set *vtv1.ExporterSet, class *vtv1.VirtualTargetClass, drainDel
 	if cerr != nil {
 		return out, cerr
 	}
+	if out.Knobs.Recycle != v1alpha1.RecyclePolicyReuse {
+		// ExitAndReplace: the pod goes at lease end, nothing to reset.
+		t.Annotations = map[string]string{v1alpha1.LeaseStatePolicyAnnotation: string(v1alpha1.LeaseStatePolicyKeep)}
+	}
 	out.Template = t
 	return out, nil
 }

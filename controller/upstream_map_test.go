@@ -60,6 +60,9 @@ func TestMapUpstreamKnobs(t *testing.T) {
 			require.Nil(t, cerr)
 			tc.want.Jumpstarter = &JumpstarterInput{DrainDelay: 3 * time.Second}
 			assert.Equal(t, tc.want, got.Knobs)
+			// ExitAndReplace pods go at lease end: nothing to reset.
+			wantKeep := map[bool]string{true: "", false: "Keep"}[tc.want.Recycle == v1alpha1.RecyclePolicyReuse]
+			assert.Equal(t, wantKeep, got.Template.Annotations[v1alpha1.LeaseStatePolicyAnnotation])
 		})
 	}
 }

@@ -289,7 +289,9 @@ type JumpstarterSpec struct {
 	// ends (flashed image and firmware dropped, sizes undone, booted
 	// again from the pod's image, powered on); Keep leaves it as the lease
 	// left it. Unset: the class's, else Reset. Pods with Keep carry the
-	// annotation qemu-kubelet.io/lease-state-policy=Keep.
+	// annotation qemu-kubelet.io/lease-state-policy=Keep, and so do the
+	// pods of a set that does not recycle with Reuse (they are deleted
+	// when their lease ends: nothing to reset).
 	// +optional
 	LeaseStatePolicy LeaseStatePolicy `json:"leaseStatePolicy,omitempty"`
 
