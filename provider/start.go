@@ -285,6 +285,7 @@ func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan pods
 		Memory:      p.cfg.Memory,
 		Nice:        p.cfg.VMNice,
 		Display:     plan.Display,
+		CPUModel:    podspec.CPUModel(plan, accel, p.cfg.CPUModels), // the pod's, else the node's, else qemu's default
 		// features.consoleLogSize in force when the VM starts.
 		ConsoleCapBytes: p.Features().ConsoleLogSize,
 		Cgroup:          podspec.VMCgroup(p.cfg.VMCgroup, plan, p.cfg.VMOverhead),

@@ -98,6 +98,9 @@ type VMsConfig struct {
 	// kernel booted directly under TCG (emulatedKernelArgs in the node
 	// configuration; EmulatedKernelCmdline).
 	EmulatedKernelArgs []string
+	// CPUModels are the guest CPU models of pods that name none, by
+	// accelerator (cpuModel in the node configuration; podspec.CPUModel).
+	CPUModels map[qemu.Accelerator]string
 	// VMOverhead is QEMU's own memory per VM in bytes, counted by
 	// admission next to the pod's memory request (podspec.Admit).
 	VMOverhead int64

@@ -246,6 +246,17 @@ var (
 // MaxCPUModelLen bounds Spec.CPUModel.
 const MaxCPUModelLen = 512
 
+// ValidateCPUModel checks the form of a -cpu value (Spec.CPUModel): a
+// model name, then comma-separated features (+f, -f, f=v). Whether QEMU
+// knows the model is QEMU's to say; whether it fits the accelerator is
+// Spec.Validate's.
+func ValidateCPUModel(m string) error {
+	if m == "" || len(m) > MaxCPUModelLen || !cpuModelRE.MatchString(m) {
+		return fmt.Errorf("cpu model %q: want a QEMU CPU model, optionally with comma-separated features (e.g. max, Haswell-v4, max,la57=off), at most %d characters", m, MaxCPUModelLen)
+	}
+	return nil
+}
+
 // withDefaults fills the defaults Validate and Args assume.
 func (s Spec) withDefaults() Spec {
 	if s.Arch == "" {
@@ -347,10 +358,9 @@ func (c *specCheck) machine() {
 	}
 	if m := s.CPUModel; m != "" {
 		name, _, _ := strings.Cut(m, ",")
-		switch {
-		case len(m) > MaxCPUModelLen || !cpuModelRE.MatchString(m):
-			c.bad("cpu model %q: want a QEMU CPU model, optionally with comma-separated features (e.g. max, Haswell-v4, max,la57=off), at most %d characters", m, MaxCPUModelLen)
-		case name == "host" && s.Accelerator != AccelKVM:
+		if err := ValidateCPUModel(m); err != nil {
+			c.bad("%v", err)
+		} else if name == "host" && s.Accelerator != AccelKVM {
 			c.bad("cpu model %q: host needs accelerator kvm (under %s pick a model, e.g. max)", m, s.Accelerator)
 		}
 	}
@@ -670,8 +680,8 @@ func DefaultCPUModel(arch Arch, accel Accelerator) string {
 // tcgX86CPUModel is the x86_64 TCG default CPU model: max, every feature
 // QEMU emulates. x86-64-v2 (qemu64,+ssse3,+sse4.1,+sse4.2,+popcnt) boots
 // the test guest on about 7% less CPU, but a guest built for x86-64-v3
-// (RHEL 10 class userlands, AVX2) does not run on it, and a pod cannot ask
-// for another model yet: max stays the default until it can.
+// (RHEL 10 class userlands, AVX2) does not run on it (a pod or node may
+// now name max: qemu-kubelet.io/cpu-model, cpuModel.tcg).
 const tcgX86CPUModel = "max"
 
 // IncomingFD is the descriptor Start hands Spec.Incoming to QEMU on (the

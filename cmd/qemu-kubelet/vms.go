@@ -87,6 +87,7 @@ func newVMs(ctx context.Context, cfg *config.Node, facts nodestatus.Facts, clien
 		},
 		VMNice:             cfg.VMNice,
 		EmulatedKernelArgs: cfg.EmulatedKernelArgs,
+		CPUModels:          cfg.CPUModels,
 		VMOverhead:         cfg.VMMemory.Overhead,
 		VMCgroup:           vmCgroup(cfg.VMCgroup),
 		VMUser:             vmUser(cfg.VMUser),

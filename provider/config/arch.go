@@ -128,6 +128,7 @@ func validateGuestArchitectures(c *NodeConfiguration, main *Node, hostArch strin
 		n.Reserved = corev1.ResourceList{}    // the host's reserve is held back once, on the main node
 		n.AcceleratorPolicy = PolicyPreferKVM // KVM never runs another architecture's guests: TCG, with that reason
 		n.GuestArch = g.Arch
+		n.CPUModels = nil // the file's cpuModel names the host architecture's models
 		n.NodeName = g.NodeName
 		n.QEMUBinary = g.QEMUBinary
 		n.UEFICode, n.UEFIVars = g.Firmware.UEFICode, g.Firmware.UEFIVars

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 )
@@ -174,6 +175,9 @@ type Node struct {
 	MemoryAvailable    Threshold
 	DiskAvailable      Threshold
 	PIDAvailable       Threshold
+	// CPUModels: the -cpu of pods that name none, by accelerator (absent:
+	// qemu.DefaultCPUModel). Empty on guest-architecture nodes.
+	CPUModels map[qemu.Accelerator]string
 	// Images is the image cache configuration.
 	Images ImageCache
 	// VMMemory is the resolved vmMemory section.

@@ -109,6 +109,9 @@ type NodeConfiguration struct {
 	// took an idle test-image VM's QEMU from 0.58% to 0.22% of a CPU
 	// (docs/performance.md); [] adds none.
 	EmulatedKernelArgs *[]string `json:"emulatedKernelArgs,omitempty"`
+	// CPUModel is the guest CPU model (QEMU's -cpu) of pods that name
+	// none (cpumodel.go, docs/node-config.md).
+	CPUModel CPUModel `json:"cpuModel,omitempty"`
 	// Pressure holds the thresholds of the pressure conditions.
 	Pressure PressureThresholds `json:"pressure,omitempty"`
 	// Images configures the OS image cache and registries.

@@ -114,6 +114,8 @@ func validate(c *NodeConfiguration, env Environment) (*Node, field.ErrorList) {
 		}
 	}
 
+	n.CPUModels, errs = validateCPUModel(c.CPUModel, errs)
+
 	prPath := field.NewPath("pressure")
 	n.MemoryAvailable, errs = parseThreshold(prPath.Child("memoryAvailable"), c.Pressure.MemoryAvailable, errs)
 	n.DiskAvailable, errs = parseThreshold(prPath.Child("diskAvailable"), c.Pressure.DiskAvailable, errs)

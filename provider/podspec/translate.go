@@ -45,6 +45,11 @@ const (
 	// Jumpstarter exporter's vnc child) or "none" (the default). Not with
 	// machine microvm.
 	AnnotationDisplay = AnnotationPrefix + "display"
+	// AnnotationCPUModel names the guest CPU model, QEMU's -cpu: a model,
+	// optionally with comma-separated features (e.g. max, Haswell-v4,
+	// max,la57=off; host under KVM only). Default: the node's
+	// (config cpuModel), else qemu.DefaultCPUModel (CPUModel).
+	AnnotationCPUModel = AnnotationPrefix + "cpu-model"
 )
 
 // Values of AnnotationDisplay.
@@ -58,6 +63,7 @@ var knownAnnotations = map[string]bool{
 	AnnotationMachine: true, AnnotationFirmware: true, AnnotationKernelCmdline: true, AnnotationRequireAccelerator: true,
 	AnnotationStartFromSnapshot:          true,
 	AnnotationDisplay:                    true,
+	AnnotationCPUModel:                   true,
 	v1alpha1.JumpstarterSecretAnnotation: true, // provider/exporter
 	// The ExporterSet controller's: the parameters reach the guest through
 	// the QK_PARAMETERS env fieldRef (environment disk); the state and
@@ -112,6 +118,9 @@ type Plan struct {
 	SnapshotStart bool
 	// Display: the VM has a graphics card and a VNC server (AnnotationDisplay).
 	Display bool
+	// CPUModel: the guest CPU model the pod asks for (AnnotationCPUModel;
+	// "": the node's choice, see CPUModel).
+	CPUModel string
 	// DiskBytes grows the VM's disk to this size at its start (set through
 	// the exporter, provider/exporter/vmsize.go; not from the pod); 0: the image's size.
 	DiskBytes int64
@@ -406,6 +415,14 @@ func translateAnnotations(ann map[string]string, arch qemu.Arch, bad func(field,
 			case "false":
 			default:
 				bad(f, "%q: want \"true\" or \"false\"", v)
+			}
+		case AnnotationCPUModel:
+			// Whether the model suits the accelerator (host needs KVM) is
+			// known at start: qemu.Spec.Validate (InvalidVMSpec).
+			if err := qemu.ValidateCPUModel(v); err != nil {
+				bad(f, "%v", err)
+			} else {
+				plan.CPUModel = v
 			}
 		case AnnotationDisplay:
 			switch v {

@@ -90,8 +90,8 @@ func TestTranslateRejects(t *testing.T) {
 		{"other projected volume", func(p *corev1.Pod) {
 			p.Spec.Volumes = []corev1.Volume{{Name: "tokens", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{}}}}
 		}, []string{"spec.volumes[0]: volume \"tokens\""}},
-		{"unknown project annotation", func(p *corev1.Pod) { p.Annotations = map[string]string{"qemu-kubelet.io/cpu-model": "host"} },
-			[]string{"metadata.annotations[qemu-kubelet.io/cpu-model]: unknown qemu-kubelet annotation", "qemu-kubelet.io/machine"}},
+		{"unknown project annotation", func(p *corev1.Pod) { p.Annotations = map[string]string{"qemu-kubelet.io/cpus": "2"} },
+			[]string{"metadata.annotations[qemu-kubelet.io/cpus]: unknown qemu-kubelet annotation", "qemu-kubelet.io/machine"}},
 		{"bad annotation values", func(p *corev1.Pod) {
 			p.Annotations = map[string]string{AnnotationMachine: "virt", AnnotationFirmware: "coreboot", AnnotationRequireAccelerator: "hvf", AnnotationKernelCmdline: "a\nb"}
 		}, []string{`machine "virt": not a machine of this node's x86_64 guests (want q35, pc, microvm)`, `firmware "coreboot"`, `accelerator "hvf"`, "one line"}},
