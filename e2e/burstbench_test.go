@@ -191,7 +191,7 @@ func (e *podBenchEnv) bareBurst(b *testing.B, n int) (greeting, qmpUp, marker ti
 		go func() {
 			sock := filepath.Join(sockDir, fmt.Sprintf("%d.sock", i))
 			cmd := exec.CommandContext(ctx, "qemu-system-x86_64",
-				"-machine", "q35,vmport=off", "-accel", "tcg", "-cpu", "max", "-smp", "1", "-m", "256M",
+				"-machine", "q35,vmport=off", "-accel", "tcg", "-cpu", qemu.DefaultCPUModel(qemu.ArchX86_64, qemu.AccelTCG), "-smp", "1", "-m", "256M",
 				"-nodefaults", "-no-user-config", "-display", "none", "-serial", "stdio", "-device", "pvpanic",
 				"-netdev", "user,id=net0", "-device", "virtio-net-pci,netdev=net0",
 				"-qmp", "unix:"+sock+",server=on,wait=off",

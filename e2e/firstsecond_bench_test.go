@@ -141,7 +141,7 @@ type bareSteps struct{ firstByte, marker, cpu time.Duration }
 // and its marker line on QEMU's stdout.
 func (e *podBenchEnv) bareBootSteps(b *testing.B) bareSteps {
 	b.Helper()
-	return e.bootSteps(b, []string{"-machine", "q35,vmport=off", "-accel", "tcg", "-cpu", "max", "-smp", "1", "-m", "256M",
+	return e.bootSteps(b, []string{"-machine", "q35,vmport=off", "-accel", "tcg", "-cpu", qemu.DefaultCPUModel(qemu.ArchX86_64, qemu.AccelTCG), "-smp", "1", "-m", "256M",
 		"-nodefaults", "-no-user-config", "-display", "none", "-serial", "stdio", "-device", "pvpanic",
 		"-netdev", "user,id=net0", "-device", "virtio-net-pci,netdev=net0",
 		"-kernel", e.kernel, "-initrd", e.initrd, "-append", e.cmdline})

@@ -193,7 +193,7 @@ func (g *bareGuest) toPort(b *testing.B) time.Duration {
 	defer cancel()
 	port := testutil.FreePort(b)
 	start := time.Now()
-	cmd := exec.CommandContext(ctx, "qemu-system-x86_64", "-machine", "q35,vmport=off", "-accel", "tcg", "-cpu", "max", "-smp", "1", "-m", "256M",
+	cmd := exec.CommandContext(ctx, "qemu-system-x86_64", "-machine", "q35,vmport=off", "-accel", "tcg", "-cpu", qemu.DefaultCPUModel(qemu.ArchX86_64, qemu.AccelTCG), "-smp", "1", "-m", "256M",
 		"-nodefaults", "-no-user-config", "-display", "none", "-serial", "null", "-device", "pvpanic",
 		"-netdev", fmt.Sprintf("user,id=net0,hostfwd=tcp:127.0.0.1:%d-:8080", port), "-device", "virtio-net-pci,netdev=net0",
 		"-kernel", g.kernel, "-initrd", g.initrd, "-append", g.cmdline)

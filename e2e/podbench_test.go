@@ -330,7 +330,7 @@ nodeLeaseDurationSeconds: 12
 func (e *podBenchEnv) bareBoot(b *testing.B) time.Duration {
 	b.Helper()
 	return testutil.BareBoot(b, "qemu-system-x86_64", vmtest.BootMarker,
-		"-machine", "q35,vmport=off", "-accel", "tcg", "-cpu", "max", "-smp", "1", "-m", "256M",
+		"-machine", "q35,vmport=off", "-accel", "tcg", "-cpu", qemu.DefaultCPUModel(qemu.ArchX86_64, qemu.AccelTCG), "-smp", "1", "-m", "256M",
 		"-nodefaults", "-no-user-config", "-display", "none", "-serial", "stdio", "-device", "pvpanic",
 		"-netdev", "user,id=net0", "-device", "virtio-net-pci,netdev=net0",
 		"-kernel", e.kernel, "-initrd", e.initrd, "-append", e.cmdline)

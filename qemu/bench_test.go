@@ -24,7 +24,7 @@ func median(d []time.Duration) time.Duration {
 func bareBoot(b *testing.B, spec Spec) time.Duration {
 	b.Helper()
 	return testutil.BareBoot(b, DefaultQEMUBinary, bootMarker,
-		"-machine", "q35", "-accel", "tcg", "-cpu", "max",
+		"-machine", "q35", "-accel", "tcg", "-cpu", DefaultCPUModel(ArchX86_64, AccelTCG),
 		"-smp", fmt.Sprint(spec.CPUs), "-m", fmt.Sprintf("%dM", spec.MemoryMiB),
 		"-nodefaults", "-no-user-config", "-display", "none",
 		"-serial", "stdio", "-device", "pvpanic",

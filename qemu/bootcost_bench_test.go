@@ -109,6 +109,9 @@ func nodeSpec(b *testing.B, img, initrd string) qemu.Spec {
 			MemMerge:                n.VMMemory.PageMerging,
 		},
 		Nice: n.VMNice,
+		// QK_BENCH_BOOT_NODE_CPU: another -cpu for the node's side ("":
+		// the default, qemu.DefaultCPUModel).
+		CPUModel: os.Getenv("QK_BENCH_BOOT_NODE_CPU"),
 	}
 }
 
@@ -179,7 +182,8 @@ func loadAvg() string {
 // the same kernel and initrd booted with the node's own command line on
 // its default configuration (nodeSpec, started by qemu.Start), both
 // started here, rounds alternating (plain first in even rounds), to the
-// boot marker. QK_BENCH_BOOT_ROUNDS (default 5) rounds per iteration.
+// boot marker. QK_BENCH_BOOT_ROUNDS (default 5) rounds per iteration;
+// QK_BENCH_BOOT_NODE_CPU gives the node's VM another -cpu (e.g. max).
 // Reported: both medians (plain-ms, node-ms), x-of-baseline = node median /
 // plain median (target 1.05), and QEMU's CPU time to the marker on both
 // sides (plain-cpu-ms, node-cpu-ms, cpu-x-of-baseline: the boot as work

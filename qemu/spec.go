@@ -663,9 +663,10 @@ func Args(s Spec) []string {
 // DefaultCPUModel is the -cpu of a Spec of arch under accel that names no
 // CPUModel. Under KVM the host's own CPU (host). Under TCG a model is
 // emulated instruction by instruction, and each feature the guest kernel
-// turns on can cost it at boot: see tcgX86CPUModel for x86_64; on aarch64
-// max with pointer authentication on QEMU's cheap implementation-defined
-// algorithm instead of QARMA (QEMU's documented TCG speed-up).
+// turns on can cost it at boot: on x86_64 x86-64-v2 without max's extras
+// (tcgX86CPUModel); on aarch64 max with pointer authentication on QEMU's
+// cheap implementation-defined algorithm instead of QARMA (QEMU's
+// documented TCG speed-up).
 func DefaultCPUModel(arch Arch, accel Accelerator) string {
 	switch {
 	case accel == AccelKVM:
@@ -677,12 +678,15 @@ func DefaultCPUModel(arch Arch, accel Accelerator) string {
 	}
 }
 
-// tcgX86CPUModel is the x86_64 TCG default CPU model: max, every feature
-// QEMU emulates. x86-64-v2 (qemu64,+ssse3,+sse4.1,+sse4.2,+popcnt) boots
-// the test guest on about 7% less CPU, but a guest built for x86-64-v3
-// (RHEL 10 class userlands, AVX2) does not run on it (a pod or node may
-// now name max: qemu-kubelet.io/cpu-model, cpuModel.tcg).
-const tcgX86CPUModel = "max"
+// tcgX86CPUModel is the x86_64 TCG default CPU model: QEMU's own default
+// (qemu64, AuthenticAMD: no Meltdown page-table isolation in the guest)
+// raised to x86-64-v2 (SSSE3, SSE4.1, SSE4.2, POPCNT; CX16 and LAHF are
+// qemu64's), the level current enterprise userlands require. max (AVX2
+// and the rest of x86-64-v3, SMAP, SMEP, PKU, LA57, RDRAND, ...) cost the
+// test image's boot about 7% more CPU (0.2 s; bench/history.md, issue 42):
+// a guest that needs them asks for max (Spec.CPUModel: a pod's
+// qemu-kubelet.io/cpu-model annotation, or the node's cpuModel.tcg).
+const tcgX86CPUModel = "qemu64,+ssse3,+sse4.1,+sse4.2,+popcnt"
 
 // IncomingFD is the descriptor Start hands Spec.Incoming to QEMU on (the
 // first of exec.Cmd.ExtraFiles).
