@@ -227,13 +227,13 @@ func (e *podEnv) testKillRestart(t *testing.T) {
 
 func (e *podEnv) testRefused(t *testing.T) {
 	ctx := context.Background()
-	bad := vmPodSpec("with-init", e.a.name, e.refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, map[string]string{"qemu-kubelet.io/cpu-model": "host"})
+	bad := vmPodSpec("with-init", e.a.name, e.refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, map[string]string{"qemu-kubelet.io/cpus": "4"})
 	bad.Spec.InitContainers = []corev1.Container{{Name: "init", Image: "busybox"}}
 	bad = e.create(t, bad)
 	got := waitPod(t, e.c, "default", bad.Name, 60*time.Second, "Failed", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodFailed })
 	assert.Equal(t, "UnsupportedPodSpec", got.Status.Reason)
 	assert.Contains(t, got.Status.Message, "spec.initContainers")
-	assert.Contains(t, got.Status.Message, "qemu-kubelet.io/cpu-model")
+	assert.Contains(t, got.Status.Message, "qemu-kubelet.io/cpus")
 	_, err := os.Stat(e.a.vmDir(string(bad.UID)))
 	assert.True(t, os.IsNotExist(err), "nothing created for a refused pod")
 
