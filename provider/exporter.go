@@ -116,15 +116,22 @@ func (e podExporter) Flash(ctx context.Context, f *exporter.Flash) error {
 	return e.p.request(ctx, e.rec, vmRequest{op: op, flash: f})
 }
 
-// SetSize checks and changes the pod's size under the admission lock
-// (VMs.mu, so no pod is admitted against the old claim meanwhile) and
-// writes it to status.json; a size that cannot be written is not kept.
-func (e podExporter) SetSize(check func(*corev1.Pod, podspec.NodeCapacity, []*corev1.Pod) error, change func(*podstatus.VMSize)) error {
-	p, rec := e.p, e.rec
+// SetSize is a resize request to the pod's worker (opResize), which
+// checks and records the size (recordSize).
+func (e podExporter) SetSize(ctx context.Context, check func(*corev1.Pod, podspec.NodeCapacity, []*corev1.Pod) error, change func(*podstatus.VMSize)) error {
+	return e.p.request(ctx, e.rec, vmRequest{op: opResize, resize: &sizeChange{check: check, change: change}})
+}
+
+// recordSize serves a resize request (actResize): it checks and changes
+// the pod's size under the admission lock (VMs.mu, so no pod is admitted
+// against the old claim meanwhile) and writes it to status.json; a size
+// that cannot be written is not kept. The VM's next starts apply it
+// (runPlan). Worker only.
+func (p *VMs) recordSize(rec *podVM, r *sizeChange) error {
 	node := p.nodeCapacity()
 	p.mu.Lock()
 	others := p.activePodsLocked()
-	if err := check(rec.podCopy(), node, others); err != nil {
+	if err := r.check(rec.podCopy(), node, others); err != nil {
 		p.mu.Unlock()
 		return err
 	}
@@ -136,7 +143,7 @@ func (e podExporter) SetSize(check func(*corev1.Pod, podspec.NodeCapacity, []*co
 		} else {
 			st.Size = &podstatus.VMSize{}
 		}
-		change(st.Size)
+		r.change(st.Size)
 		st.Size.Changed = p.now().UTC()
 	})
 	p.mu.Unlock()
@@ -161,23 +168,23 @@ func (p *VMs) installFlash(rec *podVM, f *exporter.Flash) error {
 	if err != nil {
 		return err
 	}
-	rec.mu.Lock()
-	before := rec.state
-	podImageGoes, stale := f.Record(rec.dir, &rec.state)
-	rec.mu.Unlock()
+	var before podstatus.VMState
+	var podImageGoes bool
+	var stale string
+	rec.change(func(st *podstatus.VMState) {
+		before = *st
+		podImageGoes, stale = f.Record(rec.dir, st)
+	})
 	// Through the pod's status writer (persist.go): serialized with the
 	// other owners' writes, and the newest state is the last written.
 	if err := rec.persistKeep(); err != nil {
-		rec.mu.Lock()
-		f.Unrecord(&rec.state, before)
-		rec.mu.Unlock()
+		rec.change(func(st *podstatus.VMState) { f.Unrecord(st, before) })
 		if uerr := placed.Undo(); uerr != nil {
 			p.log.Error(uerr, "Flash: put the disk back as it was")
 		}
 		return f.RecordError(err)
 	}
 	placed.Commit()
-	rec.mu.Lock()
 	var old func()
 	switch {
 	case f.Image != nil: // the image's hold becomes the pod's
@@ -185,8 +192,7 @@ func (p *VMs) installFlash(rec *podVM, f *exporter.Flash) error {
 	case podImageGoes:
 		old, rec.release = rec.release, nil
 	}
-	pod := rec.pod.DeepCopy()
-	rec.mu.Unlock()
+	pod := rec.podCopy()
 	if old != nil {
 		old()
 	}

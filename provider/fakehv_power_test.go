@@ -2,6 +2,8 @@ package provider
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -62,4 +64,49 @@ func TestFakeVMPowerOffNowAndShutdown(t *testing.T) {
 	evs = f.drainEvents()
 	assert.True(t, hasEvent(evs, "Normal PoweringOff Powering off the VM on request (ACPI power button"), "events %q", evs)
 	assert.NotContains(t, strings.Join(evs, "\n"), "at once")
+}
+
+// TestFakeVMResizeThroughWorker: a size set through the exporter
+// (set_memory_size) is a request its worker serves (opResize): recorded in
+// status.json before the call returns, refused with the reason when the
+// pod's limit does not hold it (nothing changed), served while the VM runs
+// and while it is off, and the next start boots with it.
+func TestFakeVMResizeThroughWorker(t *testing.T) {
+	ctx := context.Background()
+	hv := newFakeHypervisor()
+	f := newFakeVMHarness(t, t.TempDir(), hv, 20*time.Millisecond)
+	pod := podFor("u-resize", "reg.example/os:1", corev1.RestartPolicyAlways, nil) // memory limit 256Mi
+	require.NoError(t, f.vms.CreatePod(ctx, pod))
+	vm1 := nextVM(t, hv)
+	assert.Equal(t, 256, vm1.spec.MemoryMiB, "the pod's memory limit")
+	f.wait(pod.UID, 10*time.Second, "Running", running)
+	rec := f.rec(pod.UID)
+	tgt := exporter.NewTarget(f.vms.exporterNode(), podExporter{p: f.vms, rec: rec})
+
+	err := tgt.SetMemorySize(ctx, 512<<20)
+	require.Error(t, err, "over the pod's memory limit")
+	assert.Contains(t, err.Error(), "over the pod's memory limit 256Mi")
+	assert.Nil(t, rec.stateCopy().Size, "a refused size changes nothing")
+
+	require.NoError(t, tgt.SetMemorySize(ctx, 100<<20+1), "while the VM runs")
+	size := rec.stateCopy().Size
+	require.NotNil(t, size)
+	assert.Equal(t, int64(101<<20), size.MemoryBytes, "rounded up to MiB")
+	b, err := os.ReadFile(filepath.Join(f.dir(pod.UID), StatusFileName))
+	require.NoError(t, err)
+	assert.Contains(t, string(b), `"memoryBytes": 105906176`, "in status.json before the call returns")
+	_, ended := vm1.Exit()
+	assert.False(t, ended, "the running VM is not touched")
+
+	require.NoError(t, tgt.PowerOff(ctx))
+	f.wait(pod.UID, 5*time.Second, "PoweredOff", func(p *corev1.Pod) bool { return waitingReason(p) == podstatus.ReasonPoweredOff })
+	require.NoError(t, tgt.SetMemorySize(ctx, 128<<20), "while the VM is off")
+	require.NoError(t, tgt.PowerOn(ctx))
+	vm2 := nextVM(t, hv)
+	assert.Equal(t, 128, vm2.spec.MemoryMiB, "the next start boots with the size set last")
+	p := f.wait(pod.UID, 5*time.Second, "VMResized applied", func(p *corev1.Pod) bool {
+		c := podCond(p, podstatus.ConditionVMResized)
+		return c != nil && c.Reason == podstatus.ReasonResizeApplied
+	})
+	assert.Equal(t, corev1.ConditionTrue, podCond(p, podstatus.ConditionVMResized).Status)
 }

@@ -92,7 +92,7 @@ const (
 	evExited
 	// evBackOffDone: the crash-loop back-off is over.
 	evBackOffDone
-	// evRequest: a power or flash request (package exporter) arrived; what
+	// evRequest: a power, flash or resize request (package exporter) arrived; what
 	// it means is next's (only Running, BackOff and PoweredOff serve one,
 	// Finished refuses it, the other states leave it waiting).
 	evRequest
@@ -197,6 +197,9 @@ const (
 	// actKill kills the VM at once (a failed liveness or startup probe,
 	// with the kubelet's Killing event).
 	actKill
+	// actResize checks and records the size the request asks for (its
+	// next starts apply it) and answers the request with the result.
+	actResize
 )
 
 var actionKindNames = map[actionKind]string{
@@ -207,6 +210,7 @@ var actionKindNames = map[actionKind]string{
 	actBeginBackOff: "BeginBackOff", actCountRestart: "CountRestart", actMarkFinal: "MarkFinal",
 	actReleaseImage: "ReleaseImage", actStopExporter: "StopExporter", actStartExporter: "StartExporter",
 	actStartProbes: "StartProbes", actEndBoot: "EndBoot", actSaveSnapshot: "SaveSnapshot", actDetach: "Detach", actKill: "Kill",
+	actResize: "Resize",
 }
 
 func (k actionKind) String() string {
@@ -337,6 +341,8 @@ func next(w podWorker, e workerEvent) (podWorker, []workerAction) {
 			case opReset: // the pod's definition, started now
 				w.crashes = 0
 				return w.enter(stateFlashing)
+			case opResize: // the size the restart boots with
+				return w, []workerAction{act(actResize)}
 			}
 			return w, []workerAction{act(actRefuseFinished)}
 		}
@@ -351,6 +357,8 @@ func next(w podWorker, e workerEvent) (podWorker, []workerAction) {
 			case opReset: // the pod's definition, powered on
 				w.crashes = 0
 				return w.enter(stateFlashing)
+			case opResize: // the size the next power on boots with
+				return w, []workerAction{act(actResize)}
 			}
 			return w, []workerAction{act(actReply)} // off already
 		}
@@ -397,6 +405,8 @@ func (w podWorker) running(e workerEvent) (podWorker, []workerAction) {
 			return w.enter(statePoweringOff)
 		case opFlash, opReset: // stop the VM, install the image (or the pod's own), start it
 			return w.enter(stateFlashing)
+		case opResize: // for the next start; the VM runs on
+			return w, []workerAction{act(actResize)}
 		}
 		return w, []workerAction{act(actReply)} // on already
 	case evReady:

@@ -63,6 +63,8 @@ func TestPodWorkerTransitions(t *testing.T) {
 		{"delete while starting", pw(stateStarting, 1, always), ev(evDelete), stateTerminating, 1, "AnswerDeleted"},
 		{"shutdown while starting", pw(stateStarting, 0, always), ev(evShutdown), stateDetached, 0, ""},
 		{"starting takes no request", pw(stateStarting, 0, always), evReq(opPowerOff), stateStarting, 0, ""},
+		{"starting takes no resize", pw(stateStarting, 0, always), evReq(opResize), stateStarting, 0, ""},
+		{"powering off takes no resize", pw(statePoweringOff, 0, always), evReq(opResize), statePoweringOff, 0, ""},
 
 		// Running: the VM's exit and the restart policy.
 		{"exit 0, Always: back-off", pw(stateRunning, 0, always), evExit(0, "Completed", false), stateBackOff, 1, "BeginBackOff(1)"},
@@ -78,6 +80,7 @@ func TestPodWorkerTransitions(t *testing.T) {
 		{"power off while running", pw(stateRunning, 0, always), evReq(opPowerOff), statePoweringOff, 0, ""},
 		{"flash while running", pw(stateRunning, 0, always), evReq(opFlash), stateFlashing, 0, ""},
 		{"reset while running: stop, reset, start", pw(stateRunning, 0, always), evReq(opReset), stateFlashing, 0, ""},
+		{"resize while running: for the next start", wasReady(pw(stateRunning, 1, always)), evReq(opResize), stateRunning, 1, "Resize"},
 
 		// Running: the run's first Ready ends the boot and starts the exporter.
 		{"first Ready: boot over, exporter on", pw(stateRunning, 1, always), ev(evReady), stateRunning, 1, "EndBoot,SaveSnapshot,StartExporter"},
@@ -112,12 +115,14 @@ func TestPodWorkerTransitions(t *testing.T) {
 		{"power off during back-off: stay off", pw(stateBackOff, 3, always), evReq(opPowerOff), statePoweredOff, 3, "OffInBackOff,StartExporter"},
 		{"flash during back-off: install, keep waiting", pw(stateBackOff, 3, always), evReq(opFlash), stateBackOff, 3, "InstallImage"},
 		{"reset during back-off: reset, start now", pw(stateBackOff, 3, always), evReq(opReset), stateFlashing, 0, ""},
+		{"resize during back-off: the restart's size", pw(stateBackOff, 3, always), evReq(opResize), stateBackOff, 3, "Resize"},
 
 		// Powered off on request.
 		{"power on", pw(statePoweredOff, 4, always), evReq(opPowerOn), stateStarting, 0, "PowerOn,AwaitStart"},
 		{"power off when off", pw(statePoweredOff, 0, always), evReq(opPowerOff), statePoweredOff, 0, "Reply"},
 		{"flash when off", pw(statePoweredOff, 0, always), evReq(opFlash), statePoweredOff, 0, "InstallImage"},
 		{"reset when off: reset, power on", pw(statePoweredOff, 2, always), evReq(opReset), stateFlashing, 0, ""},
+		{"resize when off: the next power on's size", pw(statePoweredOff, 0, always), evReq(opResize), statePoweredOff, 0, "Resize"},
 		{"delete when off", pw(statePoweredOff, 0, always), ev(evDelete), stateTerminating, 0, "AnswerDeleted"},
 		{"shutdown when off", pw(statePoweredOff, 0, always), ev(evShutdown), stateDetached, 0, ""},
 
@@ -132,6 +137,7 @@ func TestPodWorkerTransitions(t *testing.T) {
 		{"finished refuses flash", pw(stateFinished, 0, never), evReq(opFlash), stateFinished, 0, "RefuseFinished"},
 		{"finished refuses reset", pw(stateFinished, 0, never), evReq(opReset), stateFinished, 0, "RefuseFinished"},
 		{"finished refuses power off", pw(stateFinished, 0, never), evReq(opPowerOff), stateFinished, 0, "RefuseFinished"},
+		{"finished refuses resize", pw(stateFinished, 0, never), evReq(opResize), stateFinished, 0, "RefuseFinished"},
 		{"delete when finished", pw(stateFinished, 0, never), ev(evDelete), stateTerminating, 0, "AnswerDeleted"},
 		{"shutdown when finished", pw(stateFinished, 0, never), ev(evShutdown), stateDetached, 0, ""},
 
@@ -229,7 +235,7 @@ func TestPodWorkerAlwaysEnds(t *testing.T) {
 	for k := evDelete; k <= evProbeFailed; k++ {
 		assert.NotContains(t, k.String(), "eventKind(", fmt.Sprint("event ", int(k)))
 	}
-	for k := actReply; k <= actKill; k++ {
+	for k := actReply; k <= actResize; k++ {
 		assert.NotContains(t, k.String(), "actionKind(", fmt.Sprint("action ", int(k)))
 	}
 }

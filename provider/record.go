@@ -40,22 +40,23 @@ import (
 //	             the worker's alone after                             worker goroutine only
 //	pod          CreatePod, recoverOne; replaced by UpdatePod and
 //	             DeletePod, never changed in place                    mu
-//	state        the worker; recoverOne before it; the exporter
-//	             (SetSize; installFlash runs on the worker)           mu
+//	state        the worker (its resize and flash requests included:
+//	             recordSize, installFlash); CreatePod and recoverOne
+//	             before it starts; a rejected pod's finishDelete      mu
 //	del          DeletePod (deleting, grace), finishDelete (removed)  mu
 //	resync       the status resync (statusresync.go)                  mu
 //	statusFile   whoever persists (persist.go)                        statusFile.mu
 //
 // The fields under mu are read and written through the methods below
-// (record.go), which alone take it; the exporter's installFlash and SetSize
-// (exporter.go) are the others. The worker's own state (the request it
+// (record.go), which alone take it. The worker's own state (the request it
 // serves, the request waiting for the next start, the back-off timer) is
 // on worker (worker.go), off this record.
 type podVM struct {
 	uid types.UID
 	dir string
 
-	// ctl carries power and flash requests (package exporter) to the worker.
+	// ctl carries power, flash and resize requests (package exporter) to
+	// the worker.
 	ctl       chan vmRequest
 	deleteReq chan struct{} // closed by DeletePod
 	confirmed chan struct{} // closed (through confirm) once the pod is known to still exist

@@ -1,10 +1,15 @@
 package provider
 
-import "github.com/qemu-kubelet/qemu-kubelet/provider/exporter"
+import (
+	"github.com/qemu-kubelet/qemu-kubelet/provider/exporter"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
+	corev1 "k8s.io/api/core/v1"
+)
 
-// The requests the pod's exporter sends its worker (power.go sends them,
-// the worker's machine in podworker.go decides what each means), as plain
-// data.
+// The requests the pod's exporter sends its worker (exporter.go makes
+// them, power.go sends them, the worker's machine in podworker.go decides
+// what each means), as plain data.
 
 // vmOp is what a request asks of the worker.
 type vmOp int
@@ -16,6 +21,8 @@ const (
 	// opReset returns the VM to what the pod defines and powers it on
 	// (exporter.NewReset: a flash of the pod's own definition).
 	opReset
+	// opResize records a size for the VM's next starts (exporter/vmsize.go).
+	opResize
 )
 
 func (o vmOp) String() string {
@@ -28,6 +35,8 @@ func (o vmOp) String() string {
 		return "flash"
 	case opReset:
 		return "reset"
+	case opResize:
+		return "resize"
 	}
 	return "unknown"
 }
@@ -42,8 +51,17 @@ type vmRequest struct {
 	flash *exporter.Flash
 	// now (opPowerOff): stop at once as upstream's QEMU power off does
 	// (QEMU told to quit, killed after 5 s), not through the ACPI button.
-	now   bool
-	reply chan error
+	now bool
+	// resize (opResize) is the size to check and record.
+	resize *sizeChange
+	reply  chan error
+}
+
+// sizeChange is a resize request's: check decides against the pod, the
+// node and the other active pods' claims; change sets the new size.
+type sizeChange struct {
+	check  func(pod *corev1.Pod, node podspec.NodeCapacity, others []*corev1.Pod) error
+	change func(*podstatus.VMSize)
 }
 
 // what names what a flash request installs.

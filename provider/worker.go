@@ -388,6 +388,8 @@ func (w *worker) do(acts []workerAction) {
 			rec.vm.get().Detach()
 		case actKill:
 			w.kill()
+		case actResize:
+			w.req.reply <- p.recordSize(rec, w.req.resize) // exporter.go
 		default:
 			panic(fmt.Sprintf("pod worker: unknown action %s", a))
 		}

@@ -285,12 +285,13 @@ type Pod interface {
 	PowerOn(ctx context.Context) error
 	PowerOff(ctx context.Context) error
 	Flash(ctx context.Context, f *Flash) error
-	// SetSize records a new VM size: under the node's admission lock it
-	// calls check with the pod, the node's capacity and the other active
-	// pods (their memory claims), and if check accepts, change on the
-	// pod's size; the size is written to the state dir before SetSize
-	// returns (a failed write keeps the old size and is the error).
-	SetSize(check func(pod *corev1.Pod, node podspec.NodeCapacity, others []*corev1.Pod) error, change func(*podstatus.VMSize)) error
+	// SetSize is a request to the pod's worker to record a new VM size:
+	// under the node's admission lock it calls check with the pod, the
+	// node's capacity and the other active pods (their memory claims), and
+	// if check accepts, change on the pod's size; the size is written to
+	// the state dir before SetSize returns (a failed write keeps the old
+	// size and is the error). It waits for the worker's answer or ctx.
+	SetSize(ctx context.Context, check func(pod *corev1.Pod, node podspec.NodeCapacity, others []*corev1.Pod) error, change func(*podstatus.VMSize)) error
 }
 
 // readConfig reads the pod's Secret and builds its exporter settings.

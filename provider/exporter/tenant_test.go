@@ -77,7 +77,7 @@ func (p *tenantPod) Event(typ, reason, msg string) {
 func (p *tenantPod) Changed()                       {}
 func (p *tenantPod) PowerOn(context.Context) error  { return nil }
 func (p *tenantPod) PowerOff(context.Context) error { return nil }
-func (p *tenantPod) SetSize(func(*corev1.Pod, podspec.NodeCapacity, []*corev1.Pod) error, func(*podstatus.VMSize)) error {
+func (p *tenantPod) SetSize(context.Context, func(*corev1.Pod, podspec.NodeCapacity, []*corev1.Pod) error, func(*podstatus.VMSize)) error {
 	return nil
 }
 

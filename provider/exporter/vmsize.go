@@ -35,7 +35,7 @@ var _ jumpstarter.Resizer = (*Target)(nil)
 // admission lock, so no pod is admitted against the old claim meanwhile),
 // records it and shows it on the pod.
 func (t *Target) SetMemorySize(ctx context.Context, bytes int64) error {
-	err := t.pod.SetSize(func(pod *corev1.Pod, node podspec.NodeCapacity, others []*corev1.Pod) error {
+	err := t.pod.SetSize(ctx, func(pod *corev1.Pod, node podspec.NodeCapacity, others []*corev1.Pod) error {
 		return refused(podspec.CheckMemorySize(pod, bytes, node, others))
 	}, func(s *podstatus.VMSize) { s.MemoryBytes = int64(podspec.MemoryMiB(bytes)) << 20 })
 	return t.sizeResult(ctx, "memory", bytes, err)
@@ -47,7 +47,7 @@ func (t *Target) SetDiskSize(ctx context.Context, bytes int64) error {
 	bytes = (bytes + 511) &^ 511 // qemu-img sizes are whole sectors
 	f, err := t.diskFacts(ctx)
 	if err == nil {
-		err = t.pod.SetSize(func(pod *corev1.Pod, _ podspec.NodeCapacity, _ []*corev1.Pod) error {
+		err = t.pod.SetSize(ctx, func(pod *corev1.Pod, _ podspec.NodeCapacity, _ []*corev1.Pod) error {
 			return refused(podspec.CheckDiskSize(pod, bytes, f))
 		}, func(s *podstatus.VMSize) { s.DiskBytes = bytes })
 	}
