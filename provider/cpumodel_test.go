@@ -1,8 +1,6 @@
 package provider
 
 import (
-	"context"
-	"errors"
 	"path/filepath"
 	"testing"
 
@@ -17,8 +15,8 @@ import (
 
 // TestVMSpecCPUModel: a pod's cpu-model annotation reaches its VM's -cpu
 // over the node's cpuModel, which reaches it over qemu's default; host on
-// a TCG node is an invalid VM spec (InvalidVMSpec), not a start error. No
-// QEMU is started (vmSpec of an image without a disk only plans).
+// a TCG node fails the spec's validation (prepareRun makes that an
+// InvalidSpec: InvalidVMSpec, not a start error). vmSpec is pure.
 func TestVMSpecCPUModel(t *testing.T) {
 	cases := []struct {
 		name    string
@@ -36,8 +34,7 @@ func TestVMSpecCPUModel(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
 			imageDir := filepath.Join(dir, "images")
-			p := NewVMs(context.Background(), VMsConfig{StateDir: dir, ImageDir: imageDir, Accelerator: "tcg", CPUModels: tc.node})
-			rec := &podVM{uid: "uid-c", dir: p.podDir("uid-c")}
+			node := nodeVMSettings{arch: qemu.ArchX86_64, accelerator: "tcg", imageDir: imageDir, cpuModels: tc.node}
 			img := &oci.Image{Ref: "r/os:1", Digest: "sha256:x", Kernel: filepath.Join(imageDir, "k", "vmlinuz")}
 			pod := podtest.VMPod(func(p *corev1.Pod) {
 				if tc.pod != "" {
@@ -46,14 +43,14 @@ func TestVMSpecCPUModel(t *testing.T) {
 			})
 			plan, rej := podspec.Translate(pod, qemu.ArchX86_64)
 			require.Nil(t, rej)
-			spec, err := p.vmSpec(context.Background(), rec, pod, plan, img)
+			spec, err := vmSpec(vmRun{name: "default.vm", dir: filepath.Join(dir, "pod"), plan: plan}, img, node)
+			require.NoError(t, err)
 			if tc.invalid {
-				var inv podspec.InvalidSpec
-				require.True(t, errors.As(err, &inv), "want an InvalidSpec, got %v", err)
+				err := spec.Validate()
+				require.Error(t, err)
 				assert.Contains(t, err.Error(), `cpu model "host": host needs accelerator kvm`)
 				return
 			}
-			require.NoError(t, err)
 			args := qemu.Args(spec)
 			i := indexOf(args, "-cpu")
 			require.GreaterOrEqual(t, i, 0, "no -cpu in %v", args)

@@ -111,14 +111,14 @@ func TestVMSpecConsoleLogSize(t *testing.T) {
 	pod := podtest.VMPod()
 	plan, rej := podspec.Translate(pod, qemu.ArchX86_64)
 	require.Nil(t, rej)
-	spec, err := p.vmSpec(context.Background(), rec, pod, plan, img)
+	spec, err := vmSpec(vmRun{name: vmName(pod), dir: rec.dir, plan: plan}, img, p.nodeVMSettings())
 	require.NoError(t, err)
 	assert.Equal(t, qemu.DefaultConsoleCap, spec.ConsoleCapBytes)
 
 	f := config.DefaultFeatures()
 	f.ConsoleLogSize = config.MinConsoleLogSize
 	p.SetFeatures(f)
-	spec, err = p.vmSpec(context.Background(), rec, pod, plan, img)
+	spec, err = vmSpec(vmRun{name: vmName(pod), dir: rec.dir, plan: plan}, img, p.nodeVMSettings())
 	require.NoError(t, err)
 	assert.Equal(t, int64(config.MinConsoleLogSize), spec.ConsoleCapBytes)
 	spec.Disks = nil

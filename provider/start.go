@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"strings"
+	"slices"
 	"time"
 
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
@@ -22,12 +22,14 @@ import (
 // ErrImagePull / ImagePullBackOff) and starts the VM (then rec.vm). It is
 // false when interrupted (delete, shutdown) or when the start failed
 // (recorded as a terminated run). Each job is a step below: the run's plan, the pull, the
-// image hold, the VM spec (waiting for its config), the QEMU start and the
+// image hold, the VM spec (vmSpec, pure: vmspec.go), readying what it
+// names (waiting for its config: prepareRun), the QEMU start and the
 // record of the started run.
 func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) bool {
 	log := klog.FromContext(ctx)
 	p.dropSnapshotClaim(rec) // an earlier run's, unused
-	pod, plan, size := p.runPlan(rec)
+	pod, run := p.runPlan(rec)
+	plan := run.plan
 
 	// Cancel the pull when the pod is deleted.
 	pctx, cancel := context.WithCancel(ctx)
@@ -48,9 +50,13 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) bool {
 	}
 	p.holdImage(ctx, rec, img)
 
-	pod, spec, ok, err := p.waitForSpec(ctx, pctx, rec, pod, plan, img)
-	if !ok {
-		return false
+	base, err := vmSpec(run, img, p.nodeVMSettings())
+	spec := base
+	if err == nil {
+		pod, spec, ok, err = p.waitForSpec(ctx, pctx, rec, pod, run, img, base)
+		if !ok {
+			return false
+		}
 	}
 	att.Overlaid(err)
 	if err != nil {
@@ -63,7 +69,7 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) bool {
 		p.recordStartError(rec, reason, err)
 		return false
 	}
-	vm, spec, err := p.startQEMU(ctx, pctx, rec, pod, plan, img, spec)
+	vm, spec, err := p.startQEMU(ctx, pctx, rec, pod, run, img, base, spec)
 	att.QEMUStarted(vm, err)
 	if err != nil {
 		if pctx.Err() != nil {
@@ -74,30 +80,26 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) bool {
 		p.recordStartError(rec, podstatus.ReasonStartError, err)
 		return false
 	}
-	p.recordStarted(ctx, rec, pod, vm, spec, size)
+	p.recordStarted(ctx, rec, pod, vm, spec, run.size)
 	return true
 }
 
-// runPlan is what this run boots: the pod's plan with a flashed image and
-// a size set through the exporter (exporter/vmsize.go) applied, and that size.
-// It also forgets the previous run's snapshot use.
-func (p *VMs) runPlan(rec *podVM) (*corev1.Pod, podspec.Plan, podstatus.VMSize) {
+// runPlan is what this run boots (vmRun), read once from the record: the
+// pod's plan with a flashed image applied, the size set through the
+// exporter (exporter/vmsize.go) and the flashed firmware. It also forgets
+// the previous run's snapshot use.
+func (p *VMs) runPlan(rec *podVM) (*corev1.Pod, vmRun) {
 	rec.snap.used, rec.snap.restoreFailed = nil, false
 	pod, st := rec.read()
-	plan := rec.plan
+	run := vmRun{name: vmName(pod), dir: rec.dir, plan: rec.plan, flashed: st.Flashed}
 	if st.FlashedImage != "" {
 		// Flashed (package exporter): boot that image, pinned by digest.
-		plan.Image, plan.PullPolicy = st.FlashedImage, oci.PullIfNotPresent
+		run.plan.Image, run.plan.PullPolicy = st.FlashedImage, oci.PullIfNotPresent
 	}
-	var size podstatus.VMSize
 	if st.Size != nil {
-		size = *st.Size
-		if size.MemoryBytes > 0 {
-			plan.MemoryMiB = podspec.MemoryMiB(size.MemoryBytes)
-		}
-		plan.DiskBytes = size.DiskBytes
+		run.size = *st.Size
 	}
-	return pod, plan, size
+	return pod, run
 }
 
 // pullObserver sees each pull attempt (the start's telemetry).
@@ -174,45 +176,47 @@ func (p *VMs) holdImage(ctx context.Context, rec *podVM, img *oci.Image) {
 	})
 }
 
-// waitForSpec builds the VM spec (vmSpec), waiting with back-off while a
-// Secret or ConfigMap it needs is missing (CreateContainerConfigError, as
-// a kubelet: podspec.PrepareGuestDisks). It returns the pod as last read
-// and vmSpec's result; ok is false when pctx ended while waiting.
-func (p *VMs) waitForSpec(ctx, pctx context.Context, rec *podVM, pod *corev1.Pod, plan podspec.Plan, img *oci.Image) (_ *corev1.Pod, _ qemu.Spec, ok bool, _ error) {
+// waitForSpec readies what spec names (prepareRun), waiting with
+// back-off while a Secret or ConfigMap it needs is missing
+// (CreateContainerConfigError, as a kubelet: podspec.PrepareGuestDisks).
+// It returns the pod as last read and prepareRun's result; ok is false
+// when pctx ended while waiting.
+func (p *VMs) waitForSpec(ctx, pctx context.Context, rec *podVM, pod *corev1.Pod, run vmRun, img *oci.Image, spec qemu.Spec) (_ *corev1.Pod, _ qemu.Spec, ok bool, _ error) {
 	log := klog.FromContext(ctx)
-	spec, err := p.vmSpec(ctx, rec, pod, plan, img)
+	ready, err := p.prepareRun(ctx, rec, pod, run, img, spec)
 	for attempt := 1; err != nil && podspec.IsConfigError(err); attempt++ {
 		msg := err.Error()
 		log.Info("VM config not available", "err", msg)
 		p.event(pod, corev1.EventTypeWarning, "Failed", "Error: "+msg)
 		p.update(rec, func(st *podstatus.VMState) { st.SetWaiting(podspec.ReasonCreateContainerConfigError, msg) })
 		if !sleepCtx(pctx, min(p.cfg.Backoff.Delay(attempt), podspec.ConfigRetryMax)) {
-			return pod, spec, false, err
+			return pod, ready, false, err
 		}
 		pod = rec.podCopy()
-		spec, err = p.vmSpec(ctx, rec, pod, plan, img)
+		ready, err = p.prepareRun(ctx, rec, pod, run, img, spec)
 	}
-	return pod, spec, true, err
+	return pod, ready, true, err
 }
 
-// startQEMU starts the VM of spec, bounded by StartTimeout; a memory
-// snapshot QEMU cannot load is discarded and the VM booted instead
-// (snapshots.go). It returns the spec that started.
-func (p *VMs) startQEMU(ctx, pctx context.Context, rec *podVM, pod *corev1.Pod, plan podspec.Plan, img *oci.Image, spec qemu.Spec) (VM, qemu.Spec, error) {
+// startQEMU starts the VM of ready (prepareRun's of spec), bounded by
+// StartTimeout; a memory snapshot QEMU cannot load is discarded and the
+// VM booted instead: spec readied again, without it (snapshots.go). It
+// returns the spec that started.
+func (p *VMs) startQEMU(ctx, pctx context.Context, rec *podVM, pod *corev1.Pod, run vmRun, img *oci.Image, spec, ready qemu.Spec) (VM, qemu.Spec, error) {
 	sctx, scancel := context.WithTimeout(pctx, p.cfg.StartTimeout)
-	vm, err := p.cfg.Hypervisor.Start(sctx, spec, rec.dir)
+	vm, err := p.cfg.Hypervisor.Start(sctx, ready, rec.dir)
 	scancel()
-	if err != nil && spec.Incoming != "" && pctx.Err() == nil {
+	if err != nil && ready.Incoming != "" && pctx.Err() == nil {
 		// The snapshot cannot be loaded: discard it and boot (snapshots.go).
 		p.restoreFailed(ctx, rec, pod, err)
-		spec, err = p.vmSpec(ctx, rec, pod, plan, img)
+		ready, err = p.prepareRun(ctx, rec, pod, run, img, spec)
 		if err == nil {
 			sctx, scancel := context.WithTimeout(pctx, p.cfg.StartTimeout)
-			vm, err = p.cfg.Hypervisor.Start(sctx, spec, rec.dir)
+			vm, err = p.cfg.Hypervisor.Start(sctx, ready, rec.dir)
 			scancel()
 		}
 	}
-	return vm, spec, err
+	return vm, ready, err
 }
 
 // recordStartError records a start that failed as a terminated run (exit
@@ -258,56 +262,13 @@ func (p *VMs) presentImage(ctx context.Context, plan podspec.Plan) *oci.Image {
 	return img
 }
 
-// vmSpec builds the VM spec for a pulled image and readies the overlay:
-// a fresh one (each run starts from the image, as a container starts from
-// its image), or with state policy Retain the one the last run left
-// (poddisk.Prepare).
-func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan podspec.Plan, img *oci.Image) (qemu.Spec, error) {
-	accel := qemu.Accelerator(p.cfg.Accelerator)
-	if plan.Accelerator != "" {
-		accel = qemu.Accelerator(plan.Accelerator)
-	}
-	spec := qemu.Spec{
-		Name:        vmName(pod),
-		Arch:        p.arch(),
-		QEMUBinary:  p.cfg.QEMUBinary,
-		Accelerator: accel,
-		Machine:     plan.Machine,
-		CPUs:        plan.CPUs,
-		MemoryMiB:   plan.MemoryMiB,
-		Firmware:    plan.Firmware,
-		Kernel:      img.Kernel,
-		Initrd:      img.Initrd,
-		Cmdline:     strings.TrimSpace(img.Cmdline + " " + plan.ExtraCmdline),
-		Network:     true,
-		AllowedDirs: []string{p.cfg.ImageDir},
-		StateDir:    rec.dir,
-		Memory:      p.cfg.Memory,
-		Nice:        p.cfg.VMNice,
-		Display:     plan.Display,
-		CPUModel:    podspec.CPUModel(plan, accel, p.cfg.CPUModels), // the pod's, else the node's, else qemu's default
-		// features.consoleLogSize in force when the VM starts.
-		ConsoleCapBytes: p.Features().ConsoleLogSize,
-		Cgroup:          podspec.VMCgroup(p.cfg.VMCgroup, plan, p.cfg.VMOverhead),
-		// The node's, never the pod's (its securityContext is not read).
-		RunAs: p.cfg.VMUser,
-	}
-	if img.Kernel != "" {
-		spec.Cmdline = podspec.KernelCmdline(p.arch(), img.Cmdline, plan.ExtraCmdline) // the arch's console unless one is named
-		spec.Cmdline = podspec.EmulatedKernelCmdline(p.arch(), spec.Accelerator, spec.Cmdline, p.cfg.EmulatedKernelArgs)
-	}
-	if plan.Firmware == qemu.FirmwareUEFI {
-		spec.UEFICode, spec.UEFIVarsTemplate = p.cfg.UEFICode, p.cfg.UEFIVars
-		spec.AllowedDirs = append(spec.AllowedDirs, filepath.Dir(p.cfg.UEFICode), filepath.Dir(p.cfg.UEFIVars))
-	}
-	exporter.ApplyFlashedFirmware(rec.dir, rec.stateCopy().Flashed, p.cfg.UEFICode, p.cfg.UEFIVars, &spec)
-	if img.Kernel == "" && plan.ExtraCmdline != "" {
-		return spec, podspec.InvalidSpec{Err: fmt.Errorf("annotation %s: image %s has no kernel to pass a command line to", podspec.AnnotationKernelCmdline, plan.Image)}
-	}
-	overlay := filepath.Join(rec.dir, OverlayFileName)
-	if img.Disk != "" {
-		spec.Disks = []qemu.Disk{{Path: overlay, Format: qemu.FormatQCOW2}}
-	}
+// prepareRun readies what spec (vmSpec's, not changed) names and returns
+// the spec QEMU starts: the exporter's Secret is there, the pod's guest
+// disks (its config and secret volumes) are made and added, a
+// snapshot-start pod's restore or save is prepared (snapshots.go), the
+// whole is validated, and the overlay is made and grown (prepareDisk).
+func (p *VMs) prepareRun(ctx context.Context, rec *podVM, pod *corev1.Pod, run vmRun, img *oci.Image, spec qemu.Spec) (qemu.Spec, error) {
+	spec.Disks, spec.AllowedDirs = slices.Clone(spec.Disks), slices.Clone(spec.AllowedDirs)
 	if err := exporter.CheckConfig(ctx, p.cfg.Secrets, pod); err != nil {
 		return spec, err // the pod waits for its exporter Secret
 	}
@@ -317,49 +278,45 @@ func (p *VMs) vmSpec(ctx context.Context, rec *podVM, pod *corev1.Pod, plan pods
 	}
 	spec.Disks = append(spec.Disks, guest...)
 	base, baseFormat := img.Disk, qemu.DiskFormat(img.DiskFormat)
-	if b := p.prepareSnapshotStart(ctx, rec, pod, plan, img, &spec); b != "" { // snapshots.go
+	if b := p.prepareSnapshotStart(ctx, rec, pod, run.plan, img, &spec); b != "" { // snapshots.go
 		base, baseFormat = b, qemu.FormatQCOW2
 	}
 	if err := spec.Validate(); err != nil {
-		return spec, podspec.InvalidSpec{Err: fmt.Errorf("VM spec for image %s: %w", plan.Image, err)}
+		return spec, podspec.InvalidSpec{Err: fmt.Errorf("VM spec for image %s: %w", run.plan.Image, err)}
 	}
 	if img.Disk != "" {
-		reason, msg, err := poddisk.Prepare(ctx, plan.StatePolicy, overlay, base, baseFormat)
-		if err != nil {
+		if err := p.prepareDisk(ctx, pod, run, base, baseFormat); err != nil {
 			return spec, err
-		}
-		if reason != "" {
-			klog.FromContext(ctx).Info("VM disk", "reason", reason, "message", msg)
-			p.event(pod, corev1.EventTypeNormal, reason, msg)
-		}
-		if plan.DiskBytes > 0 { // set through the exporter (exporter/vmsize.go)
-			grew, err := qemu.GrowImage(ctx, overlay, plan.DiskBytes)
-			if err != nil {
-				return spec, err
-			}
-			if grew {
-				p.event(pod, corev1.EventTypeNormal, podstatus.ReasonResized, fmt.Sprintf("VM disk grown to %s", podspec.BytesOf(plan.DiskBytes)))
-			}
 		}
 	}
 	return spec, nil
 }
 
-// arch is the node's guest architecture.
-func (p *VMs) arch() qemu.Arch {
-	if p.cfg.Arch != "" {
-		return p.cfg.Arch
+// prepareDisk readies the run's overlay over base: a fresh one (each run
+// starts from the image, as a container starts from its image), or with
+// state policy Retain the one the last run left (poddisk.Prepare); then
+// grown to a disk size set through the exporter (exporter/vmsize.go).
+func (p *VMs) prepareDisk(ctx context.Context, pod *corev1.Pod, run vmRun, base string, baseFormat qemu.DiskFormat) error {
+	overlay := filepath.Join(run.dir, OverlayFileName)
+	reason, msg, err := poddisk.Prepare(ctx, run.plan.StatePolicy, overlay, base, baseFormat)
+	if err != nil {
+		return err
 	}
-	return qemu.HostArch()
-}
-
-// vmName is a QEMU-safe label: namespace.name, cut to 63 characters.
-func vmName(pod *corev1.Pod) string {
-	n := pod.Namespace + "." + pod.Name
-	if len(n) > 63 {
-		n = n[:63]
+	if reason != "" {
+		klog.FromContext(ctx).Info("VM disk", "reason", reason, "message", msg)
+		p.event(pod, corev1.EventTypeNormal, reason, msg)
 	}
-	return strings.TrimRight(n, ".-_")
+	if run.size.DiskBytes <= 0 {
+		return nil
+	}
+	grew, err := qemu.GrowImage(ctx, overlay, run.size.DiskBytes)
+	if err != nil {
+		return err
+	}
+	if grew {
+		p.event(pod, corev1.EventTypeNormal, podstatus.ReasonResized, fmt.Sprintf("VM disk grown to %s", podspec.BytesOf(run.size.DiskBytes)))
+	}
+	return nil
 }
 
 // pullSecrets reads the pod's pull secrets as Docker config JSON documents;

@@ -199,6 +199,14 @@ func (p *VMs) activePodsLocked() []*corev1.Pod {
 	return out
 }
 
+// arch is the node's guest architecture.
+func (p *VMs) arch() qemu.Arch {
+	if p.cfg.Arch != "" {
+		return p.cfg.Arch
+	}
+	return qemu.HostArch()
+}
+
 func (p *VMs) allocatable() corev1.ResourceList {
 	if p.cfg.Allocatable == nil {
 		return nil

@@ -2,6 +2,7 @@ package provider
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -9,6 +10,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/internal/podtest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -41,7 +43,7 @@ func TestVMSpecKernelConsole(t *testing.T) {
 			plan, rej := podspec.Translate(pod, qemu.ArchX86_64)
 			require.Nil(t, rej)
 			plan.ExtraCmdline = tc.extra
-			spec, err := p.vmSpec(context.Background(), rec, pod, plan, &tc.img)
+			spec, err := vmSpec(vmRun{name: vmName(pod), dir: rec.dir, plan: plan}, &tc.img, p.nodeVMSettings())
 			require.NoError(t, err)
 			assert.Equal(t, tc.want, spec.Cmdline)
 		})
@@ -60,7 +62,7 @@ func TestVMSpecMemoryTuning(t *testing.T) {
 	pod := podtest.VMPod()
 	plan, rej := podspec.Translate(pod, qemu.ArchX86_64)
 	require.Nil(t, rej)
-	spec, err := p.vmSpec(context.Background(), rec, pod, plan, img)
+	spec, err := vmSpec(vmRun{name: vmName(pod), dir: rec.dir, plan: plan}, img, p.nodeVMSettings())
 	require.NoError(t, err)
 	assert.Equal(t, tuning, spec.Memory)
 	args := strings.Join(qemu.Args(spec), " ")
@@ -81,8 +83,98 @@ func TestVMSpecEmulatedKernelArgs(t *testing.T) {
 	pod := podtest.VMPod()
 	plan, rej := podspec.Translate(pod, qemu.ArchX86_64)
 	require.Nil(t, rej)
-	spec, err := p.vmSpec(context.Background(), rec, pod, plan, img)
+	spec, err := vmSpec(vmRun{name: vmName(pod), dir: rec.dir, plan: plan}, img, p.nodeVMSettings())
 	require.NoError(t, err)
 	assert.Contains(t, strings.Join(qemu.Args(spec), " "),
 		"-append no_timer_check tsc=reliable sysctl.vm.compaction_proactiveness=0 console=ttyS0 quiet")
+}
+
+// TestVMSpecPure: vmSpec, the VM's spec as a pure function of the run
+// (plan, stored choices) and the node's settings, row by row: the memory
+// is the size set through the exporter, else the pod's, computed once and
+// the same in -m and the VM's cgroup; the disk is the overlay only when
+// the image has one (growing it is the executor's); the pod's accelerator
+// and firmware choices, a flashed firmware, and a command line no kernel
+// takes (InvalidSpec). Nothing is read or written on disk (the dir does
+// not exist).
+func TestVMSpecPure(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "no-such-dir")
+	node := nodeVMSettings{arch: qemu.ArchX86_64, accelerator: "tcg", imageDir: "/images", uefiCode: "/fw/OVMF_CODE.fd", uefiVars: "/fw/OVMF_VARS.fd"}
+	cgNode := node
+	cgNode.cgroup, cgNode.overhead = &qemu.Cgroup{Parent: "qk"}, 64<<20
+	diskImg := &oci.Image{Ref: "r/os:1", Disk: "/images/d/disk.qcow2"}
+	kernelImg := &oci.Image{Ref: "r/os:1", Kernel: "/images/k/vmlinuz", Cmdline: "console=ttyS0"}
+	plan := podspec.Plan{Image: "r/os:1", CPUs: 2, MemoryMiB: 256, CPULimitMilli: 1500}
+	with := func(f func(r *vmRun)) vmRun {
+		r := vmRun{name: "default.vm", dir: dir, plan: plan}
+		f(&r)
+		return r
+	}
+	overlay := []qemu.Disk{{Path: filepath.Join(dir, OverlayFileName), Format: qemu.FormatQCOW2}}
+	for _, tc := range []struct {
+		name     string
+		run      vmRun
+		img      *oci.Image
+		node     nodeVMSettings
+		check    func(t *testing.T, s qemu.Spec)
+		invalid  bool
+		wantMiB  int
+		wantArgs string
+	}{
+		{name: "the pod's memory", run: with(func(*vmRun) {}), img: diskImg, node: node, wantMiB: 256, wantArgs: "-m 256M",
+			check: func(t *testing.T, s qemu.Spec) {
+				assert.Equal(t, overlay, s.Disks, "the overlay, made by the executor")
+				assert.Nil(t, s.Cgroup)
+				assert.Equal(t, qemu.Accelerator("tcg"), s.Accelerator)
+			}},
+		{name: "a size set through the exporter wins", run: with(func(r *vmRun) { r.size.MemoryBytes = 512 << 20 }), img: diskImg, node: cgNode, wantMiB: 512, wantArgs: "-m 512M",
+			check: func(t *testing.T, s qemu.Spec) {
+				assert.Equal(t, &qemu.Cgroup{Parent: "qk", CPUMilli: 1500, MemoryMaxBytes: 512<<20 + 64<<20}, s.Cgroup, "the cgroup caps the same memory")
+			}},
+		{name: "an unaligned stored size rounds up once", run: with(func(r *vmRun) { r.size.MemoryBytes = 100<<20 + 1 }), img: diskImg, node: node, wantMiB: 101, wantArgs: "-m 101M"},
+		{name: "a disk size is not the spec's", run: with(func(r *vmRun) { r.size.DiskBytes = 8 << 30 }), img: diskImg, node: node, wantMiB: 256,
+			check: func(t *testing.T, s qemu.Spec) { assert.Equal(t, overlay, s.Disks) }},
+		{name: "a kernel image has no disk", run: with(func(*vmRun) {}), img: kernelImg, node: node, wantMiB: 256,
+			check: func(t *testing.T, s qemu.Spec) {
+				assert.Empty(t, s.Disks)
+				assert.Equal(t, "no_timer_check console=ttyS0", s.Cmdline)
+			}},
+		{name: "the pod's accelerator", run: with(func(r *vmRun) { r.plan.Accelerator = "kvm" }), img: diskImg, node: node, wantMiB: 256,
+			check: func(t *testing.T, s qemu.Spec) { assert.Equal(t, qemu.Accelerator("kvm"), s.Accelerator) }},
+		{name: "UEFI from the node", run: with(func(r *vmRun) { r.plan.Firmware = qemu.FirmwareUEFI }), img: diskImg, node: node, wantMiB: 256,
+			check: func(t *testing.T, s qemu.Spec) {
+				assert.Equal(t, "/fw/OVMF_CODE.fd", s.UEFICode)
+				assert.Contains(t, s.AllowedDirs, "/fw")
+			}},
+		{name: "flashed firmware", run: with(func(r *vmRun) {
+			r.flashed = map[string]podstatus.FlashedPartition{"OVMF_CODE.fd": {File: "code.fd"}}
+		}), img: diskImg, node: node, wantMiB: 256,
+			check: func(t *testing.T, s qemu.Spec) {
+				assert.Equal(t, qemu.FirmwareUEFI, s.Firmware)
+				assert.Equal(t, filepath.Join(dir, "flash", "code.fd"), s.UEFICode)
+			}},
+		{name: "a command line without a kernel", run: with(func(r *vmRun) { r.plan.ExtraCmdline = "quiet" }), img: diskImg, node: node, invalid: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := vmSpec(tc.run, tc.img, tc.node)
+			if tc.invalid {
+				_, ok := errors.AsType[podspec.InvalidSpec](err)
+				assert.True(t, ok, "InvalidSpec: %v", err)
+				return
+			}
+			require.NoError(t, err)
+			again, _ := vmSpec(tc.run, tc.img, tc.node)
+			assert.Equal(t, s, again, "the same run and node: the same spec")
+			assert.Equal(t, tc.wantMiB, s.MemoryMiB)
+			if tc.wantArgs != "" {
+				assert.Contains(t, strings.Join(qemu.Args(s), " "), tc.wantArgs)
+			}
+			assert.Equal(t, "default.vm", s.Name)
+			assert.Equal(t, dir, s.StateDir)
+			if tc.check != nil {
+				tc.check(t, s)
+			}
+			assert.NoDirExists(t, dir, "vmSpec touches no disk")
+		})
+	}
 }

@@ -4,18 +4,19 @@ import "github.com/qemu-kubelet/qemu-kubelet/qemu"
 
 // VMCgroup is the cgroup of a pod's VM when the node runs each QEMU in a
 // cgroup of its own (base non-nil: vmCgroup mode Own), else nil: the
-// pod's CPU limit caps it, and its memory is capped at the guest's RAM
-// plus the node's per-VM overhead (vmMemory.overhead), the figure admission
-// counted for it, so a QEMU growing past what the node accounted is ended
-// by the kernel instead of pressing the host.
-func VMCgroup(base *qemu.Cgroup, plan Plan, overhead int64) *qemu.Cgroup {
+// pod's CPU limit (cpuLimitMilli, Plan.CPULimitMilli) caps it, and its
+// memory is capped at the guest's RAM (memoryMiB, the VM's) plus the
+// node's per-VM overhead (vmMemory.overhead), the figure admission counted
+// for it, so a QEMU growing past what the node accounted is ended by the
+// kernel instead of pressing the host. Pure.
+func VMCgroup(base *qemu.Cgroup, cpuLimitMilli int64, memoryMiB int, overhead int64) *qemu.Cgroup {
 	if base == nil {
 		return nil
 	}
 	cg := *base
-	cg.CPUMilli = plan.CPULimitMilli
+	cg.CPUMilli = cpuLimitMilli
 	if overhead > 0 {
-		cg.MemoryMaxBytes = int64(plan.MemoryMiB)<<20 + overhead
+		cg.MemoryMaxBytes = int64(memoryMiB)<<20 + overhead
 	}
 	return &cg
 }

@@ -121,9 +121,6 @@ type Plan struct {
 	// CPUModel: the guest CPU model the pod asks for (AnnotationCPUModel;
 	// "": the node's choice, see CPUModel).
 	CPUModel string
-	// DiskBytes grows the VM's disk to this size at its start (set through
-	// the exporter, provider/exporter/vmsize.go; not from the pod); 0: the image's size.
-	DiskBytes int64
 }
 
 // Rejection says why a pod is not started: a kubelet-style reason and a
@@ -316,7 +313,7 @@ func translateContainer(c corev1.Container, bad func(field, format string, a ...
 		plan.CPULimitMilli = q.MilliValue()
 	}
 	mem := GuestMemory(c.Resources)
-	plan.MemoryMiB = int((mem.Value() + (1<<20 - 1)) >> 20)
+	plan.MemoryMiB = MemoryMiB(mem.Value())
 }
 
 // VCPUs is ceil(cpu limit), else ceil(cpu request), else 1.

@@ -182,12 +182,12 @@ func TestTranslateAdmitsExecProbes(t *testing.T) {
 // VM at the pod's CPU limit and at the guest's RAM plus the node's
 // overhead (what admission counted).
 func TestVMCgroup(t *testing.T) {
-	assert.Nil(t, VMCgroup(nil, Plan{CPUs: 1, MemoryMiB: 256, CPULimitMilli: 500}, 128<<20))
+	assert.Nil(t, VMCgroup(nil, 500, 256, 128<<20))
 	base := &qemu.Cgroup{Root: "/sys/fs/cgroup", Parent: "qemu-kubelet"}
-	got := VMCgroup(base, Plan{CPUs: 1, MemoryMiB: 256, CPULimitMilli: 500}, 128<<20)
+	got := VMCgroup(base, 500, 256, 128<<20)
 	assert.Equal(t, &qemu.Cgroup{Root: "/sys/fs/cgroup", Parent: "qemu-kubelet", CPUMilli: 500, MemoryMaxBytes: 384 << 20}, got)
 	assert.Equal(t, int64(0), base.CPUMilli, "the node's base is not modified")
-	got = VMCgroup(base, Plan{CPUs: 2, MemoryMiB: 512}, 0)
+	got = VMCgroup(base, 0, 512, 0)
 	assert.Equal(t, &qemu.Cgroup{Root: "/sys/fs/cgroup", Parent: "qemu-kubelet"}, got, "no CPU limit, no overhead: no caps")
 }
 

@@ -12,7 +12,8 @@ import (
 // set_disk_size): what the node can give, decided at the call. The
 // executor (provider/exporter/vmsize.go) gathers the facts and records the size.
 
-// memoryMiB rounds bytes up to MiB, as the pod's memory is.
+// MemoryMiB rounds bytes up to whole MiB: the one rounding of a VM's
+// memory (the pod's, Translate; a size set through the exporter).
 func MemoryMiB(bytes int64) int { return int((bytes + (1<<20 - 1)) >> 20) }
 
 // WithMemoryClaim is pod as admission counts it: its memory request raised
