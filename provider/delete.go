@@ -13,7 +13,8 @@ import (
 
 // finishDelete stops the VM (if any) within the grace period, removes the
 // state dir, pushes the terminal status and forgets the pod.
-func (p *VMs) finishDelete(rec *podVM) {
+func (r *podRun) finishDelete() {
+	p, rec := r.p, r.rec
 	vm := rec.vm.get()
 	grace := rec.deletion().grace
 	pod, st := rec.read()
@@ -22,7 +23,7 @@ func (p *VMs) finishDelete(rec *podVM) {
 	ctx := context.WithoutCancel(p.base)
 	// The exporter unregisters first: no lease lands on a VM going away.
 	rec.stopExporter()
-	p.dropSnapshotClaim(rec)
+	r.dropSnapshotClaim()
 
 	if !rejected {
 		if vm != nil {
@@ -49,12 +50,12 @@ func (p *VMs) finishDelete(rec *podVM) {
 				}
 			})
 		}
-		if p.reclaimDisk(ctx, rec, pod) { // state.go: the disk kept first, if asked
+		if r.reclaimDisk(ctx, pod) { // state.go: the disk kept first, if asked
 			if err := qemu.CleanStateDir(rec.dir, nil); err != nil {
 				log.Error(err, "Remove pod state dir")
 			}
 		}
-		p.releaseImage(rec)
+		r.releaseImage()
 	}
 	rec.markRemoved()
 	p.push(rec)

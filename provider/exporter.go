@@ -24,7 +24,8 @@ import (
 
 // startExporter starts the pod's exporter supervisor if the pod asks for
 // one and it has not started yet. Idempotent; worker only.
-func (p *VMs) startExporter(ctx context.Context, rec *podVM) {
+func (r *podRun) startExporter(ctx context.Context) {
+	p, rec := r.p, r.rec
 	pod, st := rec.read()
 	if podspec.ExporterSecretName(pod) == "" || st.Rejection != nil || st.Final || rec.deletion().deleting || rec.exp.Load() != nil {
 		return
@@ -127,11 +128,12 @@ func (e podExporter) SetSize(ctx context.Context, check func(*corev1.Pod, podspe
 // against the old claim meanwhile) and writes it to status.json; a size
 // that cannot be written is not kept. The VM's next starts apply it
 // (runPlan). Worker only.
-func (p *VMs) recordSize(rec *podVM, r *sizeChange) error {
+func (r *podRun) recordSize(sz *sizeChange) error {
+	p, rec := r.p, r.rec
 	node := p.nodeCapacity()
 	p.mu.Lock()
 	others := p.activePodsLocked()
-	if err := r.check(rec.podCopy(), node, others); err != nil {
+	if err := sz.check(rec.podCopy(), node, others); err != nil {
 		p.mu.Unlock()
 		return err
 	}
@@ -143,13 +145,13 @@ func (p *VMs) recordSize(rec *podVM, r *sizeChange) error {
 		} else {
 			st.Size = &podstatus.VMSize{}
 		}
-		r.change(st.Size)
+		sz.change(st.Size)
 		st.Size.Changed = p.now().UTC()
 	})
 	p.mu.Unlock()
 	if err := rec.persist(); err != nil {
 		rec.change(func(st *podstatus.VMState) { st.Size = old })
-		p.persist(rec) // the record as it was (and the event of a failing disk)
+		r.persist() // the record as it was (and the event of a failing disk)
 		return fmt.Errorf("record the size in the pod's state dir: %w", err)
 	}
 	return nil
@@ -163,7 +165,8 @@ func (p *VMs) recordSize(rec *podVM, r *sizeChange) error {
 // pod's record and disk as they were, and status.json as it was written
 // last. The request's image hold becomes the pod's. Worker only, with no
 // VM running.
-func (p *VMs) installFlash(rec *podVM, f *exporter.Flash) error {
+func (r *podRun) installFlash(f *exporter.Flash) error {
+	p, rec := r.p, r.rec
 	placed, err := f.Place(rec.dir, filepath.Join(rec.dir, OverlayFileName))
 	if err != nil {
 		return err

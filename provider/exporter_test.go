@@ -161,7 +161,7 @@ func TestExporterLifecycleFake(t *testing.T) {
 	rec := h.vms.pods[pod.UID]
 	h.vms.mu.Unlock()
 	require.NotNil(t, rec)
-	h.vms.startExporter(h.vms.base, rec)
+	h.vms.runOf(rec).startExporter(h.vms.base)
 
 	// No Secret yet: Failed, naming it; no run.
 	p := h.wait(pod.UID, 10*time.Second, "exporter Failed (no secret)", condReason("Failed"))

@@ -48,7 +48,8 @@ func (p *VMs) featureWatch() (<-chan struct{}, *config.FeatureConfig) {
 // (Waiting/FeatureDisabled, a warning event) until the features it needs
 // are enabled. It returns true when the pod may start, false when it was
 // deleted or the provider stops (the worker checks which).
-func (p *VMs) holdForFeatures(ctx context.Context, rec *podVM) bool {
+func (r *podRun) holdForFeatures(ctx context.Context) bool {
+	p, rec := r.p, r.rec
 	held := ""
 	for {
 		ch, features := p.featureWatch()
@@ -58,7 +59,7 @@ func (p *VMs) holdForFeatures(ctx context.Context, rec *podVM) bool {
 			if held != "" {
 				klog.FromContext(ctx).Info("Features enabled; starting the pod", "features", held)
 				p.event(pod, corev1.EventTypeNormal, "FeatureEnabled", "feature(s) "+held+" enabled on node "+p.cfg.NodeName+"; starting the VM")
-				p.update(rec, func(st *podstatus.VMState) { st.SetWaiting(podstatus.ReasonContainerCreating, "") })
+				r.update(func(st *podstatus.VMState) { st.SetWaiting(podstatus.ReasonContainerCreating, "") })
 			}
 			return true
 		}
@@ -66,7 +67,7 @@ func (p *VMs) holdForFeatures(ctx context.Context, rec *podVM) bool {
 			held = names
 			klog.FromContext(ctx).Info("Pod held: it needs a disabled feature", "features", held)
 			p.event(pod, corev1.EventTypeWarning, ReasonFeatureDisabled, h.Message)
-			p.update(rec, func(st *podstatus.VMState) { st.SetWaiting(ReasonFeatureDisabled, h.Message) })
+			r.update(func(st *podstatus.VMState) { st.SetWaiting(ReasonFeatureDisabled, h.Message) })
 		}
 		select {
 		case <-ch:

@@ -146,7 +146,7 @@ func (p *VMs) requestDelete(rec *podVM, grace time.Duration) {
 	rec.confirm.Do(func() { close(rec.confirmed) })
 	if first && rec.stateCopy().Rejection != nil {
 		// Never had a VM: done at once.
-		go p.finishDelete(rec)
+		go p.runOf(rec).finishDelete()
 	}
 }
 

@@ -21,9 +21,10 @@ const (
 )
 
 // update changes the state under the lock, persists it and pushes it.
-func (p *VMs) update(rec *podVM, f func(st *podstatus.VMState)) {
+func (r *podRun) update(f func(st *podstatus.VMState)) {
+	p, rec := r.p, r.rec
 	rec.change(f)
-	p.persist(rec)
+	r.persist()
 	p.push(rec)
 }
 
@@ -33,7 +34,8 @@ func (p *VMs) update(rec *podVM, f func(st *podstatus.VMState)) {
 // fails, so the disk never claims a state the pod has left: a restart then
 // recovers from what QEMU itself recorded (its spec, pidfile and exit
 // record) instead of from an outdated status.
-func (p *VMs) persist(rec *podVM) {
+func (r *podRun) persist() {
+	p, rec := r.p, r.rec
 	err := rec.persist()
 	rec.statusFile.mu.Lock()
 	was := rec.statusFile.failing

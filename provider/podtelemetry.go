@@ -26,7 +26,8 @@ func (p *VMs) RunningVMs() int {
 
 // endBoot ends the boot span of rec's current start, if one waits for
 // Ready: the worker's action on the run's first Ready (podworker.go).
-func (p *VMs) endBoot(rec *podVM) {
+func (r *podRun) endBoot() {
+	p, rec := r.p, r.rec
 	t := p.cfg.Telemetry
 	if t == nil {
 		return

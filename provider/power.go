@@ -60,7 +60,8 @@ func (p *VMs) powerGrace(pod *corev1.Pod) time.Duration {
 // powerOffNowQuit, as upstream's QEMU power off) but keeps the state dir
 // and the pod: the container shows Waiting/PoweredOff with this run's end
 // as its last state, and the restart policy does not apply. Worker only.
-func (p *VMs) powerOff(ctx context.Context, rec *podVM, why string, now bool) error {
+func (r *podRun) powerOff(ctx context.Context, why string, now bool) error {
+	p, rec := r.p, r.rec
 	vm := rec.vm.get()
 	pod, st := rec.read()
 	started := runStart(&st)
@@ -80,7 +81,7 @@ func (p *VMs) powerOff(ctx context.Context, rec *podVM, why string, now bool) er
 	term := podstatus.TerminatedFromExit(ex, started, podstatus.ContainerIDPrefix+string(rec.uid))
 	log.Info("VM powered off on request", "why", why, "exitCode", ex.ExitCode, "reason", ex.Reason)
 	rec.vm.set(nil)
-	p.update(rec, func(st *podstatus.VMState) {
+	r.update(func(st *podstatus.VMState) {
 		st.LastTerminated = &term
 		st.SetWaiting(podstatus.ReasonPoweredOff, fmt.Sprintf("powered off %s (%s); power it on to boot again", why, ex.Reason))
 		st.PoweredOff = true
@@ -111,7 +112,8 @@ func powerOffMessage(why string, opts qemu.StopOptions) string {
 }
 
 // startError is why the last start failed (the terminated run it left).
-func (p *VMs) startError(rec *podVM) error {
+func (r *podRun) startError() error {
+	rec := r.rec
 	if t := rec.stateCopy().Terminated; t != nil {
 		return fmt.Errorf("start VM: %s: %s", t.Reason, t.Message)
 	}

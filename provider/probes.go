@@ -11,7 +11,8 @@ import (
 // vm (probe.Start); rec.probes carries their results for the pod status
 // (probe.Apply). They report through the pod's probe.Sink (podProbeSink),
 // which wakes the worker on probed when their results change.
-func (p *VMs) startProbes(ctx context.Context, rec *podVM, vm VM, probed chan<- struct{}, failed chan<- probeFailure) {
+func (r *podRun) startProbes(ctx context.Context, vm VM, probed chan<- struct{}, failed chan<- probeFailure) {
+	p, rec := r.p, r.rec
 	pod, st := rec.read()
 	if len(pod.Spec.Containers) == 0 {
 		return

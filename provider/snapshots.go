@@ -25,7 +25,8 @@ import (
 // and adjusts spec (snapshot.Store.Prepare); it returns the overlay base
 // of a restore ("" for the image's). Worker goroutine only. Problems are
 // events, never errors: the VM then boots.
-func (p *VMs) prepareSnapshotStart(ctx context.Context, rec *podVM, pod *corev1.Pod, plan podspec.Plan, img *oci.Image, spec *qemu.Spec) (overlayBase string) {
+func (r *podRun) prepareSnapshotStart(ctx context.Context, pod *corev1.Pod, plan podspec.Plan, img *oci.Image, spec *qemu.Spec) (overlayBase string) {
+	p, rec := r.p, r.rec
 	if !plan.SnapshotStart {
 		return ""
 	}
@@ -49,7 +50,8 @@ func (p *VMs) prepareSnapshotStart(ctx context.Context, rec *podVM, pod *corev1.
 
 // dropSnapshotClaim releases a claim the run did not use (it ended before
 // readiness, or the pod goes).
-func (p *VMs) dropSnapshotClaim(rec *podVM) {
+func (r *podRun) dropSnapshotClaim() {
+	p, rec := r.p, r.rec
 	c := rec.snap.claim
 	rec.snap.claim = nil
 	p.snaps.Release(c)
@@ -60,7 +62,8 @@ func (p *VMs) dropSnapshotClaim(rec *podVM) {
 // no claim, nothing. The guest is paused while its memory is written; the
 // worker, which alone acts on the VM, waits for it. A failure is an event:
 // the VM runs on.
-func (p *VMs) saveSnapshot(ctx context.Context, rec *podVM, vm VM) {
+func (r *podRun) saveSnapshot(ctx context.Context, vm VM) {
+	p, rec := r.p, r.rec
 	c := rec.snap.claim
 	rec.snap.claim = nil
 	if c == nil {
@@ -84,7 +87,8 @@ func (p *VMs) saveSnapshot(ctx context.Context, rec *podVM, vm VM) {
 // restoreFailed handles a restore QEMU could not do (startErr): the
 // snapshot is discarded and an event says why; the next spec built for the
 // run boots (the run's restore failed: prepareSnapshotStart).
-func (p *VMs) restoreFailed(ctx context.Context, rec *podVM, pod *corev1.Pod, startErr error) {
+func (r *podRun) restoreFailed(ctx context.Context, pod *corev1.Pod, startErr error) {
+	p, rec := r.p, r.rec
 	u := rec.snap.used
 	rec.snap.used, rec.snap.restoreFailed = nil, true
 	msg := fmt.Sprintf("Starting from the memory snapshot failed; discarded it, booting instead: %v", startErr)

@@ -25,10 +25,11 @@ import (
 // image hold, the VM spec (vmSpec, pure: vmspec.go), readying what it
 // names (waiting for its config: prepareRun), the QEMU start and the
 // record of the started run.
-func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) bool {
+func (r *podRun) pullAndStart(ctx context.Context) bool {
+	p, rec := r.p, r.rec
 	log := klog.FromContext(ctx)
-	p.dropSnapshotClaim(rec) // an earlier run's, unused
-	pod, run := p.runPlan(rec)
+	r.dropSnapshotClaim() // an earlier run's, unused
+	pod, run := r.runPlan()
 	plan := run.plan
 
 	// Cancel the pull when the pod is deleted.
@@ -44,16 +45,16 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) bool {
 	att := p.cfg.Telemetry.BeginStart(pctx, rec.uid, pod, plan.Image) // telemetry/tracing.go: pod.start span, start metrics
 	defer att.Done()
 
-	img, ok := p.pullImage(pctx, rec, pod, plan, att)
+	img, ok := r.pullImage(pctx, pod, plan, att)
 	if !ok {
 		return false
 	}
-	p.holdImage(ctx, rec, img)
+	r.holdImage(ctx, img)
 
 	base, err := vmSpec(run, img, p.nodeVMSettings())
 	spec := base
 	if err == nil {
-		pod, spec, ok, err = p.waitForSpec(ctx, pctx, rec, pod, run, img, base)
+		pod, spec, ok, err = r.waitForSpec(ctx, pctx, pod, run, img, base)
 		if !ok {
 			return false
 		}
@@ -66,10 +67,10 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) bool {
 		}
 		log.Error(err, "VM not started", "reason", reason)
 		p.event(pod, corev1.EventTypeWarning, "Failed", err.Error())
-		p.recordStartError(rec, reason, err)
+		r.recordStartError(reason, err)
 		return false
 	}
-	vm, spec, err := p.startQEMU(ctx, pctx, rec, pod, run, img, base, spec)
+	vm, spec, err := r.startQEMU(ctx, pctx, pod, run, img, base, spec)
 	att.QEMUStarted(vm, err)
 	if err != nil {
 		if pctx.Err() != nil {
@@ -77,10 +78,10 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) bool {
 		}
 		log.Error(err, "QEMU start failed")
 		p.event(pod, corev1.EventTypeWarning, "Failed", "Error: "+err.Error())
-		p.recordStartError(rec, podstatus.ReasonStartError, err)
+		r.recordStartError(podstatus.ReasonStartError, err)
 		return false
 	}
-	p.recordStarted(ctx, rec, pod, vm, spec, run.size)
+	r.recordStarted(ctx, pod, vm, spec, run.size)
 	return true
 }
 
@@ -88,7 +89,8 @@ func (p *VMs) pullAndStart(ctx context.Context, rec *podVM) bool {
 // pod's plan with a flashed image applied, the size set through the
 // exporter (exporter/vmsize.go) and the flashed firmware. It also forgets
 // the previous run's snapshot use.
-func (p *VMs) runPlan(rec *podVM) (*corev1.Pod, vmRun) {
+func (r *podRun) runPlan() (*corev1.Pod, vmRun) {
+	rec := r.rec
 	rec.snap.used, rec.snap.restoreFailed = nil, false
 	pod, st := rec.read()
 	run := vmRun{name: vmName(pod), dir: rec.dir, plan: rec.plan, flashed: st.Flashed}
@@ -111,7 +113,8 @@ type pullObserver interface {
 // the cached image when the pull policy allows it, else a pull retried with
 // back-off (ErrImagePull, then ImagePullBackOff). ok is false when ctx
 // ended (delete, shutdown).
-func (p *VMs) pullImage(ctx context.Context, rec *podVM, pod *corev1.Pod, plan podspec.Plan, att pullObserver) (img *oci.Image, ok bool) {
+func (r *podRun) pullImage(ctx context.Context, pod *corev1.Pod, plan podspec.Plan, att pullObserver) (img *oci.Image, ok bool) {
+	p, rec := r.p, r.rec
 	log := klog.FromContext(ctx)
 	// A flashed root (package exporter) boots instead of any image.
 	img = exporter.FlashedRoot(rec.dir, rec.stateCopy())
@@ -138,13 +141,13 @@ func (p *VMs) pullImage(ctx context.Context, rec *podVM, pod *corev1.Pod, plan p
 		msg := err.Error()
 		log.Info("Image pull failed", "image", plan.Image, "attempt", attempt, "err", msg)
 		p.event(pod, corev1.EventTypeWarning, "Failed", fmt.Sprintf("Failed to pull image %q: %s", plan.Image, msg))
-		p.update(rec, func(st *podstatus.VMState) { st.SetWaiting(podstatus.ReasonErrImagePull, msg) })
+		r.update(func(st *podstatus.VMState) { st.SetWaiting(podstatus.ReasonErrImagePull, msg) })
 		delay := p.cfg.Backoff.Delay(attempt)
 		hold := min(p.cfg.ErrImagePullHold, delay)
 		if !sleepCtx(ctx, hold) {
 			return nil, false
 		}
-		p.update(rec, func(st *podstatus.VMState) {
+		r.update(func(st *podstatus.VMState) {
 			st.SetWaiting(podstatus.ReasonImagePullBackOff, podstatus.PullBackOffMessage(plan.Image, msg))
 		})
 		p.event(pod, corev1.EventTypeNormal, "BackOff", fmt.Sprintf("Back-off pulling image %q", plan.Image))
@@ -157,10 +160,11 @@ func (p *VMs) pullImage(ctx context.Context, rec *podVM, pod *corev1.Pod, plan p
 
 // holdImage holds img while the pod lives (the previous image's hold is
 // given up) and records it as the pod's image: ContainerCreating.
-func (p *VMs) holdImage(ctx context.Context, rec *podVM, img *oci.Image) {
+func (r *podRun) holdImage(ctx context.Context, img *oci.Image) {
+	p, rec := r.p, r.rec
 	haveRelease := rec.release != nil && rec.stateCopy().ImageDigest == img.Digest
 	if !haveRelease {
-		p.releaseImage(rec)
+		r.releaseImage()
 	}
 	if !haveRelease && !exporter.IsFlashedRoot(img) {
 		if rel, err := p.cfg.Images.Acquire(img.Digest); err == nil {
@@ -169,7 +173,7 @@ func (p *VMs) holdImage(ctx context.Context, rec *podVM, img *oci.Image) {
 			klog.FromContext(ctx).Error(err, "Acquire image")
 		}
 	}
-	p.update(rec, func(st *podstatus.VMState) {
+	r.update(func(st *podstatus.VMState) {
 		st.ImageDigest = img.Digest
 		st.ImageID = podspec.ImageID(img)
 		st.SetWaiting(podstatus.ReasonContainerCreating, "")
@@ -181,19 +185,20 @@ func (p *VMs) holdImage(ctx context.Context, rec *podVM, img *oci.Image) {
 // (CreateContainerConfigError, as a kubelet: podspec.PrepareGuestDisks).
 // It returns the pod as last read and prepareRun's result; ok is false
 // when pctx ended while waiting.
-func (p *VMs) waitForSpec(ctx, pctx context.Context, rec *podVM, pod *corev1.Pod, run vmRun, img *oci.Image, spec qemu.Spec) (_ *corev1.Pod, _ qemu.Spec, ok bool, _ error) {
+func (r *podRun) waitForSpec(ctx, pctx context.Context, pod *corev1.Pod, run vmRun, img *oci.Image, spec qemu.Spec) (_ *corev1.Pod, _ qemu.Spec, ok bool, _ error) {
+	p, rec := r.p, r.rec
 	log := klog.FromContext(ctx)
-	ready, err := p.prepareRun(ctx, rec, pod, run, img, spec)
+	ready, err := r.prepareRun(ctx, pod, run, img, spec)
 	for attempt := 1; err != nil && podspec.IsConfigError(err); attempt++ {
 		msg := err.Error()
 		log.Info("VM config not available", "err", msg)
 		p.event(pod, corev1.EventTypeWarning, "Failed", "Error: "+msg)
-		p.update(rec, func(st *podstatus.VMState) { st.SetWaiting(podspec.ReasonCreateContainerConfigError, msg) })
+		r.update(func(st *podstatus.VMState) { st.SetWaiting(podspec.ReasonCreateContainerConfigError, msg) })
 		if !sleepCtx(pctx, min(p.cfg.Backoff.Delay(attempt), podspec.ConfigRetryMax)) {
 			return pod, ready, false, err
 		}
 		pod = rec.podCopy()
-		ready, err = p.prepareRun(ctx, rec, pod, run, img, spec)
+		ready, err = r.prepareRun(ctx, pod, run, img, spec)
 	}
 	return pod, ready, true, err
 }
@@ -202,14 +207,15 @@ func (p *VMs) waitForSpec(ctx, pctx context.Context, rec *podVM, pod *corev1.Pod
 // StartTimeout; a memory snapshot QEMU cannot load is discarded and the
 // VM booted instead: spec readied again, without it (snapshots.go). It
 // returns the spec that started.
-func (p *VMs) startQEMU(ctx, pctx context.Context, rec *podVM, pod *corev1.Pod, run vmRun, img *oci.Image, spec, ready qemu.Spec) (VM, qemu.Spec, error) {
+func (r *podRun) startQEMU(ctx, pctx context.Context, pod *corev1.Pod, run vmRun, img *oci.Image, spec, ready qemu.Spec) (VM, qemu.Spec, error) {
+	p, rec := r.p, r.rec
 	sctx, scancel := context.WithTimeout(pctx, p.cfg.StartTimeout)
 	vm, err := p.cfg.Hypervisor.Start(sctx, ready, rec.dir)
 	scancel()
 	if err != nil && ready.Incoming != "" && pctx.Err() == nil {
 		// The snapshot cannot be loaded: discard it and boot (snapshots.go).
-		p.restoreFailed(ctx, rec, pod, err)
-		ready, err = p.prepareRun(ctx, rec, pod, run, img, spec)
+		r.restoreFailed(ctx, pod, err)
+		ready, err = r.prepareRun(ctx, pod, run, img, spec)
 		if err == nil {
 			sctx, scancel := context.WithTimeout(pctx, p.cfg.StartTimeout)
 			vm, err = p.cfg.Hypervisor.Start(sctx, ready, rec.dir)
@@ -221,9 +227,10 @@ func (p *VMs) startQEMU(ctx, pctx context.Context, rec *podVM, pod *corev1.Pod, 
 
 // recordStartError records a start that failed as a terminated run (exit
 // code 128, reason StartError or InvalidVMSpec).
-func (p *VMs) recordStartError(rec *podVM, reason string, err error) {
+func (r *podRun) recordStartError(reason string, err error) {
+	p := r.p
 	now := p.now()
-	p.update(rec, func(st *podstatus.VMState) {
+	r.update(func(st *podstatus.VMState) {
 		st.SetTerminated(corev1.ContainerStateTerminated{ExitCode: 128, Reason: reason, Message: err.Error(),
 			StartedAt: podstatus.MetaTime(now), FinishedAt: podstatus.MetaTime(now)})
 	})
@@ -231,7 +238,8 @@ func (p *VMs) recordStartError(rec *podVM, reason string, err error) {
 
 // recordStarted records the started run: the pod's VM, the Started event,
 // Running, and the size this run applied.
-func (p *VMs) recordStarted(ctx context.Context, rec *podVM, pod *corev1.Pod, vm VM, spec qemu.Spec, size podstatus.VMSize) {
+func (r *podRun) recordStarted(ctx context.Context, pod *corev1.Pod, vm VM, spec qemu.Spec, size podstatus.VMSize) {
+	p, rec := r.p, r.rec
 	rec.vm.set(vm) // before Running shows: the console, exec and the rest find it
 	from := ""
 	if spec.Incoming != "" {
@@ -239,7 +247,7 @@ func (p *VMs) recordStarted(ctx context.Context, rec *podVM, pod *corev1.Pod, vm
 	}
 	klog.FromContext(ctx).Info("VM started", "pid", vm.Pid(), "accelerator", spec.Accelerator, "fromSnapshot", spec.Incoming != "")
 	p.event(pod, corev1.EventTypeNormal, "Started", fmt.Sprintf("Started VM (QEMU pid %d, %s, %d vCPU, %d MiB%s)", vm.Pid(), spec.Accelerator, spec.CPUs, spec.MemoryMiB, from))
-	p.update(rec, func(st *podstatus.VMState) {
+	r.update(func(st *podstatus.VMState) {
 		st.SetRunning(p.now())
 		if st.Size != nil && (st.Size.AppliedMemoryBytes != size.MemoryBytes || st.Size.AppliedDiskBytes != size.DiskBytes) {
 			st.Size.AppliedMemoryBytes, st.Size.AppliedDiskBytes = size.MemoryBytes, size.DiskBytes
@@ -267,7 +275,8 @@ func (p *VMs) presentImage(ctx context.Context, plan podspec.Plan) *oci.Image {
 // disks (its config and secret volumes) are made and added, a
 // snapshot-start pod's restore or save is prepared (snapshots.go), the
 // whole is validated, and the overlay is made and grown (prepareDisk).
-func (p *VMs) prepareRun(ctx context.Context, rec *podVM, pod *corev1.Pod, run vmRun, img *oci.Image, spec qemu.Spec) (qemu.Spec, error) {
+func (r *podRun) prepareRun(ctx context.Context, pod *corev1.Pod, run vmRun, img *oci.Image, spec qemu.Spec) (qemu.Spec, error) {
+	p, rec := r.p, r.rec
 	spec.Disks, spec.AllowedDirs = slices.Clone(spec.Disks), slices.Clone(spec.AllowedDirs)
 	if err := exporter.CheckConfig(ctx, p.cfg.Secrets, pod); err != nil {
 		return spec, err // the pod waits for its exporter Secret
@@ -278,14 +287,14 @@ func (p *VMs) prepareRun(ctx context.Context, rec *podVM, pod *corev1.Pod, run v
 	}
 	spec.Disks = append(spec.Disks, guest...)
 	base, baseFormat := img.Disk, qemu.DiskFormat(img.DiskFormat)
-	if b := p.prepareSnapshotStart(ctx, rec, pod, run.plan, img, &spec); b != "" { // snapshots.go
+	if b := r.prepareSnapshotStart(ctx, pod, run.plan, img, &spec); b != "" { // snapshots.go
 		base, baseFormat = b, qemu.FormatQCOW2
 	}
 	if err := spec.Validate(); err != nil {
 		return spec, podspec.InvalidSpec{Err: fmt.Errorf("VM spec for image %s: %w", run.plan.Image, err)}
 	}
 	if img.Disk != "" {
-		if err := p.prepareDisk(ctx, pod, run, base, baseFormat); err != nil {
+		if err := r.prepareDisk(ctx, pod, run, base, baseFormat); err != nil {
 			return spec, err
 		}
 	}
@@ -296,7 +305,8 @@ func (p *VMs) prepareRun(ctx context.Context, rec *podVM, pod *corev1.Pod, run v
 // starts from the image, as a container starts from its image), or with
 // state policy Retain the one the last run left (poddisk.Prepare); then
 // grown to a disk size set through the exporter (exporter/vmsize.go).
-func (p *VMs) prepareDisk(ctx context.Context, pod *corev1.Pod, run vmRun, base string, baseFormat qemu.DiskFormat) error {
+func (r *podRun) prepareDisk(ctx context.Context, pod *corev1.Pod, run vmRun, base string, baseFormat qemu.DiskFormat) error {
+	p := r.p
 	overlay := filepath.Join(run.dir, OverlayFileName)
 	reason, msg, err := poddisk.Prepare(ctx, run.plan.StatePolicy, overlay, base, baseFormat)
 	if err != nil {
@@ -344,7 +354,8 @@ func (p *VMs) pullSecrets(ctx context.Context, pod *corev1.Pod, names []string) 
 
 // releaseImage gives up the pod's hold on its image. Worker only (or a
 // rejected pod's finishDelete: no worker).
-func (p *VMs) releaseImage(rec *podVM) {
+func (r *podRun) releaseImage() {
+	rec := r.rec
 	rel := rec.release
 	rec.release = nil
 	if rel != nil {

@@ -19,7 +19,8 @@ import (
 // is gone). It reports whether the state dir may be removed: false when
 // the disk was to be kept and could not be (the dir stays; the next agent
 // start finds the pod gone and deletes it again, retrying).
-func (p *VMs) reclaimDisk(ctx context.Context, rec *podVM, pod *corev1.Pod) bool {
+func (r *podRun) reclaimDisk(ctx context.Context, pod *corev1.Pod) bool {
+	p, rec := r.p, r.rec
 	if !poddisk.RetainOnDelete(pod) {
 		return true
 	}

@@ -35,7 +35,7 @@ func TestFlashDropsTheDisk(t *testing.T) {
 	require.NoError(t, os.WriteFile(ov, []byte("old disk"), 0o600))
 	held := 0
 	f := &exporter.Flash{Image: &oci.Image{Ref: "reg/os:2", Digest: "sha256:bb"}, Hold: func() { held++ }}
-	require.NoError(t, p.installFlash(rec, f))
+	require.NoError(t, p.runOf(rec).installFlash(f))
 	assert.NoFileExists(t, ov)
 	var st podstatus.VMState
 	b, err := os.ReadFile(filepath.Join(rec.dir, StatusFileName))
@@ -49,7 +49,7 @@ func TestFlashDropsTheDisk(t *testing.T) {
 	require.NoError(t, os.Remove(filepath.Join(rec.dir, StatusFileName)))
 	require.NoError(t, os.WriteFile(ov, []byte("second disk"), 0o600))
 	require.NoError(t, os.MkdirAll(filepath.Join(ov+".pre-flash", "x"), 0o700))
-	err = p.installFlash(rec, &exporter.Flash{Image: &oci.Image{Ref: "reg/os:3", Digest: "sha256:cc"}, Hold: func() { held++ }})
+	err = p.runOf(rec).installFlash(&exporter.Flash{Image: &oci.Image{Ref: "reg/os:3", Digest: "sha256:cc"}, Hold: func() { held++ }})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "set the old disk aside")
 	assert.Equal(t, 1, held, "the refused request's image hold is released")
@@ -72,13 +72,13 @@ func TestReclaimDiskKeepsStateDirOnFailure(t *testing.T) {
 	require.NoError(t, atomicfile.WriteJSON(filepath.Join(rec.dir, PodFileName), bound))
 	require.NoError(t, os.WriteFile(filepath.Join(rec.dir, OverlayFileName), []byte("disk"), 0o600))
 
-	assert.True(t, p.reclaimDisk(context.Background(), rec, bound), "Delete: the dir may go")
+	assert.True(t, p.runOf(rec).reclaimDisk(context.Background(), bound), "Delete: the dir may go")
 
 	// Annotated after binding; the retained area is blocked by a file.
 	deleted := bound.DeepCopy()
 	deleted.Annotations = map[string]string{v1alpha1.ReclaimPolicyAnnotation: "Retain"}
 	require.NoError(t, os.WriteFile(filepath.Join(dir, nodestatus.RetainedDirName), []byte("not a directory"), 0o600))
-	assert.False(t, p.reclaimDisk(context.Background(), rec, deleted), "the disk could not be kept: the dir stays")
+	assert.False(t, p.runOf(rec).reclaimDisk(context.Background(), deleted), "the disk could not be kept: the dir stays")
 	assert.FileExists(t, filepath.Join(rec.dir, OverlayFileName))
 	var recorded corev1.Pod
 	b, err := os.ReadFile(filepath.Join(rec.dir, PodFileName))

@@ -74,7 +74,7 @@ func TestStatusNotDelayedByFlood(t *testing.T) {
 			defer wg.Done()
 			for i := range 40 {
 				p.event(r.pod, corev1.EventTypeNormal, "Flood", fmt.Sprint(i))
-				p.update(r, func(st *podstatus.VMState) { st.RestartCount++ })
+				p.runOf(r).update(func(st *podstatus.VMState) { st.RestartCount++ })
 			}
 		}()
 	}
@@ -82,7 +82,7 @@ func TestStatusNotDelayedByFlood(t *testing.T) {
 
 	// The target's new status (its VM ended) arrives at once.
 	start := time.Now()
-	p.update(target, func(st *podstatus.VMState) {
+	p.runOf(target).update(func(st *podstatus.VMState) {
 		st.SetTerminated(corev1.ContainerStateTerminated{ExitCode: 0, Reason: podstatus.ReasonCompleted})
 		st.Final = true
 	})
@@ -143,7 +143,7 @@ func TestStatusNeverGoesBackwards(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for range each {
-				p.update(r, func(st *podstatus.VMState) { st.RestartCount++ })
+				p.runOf(r).update(func(st *podstatus.VMState) { st.RestartCount++ })
 				if calls.Load()%7 == 0 {
 					p.push(r) // a push without a change (probes, NotifyPods)
 				}

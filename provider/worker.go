@@ -46,8 +46,8 @@ import (
 // worker is the executor of one pod's state machine: what the pure state
 // (podWorker) does not hold. Worker goroutine only.
 type worker struct {
-	p   *VMs
-	rec *podVM
+	// podRun: the pod's record and node; its steps and actions.
+	*podRun
 	ctx context.Context
 	log klog.Logger
 	pod *corev1.Pod
@@ -73,7 +73,7 @@ func (p *VMs) run(rec *podVM) {
 	defer close(rec.done)
 	pod, found := rec.read()
 	f := recoveredFacts{final: found.Final, vm: rec.vm.get() != nil, pendingExit: rec.handoff.pendingExit, poweredOff: found.PoweredOff}
-	w := &worker{p: p, rec: rec, pod: pod, probed: make(chan struct{}, 1), probeFailed: make(chan probeFailure)}
+	w := &worker{podRun: p.runOf(rec), pod: pod, probed: make(chan struct{}, 1), probeFailed: make(chan probeFailure)}
 	rec.handoff.pendingExit = false
 	w.log = p.log.WithValues("pod", klog.KObj(pod), "uid", rec.uid)
 	w.ctx = klog.NewContext(p.base, w.log)
@@ -116,8 +116,8 @@ func (w *worker) stopBackOff() {
 // step waits in st's state for its next event (and, in the states that
 // work, does the work).
 func (w *worker) step(st podWorker) workerEvent {
-	p, rec, ctx, s := w.p, w.rec, w.ctx, st.state
-	if s != stateTerminating && p.deleteRequested(rec) {
+	rec, ctx, s := w.rec, w.ctx, st.state
+	if s != stateTerminating && w.deleteRequested() {
 		return workerEvent{kind: evDelete}
 	}
 	switch s {
@@ -139,7 +139,7 @@ func (w *worker) step(st podWorker) workerEvent {
 	case statePoweredOff, stateFinished:
 		return w.wait(nil)
 	case statePoweringOff:
-		err := p.powerOff(ctx, rec, "on request", w.req.now)
+		err := w.powerOff(ctx, "on request", w.req.now)
 		w.req.reply <- err
 		if err != nil {
 			return workerEvent{kind: evStopFailed}
@@ -147,22 +147,22 @@ func (w *worker) step(st podWorker) workerEvent {
 		return workerEvent{kind: evStopped}
 	case stateFlashing:
 		req := w.req
-		if rec.vm.get() != nil { // a reset comes from BackOff and PoweredOff too
+		if w.rec.vm.get() != nil { // a reset comes from BackOff and PoweredOff too
 			// A reset drops the guest's state: no need to shut it down.
-			if err := p.powerOff(ctx, rec, "to "+flashVerb(req), req.op == opReset); err != nil {
+			if err := w.powerOff(ctx, "to "+flashVerb(req), req.op == opReset); err != nil {
 				req.refuse(err)
 				return workerEvent{kind: evStopFailed}
 			}
 		}
-		if err := p.installFlash(rec, req.flash); err != nil {
+		if err := w.installFlash(req.flash); err != nil {
 			req.reply <- err
 			return workerEvent{kind: evFlashFailed}
 		}
-		p.update(rec, func(st *podstatus.VMState) { st.PoweredOff = false })
+		w.update(func(st *podstatus.VMState) { st.PoweredOff = false })
 		w.waiter = req.reply // answered by the start of the new image
 		return workerEvent{kind: evFlashed}
 	case stateTerminating:
-		p.finishDelete(rec)
+		w.finishDelete()
 		return workerEvent{kind: evDeleted}
 	}
 	panic(fmt.Sprintf("pod worker: no step for state %s", s))
@@ -193,7 +193,7 @@ func (w *worker) request(req vmRequest) workerEvent {
 // start is stateStarting's step: wait for the pod to be confirmed and its
 // features, pull the image and start QEMU.
 func (w *worker) start() workerEvent {
-	p, rec, ctx := w.p, w.rec, w.ctx
+	rec, ctx := w.rec, w.ctx
 	// A recovered pod whose VM must be (re)started waits until the library
 	// shows the pod still exists (or deletes it).
 	select {
@@ -210,19 +210,19 @@ func (w *worker) start() workerEvent {
 		rec.handoff.unrecorded = false
 	}
 	// A pod needing a disabled feature waits (features.go).
-	if !p.holdForFeatures(ctx, rec) {
+	if !w.holdForFeatures(ctx) {
 		if ctx.Err() != nil {
 			return workerEvent{kind: evShutdown}
 		}
 		return workerEvent{kind: evDelete}
 	}
-	if p.pullAndStart(ctx, rec) {
+	if w.pullAndStart(ctx) {
 		return workerEvent{kind: evStarted}
 	}
 	if ctx.Err() != nil {
 		return workerEvent{kind: evShutdown}
 	}
-	if p.deleteRequested(rec) {
+	if w.deleteRequested() {
 		return workerEvent{kind: evDelete}
 	}
 	// The start failed; recorded as a terminated run.
@@ -243,7 +243,7 @@ func (w *worker) start() workerEvent {
 func (w *worker) record() (e workerEvent, ok bool) {
 	p, rec, ctx := w.p, w.rec, w.ctx
 	for attempt := 1; ; attempt++ {
-		err := p.writeIntent(rec)
+		err := w.writeIntent()
 		if err == nil {
 			p.cfg.Telemetry.Mark(rec.uid, telemetry.StepRecorded, time.Now())
 			return workerEvent{}, true
@@ -267,7 +267,8 @@ func (w *worker) record() (e workerEvent, ok bool) {
 
 // writeIntent writes rec's state dir, pod.json (the pod as it is now) and
 // status.json; a failed pod.json leaves no dir behind.
-func (p *VMs) writeIntent(rec *podVM) error {
+func (r *podRun) writeIntent() error {
+	rec := r.rec
 	pod := rec.podCopy()
 	if err := os.MkdirAll(rec.dir, 0o700); err != nil {
 		return fmt.Errorf("create state dir for pod %s/%s: %w", pod.Namespace, pod.Name, err)
@@ -281,7 +282,7 @@ func (p *VMs) writeIntent(rec *podVM) error {
 		os.RemoveAll(rec.dir)
 		return fmt.Errorf("record pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
-	p.persist(rec)
+	r.persist()
 	return nil
 }
 
@@ -322,7 +323,7 @@ func (w *worker) waitRunning(ready bool) workerEvent {
 	st := rec.stateCopy()
 	started := runStart(&st)
 	rec.vm.set(nil)
-	p.dropSnapshotClaim(rec)
+	w.dropSnapshotClaim()
 	term := podstatus.TerminatedFromExit(ex, started, podstatus.ContainerIDPrefix+string(rec.uid))
 	w.log.Info("VM exited", "exitCode", ex.ExitCode, "class", ex.Class, "reason", ex.Reason)
 	p.cfg.Telemetry.VMExited(rec.uid, ex)
@@ -331,14 +332,14 @@ func (w *worker) waitRunning(ready bool) workerEvent {
 		typ = corev1.EventTypeWarning
 	}
 	p.event(w.pod, typ, "VMExited", fmt.Sprintf("VM exited with code %d: %s", ex.ExitCode, ex.Reason))
-	p.update(rec, func(st *podstatus.VMState) { st.SetTerminated(term) })
+	w.update(func(st *podstatus.VMState) { st.SetTerminated(term) })
 	return workerEvent{kind: evExited, exitCode: term.ExitCode, reason: term.Reason,
 		ranLong: ex.At.Sub(started) >= podstatus.CrashLoopResetAfter}
 }
 
 // do carries out the actions of a transition, in order.
 func (w *worker) do(acts []workerAction) {
-	p, rec, ctx := w.p, w.rec, w.ctx
+	rec, ctx := w.rec, w.ctx
 	for _, a := range acts {
 		switch a.kind {
 		case actReply:
@@ -346,12 +347,12 @@ func (w *worker) do(acts []workerAction) {
 		case actRefuseFinished:
 			w.req.refuse(errPodFinished)
 		case actInstallImage:
-			w.req.reply <- p.installFlash(rec, w.req.flash)
+			w.req.reply <- w.installFlash(w.req.flash)
 		case actPowerOn:
 			w.log.Info("Powering on on request")
-			p.update(rec, func(st *podstatus.VMState) { st.PoweredOff = false })
+			w.update(func(st *podstatus.VMState) { st.PoweredOff = false })
 		case actOffInBackOff:
-			p.update(rec, func(st *podstatus.VMState) {
+			w.update(func(st *podstatus.VMState) {
 				st.SetWaiting(podstatus.ReasonPoweredOff, "powered off on request during the crash-loop back-off; power it on to boot again")
 				st.PoweredOff = true
 			})
@@ -361,7 +362,7 @@ func (w *worker) do(acts []workerAction) {
 		case actAnswerStarted:
 			w.answer(nil)
 		case actAnswerStartError:
-			w.answer(p.startError(rec))
+			w.answer(w.startError())
 		case actAnswerFinished:
 			w.answer(errPodFinished)
 		case actAnswerDeleted:
@@ -371,25 +372,25 @@ func (w *worker) do(acts []workerAction) {
 		case actCountRestart:
 			rec.change(func(st *podstatus.VMState) { st.RestartCount++ })
 		case actMarkFinal:
-			p.update(rec, func(st *podstatus.VMState) { st.Final = true })
+			w.update(func(st *podstatus.VMState) { st.Final = true })
 		case actReleaseImage:
-			p.releaseImage(rec)
+			w.releaseImage()
 		case actStopExporter:
 			rec.stopExporter()
 		case actStartExporter:
-			p.startExporter(ctx, rec) // idempotent
+			w.startExporter(ctx) // idempotent
 		case actStartProbes:
-			p.startProbes(ctx, rec, rec.vm.get(), w.probed, w.probeFailed) // probes.go: end with this run
+			w.startProbes(ctx, rec.vm.get(), w.probed, w.probeFailed) // probes.go: end with this run
 		case actEndBoot:
-			p.endBoot(rec) // podtelemetry.go
+			w.endBoot() // podtelemetry.go
 		case actSaveSnapshot:
-			p.saveSnapshot(ctx, rec, rec.vm.get()) // snapshots.go
+			w.saveSnapshot(ctx, rec.vm.get()) // snapshots.go
 		case actDetach:
 			rec.vm.get().Detach()
 		case actKill:
 			w.kill()
 		case actResize:
-			w.req.reply <- p.recordSize(rec, w.req.resize) // exporter.go
+			w.req.reply <- w.recordSize(w.req.resize) // exporter.go
 		default:
 			panic(fmt.Sprintf("pod worker: unknown action %s", a))
 		}
@@ -416,7 +417,7 @@ func (w *worker) beginBackOff(crash int) {
 	p, rec := w.p, w.rec
 	delay := p.cfg.Backoff.RestartDelay(crash)
 	if delay <= 0 {
-		p.update(rec, func(st *podstatus.VMState) { st.LastTerminated = st.Terminated })
+		w.update(func(st *podstatus.VMState) { st.LastTerminated = st.Terminated })
 		return
 	}
 	name := "vm"
@@ -425,7 +426,7 @@ func (w *worker) beginBackOff(crash int) {
 		name = pod.Spec.Containers[0].Name
 	}
 	msg := podstatus.CrashLoopMessage(delay, name, string(rec.uid))
-	p.update(rec, func(st *podstatus.VMState) {
+	w.update(func(st *podstatus.VMState) {
 		st.LastTerminated = st.Terminated
 		st.SetWaiting(podstatus.ReasonCrashLoopBackOff, msg)
 	})
@@ -434,7 +435,8 @@ func (w *worker) beginBackOff(crash int) {
 	w.backoff = time.NewTimer(delay)
 }
 
-func (p *VMs) deleteRequested(rec *podVM) bool {
+func (r *podRun) deleteRequested() bool {
+	rec := r.rec
 	select {
 	case <-rec.deleteReq:
 		return true
