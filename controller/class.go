@@ -373,6 +373,18 @@ func mergeValue(base, over any) any {
 	return out
 }
 
+// scalarText is a JSON string or number (decoded with UseNumber) as text;
+// false for anything else.
+func scalarText(v any) (string, bool) {
+	switch x := v.(type) {
+	case string:
+		return x, true
+	case json.Number:
+		return x.String(), true
+	}
+	return "", false
+}
+
 func jsonKind(v any) string {
 	switch v.(type) {
 	case []any:

@@ -246,13 +246,8 @@ func portOf(v any) (int32, error) {
 // qemuQuantity reads smp (a count) or mem/disk_size (QEMU's sizes: "1G"
 // is 1 GiB; Kubernetes quantities such as "1Gi" too).
 func qemuQuantity(key string, v any, size bool) (*resource.Quantity, error) {
-	var s string
-	switch x := v.(type) {
-	case string:
-		s = x
-	case json.Number:
-		s = x.String()
-	default:
+	s, ok := scalarText(v)
+	if !ok {
 		return nil, fmt.Errorf("%s must be a number or string, not %s", key, jsonKind(v))
 	}
 	if size && len(s) > 1 && strings.ContainsRune("KMGT", rune(s[len(s)-1])) {

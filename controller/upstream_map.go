@@ -1,7 +1,6 @@
 package controller
 
 import (
-	"encoding/json"
 	"fmt"
 	"maps"
 	"time"
@@ -243,13 +242,8 @@ func paramQuantity(params map[string]any, path string) (*resource.Quantity, erro
 	if err != nil || !ok {
 		return nil, err
 	}
-	var s string
-	switch x := v.(type) {
-	case string:
-		s = x
-	case json.Number:
-		s = x.String()
-	default:
+	s, ok := scalarText(v)
+	if !ok {
 		return nil, fmt.Errorf("parameter %s must be a quantity (such as \"2Gi\" or 2), not %s", path, jsonKind(v))
 	}
 	q, err := resource.ParseQuantity(s)
