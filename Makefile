@@ -53,33 +53,16 @@ verify: fmt-check vet
 	hack/gen-proto.sh --check
 	hack/sync-chart-crds.sh --check
 
-# test: the e2e package (real control planes, nodes and VMs, one test at a
-# time: the longest package by far) runs beside everything else, which runs
-# one package at a time: the other packages, benchplot, fuzz-short and
-# unit-race. Two test processes at once, as `go test -p 2 ./...` had; the
-# fuzz and race runs (and their builds) no longer wait for e2e to end.
-# Meanwhile test-builds compiles the -race and fuzz builds at nice 19: the
-# package tests mostly wait on VMs (a cold run's CPUs are 40-80 % busy
-# then), and the compile that would follow them (about 600 CPU-s in an
-# empty build cache) fills that idle time instead of competing with e2e.
-# Every go test here runs with -vet=off: verify ran `go vet ./...`, whose
-# analyzers include all of go test's own; go test would vet again once per
-# build mode (normal, -race, fuzz), each pass about 60 CPU-s in an empty
-# build cache.
+# test: everything CI runs (hack/test.sh says the order and why): the control
+# plane first, then the e2e package beside verify, the other packages,
+# fuzz-short and unit-race; each step prints its time. Every go test there
+# runs with -vet=off: verify ran `go vet ./...`, whose analyzers include all
+# of go test's own; go test would vet again once per build mode (normal,
+# -race, fuzz), each pass about 60 CPU-s in an empty build cache.
 TEST_GOFLAGS := -vet=off
-test: deps verify
-	@bin=$$(hack/build-control-plane.sh) || exit 1; \
-	QK_CONTROL_PLANE_BIN=$$bin $(GO) test $(TEST_GOFLAGS) -p 1 -count=1 -timeout $(TEST_TIMEOUT) ./e2e/ & e2e=$$!; \
-	nice -n 19 $(MAKE) --no-print-directory test-builds & builds=$$!; \
-	rc=0; \
-	pkgs=$$($(GO) list -f '{{if ne .ImportPath "$(PKG)/e2e"}}{{.ImportPath}}{{end}}' ./...) || { kill $$e2e $$builds; exit 1; }; \
-	QK_CONTROL_PLANE_BIN=$$bin $(GO) test $(TEST_GOFLAGS) -p 1 -count=1 -timeout $(TEST_TIMEOUT) $$pkgs || rc=1; \
-	(cd hack/benchplot && $(GO) test $(TEST_GOFLAGS) -count=1 ./...) || rc=1; \
-	wait $$builds; \
-	$(MAKE) --no-print-directory fuzz-short FUZZTIME=$(TEST_FUZZTIME) FUZZ_FLAGS="$(TEST_GOFLAGS)" || rc=1; \
-	$(MAKE) --no-print-directory unit-race UNIT_FLAGS="-p=1 $(TEST_GOFLAGS)" || rc=1; \
-	wait $$e2e || rc=1; \
-	exit $$rc
+test: deps
+	@GO="$(GO)" PKG="$(PKG)" MAKE="$(MAKE)" TEST_GOFLAGS="$(TEST_GOFLAGS)" \
+	  TEST_TIMEOUT="$(TEST_TIMEOUT)" TEST_FUZZTIME="$(TEST_FUZZTIME)" hack/test.sh
 
 # test-builds: compiles (and links, running nothing) what unit-race and
 # fuzz-short of make test run, so that they find it in the build cache. Its
