@@ -68,7 +68,7 @@ func (r *podRun) finishDelete() {
 	rec.waitExporter(10 * time.Second)
 	log.Info("Pod deleted from node")
 	if p.cfg.ForceDelete != nil && pod.DeletionTimestamp != nil {
-		if err := p.cfg.ForceDelete(ctx, p.snapshot(rec)); err != nil {
+		if err := p.cfg.ForceDelete(ctx, p.withStatus(rec)); err != nil {
 			log.V(1).Info("Final delete of pod", "err", err)
 		}
 	}

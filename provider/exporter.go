@@ -36,7 +36,7 @@ func (r *podRun) startExporter(ctx context.Context) {
 }
 
 // exporterNode is what the exporters of the node's pods share.
-func (p *VMs) exporterNode() *exporter.Node {
+func (p *nodeWide) exporterNode() *exporter.Node {
 	return &exporter.Node{Runner: p.cfg.Exporters, Secrets: p.cfg.Secrets, Images: p.cfg.Images, UEFICode: p.cfg.UEFICode,
 		UEFIVars: p.cfg.UEFIVars, Backoff: p.cfg.Backoff, Observer: p.cfg.Telemetry.ExporterObserver(), Now: p.now}
 }
@@ -59,7 +59,7 @@ func (rec *podVM) waitExporter(d time.Duration) {
 }
 
 // nodeCapacity is what admission checks pods against.
-func (p *VMs) nodeCapacity() podspec.NodeCapacity {
+func (p *nodeWide) nodeCapacity() podspec.NodeCapacity {
 	return podspec.NodeCapacity{Allocatable: p.allocatable(), Accelerator: p.cfg.Accelerator, UEFI: p.cfg.UEFICode != "",
 		VMOverhead: *resource.NewQuantity(p.cfg.VMOverhead, resource.BinarySI)}
 }

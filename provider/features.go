@@ -21,14 +21,12 @@ const ReasonFeatureDisabled = "FeatureDisabled"
 // from now on. The caller owns reloads; f is never changed after this.
 func (p *VMs) SetFeatures(f *config.FeatureConfig) {
 	p.features.Store(f)
-	p.mu.Lock()
-	close(p.featuresChanged)
-	p.featuresChanged = make(chan struct{})
-	p.mu.Unlock()
+	ch := make(chan struct{})
+	close(*p.featuresChanged.Swap(&ch))
 }
 
 // Features returns the features in force.
-func (p *VMs) Features() *config.FeatureConfig {
+func (p *nodeWide) Features() *config.FeatureConfig {
 	if f := p.features.Load(); f != nil {
 		return f
 	}
@@ -37,10 +35,8 @@ func (p *VMs) Features() *config.FeatureConfig {
 
 // featureWatch returns the channel closed by the next SetFeatures and the
 // features in force, in that order, so no change is missed.
-func (p *VMs) featureWatch() (<-chan struct{}, *config.FeatureConfig) {
-	p.mu.Lock()
-	ch := p.featuresChanged
-	p.mu.Unlock()
+func (p *nodeWide) featureWatch() (<-chan struct{}, *config.FeatureConfig) {
+	ch := *p.featuresChanged.Load()
 	return ch, p.Features()
 }
 

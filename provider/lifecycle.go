@@ -167,7 +167,7 @@ func (p *VMs) GetPod(_ context.Context, namespace, name string) (*corev1.Pod, er
 		return nil, errdefs.NotFoundf("pod %s/%s not found on node %s", namespace, name, p.cfg.NodeName)
 	}
 	rec.confirm.Do(func() { close(rec.confirmed) })
-	return p.snapshot(rec), nil
+	return p.withStatus(rec), nil
 }
 
 // GetPodStatus returns the pod's status or NotFound.
@@ -190,7 +190,7 @@ func (p *VMs) GetPods(context.Context) ([]*corev1.Pod, error) {
 	p.mu.Unlock()
 	out := make([]*corev1.Pod, 0, len(recs))
 	for _, r := range recs {
-		out = append(out, p.snapshot(r))
+		out = append(out, p.withStatus(r))
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Namespace != out[j].Namespace {
@@ -204,8 +204,8 @@ func (p *VMs) GetPods(context.Context) ([]*corev1.Pod, error) {
 // NotifyPods registers the library's status callback and pushes every
 // current status (pods recovered before the callback existed).
 func (p *VMs) NotifyPods(_ context.Context, cb func(*corev1.Pod)) {
+	p.setNotify(cb)
 	p.mu.Lock()
-	p.notify = cb
 	recs := make([]*podVM, 0, len(p.pods))
 	for _, r := range p.pods {
 		recs = append(recs, r)

@@ -34,7 +34,7 @@ func TestDeletePodTakesCurrentLabels(t *testing.T) {
 	current.DeletionGracePeriodSeconds = ptr.To[int64](10)
 	require.NoError(t, p.DeletePod(context.Background(), current))
 
-	got := p.snapshot(rec)
+	got := p.withStatus(rec)
 	assert.Equal(t, current.Labels, got.Labels, "the pushed status carries the labels the pod has now")
 	assert.Empty(t, got.Annotations, "and its annotations")
 	assert.NotNil(t, got.DeletionTimestamp)
@@ -45,7 +45,7 @@ func TestDeletePodTakesCurrentLabels(t *testing.T) {
 	other.UID = "other"
 	other.Labels = map[string]string{"app": "b"}
 	require.NoError(t, p.DeletePod(context.Background(), other))
-	assert.Equal(t, current.Labels, p.snapshot(rec).Labels)
+	assert.Equal(t, current.Labels, p.withStatus(rec).Labels)
 }
 
 // TestUpdatePodPushesNewLabels: a label that changed while the agent was

@@ -48,7 +48,7 @@ func (p *VMs) request(ctx context.Context, rec *podVM, req vmRequest) error {
 
 // powerGrace is the grace period of a requested power off: the pod's
 // terminationGracePeriodSeconds, as for a delete.
-func (p *VMs) powerGrace(pod *corev1.Pod) time.Duration {
+func (p *nodeWide) powerGrace(pod *corev1.Pod) time.Duration {
 	if g := pod.Spec.TerminationGracePeriodSeconds; g != nil {
 		return time.Duration(*g) * time.Second
 	}

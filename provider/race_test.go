@@ -64,7 +64,7 @@ func TestHoldReadsPodWhileDeleteWritesIt(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the held pod did not see its delete")
 	}
-	assert.Equal(t, "1", p.snapshot(rec).Annotations["new"], "the delete's annotations are the record's")
+	assert.Equal(t, "1", p.withStatus(rec).Annotations["new"], "the delete's annotations are the record's")
 	assert.Equal(t, readAnnotations, read.Annotations, "the pod read under the lock was changed in place")
 	assert.Nil(t, read.DeletionTimestamp, "the pod read under the lock was changed in place")
 }

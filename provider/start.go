@@ -259,7 +259,7 @@ func (r *podRun) recordStarted(ctx context.Context, pod *corev1.Pod, vm VM, spec
 // presentImage returns the cached image of plan when its pull policy lets
 // the node use it without asking the registry (IfNotPresent, Never), else
 // nil. It never contacts a registry.
-func (p *VMs) presentImage(ctx context.Context, plan podspec.Plan) *oci.Image {
+func (p *nodeWide) presentImage(ctx context.Context, plan podspec.Plan) *oci.Image {
 	if plan.PullPolicy == oci.PullAlways {
 		return nil
 	}
@@ -331,7 +331,7 @@ func (r *podRun) prepareDisk(ctx context.Context, pod *corev1.Pod, run vmRun, ba
 
 // pullSecrets reads the pod's pull secrets as Docker config JSON documents;
 // a missing secret is skipped with an event, as the kubelet does.
-func (p *VMs) pullSecrets(ctx context.Context, pod *corev1.Pod, names []string) [][]byte {
+func (p *nodeWide) pullSecrets(ctx context.Context, pod *corev1.Pod, names []string) [][]byte {
 	if p.cfg.Secrets == nil {
 		return nil
 	}

@@ -99,13 +99,11 @@ func TestStatusNotDelayedByFlood(t *testing.T) {
 	// its newest state (40 pushes coalesced into 1 in flight + 1).
 	var mu sync.Mutex
 	last := map[types.UID]int32{}
-	p.mu.Lock()
-	p.notify = func(pod *corev1.Pod) {
+	p.setNotify(func(pod *corev1.Pod) {
 		mu.Lock()
 		last[pod.UID] = pod.Status.ContainerStatuses[0].RestartCount
 		mu.Unlock()
-	}
-	p.mu.Unlock()
+	})
 	close(release)
 	for _, r := range recs[1:] {
 		p.pump.Flush(r.uid)

@@ -49,7 +49,7 @@ func (p *VMs) ResyncStatus(apiPod *corev1.Pod) {
 	if rec.deletion().removed {
 		return
 	}
-	want := p.snapshot(rec)
+	want := p.withStatus(rec)
 	if !StatusDiverged(apiPod.Status, want.Status) {
 		return
 	}

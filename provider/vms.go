@@ -2,22 +2,18 @@ package provider
 
 import (
 	"context"
-	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/exporter"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/poddisk"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
-	"github.com/qemu-kubelet/qemu-kubelet/provider/snapshot"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/telemetry"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
-	"k8s.io/klog/v2"
 )
 
 // Files of a pod's state dir (<stateDir>/vms/<pod uid>/), next to the
@@ -120,27 +116,16 @@ type VMsConfig struct {
 // VMs is the pod side of the provider: every pod bound to the node becomes
 // one QEMU VM. It implements the virtual-kubelet PodLifecycleHandler and
 // PodNotifier: status is pushed on every transition (pull results, VM start,
-// VM exit events), never polled.
+// VM exit events), never polled. It holds what the node's pods share
+// (nodeWide, node.go), the pod map and admission's lock; each pod's work is
+// its run (podRun, podrun.go).
 type VMs struct {
-	cfg  VMsConfig
-	base context.Context
-	log  klog.Logger
-	now  func() time.Time
+	nodeWide
 
-	// features are the features in force: written by SetFeatures (the
-	// reload's owner), read anywhere (features.go).
-	features atomic.Pointer[config.FeatureConfig]
-
-	mu     sync.Mutex
-	pods   map[types.UID]*podVM
-	notify func(*corev1.Pod)
-	// featuresChanged is closed (and replaced) by SetFeatures: it wakes
-	// the pods held for features.
-	featuresChanged chan struct{}
-	// pump delivers statuses to notify, per pod, newest only (podstatus/statuspump.go).
-	pump podstatus.StatusPump
-	// snaps: who creates which memory snapshot (package snapshot).
-	snaps snapshot.Store
+	// mu guards pods; admission holds it while it counts the active pods
+	// and inserts the new one.
+	mu   sync.Mutex
+	pods map[types.UID]*podVM
 }
 
 // NewVMs returns the pod handler. ctx bounds the workers: when it ends they
@@ -162,14 +147,10 @@ func NewVMs(ctx context.Context, cfg VMsConfig) *VMs {
 	if cfg.Hypervisor == nil {
 		cfg.Hypervisor = QEMU{}
 	}
-	p := &VMs{cfg: cfg, base: ctx, log: klog.FromContext(ctx).WithName("vms"), now: time.Now, pods: map[types.UID]*podVM{}, featuresChanged: make(chan struct{})}
-	p.features.Store(cfg.Features)
+	p := &VMs{pods: map[types.UID]*podVM{}}
+	p.init(ctx, cfg)
 	return p
 }
-
-func (p *VMs) vmsDir() string { return filepath.Join(p.cfg.StateDir, VMsDirName) }
-
-func (p *VMs) podDir(uid types.UID) string { return filepath.Join(p.vmsDir(), string(uid)) }
 
 // findLocked returns the live record for namespace/name: the one not being
 // deleted, else any.
@@ -199,53 +180,6 @@ func (p *VMs) activePodsLocked() []*corev1.Pod {
 	return out
 }
 
-// arch is the node's guest architecture.
-func (p *VMs) arch() qemu.Arch {
-	if p.cfg.Arch != "" {
-		return p.cfg.Arch
-	}
-	return qemu.HostArch()
-}
-
-func (p *VMs) allocatable() corev1.ResourceList {
-	if p.cfg.Allocatable == nil {
-		return nil
-	}
-	return p.cfg.Allocatable()
-}
-
-// snapshot is the pod with its current status.
-func (p *VMs) snapshot(rec *podVM) *corev1.Pod { return rec.withStatus(p.cfg.NodeIP, p.now()) }
-
-// push has the pod's current status sent to the library: asynchronously,
-// coalesced per pod and in order (podstatus/statuspump.go).
-func (p *VMs) push(rec *podVM) {
-	p.pump.Push(rec.uid, func() {
-		p.mu.Lock()
-		cb := p.notify
-		p.mu.Unlock()
-		pod := p.snapshot(rec)
-		sent := time.Now()
-		if cb != nil {
-			cb(pod)
-		}
-		p.cfg.Telemetry.StatusDelivered(p.log, pod, sent, time.Now()) // telemetry/timeline.go
-	})
-}
-
-func (p *VMs) event(pod *corev1.Pod, typ, reason, msg string) {
-	p.mu.Lock()
-	r := p.cfg.Recorder
-	p.mu.Unlock()
-	if r != nil {
-		r.Event(pod, typ, reason, msg)
-	}
-}
-
 // SetRecorder sets the recorder of pod events (e.g. once the pod
 // controller's event broadcaster exists).
-func (p *VMs) SetRecorder(r record.EventRecorder) {
-	p.mu.Lock()
-	p.cfg.Recorder = r
-	p.mu.Unlock()
-}
+func (p *VMs) SetRecorder(r record.EventRecorder) { p.setRecorder(r) }

@@ -70,7 +70,7 @@ type nodeVMSettings struct {
 }
 
 // nodeVMSettings reads the node's settings for a run starting now.
-func (p *VMs) nodeVMSettings() nodeVMSettings {
+func (p *nodeWide) nodeVMSettings() nodeVMSettings {
 	return nodeVMSettings{arch: p.arch(), qemuBinary: p.cfg.QEMUBinary, accelerator: p.cfg.Accelerator, imageDir: p.cfg.ImageDir,
 		memory: p.cfg.Memory, nice: p.cfg.VMNice, consoleCap: p.Features().ConsoleLogSize, cgroup: p.cfg.VMCgroup,
 		overhead: p.cfg.VMOverhead, runAs: p.cfg.VMUser, uefiCode: p.cfg.UEFICode, uefiVars: p.cfg.UEFIVars,

@@ -295,7 +295,7 @@ func (w *worker) waitRunning(ready bool) workerEvent {
 	p, rec, ctx, vm := w.p, w.rec, w.ctx, w.rec.vm.get()
 	var probed <-chan struct{}
 	if !ready {
-		if podstatus.Ready(p.snapshot(rec)) {
+		if podstatus.Ready(p.withStatus(rec)) {
 			return workerEvent{kind: evReady}
 		}
 		probed = w.probed
@@ -309,7 +309,7 @@ func (w *worker) waitRunning(ready bool) workerEvent {
 		case req := <-rec.ctl:
 			return w.request(req)
 		case <-probed:
-			if podstatus.Ready(p.snapshot(rec)) {
+			if podstatus.Ready(p.withStatus(rec)) {
 				return workerEvent{kind: evReady}
 			}
 		case f := <-w.probeFailed:
