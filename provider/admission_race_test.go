@@ -123,13 +123,7 @@ func TestCreatePodCountsVMOverhead(t *testing.T) {
 // waitWorkers waits until every pod worker of p has ended (its context
 // canceled).
 func waitWorkers(p *VMs) {
-	p.mu.Lock()
-	recs := make([]*podVM, 0, len(p.pods))
-	for _, r := range p.pods {
-		recs = append(recs, r)
-	}
-	p.mu.Unlock()
-	for _, r := range recs {
+	for _, r := range p.records() {
 		<-r.done
 	}
 }

@@ -14,7 +14,7 @@ import (
 // finishDelete stops the VM (if any) within the grace period, removes the
 // state dir, pushes the terminal status and forgets the pod.
 func (r *podRun) finishDelete() {
-	p, rec := r.p, r.rec
+	p, rec := r.node, r.rec
 	vm := rec.vm.get()
 	grace := rec.deletion().grace
 	pod, st := rec.read()
@@ -60,11 +60,7 @@ func (r *podRun) finishDelete() {
 	rec.markRemoved()
 	p.push(rec)
 	p.pump.Flush(rec.uid) // the terminal status reaches the library before the pod goes
-	p.mu.Lock()
-	if p.pods[rec.uid] == rec {
-		delete(p.pods, rec.uid)
-	}
-	p.mu.Unlock()
+	r.pods.forget(r)
 	rec.waitExporter(10 * time.Second)
 	log.Info("Pod deleted from node")
 	if p.cfg.ForceDelete != nil && pod.DeletionTimestamp != nil {

@@ -25,12 +25,12 @@ import (
 // startExporter starts the pod's exporter supervisor if the pod asks for
 // one and it has not started yet. Idempotent; worker only.
 func (r *podRun) startExporter(ctx context.Context) {
-	p, rec := r.p, r.rec
+	p, rec := r.node, r.rec
 	pod, st := rec.read()
 	if podspec.ExporterSecretName(pod) == "" || st.Rejection != nil || st.Final || rec.deletion().deleting || rec.exp.Load() != nil {
 		return
 	}
-	sup := exporter.New(p.exporterNode(), podExporter{p: p, rec: rec})
+	sup := exporter.New(p.exporterNode(), podExporter{run: r})
 	rec.exp.Store(sup)
 	sup.Start(ctx)
 }
@@ -64,49 +64,46 @@ func (p *nodeWide) nodeCapacity() podspec.NodeCapacity {
 		VMOverhead: *resource.NewQuantity(p.cfg.VMOverhead, resource.BinarySI)}
 }
 
-// podExporter is one pod as its exporter sees it (exporter.Pod): its
+// podExporter is one pod as its exporter sees it (exporter.Pod): its run's
 // record read through podVM's methods, its requests sent to its worker.
-type podExporter struct {
-	p   *VMs
-	rec *podVM
-}
+type podExporter struct{ run *podRun }
 
 var (
 	_ exporter.Pod            = podExporter{}
 	_ exporter.PodPowerOffNow = podExporter{}
 )
 
-func (e podExporter) Pod() *corev1.Pod { return e.rec.podCopy() }
+func (e podExporter) Pod() *corev1.Pod { return e.run.rec.podCopy() }
 
 func (e podExporter) Record() (podspec.Plan, podstatus.VMState) {
-	return e.rec.plan, e.rec.stateCopy()
+	return e.run.rec.plan, e.run.rec.stateCopy()
 }
 
-func (e podExporter) Dir() string     { return e.rec.dir }
-func (e podExporter) Overlay() string { return filepath.Join(e.rec.dir, OverlayFileName) }
+func (e podExporter) Dir() string     { return e.run.rec.dir }
+func (e podExporter) Overlay() string { return filepath.Join(e.run.rec.dir, OverlayFileName) }
 
 func (e podExporter) VM() exporter.VM {
-	if vm := e.rec.vm.get(); vm != nil {
+	if vm := e.run.rec.vm.get(); vm != nil {
 		return vm
 	}
 	return nil // no VM, not a nil VM in an interface
 }
 
-func (e podExporter) Event(typ, reason, msg string) { e.p.event(e.Pod(), typ, reason, msg) }
-func (e podExporter) Changed()                      { e.p.push(e.rec) }
+func (e podExporter) Event(typ, reason, msg string) { e.run.node.event(e.Pod(), typ, reason, msg) }
+func (e podExporter) Changed()                      { e.run.node.push(e.run.rec) }
 
 func (e podExporter) PowerOn(ctx context.Context) error {
-	return e.p.request(ctx, e.rec, vmRequest{op: opPowerOn})
+	return e.run.request(ctx, vmRequest{op: opPowerOn})
 }
 
 func (e podExporter) PowerOff(ctx context.Context) error {
-	return e.p.request(ctx, e.rec, vmRequest{op: opPowerOff})
+	return e.run.request(ctx, vmRequest{op: opPowerOff})
 }
 
 // PowerOffNow is the exporter's power off: at once, QEMU told to quit and
 // killed after 5 s (exporter.PodPowerOffNow); PowerOff is its shutdown.
 func (e podExporter) PowerOffNow(ctx context.Context) error {
-	return e.p.request(ctx, e.rec, vmRequest{op: opPowerOff, now: true})
+	return e.run.request(ctx, vmRequest{op: opPowerOff, now: true})
 }
 
 func (e podExporter) Flash(ctx context.Context, f *exporter.Flash) error {
@@ -114,13 +111,13 @@ func (e podExporter) Flash(ctx context.Context, f *exporter.Flash) error {
 	if f.IsReset() {
 		op = opReset
 	}
-	return e.p.request(ctx, e.rec, vmRequest{op: op, flash: f})
+	return e.run.request(ctx, vmRequest{op: op, flash: f})
 }
 
 // SetSize is a resize request to the pod's worker (opResize), which
 // checks and records the size (recordSize).
 func (e podExporter) SetSize(ctx context.Context, check func(*corev1.Pod, podspec.NodeCapacity, []*corev1.Pod) error, change func(*podstatus.VMSize)) error {
-	return e.p.request(ctx, e.rec, vmRequest{op: opResize, resize: &sizeChange{check: check, change: change}})
+	return e.run.request(ctx, vmRequest{op: opResize, resize: &sizeChange{check: check, change: change}})
 }
 
 // recordSize serves a resize request (actResize): it checks and changes
@@ -129,26 +126,28 @@ func (e podExporter) SetSize(ctx context.Context, check func(*corev1.Pod, podspe
 // that cannot be written is not kept. The VM's next starts apply it
 // (runPlan). Worker only.
 func (r *podRun) recordSize(sz *sizeChange) error {
-	p, rec := r.p, r.rec
+	p, rec := r.node, r.rec
 	node := p.nodeCapacity()
-	p.mu.Lock()
-	others := p.activePodsLocked()
-	if err := sz.check(rec.podCopy(), node, others); err != nil {
-		p.mu.Unlock()
+	var old *podstatus.VMSize
+	err := r.pods.admitting(func(others []*corev1.Pod) error {
+		if err := sz.check(rec.podCopy(), node, others); err != nil {
+			return err
+		}
+		rec.change(func(st *podstatus.VMState) {
+			if st.Size != nil {
+				c := *st.Size
+				old = &c
+			} else {
+				st.Size = &podstatus.VMSize{}
+			}
+			sz.change(st.Size)
+			st.Size.Changed = p.now().UTC()
+		})
+		return nil
+	})
+	if err != nil {
 		return err
 	}
-	var old *podstatus.VMSize
-	rec.change(func(st *podstatus.VMState) {
-		if st.Size != nil {
-			c := *st.Size
-			old = &c
-		} else {
-			st.Size = &podstatus.VMSize{}
-		}
-		sz.change(st.Size)
-		st.Size.Changed = p.now().UTC()
-	})
-	p.mu.Unlock()
 	if err := rec.persist(); err != nil {
 		rec.change(func(st *podstatus.VMState) { st.Size = old })
 		r.persist() // the record as it was (and the event of a failing disk)
@@ -166,7 +165,7 @@ func (r *podRun) recordSize(sz *sizeChange) error {
 // last. The request's image hold becomes the pod's. Worker only, with no
 // VM running.
 func (r *podRun) installFlash(f *exporter.Flash) error {
-	p, rec := r.p, r.rec
+	p, rec := r.node, r.rec
 	placed, err := f.Place(rec.dir, filepath.Join(rec.dir, OverlayFileName))
 	if err != nil {
 		return err

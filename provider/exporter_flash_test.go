@@ -71,7 +71,7 @@ func TestFlashPartitionsFake(t *testing.T) {
 	f1.wait(pod.UID, 10*time.Second, "Running", running)
 	assert.NotEmpty(t, vm1.spec.Kernel, "the pod's image boots a kernel")
 	dir := f1.dir(pod.UID)
-	tgt := exporter.NewTarget(f1.vms.exporterNode(), podExporter{p: f1.vms, rec: f1.rec(pod.UID)})
+	tgt := exporter.NewTarget(f1.vms.exporterNode(), podExporter{run: f1.vms.runOf(pod.UID)})
 
 	root := diskBytes(t, 3<<20)
 	sum := sha256.Sum256(root)
@@ -194,7 +194,7 @@ func TestFlashPartitionsFake(t *testing.T) {
 		require.NoError(t, err)
 		_, err = f2.vms.GetPod(ctx, pod.Namespace, pod.Name) // the library confirms the pod
 		require.NoError(t, err)
-		tgt2 := exporter.NewTarget(f2.vms.exporterNode(), podExporter{p: f2.vms, rec: f2.rec(pod.UID)})
+		tgt2 := exporter.NewTarget(f2.vms.exporterNode(), podExporter{run: f2.vms.runOf(pod.UID)})
 		require.NoError(t, tgt2.PowerOff(ctx))
 		require.NoError(t, tgt2.PowerOn(ctx))
 		vm := nextVM(t, hv)
@@ -234,7 +234,7 @@ func TestFlashRootWithinEphemeralStorageLimit(t *testing.T) {
 	nextVM(t, hv)
 	f.wait(pod.UID, 10*time.Second, "Running", running)
 	dir := f.dir(pod.UID)
-	tgt := exporter.NewTarget(f.vms.exporterNode(), podExporter{p: f.vms, rec: f.rec(pod.UID)})
+	tgt := exporter.NewTarget(f.vms.exporterNode(), podExporter{run: f.vms.runOf(pod.UID)})
 
 	lim, err := tgt.PartitionLimit("root")
 	require.NoError(t, err)
@@ -289,7 +289,7 @@ func TestFlashedRootCountsInEphemeralStorage(t *testing.T) {
 	}
 	before := used()
 	img := diskBytes(t, 8<<20) // a quarter of it zeros: a hole in the flashed file
-	tgt := exporter.NewTarget(f.vms.exporterNode(), podExporter{p: f.vms, rec: f.rec(pod.UID)})
+	tgt := exporter.NewTarget(f.vms.exporterNode(), podExporter{run: f.vms.runOf(pod.UID)})
 	require.NoError(t, tgt.WritePartition(ctx, "root", bytes.NewReader(img), nil))
 	nextVM(t, hv) // powered on again on the flashed root
 	f.wait(pod.UID, 10*time.Second, "Running", running)

@@ -31,7 +31,7 @@ func TestResetToPodDefinitionFake(t *testing.T) {
 	vm1 := nextVM(t, hv)
 	f.wait(pod.UID, 10*time.Second, "Running", running)
 	dir := f.dir(pod.UID)
-	tgt := exporter.NewTarget(f.vms.exporterNode(), podExporter{p: f.vms, rec: f.rec(pod.UID)})
+	tgt := exporter.NewTarget(f.vms.exporterNode(), podExporter{run: f.vms.runOf(pod.UID)})
 	memory := vm1.spec.MemoryMiB
 
 	// The first lease flashes root and bios, grows the memory, writes to

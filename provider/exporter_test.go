@@ -157,11 +157,9 @@ func TestExporterLifecycleFake(t *testing.T) {
 	require.NoError(t, h.vms.CreatePod(ctx, pod))
 	// The worker starts the exporter once the VM first runs, which never
 	// happens here: start the supervisor as the worker would.
-	h.vms.mu.Lock()
-	rec := h.vms.pods[pod.UID]
-	h.vms.mu.Unlock()
-	require.NotNil(t, rec)
-	h.vms.runOf(rec).startExporter(h.vms.base)
+	run := h.vms.runOf(pod.UID)
+	require.NotNil(t, run)
+	run.startExporter(h.vms.base)
 
 	// No Secret yet: Failed, naming it; no run.
 	p := h.wait(pod.UID, 10*time.Second, "exporter Failed (no secret)", condReason("Failed"))

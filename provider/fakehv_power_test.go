@@ -32,7 +32,7 @@ func TestFakeVMPowerOffNowAndShutdown(t *testing.T) {
 	vm1 := nextVM(t, hv)
 	f.wait(pod.UID, 10*time.Second, "Running", running)
 	f.drainEvents()
-	tgt := exporter.NewTarget(f.vms.exporterNode(), podExporter{p: f.vms, rec: f.rec(pod.UID)})
+	tgt := exporter.NewTarget(f.vms.exporterNode(), podExporter{run: f.vms.runOf(pod.UID)})
 
 	require.NoError(t, tgt.PowerOff(ctx))
 	opts := vm1.stopOptions()
@@ -81,7 +81,7 @@ func TestFakeVMResizeThroughWorker(t *testing.T) {
 	assert.Equal(t, 256, vm1.spec.MemoryMiB, "the pod's memory limit")
 	f.wait(pod.UID, 10*time.Second, "Running", running)
 	rec := f.rec(pod.UID)
-	tgt := exporter.NewTarget(f.vms.exporterNode(), podExporter{p: f.vms, rec: rec})
+	tgt := exporter.NewTarget(f.vms.exporterNode(), podExporter{run: f.vms.runOf(pod.UID)})
 
 	err := tgt.SetMemorySize(ctx, 512<<20)
 	require.Error(t, err, "over the pod's memory limit")

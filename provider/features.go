@@ -45,7 +45,7 @@ func (p *nodeWide) featureWatch() (<-chan struct{}, *config.FeatureConfig) {
 // are enabled. It returns true when the pod may start, false when it was
 // deleted or the provider stops (the worker checks which).
 func (r *podRun) holdForFeatures(ctx context.Context) bool {
-	p, rec := r.p, r.rec
+	p, rec := r.node, r.rec
 	held := ""
 	for {
 		ch, features := p.featureWatch()

@@ -40,11 +40,12 @@ type podView struct {
 // kubelet's wording.
 func (p *VMs) view(namespace, name, container string) (podView, error) {
 	p.mu.Lock()
-	rec := p.findLocked(namespace, name)
+	run := p.findLocked(namespace, name)
 	p.mu.Unlock()
-	if rec == nil {
+	if run == nil {
 		return podView{}, errdefs.NotFoundf("pod %s/%s not found on node %s", namespace, name, p.cfg.NodeName)
 	}
+	rec := run.rec
 	pod, st := rec.read()
 	v := podView{pod: pod, dir: rec.dir, vm: rec.vm.get(), everStarted: st.Started}
 	if len(pod.Spec.Containers) > 0 {

@@ -26,9 +26,11 @@ func TestViewAndLogErrors(t *testing.T) {
 	p := NewVMs(ctx, VMsConfig{NodeName: "n1"})
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web", UID: "u1"},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "vm"}}}}
-	rec := &podVM{uid: pod.UID, dir: t.TempDir(), pod: pod, deleteReq: make(chan struct{})}
+	run := p.newRun(pod)
+	rec := run.rec
+	rec.dir = t.TempDir()
 	rec.state.SetWaiting(podstatus.ReasonErrImagePull, "nope")
-	p.pods[pod.UID] = rec
+	p.pods[pod.UID] = run
 
 	_, err := p.GetContainerLogs(ctx, "ns", "web", "vm", api.ContainerLogOpts{})
 	require.Error(t, err)

@@ -23,7 +23,8 @@ import (
 func (p *VMs) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	called := time.Now()
 	log := klog.FromContext(ctx).WithValues("pod", klog.KObj(pod), "uid", pod.UID)
-	rec := newPodVM(pod.UID, p.podDir(pod.UID), pod.DeepCopy())
+	run := p.newRun(pod.DeepCopy())
+	rec := run.rec
 	rec.confirm.Do(func() { close(rec.confirmed) })
 	rec.state.StartTime = p.now().UTC()
 	plan, rej := podspec.Translate(pod, p.arch())
@@ -48,7 +49,7 @@ func (p *VMs) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 		rec.plan = plan
 		rec.state.SetWaiting(podstatus.ReasonContainerCreating, "")
 	}
-	p.pods[pod.UID] = rec
+	p.pods[pod.UID] = run
 	p.mu.Unlock()
 	if rej == nil {
 		p.cfg.Telemetry.BeginTimeline(pod.UID, called) // telemetry/timeline.go
@@ -68,7 +69,7 @@ func (p *VMs) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	rec.handoff.unrecorded = true
 	log.Info("Pod admitted; creating VM", "image", plan.Image, "cpus", plan.CPUs, "memoryMiB", plan.MemoryMiB, "machine", plan.Machine)
 	p.push(rec)
-	go p.run(rec)
+	go run.run()
 	return nil
 }
 
@@ -77,13 +78,14 @@ func (p *VMs) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 // one (whose VM is stopped).
 func (p *VMs) UpdatePod(ctx context.Context, pod *corev1.Pod) error {
 	p.mu.Lock()
-	rec := p.findLocked(pod.Namespace, pod.Name)
+	run := p.findLocked(pod.Namespace, pod.Name)
 	p.mu.Unlock()
-	if rec == nil {
+	if run == nil {
 		return errdefs.NotFoundf("pod %s/%s not found on node %s", pod.Namespace, pod.Name, p.cfg.NodeName)
 	}
+	rec := run.rec
 	if rec.uid != pod.UID {
-		p.requestDelete(rec, 0)
+		run.requestDelete(0)
 		return p.CreatePod(ctx, pod)
 	}
 	rec.confirm.Do(func() { close(rec.confirmed) })
@@ -107,14 +109,15 @@ func (p *VMs) UpdatePod(ctx context.Context, pod *corev1.Pod) error {
 // status. Asynchronous and idempotent; an unknown pod is NotFound.
 func (p *VMs) DeletePod(ctx context.Context, pod *corev1.Pod) error {
 	p.mu.Lock()
-	rec := p.pods[pod.UID]
-	if rec == nil {
-		rec = p.findLocked(pod.Namespace, pod.Name)
+	run := p.pods[pod.UID]
+	if run == nil {
+		run = p.findLocked(pod.Namespace, pod.Name)
 	}
 	p.mu.Unlock()
-	if rec == nil {
+	if run == nil {
 		return errdefs.NotFoundf("pod %s/%s not found on node %s", pod.Namespace, pod.Name, p.cfg.NodeName)
 	}
+	rec := run.rec
 	grace := podstatus.DeleteGrace(pod, p.cfg.DefaultGrace)
 	// rec.pod is replaced, never changed in place: readers that took it
 	// keep a stable pod.
@@ -134,11 +137,15 @@ func (p *VMs) DeletePod(ctx context.Context, pod *corev1.Pod) error {
 		}
 	})
 	klog.FromContext(ctx).Info("Deleting pod", "pod", klog.KObj(pod), "uid", rec.uid, "grace", grace)
-	p.requestDelete(rec, grace)
+	run.requestDelete(grace)
 	return nil
 }
 
-func (p *VMs) requestDelete(rec *podVM, grace time.Duration) {
+// requestDelete has the pod deleted with grace: its worker stops the VM
+// and forgets the pod (finishDelete; at once for a rejected pod, which has
+// no worker). Idempotent.
+func (r *podRun) requestDelete(grace time.Duration) {
+	rec := r.rec
 	first := rec.beginDelete(grace)
 	if first {
 		close(rec.deleteReq)
@@ -146,7 +153,7 @@ func (p *VMs) requestDelete(rec *podVM, grace time.Duration) {
 	rec.confirm.Do(func() { close(rec.confirmed) })
 	if first && rec.stateCopy().Rejection != nil {
 		// Never had a VM: done at once.
-		go p.runOf(rec).finishDelete()
+		go r.finishDelete()
 	}
 }
 
@@ -154,18 +161,19 @@ func (p *VMs) requestDelete(rec *podVM, grace time.Duration) {
 // tells a recovered pod that the API server still has it.
 func (p *VMs) GetPod(_ context.Context, namespace, name string) (*corev1.Pod, error) {
 	p.mu.Lock()
-	rec := p.findLocked(namespace, name)
+	run := p.findLocked(namespace, name)
 	p.mu.Unlock()
-	if rec != nil {
-		if rec.deletion().deleting {
+	if run != nil {
+		if run.rec.deletion().deleting {
 			// A pod being stopped is gone for the library: a new pod of the
 			// same name (StatefulSet) must be created, not "updated".
-			rec = nil
+			run = nil
 		}
 	}
-	if rec == nil {
+	if run == nil {
 		return nil, errdefs.NotFoundf("pod %s/%s not found on node %s", namespace, name, p.cfg.NodeName)
 	}
+	rec := run.rec
 	rec.confirm.Do(func() { close(rec.confirmed) })
 	return p.withStatus(rec), nil
 }
@@ -182,12 +190,7 @@ func (p *VMs) GetPodStatus(ctx context.Context, namespace, name string) (*corev1
 // GetPods returns exactly the pods this node has (running, stopping or
 // finished), with their namespace, name and UID as bound.
 func (p *VMs) GetPods(context.Context) ([]*corev1.Pod, error) {
-	p.mu.Lock()
-	recs := make([]*podVM, 0, len(p.pods))
-	for _, r := range p.pods {
-		recs = append(recs, r)
-	}
-	p.mu.Unlock()
+	recs := p.records()
 	out := make([]*corev1.Pod, 0, len(recs))
 	for _, r := range recs {
 		out = append(out, p.withStatus(r))
@@ -205,13 +208,7 @@ func (p *VMs) GetPods(context.Context) ([]*corev1.Pod, error) {
 // current status (pods recovered before the callback existed).
 func (p *VMs) NotifyPods(_ context.Context, cb func(*corev1.Pod)) {
 	p.setNotify(cb)
-	p.mu.Lock()
-	recs := make([]*podVM, 0, len(p.pods))
-	for _, r := range p.pods {
-		recs = append(recs, r)
-	}
-	p.mu.Unlock()
-	for _, r := range recs {
+	for _, r := range p.records() {
 		p.push(r)
 	}
 }

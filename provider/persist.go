@@ -22,7 +22,7 @@ const (
 
 // update changes the state under the lock, persists it and pushes it.
 func (r *podRun) update(f func(st *podstatus.VMState)) {
-	p, rec := r.p, r.rec
+	p, rec := r.node, r.rec
 	rec.change(f)
 	r.persist()
 	p.push(rec)
@@ -35,7 +35,7 @@ func (r *podRun) update(f func(st *podstatus.VMState)) {
 // recovers from what QEMU itself recorded (its spec, pidfile and exit
 // record) instead of from an outdated status.
 func (r *podRun) persist() {
-	p, rec := r.p, r.rec
+	p, rec := r.node, r.rec
 	err := rec.persist()
 	rec.statusFile.mu.Lock()
 	was := rec.statusFile.failing
@@ -59,7 +59,7 @@ func (r *podRun) persist() {
 // persist writes status.json while the state dir exists. Writes are
 // serialized and each writes the state as it is when its turn comes, so
 // the newest state is the last written. On failure the stale record is
-// removed (see VMs.persist) and the error says what failed.
+// removed (see podRun.persist) and the error says what failed.
 func (rec *podVM) persist() error { return rec.write(true) }
 
 // persistKeep is persist for a change its caller undoes when it cannot

@@ -28,11 +28,12 @@ func TestPersistFailureSurfaced(t *testing.T) {
 	rec := record.NewFakeRecorder(100)
 	p := NewVMs(context.Background(), VMsConfig{StateDir: dir, Recorder: rec})
 	pod := podtest.VMPod()
-	r := &podVM{uid: pod.UID, dir: p.podDir(pod.UID), pod: pod}
+	run := p.newRun(pod)
+	r := run.rec
 	require.NoError(t, os.MkdirAll(r.dir, 0o700))
 	statusPath := filepath.Join(r.dir, StatusFileName)
 
-	p.runOf(r).update(func(st *podstatus.VMState) { st.SetRunning(time.Now()) })
+	run.update(func(st *podstatus.VMState) { st.SetRunning(time.Now()) })
 	var onDisk podstatus.VMState
 	b, err := os.ReadFile(statusPath)
 	require.NoError(t, err)
@@ -43,7 +44,7 @@ func TestPersistFailureSurfaced(t *testing.T) {
 	// Break the write, then record that the VM ended.
 	blocker := statusPath + ".tmp"
 	require.NoError(t, os.MkdirAll(filepath.Join(blocker, "x"), 0o700))
-	p.runOf(r).update(func(st *podstatus.VMState) {
+	run.update(func(st *podstatus.VMState) {
 		st.SetTerminated(corev1.ContainerStateTerminated{ExitCode: 1, Reason: "Error"})
 	})
 	if b, err := os.ReadFile(statusPath); err == nil {
@@ -57,12 +58,12 @@ func TestPersistFailureSurfaced(t *testing.T) {
 	assert.Contains(t, evs[0], StatusFileName)
 
 	// A second failure in the same streak logs but sends no new event.
-	p.runOf(r).update(func(st *podstatus.VMState) { st.RestartCount++ })
+	run.update(func(st *podstatus.VMState) { st.RestartCount++ })
 	assert.Empty(t, drainEvents(rec))
 
 	// Writing works again: the record is the current state.
 	require.NoError(t, os.RemoveAll(blocker))
-	p.runOf(r).update(func(st *podstatus.VMState) { st.RestartCount++ })
+	run.update(func(st *podstatus.VMState) { st.RestartCount++ })
 	b, err = os.ReadFile(statusPath)
 	require.NoError(t, err)
 	onDisk = podstatus.VMState{}

@@ -1,18 +1,41 @@
 package provider
 
-// podRun is one pod's work on the node: its record (rec) and the node it
-// runs on (p: the pod map and what is node-wide). The steps and actions of
-// the pod's worker are its methods, in the files of their jobs: the start
-// (start.go), power off (power.go), the delete (delete.go, state.go), the
-// exporter's side (exporter.go), the snapshot start and save
-// (snapshots.go), the probes (probes.go), the feature hold (features.go),
-// the boot's end (podtelemetry.go). The worker (worker.go) is the one
-// goroutine that runs them, but for a rejected pod's delete, which has no
-// worker (finishDelete).
+import (
+	corev1 "k8s.io/api/core/v1"
+)
+
+// podRun is one pod's work on the node: it owns the pod's record (rec),
+// made with it, and holds the node it runs on (node: what the node's pods
+// share) and the node's pod map as a podSet. The node's pod map (VMs.pods)
+// holds each pod's run. The steps and actions of the pod's worker are its
+// methods, in the files of their jobs: the worker itself (run, worker.go),
+// the requests it serves (request, power.go) and the delete request
+// (requestDelete, lifecycle.go), the start (start.go), power off
+// (power.go), the delete (delete.go, state.go), the exporter's side
+// (exporter.go), the snapshot start and save (snapshots.go), the probes
+// (probes.go), the feature hold (features.go), the boot's end
+// (podtelemetry.go). The worker (worker.go) is the one goroutine that
+// runs them, but for a rejected pod's delete, which has no worker
+// (finishDelete). The exporter glue (podExporter) and the probes' sink
+// (podProbeSink) hold the run.
 type podRun struct {
-	p   *VMs
-	rec *podVM
+	node *nodeWide
+	pods podSet
+	rec  *podVM
 }
 
-// runOf is the work of the pod whose record is rec.
-func (p *VMs) runOf(rec *podVM) *podRun { return &podRun{p: p, rec: rec} }
+// podSet is what a pod's run needs of the node's pod map (VMs, vms.go).
+type podSet interface {
+	// admitting calls f with the pods admission counts (every active
+	// pod's claim, the run's own included) under admission's lock: no pod
+	// is admitted meanwhile. It returns f's error.
+	admitting(f func(active []*corev1.Pod) error) error
+	// forget removes the run from the map, if the map still holds it.
+	forget(r *podRun)
+}
+
+// newRun is the run of a new pod (CreatePod) or a recovered one
+// (recovery.go) and its record, before its worker starts.
+func (p *VMs) newRun(pod *corev1.Pod) *podRun {
+	return &podRun{node: &p.nodeWide, pods: p, rec: newPodVM(pod.UID, p.podDir(pod.UID), pod)}
+}

@@ -9,12 +9,7 @@ func (p *VMs) RunningVMs() int {
 	if p == nil {
 		return 0
 	}
-	p.mu.Lock()
-	recs := make([]*podVM, 0, len(p.pods))
-	for _, r := range p.pods {
-		recs = append(recs, r)
-	}
-	p.mu.Unlock()
+	recs := p.records()
 	n := 0
 	for _, r := range recs {
 		if r.vm.get() != nil {
@@ -27,7 +22,7 @@ func (p *VMs) RunningVMs() int {
 // endBoot ends the boot span of rec's current start, if one waits for
 // Ready: the worker's action on the run's first Ready (podworker.go).
 func (r *podRun) endBoot() {
-	p, rec := r.p, r.rec
+	p, rec := r.node, r.rec
 	t := p.cfg.Telemetry
 	if t == nil {
 		return

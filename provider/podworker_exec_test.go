@@ -86,9 +86,17 @@ func fastHarness(t *testing.T, initial time.Duration) (*harness, *fakeImages) {
 }
 
 func (h *harness) rec(uid types.UID) *podVM {
-	h.vms.mu.Lock()
-	defer h.vms.mu.Unlock()
-	return h.vms.pods[uid]
+	if r := h.vms.runOf(uid); r != nil {
+		return r.rec
+	}
+	return nil
+}
+
+// runOf is the run p holds for the pod uid (nil: none).
+func (p *VMs) runOf(uid types.UID) *podRun {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.pods[uid]
 }
 
 func restarts(p *corev1.Pod) int32 {
@@ -151,7 +159,7 @@ func TestPodWorkerFastNeverFinishes(t *testing.T) {
 	// caller's timeout).
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	err := h.vms.request(ctx, h.rec(pod.UID), vmRequest{op: opPowerOn})
+	err := h.vms.runOf(pod.UID).request(ctx, vmRequest{op: opPowerOn})
 	assert.ErrorIs(t, err, errPodFinished)
 	require.NoError(t, h.vms.DeletePod(context.Background(), deleting(pod)))
 	h.wait(pod.UID, 5*time.Second, "forgotten", func(*corev1.Pod) bool { return h.rec(pod.UID) == nil })
@@ -180,14 +188,14 @@ func TestPodWorkerFastPowerDuringBackOff(t *testing.T) {
 	h.wait(pod.UID, 10*time.Second, "CrashLoopBackOff", func(p *corev1.Pod) bool { return waitingReason(p) == podstatus.ReasonCrashLoopBackOff })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	rec := h.rec(pod.UID)
-	require.NoError(t, h.vms.request(ctx, rec, vmRequest{op: opPowerOff}))
+	run := h.vms.runOf(pod.UID)
+	require.NoError(t, run.request(ctx, vmRequest{op: opPowerOff}))
 	p := h.wait(pod.UID, 5*time.Second, "PoweredOff", func(p *corev1.Pod) bool { return waitingReason(p) == podstatus.ReasonPoweredOff })
 	assert.Equal(t, int32(1), restarts(p), "power off is not a restart")
-	require.NoError(t, h.vms.request(ctx, rec, vmRequest{op: opPowerOff}), "power off when off: done")
+	require.NoError(t, run.request(ctx, vmRequest{op: opPowerOff}), "power off when off: done")
 	pulls0, _, _ := imgs.counts()
 	// Power on: answered by the start, which fails.
-	err := h.vms.request(ctx, rec, vmRequest{op: opPowerOn})
+	err := run.request(ctx, vmRequest{op: opPowerOn})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), podstatus.ReasonStartError)
 	// Power on reset the crash count: the failure restarts at once (it may
@@ -198,7 +206,7 @@ func TestPodWorkerFastPowerDuringBackOff(t *testing.T) {
 	pulls1, _, _ := imgs.counts()
 	assert.Equal(t, pulls0+2, pulls1, "power on started the VM once, its failure restarted it once, then the back-off holds")
 	// Power on during the back-off starts now.
-	err = h.vms.request(ctx, rec, vmRequest{op: opPowerOn})
+	err = run.request(ctx, vmRequest{op: opPowerOn})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), podstatus.ReasonStartError)
 	deleteAndWaitGone(t, h, imgs, pod)

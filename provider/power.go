@@ -27,7 +27,8 @@ var (
 
 // request sends a request to the pod's worker and waits for its answer
 // (or ctx). The worker keeps serving a request the caller gave up on.
-func (p *VMs) request(ctx context.Context, rec *podVM, req vmRequest) error {
+func (r *podRun) request(ctx context.Context, req vmRequest) error {
+	rec := r.rec
 	req.reply = make(chan error, 1)
 	select {
 	case rec.ctl <- req:
@@ -61,7 +62,7 @@ func (p *nodeWide) powerGrace(pod *corev1.Pod) time.Duration {
 // and the pod: the container shows Waiting/PoweredOff with this run's end
 // as its last state, and the restart policy does not apply. Worker only.
 func (r *podRun) powerOff(ctx context.Context, why string, now bool) error {
-	p, rec := r.p, r.rec
+	p, rec := r.node, r.rec
 	vm := rec.vm.get()
 	pod, st := rec.read()
 	started := runStart(&st)

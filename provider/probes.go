@@ -12,7 +12,7 @@ import (
 // (probe.Apply). They report through the pod's probe.Sink (podProbeSink),
 // which wakes the worker on probed when their results change.
 func (r *podRun) startProbes(ctx context.Context, vm VM, probed chan<- struct{}, failed chan<- probeFailure) {
-	p, rec := r.p, r.rec
+	rec := r.rec
 	pod, st := rec.read()
 	if len(pod.Spec.Containers) == 0 {
 		return
@@ -24,7 +24,7 @@ func (r *podRun) startProbes(ctx context.Context, vm VM, probed chan<- struct{},
 	}
 	state := probe.NewState(run)
 	rec.probes.Store(state)
-	probe.Start(ctx, vm, c, state, rec.deleteReq, podProbeSink{p: p, rec: rec, ctx: ctx, vm: vm, probed: probed, failed: failed})
+	probe.Start(ctx, vm, c, state, rec.deleteReq, podProbeSink{run: r, ctx: ctx, vm: vm, probed: probed, failed: failed})
 }
 
 // podProbeSink reports a run's probes to its pod: events, status pushes,
@@ -33,8 +33,7 @@ func (r *podRun) startProbes(ctx context.Context, vm VM, probed chan<- struct{},
 // exporter), and a failed liveness or startup probe to the worker (its
 // evProbeFailed: the worker alone kills the VM).
 type podProbeSink struct {
-	p   *VMs
-	rec *podVM
+	run *podRun
 	ctx context.Context
 	vm  VM
 	// probed is the worker's (worker.probed): one pending wake-up is enough.
@@ -50,10 +49,12 @@ type probeFailure struct {
 	kind, msg string
 }
 
-func (s podProbeSink) Event(typ, reason, msg string) { s.p.event(s.rec.podCopy(), typ, reason, msg) }
+func (s podProbeSink) Event(typ, reason, msg string) {
+	s.run.node.event(s.run.rec.podCopy(), typ, reason, msg)
+}
 
 func (s podProbeSink) Changed() {
-	s.p.push(s.rec)
+	s.run.node.push(s.run.rec)
 	select {
 	case s.probed <- struct{}{}:
 	default:
@@ -66,7 +67,7 @@ func (s podProbeSink) Failed(kind, msg string) {
 	select {
 	case s.failed <- probeFailure{vm: s.vm, kind: kind, msg: msg}:
 	case <-s.vm.Done():
-	case <-s.rec.deleteReq:
+	case <-s.run.rec.deleteReq:
 	case <-s.ctx.Done():
 	}
 }

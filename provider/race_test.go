@@ -39,7 +39,7 @@ func TestHoldReadsPodWhileDeleteWritesIt(t *testing.T) {
 	rec.state = podstatus.VMState{}
 
 	held := make(chan bool, 1)
-	go func() { held <- p.runOf(rec).holdForFeatures(context.Background()) }()
+	go func() { held <- p.runOf(rec.uid).holdForFeatures(context.Background()) }()
 	// Reloads that keep the feature off: the held pod reads its pod again
 	// each time, outside the record's lock.
 	for range 5 {
@@ -98,7 +98,7 @@ func TestFlashRecordOrderedWithStatusWrites(t *testing.T) {
 	const flashes = 100
 	for i := range flashes {
 		img := &oci.Image{Ref: fmt.Sprintf("reg/img:v%d", i), Digest: fmt.Sprintf("sha256:%064d", i)}
-		require.NoError(t, p.runOf(rec).installFlash(&exporter.Flash{Image: img}), "flash %d", i)
+		require.NoError(t, p.runOf(rec.uid).installFlash(&exporter.Flash{Image: img}), "flash %d", i)
 	}
 	close(stop)
 	wg.Wait()

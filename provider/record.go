@@ -16,14 +16,15 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 )
 
-// podVM is one pod's record, shared by the goroutines that serve the pod:
-// its worker (worker.go), which alone starts, stops and replaces the VM;
+// podVM is one pod's record, owned by the pod's run (podRun, podrun.go)
+// and shared by the goroutines that serve the pod: its worker (worker.go),
+// which alone starts, stops and replaces the VM;
 // the kubelet-API entry points (CreatePod, UpdatePod, DeletePod, GetPod...);
 // the status pump; the probes; the exporter supervisor; the status resync.
 //
 // Who writes each field, and what guards it (the one place that says so):
 //
-//	uid, dir     newPodVM; never changed                              no lock
+//	uid, dir     newPodVM (VMs.newRun); never changed                 no lock
 //	ctl          newPodVM; the exporter sends, the worker receives    channel
 //	deleteReq    closed by DeletePod (requestDelete)                  channel
 //	confirmed    closed by CreatePod, GetPod, UpdatePod, DeletePod    channel (confirm)
@@ -169,7 +170,7 @@ type statusFileWriter struct {
 }
 
 // newPodVM is the record of a new pod (CreatePod) or a recovered one
-// (recovery.go), before its worker starts.
+// (recovery.go), made with its run (VMs.newRun) before its worker starts.
 func newPodVM(uid types.UID, dir string, pod *corev1.Pod) *podVM {
 	return &podVM{uid: uid, dir: dir, pod: pod, ctl: make(chan vmRequest),
 		deleteReq: make(chan struct{}), confirmed: make(chan struct{}), done: make(chan struct{})}

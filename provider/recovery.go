@@ -56,7 +56,7 @@ func (p *VMs) Recover(ctx context.Context) (RecoveryResult, error) {
 			continue
 		}
 		dir := filepath.Join(p.vmsDir(), e.Name())
-		rec, kind, err := p.recoverOne(ctx, dir)
+		run, kind, err := p.recoverOne(ctx, dir)
 		if err != nil {
 			log.Error(err, "Recover pod state dir", "dir", dir)
 			continue
@@ -75,15 +75,15 @@ func (p *VMs) Recover(ctx context.Context) (RecoveryResult, error) {
 			res.Pending++
 		}
 		p.mu.Lock()
-		p.pods[rec.uid] = rec
+		p.pods[run.rec.uid] = run
 		p.mu.Unlock()
-		log.Info("Recovered pod", "pod", klog.KObj(rec.pod), "uid", rec.uid, "vm", kind)
-		go p.run(rec)
+		log.Info("Recovered pod", "pod", klog.KObj(run.rec.pod), "uid", run.rec.uid, "vm", kind)
+		go run.run()
 	}
 	return res, nil
 }
 
-func (p *VMs) recoverOne(ctx context.Context, dir string) (*podVM, string, error) {
+func (p *VMs) recoverOne(ctx context.Context, dir string) (*podRun, string, error) {
 	log := klog.FromContext(ctx).WithValues("dir", dir)
 	var pod corev1.Pod
 	b, err := os.ReadFile(filepath.Join(dir, PodFileName))
@@ -109,7 +109,8 @@ func (p *VMs) recoverOne(ctx context.Context, dir string) (*podVM, string, error
 		return nil, "orphan", nil
 	}
 
-	rec := newPodVM(pod.UID, dir, &pod)
+	run := p.newRun(&pod) // dir is its podDir: named by its UID
+	rec := run.rec
 	if b, err := os.ReadFile(filepath.Join(dir, StatusFileName)); err == nil {
 		if err := json.Unmarshal(b, &rec.state); err != nil {
 			log.Error(err, "Unreadable status record; starting from scratch")
@@ -134,7 +135,7 @@ func (p *VMs) recoverOne(ctx context.Context, dir string) (*podVM, string, error
 		if !rec.state.Final {
 			rec.state.SetWaiting(podstatus.ReasonContainerCreating, "")
 		}
-		return rec, "pending", nil
+		return run, "pending", nil
 	}
 	vm, err := p.cfg.Hypervisor.Adopt(ctx, dir)
 	if err != nil {
@@ -147,15 +148,15 @@ func (p *VMs) recoverOne(ctx context.Context, dir string) (*podVM, string, error
 		rec.state.SetTerminated(corev1.ContainerStateTerminated{ExitCode: 128, Reason: podstatus.ReasonStartError,
 			Message: "could not re-adopt the VM after a restart: " + err.Error(), StartedAt: podstatus.MetaTime(now), FinishedAt: podstatus.MetaTime(now)})
 		rec.handoff.pendingExit = true
-		return rec, "exited", nil
+		return run, "exited", nil
 	}
 	if ex, exited := vm.Exit(); exited {
 		if rec.state.Final {
-			return rec, "exited", nil
+			return run, "exited", nil
 		}
 		if rec.state.PoweredOff {
 			// Powered off on request (the exporter): it stays off.
-			return rec, "poweredOff", nil
+			return run, "poweredOff", nil
 		}
 		started := time.Now()
 		if rec.state.Running != nil {
@@ -165,14 +166,14 @@ func (p *VMs) recoverOne(ctx context.Context, dir string) (*podVM, string, error
 			rec.state.SetTerminated(podstatus.TerminatedFromExit(ex, started, podstatus.ContainerIDPrefix+string(pod.UID)))
 		}
 		rec.handoff.pendingExit = true
-		return rec, "exited", nil
+		return run, "exited", nil
 	}
 	rec.vm.set(vm)
 	rec.state.PoweredOff = false
 	if rec.state.Running == nil {
 		rec.state.SetRunning(p.now())
 	}
-	return rec, "running", nil
+	return run, "running", nil
 }
 
 // podUIDs lists the pods known, for tests and logs.

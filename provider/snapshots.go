@@ -26,7 +26,7 @@ import (
 // of a restore ("" for the image's). Worker goroutine only. Problems are
 // events, never errors: the VM then boots.
 func (r *podRun) prepareSnapshotStart(ctx context.Context, pod *corev1.Pod, plan podspec.Plan, img *oci.Image, spec *qemu.Spec) (overlayBase string) {
-	p, rec := r.p, r.rec
+	p, rec := r.node, r.rec
 	if !plan.SnapshotStart {
 		return ""
 	}
@@ -51,7 +51,7 @@ func (r *podRun) prepareSnapshotStart(ctx context.Context, pod *corev1.Pod, plan
 // dropSnapshotClaim releases a claim the run did not use (it ended before
 // readiness, or the pod goes).
 func (r *podRun) dropSnapshotClaim() {
-	p, rec := r.p, r.rec
+	p, rec := r.node, r.rec
 	c := rec.snap.claim
 	rec.snap.claim = nil
 	p.snaps.Release(c)
@@ -63,7 +63,7 @@ func (r *podRun) dropSnapshotClaim() {
 // worker, which alone acts on the VM, waits for it. A failure is an event:
 // the VM runs on.
 func (r *podRun) saveSnapshot(ctx context.Context, vm VM) {
-	p, rec := r.p, r.rec
+	p, rec := r.node, r.rec
 	c := rec.snap.claim
 	rec.snap.claim = nil
 	if c == nil {
@@ -88,7 +88,7 @@ func (r *podRun) saveSnapshot(ctx context.Context, vm VM) {
 // snapshot is discarded and an event says why; the next spec built for the
 // run boots (the run's restore failed: prepareSnapshotStart).
 func (r *podRun) restoreFailed(ctx context.Context, pod *corev1.Pod, startErr error) {
-	p, rec := r.p, r.rec
+	p, rec := r.node, r.rec
 	u := rec.snap.used
 	rec.snap.used, rec.snap.restoreFailed = nil, true
 	msg := fmt.Sprintf("Starting from the memory snapshot failed; discarded it, booting instead: %v", startErr)

@@ -43,9 +43,7 @@ func podReadyCond(p *corev1.Pod) bool { return running(p) && podstatus.Ready(p) 
 
 // podVMOf returns the running VM of a pod (test helper).
 func (h *harness) podVMOf(uid types.UID) VM {
-	h.vms.mu.Lock()
-	rec := h.vms.pods[uid]
-	h.vms.mu.Unlock()
+	rec := h.rec(uid)
 	require.NotNil(h.t, rec)
 	vm := rec.vm.get()
 	require.NotNil(h.t, vm)

@@ -26,7 +26,7 @@ import (
 // names (waiting for its config: prepareRun), the QEMU start and the
 // record of the started run.
 func (r *podRun) pullAndStart(ctx context.Context) bool {
-	p, rec := r.p, r.rec
+	p, rec := r.node, r.rec
 	log := klog.FromContext(ctx)
 	r.dropSnapshotClaim() // an earlier run's, unused
 	pod, run := r.runPlan()
@@ -114,7 +114,7 @@ type pullObserver interface {
 // back-off (ErrImagePull, then ImagePullBackOff). ok is false when ctx
 // ended (delete, shutdown).
 func (r *podRun) pullImage(ctx context.Context, pod *corev1.Pod, plan podspec.Plan, att pullObserver) (img *oci.Image, ok bool) {
-	p, rec := r.p, r.rec
+	p, rec := r.node, r.rec
 	log := klog.FromContext(ctx)
 	// A flashed root (package exporter) boots instead of any image.
 	img = exporter.FlashedRoot(rec.dir, rec.stateCopy())
@@ -161,7 +161,7 @@ func (r *podRun) pullImage(ctx context.Context, pod *corev1.Pod, plan podspec.Pl
 // holdImage holds img while the pod lives (the previous image's hold is
 // given up) and records it as the pod's image: ContainerCreating.
 func (r *podRun) holdImage(ctx context.Context, img *oci.Image) {
-	p, rec := r.p, r.rec
+	p, rec := r.node, r.rec
 	haveRelease := rec.release != nil && rec.stateCopy().ImageDigest == img.Digest
 	if !haveRelease {
 		r.releaseImage()
@@ -186,7 +186,7 @@ func (r *podRun) holdImage(ctx context.Context, img *oci.Image) {
 // It returns the pod as last read and prepareRun's result; ok is false
 // when pctx ended while waiting.
 func (r *podRun) waitForSpec(ctx, pctx context.Context, pod *corev1.Pod, run vmRun, img *oci.Image, spec qemu.Spec) (_ *corev1.Pod, _ qemu.Spec, ok bool, _ error) {
-	p, rec := r.p, r.rec
+	p, rec := r.node, r.rec
 	log := klog.FromContext(ctx)
 	ready, err := r.prepareRun(ctx, pod, run, img, spec)
 	for attempt := 1; err != nil && podspec.IsConfigError(err); attempt++ {
@@ -208,7 +208,7 @@ func (r *podRun) waitForSpec(ctx, pctx context.Context, pod *corev1.Pod, run vmR
 // VM booted instead: spec readied again, without it (snapshots.go). It
 // returns the spec that started.
 func (r *podRun) startQEMU(ctx, pctx context.Context, pod *corev1.Pod, run vmRun, img *oci.Image, spec, ready qemu.Spec) (VM, qemu.Spec, error) {
-	p, rec := r.p, r.rec
+	p, rec := r.node, r.rec
 	sctx, scancel := context.WithTimeout(pctx, p.cfg.StartTimeout)
 	vm, err := p.cfg.Hypervisor.Start(sctx, ready, rec.dir)
 	scancel()
@@ -228,7 +228,7 @@ func (r *podRun) startQEMU(ctx, pctx context.Context, pod *corev1.Pod, run vmRun
 // recordStartError records a start that failed as a terminated run (exit
 // code 128, reason StartError or InvalidVMSpec).
 func (r *podRun) recordStartError(reason string, err error) {
-	p := r.p
+	p := r.node
 	now := p.now()
 	r.update(func(st *podstatus.VMState) {
 		st.SetTerminated(corev1.ContainerStateTerminated{ExitCode: 128, Reason: reason, Message: err.Error(),
@@ -239,7 +239,7 @@ func (r *podRun) recordStartError(reason string, err error) {
 // recordStarted records the started run: the pod's VM, the Started event,
 // Running, and the size this run applied.
 func (r *podRun) recordStarted(ctx context.Context, pod *corev1.Pod, vm VM, spec qemu.Spec, size podstatus.VMSize) {
-	p, rec := r.p, r.rec
+	p, rec := r.node, r.rec
 	rec.vm.set(vm) // before Running shows: the console, exec and the rest find it
 	from := ""
 	if spec.Incoming != "" {
@@ -276,7 +276,7 @@ func (p *nodeWide) presentImage(ctx context.Context, plan podspec.Plan) *oci.Ima
 // snapshot-start pod's restore or save is prepared (snapshots.go), the
 // whole is validated, and the overlay is made and grown (prepareDisk).
 func (r *podRun) prepareRun(ctx context.Context, pod *corev1.Pod, run vmRun, img *oci.Image, spec qemu.Spec) (qemu.Spec, error) {
-	p, rec := r.p, r.rec
+	p, rec := r.node, r.rec
 	spec.Disks, spec.AllowedDirs = slices.Clone(spec.Disks), slices.Clone(spec.AllowedDirs)
 	if err := exporter.CheckConfig(ctx, p.cfg.Secrets, pod); err != nil {
 		return spec, err // the pod waits for its exporter Secret
@@ -306,7 +306,7 @@ func (r *podRun) prepareRun(ctx context.Context, pod *corev1.Pod, run vmRun, img
 // state policy Retain the one the last run left (poddisk.Prepare); then
 // grown to a disk size set through the exporter (exporter/vmsize.go).
 func (r *podRun) prepareDisk(ctx context.Context, pod *corev1.Pod, run vmRun, base string, baseFormat qemu.DiskFormat) error {
-	p := r.p
+	p := r.node
 	overlay := filepath.Join(run.dir, OverlayFileName)
 	reason, msg, err := poddisk.Prepare(ctx, run.plan.StatePolicy, overlay, base, baseFormat)
 	if err != nil {

@@ -20,7 +20,7 @@ import (
 // the disk was to be kept and could not be (the dir stays; the next agent
 // start finds the pod gone and deletes it again, retrying).
 func (r *podRun) reclaimDisk(ctx context.Context, pod *corev1.Pod) bool {
-	p, rec := r.p, r.rec
+	p, rec := r.node, r.rec
 	if !poddisk.RetainOnDelete(pod) {
 		return true
 	}

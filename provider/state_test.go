@@ -29,13 +29,14 @@ func TestFlashDropsTheDisk(t *testing.T) {
 	p := NewVMs(context.Background(), VMsConfig{StateDir: dir})
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "u1",
 		Annotations: map[string]string{v1alpha1.StatePolicyAnnotation: "Retain"}}}
-	rec := newPodVM(pod.UID, filepath.Join(dir, "vms", "u1"), pod)
+	run := p.newRun(pod)
+	rec := run.rec
 	require.NoError(t, os.MkdirAll(rec.dir, 0o700))
 	ov := filepath.Join(rec.dir, OverlayFileName)
 	require.NoError(t, os.WriteFile(ov, []byte("old disk"), 0o600))
 	held := 0
 	f := &exporter.Flash{Image: &oci.Image{Ref: "reg/os:2", Digest: "sha256:bb"}, Hold: func() { held++ }}
-	require.NoError(t, p.runOf(rec).installFlash(f))
+	require.NoError(t, run.installFlash(f))
 	assert.NoFileExists(t, ov)
 	var st podstatus.VMState
 	b, err := os.ReadFile(filepath.Join(rec.dir, StatusFileName))
@@ -49,7 +50,7 @@ func TestFlashDropsTheDisk(t *testing.T) {
 	require.NoError(t, os.Remove(filepath.Join(rec.dir, StatusFileName)))
 	require.NoError(t, os.WriteFile(ov, []byte("second disk"), 0o600))
 	require.NoError(t, os.MkdirAll(filepath.Join(ov+".pre-flash", "x"), 0o700))
-	err = p.runOf(rec).installFlash(&exporter.Flash{Image: &oci.Image{Ref: "reg/os:3", Digest: "sha256:cc"}, Hold: func() { held++ }})
+	err = run.installFlash(&exporter.Flash{Image: &oci.Image{Ref: "reg/os:3", Digest: "sha256:cc"}, Hold: func() { held++ }})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "set the old disk aside")
 	assert.Equal(t, 1, held, "the refused request's image hold is released")
@@ -67,18 +68,19 @@ func TestReclaimDiskKeepsStateDirOnFailure(t *testing.T) {
 	dir := t.TempDir()
 	p := NewVMs(context.Background(), VMsConfig{StateDir: dir, NodeName: "n"})
 	bound := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "u1"}}
-	rec := newPodVM(bound.UID, filepath.Join(dir, "vms", "u1"), bound)
+	run := p.newRun(bound)
+	rec := run.rec
 	require.NoError(t, os.MkdirAll(rec.dir, 0o700))
 	require.NoError(t, atomicfile.WriteJSON(filepath.Join(rec.dir, PodFileName), bound))
 	require.NoError(t, os.WriteFile(filepath.Join(rec.dir, OverlayFileName), []byte("disk"), 0o600))
 
-	assert.True(t, p.runOf(rec).reclaimDisk(context.Background(), bound), "Delete: the dir may go")
+	assert.True(t, run.reclaimDisk(context.Background(), bound), "Delete: the dir may go")
 
 	// Annotated after binding; the retained area is blocked by a file.
 	deleted := bound.DeepCopy()
 	deleted.Annotations = map[string]string{v1alpha1.ReclaimPolicyAnnotation: "Retain"}
 	require.NoError(t, os.WriteFile(filepath.Join(dir, nodestatus.RetainedDirName), []byte("not a directory"), 0o600))
-	assert.False(t, p.runOf(rec).reclaimDisk(context.Background(), deleted), "the disk could not be kept: the dir stays")
+	assert.False(t, run.reclaimDisk(context.Background(), deleted), "the disk could not be kept: the dir stays")
 	assert.FileExists(t, filepath.Join(rec.dir, OverlayFileName))
 	var recorded corev1.Pod
 	b, err := os.ReadFile(filepath.Join(rec.dir, PodFileName))

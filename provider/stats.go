@@ -11,12 +11,7 @@ import (
 // the kubelet's resource stats from them; MemoryUse sums them), sorted by
 // namespace and name.
 func (p *VMs) samplePods() []stats.PodSample {
-	p.mu.Lock()
-	recs := make([]*podVM, 0, len(p.pods))
-	for _, r := range p.pods {
-		recs = append(recs, r)
-	}
-	p.mu.Unlock()
+	recs := p.records()
 	var out []stats.PodSample
 	for _, r := range recs {
 		vm, dir := r.vm.get(), r.dir

@@ -29,10 +29,11 @@ func pumpVMs(t *testing.T, n int, rec record.EventRecorder) (*VMs, []*podVM) {
 		uid := types.UID(fmt.Sprintf("p%d", i))
 		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: string(uid), UID: uid},
 			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "vm", Image: "img"}}}}
-		r := &podVM{uid: uid, dir: p.podDir(uid), pod: pod, deleteReq: make(chan struct{}), confirmed: make(chan struct{}), done: make(chan struct{})}
+		run := p.newRun(pod)
+		r := run.rec
 		r.state.StartTime = time.Now().UTC()
 		r.state.SetRunning(time.Now())
-		p.pods[uid] = r
+		p.pods[uid] = run
 		recs = append(recs, r)
 	}
 	return p, recs
@@ -74,7 +75,7 @@ func TestStatusNotDelayedByFlood(t *testing.T) {
 			defer wg.Done()
 			for i := range 40 {
 				p.event(r.pod, corev1.EventTypeNormal, "Flood", fmt.Sprint(i))
-				p.runOf(r).update(func(st *podstatus.VMState) { st.RestartCount++ })
+				p.runOf(r.uid).update(func(st *podstatus.VMState) { st.RestartCount++ })
 			}
 		}()
 	}
@@ -82,7 +83,7 @@ func TestStatusNotDelayedByFlood(t *testing.T) {
 
 	// The target's new status (its VM ended) arrives at once.
 	start := time.Now()
-	p.runOf(target).update(func(st *podstatus.VMState) {
+	p.runOf(target.uid).update(func(st *podstatus.VMState) {
 		st.SetTerminated(corev1.ContainerStateTerminated{ExitCode: 0, Reason: podstatus.ReasonCompleted})
 		st.Final = true
 	})
@@ -141,7 +142,7 @@ func TestStatusNeverGoesBackwards(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for range each {
-				p.runOf(r).update(func(st *podstatus.VMState) { st.RestartCount++ })
+				p.runOf(r.uid).update(func(st *podstatus.VMState) { st.RestartCount++ })
 				if calls.Load()%7 == 0 {
 					p.push(r) // a push without a change (probes, NotifyPods)
 				}

@@ -41,11 +41,12 @@ func (p *VMs) ResyncStatus(apiPod *corev1.Pod) {
 		return
 	}
 	p.mu.Lock()
-	rec := p.pods[apiPod.UID]
+	run := p.pods[apiPod.UID]
 	p.mu.Unlock()
-	if rec == nil {
+	if run == nil {
 		return
 	}
+	rec := run.rec
 	if rec.deletion().removed {
 		return
 	}

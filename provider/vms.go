@@ -125,7 +125,7 @@ type VMs struct {
 	// mu guards pods; admission holds it while it counts the active pods
 	// and inserts the new one.
 	mu   sync.Mutex
-	pods map[types.UID]*podVM
+	pods map[types.UID]*podRun
 }
 
 // NewVMs returns the pod handler. ctx bounds the workers: when it ends they
@@ -147,17 +147,17 @@ func NewVMs(ctx context.Context, cfg VMsConfig) *VMs {
 	if cfg.Hypervisor == nil {
 		cfg.Hypervisor = QEMU{}
 	}
-	p := &VMs{pods: map[types.UID]*podVM{}}
+	p := &VMs{pods: map[types.UID]*podRun{}}
 	p.init(ctx, cfg)
 	return p
 }
 
-// findLocked returns the live record for namespace/name: the one not being
-// deleted, else any.
-func (p *VMs) findLocked(namespace, name string) *podVM {
-	var any *podVM
+// findLocked returns the run of the live record for namespace/name: the
+// one not being deleted, else any.
+func (p *VMs) findLocked(namespace, name string) *podRun {
+	var any *podRun
 	for _, r := range p.pods {
-		match, deleting := r.matches(namespace, name)
+		match, deleting := r.rec.matches(namespace, name)
 		if !match {
 			continue
 		}
@@ -173,9 +173,37 @@ func (p *VMs) findLocked(namespace, name string) *podVM {
 func (p *VMs) activePodsLocked() []*corev1.Pod {
 	var out []*corev1.Pod
 	for _, r := range p.pods {
-		if pod := r.admissionClaim(); pod != nil {
+		if pod := r.rec.admissionClaim(); pod != nil {
 			out = append(out, pod)
 		}
+	}
+	return out
+}
+
+// admitting calls f with the active pods' claims under admission's lock
+// (podSet).
+func (p *VMs) admitting(f func(active []*corev1.Pod) error) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return f(p.activePodsLocked())
+}
+
+// forget removes r from the pod map if it still holds r (podSet).
+func (p *VMs) forget(r *podRun) {
+	p.mu.Lock()
+	if p.pods[r.rec.uid] == r {
+		delete(p.pods, r.rec.uid)
+	}
+	p.mu.Unlock()
+}
+
+// records are the records of the pods known now.
+func (p *VMs) records() []*podVM {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]*podVM, 0, len(p.pods))
+	for _, r := range p.pods {
+		out = append(out, r.rec)
 	}
 	return out
 }

@@ -69,11 +69,12 @@ type worker struct {
 }
 
 // run owns one pod's VM until the pod is deleted or the provider stops.
-func (p *VMs) run(rec *podVM) {
+func (r *podRun) run() {
+	p, rec := r.node, r.rec
 	defer close(rec.done)
 	pod, found := rec.read()
 	f := recoveredFacts{final: found.Final, vm: rec.vm.get() != nil, pendingExit: rec.handoff.pendingExit, poweredOff: found.PoweredOff}
-	w := &worker{podRun: p.runOf(rec), pod: pod, probed: make(chan struct{}, 1), probeFailed: make(chan probeFailure)}
+	w := &worker{podRun: r, pod: pod, probed: make(chan struct{}, 1), probeFailed: make(chan probeFailure)}
 	rec.handoff.pendingExit = false
 	w.log = p.log.WithValues("pod", klog.KObj(pod), "uid", rec.uid)
 	w.ctx = klog.NewContext(p.base, w.log)
@@ -241,7 +242,7 @@ func (w *worker) start() workerEvent {
 // pod waits in ContainerCreating with a FailedToRecordState event; a
 // delete or the agent's shutdown ends the wait (ok false, with its event).
 func (w *worker) record() (e workerEvent, ok bool) {
-	p, rec, ctx := w.p, w.rec, w.ctx
+	p, rec, ctx := w.node, w.rec, w.ctx
 	for attempt := 1; ; attempt++ {
 		err := w.writeIntent()
 		if err == nil {
@@ -292,7 +293,7 @@ func (r *podRun) writeIntent() error {
 // startup probe, or an adopted VM whose pod shows Ready), else when its
 // probes' results change to Ready.
 func (w *worker) waitRunning(ready bool) workerEvent {
-	p, rec, ctx, vm := w.p, w.rec, w.ctx, w.rec.vm.get()
+	p, rec, ctx, vm := w.node, w.rec, w.ctx, w.rec.vm.get()
 	var probed <-chan struct{}
 	if !ready {
 		if podstatus.Ready(p.withStatus(rec)) {
@@ -406,7 +407,7 @@ func (w *worker) kill() {
 		name = w.pod.Spec.Containers[0].Name
 	}
 	w.log.Info("Killing the VM", "probe", f.kind, "msg", f.msg)
-	w.p.event(w.pod, corev1.EventTypeNormal, "Killing", fmt.Sprintf("Container %s failed %s probe, will be restarted", name, strings.ToLower(f.kind)))
+	w.node.event(w.pod, corev1.EventTypeNormal, "Killing", fmt.Sprintf("Container %s failed %s probe, will be restarted", name, strings.ToLower(f.kind)))
 	w.rec.vm.get().Kill()
 }
 
@@ -414,7 +415,7 @@ func (w *worker) kill() {
 // crash number crash: CrashLoopBackOff with a timer, or, with no delay, the
 // ended run becomes the last state at once.
 func (w *worker) beginBackOff(crash int) {
-	p, rec := w.p, w.rec
+	p, rec := w.node, w.rec
 	delay := p.cfg.Backoff.RestartDelay(crash)
 	if delay <= 0 {
 		w.update(func(st *podstatus.VMState) { st.LastTerminated = st.Terminated })
