@@ -33,9 +33,3 @@ type podSet interface {
 	// forget removes the run from the map, if the map still holds it.
 	forget(r *podRun)
 }
-
-// newRun is the run of a new pod (CreatePod) or a recovered one
-// (recovery.go) and its record, before its worker starts.
-func (p *VMs) newRun(pod *corev1.Pod) *podRun {
-	return &podRun{node: &p.nodeWide, pods: p, rec: newPodVM(pod.UID, p.podDir(pod.UID), pod)}
-}
