@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/qemu-kubelet/qemu-kubelet/provider/exporter"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/internal/podtest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
@@ -109,4 +110,36 @@ func TestFakeVMResizeThroughWorker(t *testing.T) {
 		return c != nil && c.Reason == podstatus.ReasonResizeApplied
 	})
 	assert.Equal(t, corev1.ConditionTrue, podCond(p, podstatus.ConditionVMResized).Status)
+}
+
+// TestFakeVMResizeCountsOtherPods: a resize is checked against the node's
+// allocatable memory with the other active pods' claims counted (the
+// worker reads them under admission's lock: podSet.admitting): a size the
+// node can give only without the other pod is refused, naming its claim;
+// the size that fills the node exactly is recorded.
+func TestFakeVMResizeCountsOtherPods(t *testing.T) {
+	ctx := context.Background()
+	hv := newFakeHypervisor()
+	f := newFakeVMHarness(t, t.TempDir(), hv, 20*time.Millisecond, func(c *VMsConfig) {
+		c.Allocatable = func() corev1.ResourceList { return podtest.RL("cpu", "8", "memory", "640Mi", "pods", "10") }
+	})
+	other := podFor("u-other", "reg.example/os:1", corev1.RestartPolicyAlways, nil)
+	other.Spec.Containers[0].Resources.Requests = podtest.RL("memory", "256Mi")
+	pod := podFor("u-grow", "reg.example/os:1", corev1.RestartPolicyAlways, nil)
+	pod.Spec.Containers[0].Resources = corev1.ResourceRequirements{Requests: podtest.RL("cpu", "1", "memory", "64Mi")}
+	require.NoError(t, f.vms.CreatePod(ctx, other))
+	f.wait(other.UID, 10*time.Second, "other Running", running)
+	require.NoError(t, f.vms.CreatePod(ctx, pod))
+	f.wait(pod.UID, 10*time.Second, "Running", running)
+	tgt := exporter.NewTarget(f.vms.exporterNode(), podExporter{run: f.vms.runOf(pod.UID)})
+
+	err := tgt.SetMemorySize(ctx, 512<<20)
+	require.Error(t, err, "512Mi + the other pod's 256Mi is over the node's 640Mi")
+	assert.Contains(t, err.Error(), "claimed by the other VMs 256Mi")
+	assert.Nil(t, f.rec(pod.UID).stateCopy().Size, "a refused size changes nothing")
+
+	require.NoError(t, tgt.SetMemorySize(ctx, 384<<20), "384Mi + 256Mi fills the node exactly")
+	size := f.rec(pod.UID).stateCopy().Size
+	require.NotNil(t, size)
+	assert.Equal(t, int64(384<<20), size.MemoryBytes)
 }
