@@ -121,8 +121,8 @@ func (e podExporter) SetSize(ctx context.Context, check func(*corev1.Pod, podspe
 }
 
 // recordSize serves a resize request (actResize): it checks and changes
-// the pod's size under the admission lock (VMs.mu, so no pod is admitted
-// against the old claim meanwhile) and writes it to status.json; a size
+// the pod's size under the admission lock (podSet.admitting, so no pod is
+// admitted against the old claim meanwhile) and writes it to status.json; a size
 // that cannot be written is not kept. The VM's next starts apply it
 // (runPlan). Worker only.
 func (r *podRun) recordSize(sz *sizeChange) error {

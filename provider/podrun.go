@@ -17,7 +17,8 @@ import (
 // (podtelemetry.go). The worker (worker.go) is the one goroutine that
 // runs them, but for a rejected pod's delete, which has no worker
 // (finishDelete). The exporter glue (podExporter) and the probes' sink
-// (podProbeSink) hold the run.
+// (podProbeSink) hold the run. Its fields are set by VMs.newRun and never
+// changed; the record says who writes each of its own (record.go).
 type podRun struct {
 	node *nodeWide
 	pods podSet

@@ -216,7 +216,7 @@ func (rec *podVM) read() (*corev1.Pod, podstatus.VMState) {
 	return rec.pod.DeepCopy(), rec.state
 }
 
-// change changes the VMState (neither persisted nor pushed: VMs.update does
+// change changes the VMState (neither persisted nor pushed: podRun.update does
 // both).
 func (rec *podVM) change(f func(st *podstatus.VMState)) {
 	rec.mu.Lock()

@@ -46,7 +46,7 @@ import (
 // worker is the executor of one pod's state machine: what the pure state
 // (podWorker) does not hold. Worker goroutine only.
 type worker struct {
-	// podRun: the pod's record and node; its steps and actions.
+	// podRun: the pod's run (its record, node and pod map); its steps and actions.
 	*podRun
 	ctx context.Context
 	log klog.Logger
