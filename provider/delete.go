@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/qemu-kubelet/qemu-kubelet/provider/exporter"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	corev1 "k8s.io/api/core/v1"
@@ -27,11 +28,9 @@ func (r *podRun) finishDelete() {
 
 	if !rejected {
 		if vm != nil {
-			acpi := podstatus.ACPIBudget(grace)
-			p.event(pod, corev1.EventTypeNormal, "Killing", fmt.Sprintf("Stopping VM (ACPI power button, %s before quit)", acpi.Round(time.Second)))
-			// Everything is kept until the disk's reclaim policy is applied
-			// below.
-			ex, err := vm.Stop(ctx, qemu.StopOptions{Grace: acpi, QuitGrace: podstatus.QuitGrace, Keep: []string{"*"}})
+			opts, msg := deleteStop(grace, exporter.BootsEmptyDisk(st))
+			p.event(pod, corev1.EventTypeNormal, "Killing", msg)
+			ex, err := vm.Stop(ctx, opts)
 			if err != nil {
 				log.Error(err, "Stop VM")
 			}
@@ -68,4 +67,19 @@ func (r *podRun) finishDelete() {
 			log.V(1).Info("Final delete of pod", "err", err)
 		}
 	}
+}
+
+// deleteStop is how a delete stops the VM, and the Killing event's
+// message: through the ACPI power button within the grace period, or at
+// once when the VM boots its empty disk (no guest answers the button: it
+// would only wait the grace out). Everything in the state dir is kept
+// until the disk's reclaim policy is applied. Pure.
+func deleteStop(grace time.Duration, emptyDisk bool) (qemu.StopOptions, string) {
+	if emptyDisk {
+		return qemu.StopOptions{NoACPI: true, QuitGrace: podstatus.QuitGrace, Keep: []string{"*"}},
+			"Stopping VM at once (it boots an empty disk: no guest answers the ACPI power button)"
+	}
+	acpi := podstatus.ACPIBudget(grace)
+	return qemu.StopOptions{Grace: acpi, QuitGrace: podstatus.QuitGrace, Keep: []string{"*"}},
+		fmt.Sprintf("Stopping VM (ACPI power button, %s before quit)", acpi.Round(time.Second))
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/qemu-kubelet/qemu-kubelet/provider/exporter"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podstatus"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	corev1 "k8s.io/api/core/v1"
@@ -67,7 +68,7 @@ func (r *podRun) powerOff(ctx context.Context, why string, now bool) error {
 	pod, st := rec.read()
 	started := runStart(&st)
 	log := klog.FromContext(ctx)
-	opts := powerOffStop(p.powerGrace(pod), now)
+	opts := powerOffStop(p.powerGrace(pod), now || exporter.BootsEmptyDisk(st))
 	p.event(pod, corev1.EventTypeNormal, "PoweringOff", powerOffMessage(why, opts))
 	// Not bounded by ctx: a stop once begun finishes (the agent's shutdown
 	// included), so the VM is never left half-stopped.
@@ -96,7 +97,8 @@ func (r *podRun) powerOff(ctx context.Context, why string, now bool) error {
 const powerOffNowQuit = 5 * time.Second
 
 // powerOffStop is how a power off stops the VM: through the ACPI power
-// button within the pod's grace, or (now) at once.
+// button within the pod's grace, or (now: asked so, or the VM boots its
+// empty disk, where no guest answers the button) at once.
 func powerOffStop(grace time.Duration, now bool) qemu.StopOptions {
 	if now {
 		return qemu.StopOptions{NoACPI: true, QuitGrace: powerOffNowQuit, Keep: []string{"*"}}

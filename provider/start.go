@@ -109,15 +109,16 @@ type pullObserver interface {
 	Pulled(t0 time.Time, err error)
 }
 
-// pullImage returns the image to boot: a flashed root (package exporter),
-// the cached image when the pull policy allows it, else a pull retried with
+// pullImage returns the image to boot: a flashed root or the pod's empty
+// disk (package exporter: nothing pulled), the cached image when the pull policy allows it, else a pull retried with
 // back-off (ErrImagePull, then ImagePullBackOff). ok is false when ctx
 // ended (delete, shutdown).
 func (r *podRun) pullImage(ctx context.Context, pod *corev1.Pod, plan podspec.Plan, att pullObserver) (img *oci.Image, ok bool) {
 	p, rec := r.node, r.rec
 	log := klog.FromContext(ctx)
-	// A flashed root (package exporter) boots instead of any image.
-	img = exporter.FlashedRoot(rec.dir, rec.stateCopy())
+	// A flashed root boots instead of any image; an empty-disk pod pulls
+	// nothing (package exporter).
+	img = exporter.OwnRoot(rec.dir, plan, rec.stateCopy())
 	for attempt := 1; img == nil; attempt++ {
 		t0 := time.Now()
 		if img = p.presentImage(ctx, plan); img != nil {
@@ -166,7 +167,7 @@ func (r *podRun) holdImage(ctx context.Context, img *oci.Image) {
 	if !haveRelease {
 		r.releaseImage()
 	}
-	if !haveRelease && !exporter.IsFlashedRoot(img) {
+	if !haveRelease && !exporter.IsFlashedRoot(img) && !exporter.IsEmptyDisk(img) {
 		if rel, err := p.cfg.Images.Acquire(img.Digest); err == nil {
 			rec.release = rel
 		} else {
@@ -292,6 +293,11 @@ func (r *podRun) prepareRun(ctx context.Context, pod *corev1.Pod, run vmRun, img
 	}
 	if err := spec.Validate(); err != nil {
 		return spec, podspec.InvalidSpec{Err: fmt.Errorf("VM spec for image %s: %w", run.plan.Image, err)}
+	}
+	if exporter.IsEmptyDisk(img) {
+		if err := exporter.EnsureEmptyDisk(ctx, img, run.plan.EmptyDiskBytes); err != nil {
+			return spec, err
+		}
 	}
 	if img.Disk != "" {
 		if err := r.prepareDisk(ctx, pod, run, base, baseFormat); err != nil {

@@ -98,11 +98,11 @@ func (t *Target) readGuestDisk(ctx context.Context) (io.ReadCloser, int64, error
 	return sized(f, jumpstarter.PartitionRoot) // flash.go
 }
 
-// rootBase is the root the VM boots: a flashed root, else its image's disk
-// (from the node's cache, as it ran).
+// rootBase is the root the VM boots: a flashed root or its empty disk,
+// else its image's disk (from the node's cache, as it ran).
 func (t *Target) rootBase(ctx context.Context) (*oci.Image, error) {
 	plan, st := t.pod.Record()
-	if img := FlashedRoot(t.pod.Dir(), st); img != nil {
+	if img := OwnRoot(t.pod.Dir(), plan, st); img != nil {
 		return img, nil
 	}
 	ref := plan.Image

@@ -433,7 +433,10 @@ func (t *Target) readFlashed(ctx context.Context, part string) (io.ReadCloser, i
 		}
 		return sized(f, part)
 	case part == jumpstarter.PartitionRoot:
-		img := t.presentImage(ctx, plan)
+		img := OwnRoot(t.pod.Dir(), plan, st) // the empty disk (a flashed root was flashed)
+		if img == nil {
+			img = t.presentImage(ctx, plan)
+		}
 		if img == nil {
 			return nil, 0, fmt.Errorf("the VM's image %s is not on the node (power the VM on to pull it)", plan.Image)
 		}

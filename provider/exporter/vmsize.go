@@ -73,7 +73,7 @@ func (t *Target) diskFacts(ctx context.Context) (podspec.DiskFacts, error) {
 		ref = st.FlashedImage
 	}
 	f := podspec.DiskFacts{SnapshotStart: plan.SnapshotStart}
-	img := FlashedRoot(dir, st) // flash.go: a flashed root is the disk the VM boots
+	img := OwnRoot(dir, plan, st) // a flashed root or the empty disk is the disk the VM boots
 	if img == nil {
 		if t.node.Images == nil {
 			return f, errors.New("disk size: this node has no image store")

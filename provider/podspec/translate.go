@@ -121,6 +121,9 @@ type Plan struct {
 	// CPUModel: the guest CPU model the pod asks for (AnnotationCPUModel;
 	// "": the node's choice, see CPUModel).
 	CPUModel string
+	// EmptyDiskBytes is the size of the empty root disk of a pod whose
+	// image is v1alpha1.EmptyDiskImage (IsEmptyDisk; 0 otherwise).
+	EmptyDiskBytes int64
 }
 
 // Rejection says why a pod is not started: a kubelet-style reason and a
@@ -200,6 +203,9 @@ func Translate(pod *corev1.Pod, arch qemu.Arch) (Plan, *Rejection) {
 		plan.PullSecrets = append(plan.PullSecrets, s.Name)
 	}
 	translateAnnotations(pod.Annotations, arch, bad, &plan)
+	if plan.IsEmptyDisk() {
+		validateEmptyDisk(pod.Annotations, plan, bad)
+	}
 	if plan.SnapshotStart {
 		validateSnapshotStart(spec, pod.Annotations[v1alpha1.JumpstarterSecretAnnotation], bad)
 		if plan.StatePolicy == v1alpha1.StatePolicyRetain {
@@ -314,6 +320,9 @@ func translateContainer(c corev1.Container, bad func(field, format string, a ...
 	}
 	mem := GuestMemory(c.Resources)
 	plan.MemoryMiB = MemoryMiB(mem.Value())
+	if plan.IsEmptyDisk() {
+		plan.EmptyDiskBytes = emptyDiskBytes(c, f, bad)
+	}
 }
 
 // VCPUs is ceil(cpu limit), else ceil(cpu request), else 1.
