@@ -180,14 +180,27 @@ func TestEnvtestUpstreamProvisioner(t *testing.T) {
 	assert.Contains(t, []string{ps[0].Name, ps[1].Name}, left[0].Name, "one of the two pods stays; none is created")
 	waitUpstream(t, ns, "mine", "1 replica in the status", func(st vtv1.ExporterSetStatus) bool { return st.Replicas == 1 })
 
-	// Without an image: Degraded, saying which parameter; no pod.
+	// Without an image: a VM of an empty disk of resources.storage, for
+	// the lease holder to flash.
 	createUpstream(t, vtClass(ns, "bare", vtv1.DefaultProvisioner, `{"resources":{"storage":"8Gi"}}`), vtSet(ns, "noimage", "bare", 1))
-	s = waitUpstream(t, ns, "noimage", "Degraded MissingImage", func(st vtv1.ExporterSetStatus) bool {
-		c := meta.FindStatusCondition(st.Conditions, vtv1.ExporterSetConditionDegraded)
-		return c != nil && c.Status == metav1.ConditionTrue && c.Reason == ReasonMissingImage
+	eventually(t, "the empty-disk pod of noimage", func() (bool, string) {
+		ps := upstreamPods(t, ns, "noimage")
+		return len(ps) == 1, fmt.Sprintf("%d pods", len(ps))
 	})
-	assert.Contains(t, meta.FindStatusCondition(s.Status.Conditions, vtv1.ExporterSetConditionDegraded).Message, UpstreamImageParameter)
-	assert.Empty(t, upstreamPods(t, ns, "noimage"))
+	c := upstreamPods(t, ns, "noimage")[0].Spec.Containers[0]
+	assert.Equal(t, v1alpha1.EmptyDiskImage, c.Image)
+	assert.Equal(t, "8Gi", ptr.To(c.Resources.Limits[corev1.ResourceEphemeralStorage]).String())
+	s = waitUpstream(t, ns, "noimage", "Degraded False", func(st vtv1.ExporterSetStatus) bool {
+		return meta.IsStatusConditionFalse(st.Conditions, vtv1.ExporterSetConditionDegraded)
+	})
+	// An empty disk too small: Degraded, saying why; no pod.
+	createUpstream(t, vtClass(ns, "tiny", vtv1.DefaultProvisioner, `{"resources":{"storage":"100Ki"}}`), vtSet(ns, "tinydisk", "tiny", 1))
+	s = waitUpstream(t, ns, "tinydisk", "Degraded InvalidParameters", func(st vtv1.ExporterSetStatus) bool {
+		c := meta.FindStatusCondition(st.Conditions, vtv1.ExporterSetConditionDegraded)
+		return c != nil && c.Status == metav1.ConditionTrue && c.Reason == ReasonInvalidParameters
+	})
+	assert.Contains(t, meta.FindStatusCondition(s.Status.Conditions, vtv1.ExporterSetConditionDegraded).Message, "100Ki: an empty disk is 1Mi to 64Ti")
+	assert.Empty(t, upstreamPods(t, ns, "tinydisk"))
 
 	// The other provisioner's set, planned again by hand now that the
 	// controller ran: still untouched.

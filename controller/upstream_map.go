@@ -19,9 +19,12 @@ import (
 // the set's over the class's). arch and resources.* are upstream's QEMU
 // provisioner's; UpstreamImageParameter is ours.
 const (
-	// UpstreamImageParameter names the OCI image the VM boots
-	// ({"qemuKubelet":{"image":"..."}}). Required: a VM pod without an
-	// image has no disk to boot (no empty-disk mode yet).
+	// UpstreamImageParameter names an OCI image the VM boots
+	// ({"qemuKubelet":{"image":"..."}}). Without it the VM boots an empty
+	// root disk (v1alpha1.EmptyDiskImage) that the lease holder flashes,
+	// upstream's model: its size is the Qemu driver's disk_size, else
+	// resources.storage, else the class's ephemeral-storage, else
+	// DefaultUpstreamStorage.
 	UpstreamImageParameter = "qemuKubelet.image"
 	upstreamArchParameter  = "arch"
 )
@@ -29,9 +32,12 @@ const (
 // Reasons of the Degraded condition when an upstream set cannot be planned.
 const (
 	ReasonUpstreamClassNotFound = "ClassNotFound"
-	ReasonMissingImage          = "MissingImage"
 	// ReasonInvalidParameters (class.go) also serves upstream sets.
 )
+
+// DefaultUpstreamStorage is the empty root disk of a set with no image
+// when neither its parameters, its Qemu driver nor its class size it.
+var DefaultUpstreamStorage = resource.MustParse("10Gi")
 
 // upstreamVMContainer is the name of the VM container of an upstream set's pods.
 const upstreamVMContainer = "vm"
@@ -124,9 +130,9 @@ func upstreamTemplate(set *vtv1.ExporterSet, sch *vtv1.SchedulingSpec, params ma
 	if err != nil {
 		return t, bad("%v", err)
 	}
-	if image == "" {
-		return t, &ClassError{ReasonMissingImage, fmt.Sprintf("parameter %s (of the set or its class %s) must name the OCI image the VM boots: "+
-			"this provisioner has no empty-disk mode yet", UpstreamImageParameter, set.Spec.VirtualTargetClassName)}
+	emptyDisk := image == ""
+	if emptyDisk {
+		image = v1alpha1.EmptyDiskImage // flashed during the lease (upstream's model)
 	}
 	drv, derr := MapDrivers(set.Spec.Template.Spec.Drivers)
 	if derr != nil {
@@ -165,6 +171,11 @@ func upstreamTemplate(set *vtv1.ExporterSet, sch *vtv1.SchedulingSpec, params ma
 			c.Resources.Requests[r.name] = *q
 		}
 	}
+	if emptyDisk {
+		if cerr := sizeEmptyDisk(&c.Resources); cerr != nil {
+			return t, cerr
+		}
+	}
 	t.Spec.Containers = []corev1.Container{c}
 	t.Spec.RestartPolicy = corev1.RestartPolicyNever // an instance that ends is replaced, never restarted in place
 	if sch != nil && (len(sch.NodeSelector) > 0 || len(sch.Tolerations) > 0) {
@@ -196,6 +207,33 @@ func upstreamTemplate(set *vtv1.ExporterSet, sch *vtv1.SchedulingSpec, params ma
 	}
 	t.Labels = map[string]string{UpstreamLabel: set.Name}
 	return t, nil
+}
+
+// sizeEmptyDisk checks the size of the empty root disk of a set with no
+// image (the container's ephemeral-storage limit, else its request, as
+// the node reads it), or gives it DefaultUpstreamStorage when nothing
+// sized it.
+func sizeEmptyDisk(r *corev1.ResourceRequirements) *ClassError {
+	q, ok := r.Limits[corev1.ResourceEphemeralStorage]
+	if !ok {
+		q, ok = r.Requests[corev1.ResourceEphemeralStorage]
+	}
+	if !ok {
+		if r.Limits == nil {
+			r.Limits = corev1.ResourceList{}
+		}
+		if r.Requests == nil {
+			r.Requests = corev1.ResourceList{}
+		}
+		r.Limits[corev1.ResourceEphemeralStorage] = DefaultUpstreamStorage.DeepCopy()
+		r.Requests[corev1.ResourceEphemeralStorage] = DefaultUpstreamStorage.DeepCopy()
+		return nil
+	}
+	if err := v1alpha1.EmptyDiskSizeError(q); err != nil {
+		return &ClassError{ReasonInvalidParameters, fmt.Sprintf("the empty root disk of a set with no parameter %s (sized by the Qemu driver's disk_size, "+
+			"else resources.storage, else the class's ephemeral-storage): %v", UpstreamImageParameter, err)}
+	}
+	return nil
 }
 
 // kubeArch maps upstream's arch parameter (QEMU's names or Kubernetes')

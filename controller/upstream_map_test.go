@@ -110,7 +110,35 @@ func TestMapUpstreamTemplate(t *testing.T) {
 			check: func(t *testing.T, p corev1.PodTemplateSpec) {
 				assert.True(t, q("2").Equal(p.Spec.Containers[0].Resources.Limits[corev1.ResourceCPU]))
 			}},
-		{name: "no image", setParams: `{"resources":{"storage":"8Gi"}}`, reason: ReasonMissingImage, msg: "parameter qemuKubelet.image (of the set or its class ours) must name the OCI image"},
+		{name: "no image: an empty disk of resources.storage", setParams: `{"resources":{"storage":"8Gi"}}`,
+			check: func(t *testing.T, p corev1.PodTemplateSpec) {
+				c := p.Spec.Containers[0]
+				assert.Equal(t, v1alpha1.EmptyDiskImage, c.Image)
+				assert.True(t, q("8Gi").Equal(c.Resources.Limits[corev1.ResourceEphemeralStorage]))
+				assert.True(t, q("8Gi").Equal(c.Resources.Requests[corev1.ResourceEphemeralStorage]))
+			}},
+		{name: "no image, no size: DefaultUpstreamStorage", setParams: `{"resources":{"cpu":"1"}}`,
+			check: func(t *testing.T, p corev1.PodTemplateSpec) {
+				c := p.Spec.Containers[0]
+				assert.Equal(t, v1alpha1.EmptyDiskImage, c.Image)
+				assert.True(t, q("10Gi").Equal(c.Resources.Limits[corev1.ResourceEphemeralStorage]))
+				assert.True(t, q("10Gi").Equal(c.Resources.Requests[corev1.ResourceEphemeralStorage]))
+			}},
+		{name: "no image: the class's ephemeral-storage request, no default added", setParams: `{}`,
+			sch: &vtv1.SchedulingSpec{Resources: &corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceEphemeralStorage: q("3Gi")}}},
+			check: func(t *testing.T, p corev1.PodTemplateSpec) {
+				c := p.Spec.Containers[0]
+				assert.Equal(t, v1alpha1.EmptyDiskImage, c.Image)
+				assert.True(t, q("3Gi").Equal(c.Resources.Requests[corev1.ResourceEphemeralStorage]))
+				assert.NotContains(t, c.Resources.Limits, corev1.ResourceEphemeralStorage)
+			}},
+		{name: "no image, a size too small", setParams: `{"resources":{"storage":"1000Ki"}}`, reason: ReasonInvalidParameters,
+			msg: "the empty root disk of a set with no parameter qemuKubelet.image (sized by the Qemu driver's disk_size, else resources.storage, else the class's ephemeral-storage): 1000Ki: an empty disk is 1Mi to 64Ti"},
+		{name: "no image, a size not in whole sectors", setParams: `{"resources":{"storage":"2000001"}}`, reason: ReasonInvalidParameters,
+			msg: "2000001: an empty disk is whole 512-byte sectors"},
+		{name: "no image, the class's size too large", setParams: `{}`,
+			sch:    &vtv1.SchedulingSpec{Resources: &corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceEphemeralStorage: q("65Ti")}}},
+			reason: ReasonInvalidParameters, msg: "65Ti: an empty disk is 1Mi to 64Ti"},
 		{name: "image not a string", setParams: `{"qemuKubelet":{"image":3}}`, reason: ReasonInvalidParameters, msg: "parameter qemuKubelet.image must be a string, not a number"},
 		{name: "qemuKubelet not an object", setParams: `{"qemuKubelet":"x"}`, reason: ReasonInvalidParameters, msg: "parameter qemuKubelet.image: qemuKubelet is a string, not an object"},
 		{name: "bad quantity", setParams: `{"qemuKubelet":{"image":"i"},"resources":{"memory":"lots"}}`, reason: ReasonInvalidParameters, msg: `parameter resources.memory: "lots" is not a quantity`},
@@ -132,4 +160,25 @@ func TestMapUpstreamTemplate(t *testing.T) {
 			tc.check(t, got.Template)
 		})
 	}
+}
+
+// TestMapUpstreamEmptyDiskDriverSize: with no image, the Qemu driver's
+// disk_size sizes the empty disk over resources.storage, and a bad one
+// makes the set Degraded InvalidParameters.
+func TestMapUpstreamEmptyDiskDriverSize(t *testing.T) {
+	set := upstreamSet(func(s *vtv1.ExporterSetSpec) {
+		s.Parameters = &apiextv1.JSON{Raw: []byte(`{"resources":{"storage":"8Gi"}}`)}
+		s.Template.Spec.Drivers = []vtv1.DriverConfig{drv("qemu", DriverTypeQemu, `{"disk_size":"2Gi"}`)}
+	})
+	got, cerr := MapUpstream(set, upstreamClass("", nil), time.Second)
+	require.Nil(t, cerr)
+	c := got.Template.Spec.Containers[0]
+	assert.Equal(t, v1alpha1.EmptyDiskImage, c.Image)
+	assert.Equal(t, "2Gi", ptr.To(c.Resources.Limits[corev1.ResourceEphemeralStorage]).String(), "disk_size over resources.storage")
+
+	set.Spec.Template.Spec.Drivers = []vtv1.DriverConfig{drv("qemu", DriverTypeQemu, `{"disk_size":"100K"}`)}
+	_, cerr = MapUpstream(set, upstreamClass("", nil), time.Second)
+	require.NotNil(t, cerr)
+	assert.Equal(t, ReasonInvalidParameters, cerr.Reason)
+	assert.Contains(t, cerr.Message, "100Ki: an empty disk is 1Mi to 64Ti")
 }

@@ -65,10 +65,10 @@ func TestUpstreamStatus(t *testing.T) {
 				assert.Equal(t, metav1.ConditionFalse, c[3].Status)
 			}},
 		{name: "failure keeps the counts",
-			in: upstreamStatusInput{Failure: &ClassError{ReasonMissingImage, "no image"}},
+			in: upstreamStatusInput{Failure: &ClassError{ReasonInvalidParameters, "bad size"}},
 			check: func(t *testing.T, st vtv1.ExporterSetStatus, c upstreamConditions) {
 				assert.Equal(t, vtv1.ExporterSetStatus{Replicas: 7, ReadyReplicas: 5, Selector: "old"}, st)
-				assert.Equal(t, Condition{vtv1.ExporterSetConditionDegraded, metav1.ConditionTrue, ReasonMissingImage, "no image"}, c[2])
+				assert.Equal(t, Condition{vtv1.ExporterSetConditionDegraded, metav1.ConditionTrue, ReasonInvalidParameters, "bad size"}, c[2])
 				assert.Equal(t, metav1.ConditionFalse, c[0].Status)
 			}},
 	} {

@@ -3,23 +3,12 @@ package podspec
 import (
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 )
 
 // A pod whose image is v1alpha1.EmptyDiskImage boots an empty root disk
 // under the firmware (no kernel): its size is the container's
 // ephemeral-storage, nothing is pulled for it, and the disk is there for
 // a Jumpstarter lease holder to flash.
-
-// Bounds of an empty disk: whole 512-byte sectors from 1 MiB to 64 TiB
-// (qcow2's own limit is far beyond; a larger one is a typo).
-var (
-	minEmptyDisk = resource.MustParse("1Mi")
-	maxEmptyDisk = resource.MustParse("64Ti")
-)
-
-// emptyDiskSector is the unit of an empty disk's size.
-const emptyDiskSector = 512
 
 // IsEmptyDisk: the plan boots an empty root disk, not an image.
 func (p Plan) IsEmptyDisk() bool { return p.Image == v1alpha1.EmptyDiskImage }
@@ -36,11 +25,11 @@ func emptyDiskBytes(c corev1.Container, f string, bad func(field, format string,
 	switch {
 	case !ok:
 		bad(f+".resources", "image %s boots an empty disk of the container's ephemeral-storage limit (or request): set one", v1alpha1.EmptyDiskImage)
-	case q.Cmp(minEmptyDisk) < 0 || q.Cmp(maxEmptyDisk) > 0:
-		bad(field, "%s: an empty disk is %s to %s", q.String(), minEmptyDisk.String(), maxEmptyDisk.String())
-	case q.Value()%emptyDiskSector != 0:
-		bad(field, "%s: an empty disk is whole %d-byte sectors", q.String(), emptyDiskSector)
 	default:
+		if err := v1alpha1.EmptyDiskSizeError(q); err != nil {
+			bad(field, "%v", err)
+			return 0
+		}
 		return q.Value()
 	}
 	return 0
