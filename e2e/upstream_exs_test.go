@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,9 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	apiextv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
@@ -30,6 +27,8 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/controller"
 	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
+	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 )
 
 // upstreamRole is the Role Jumpstarter's operator binds a provisioner's
@@ -100,71 +99,30 @@ func (e *exsEnv) installUpstreamCRDs(t *testing.T) {
 
 // TestUpstreamExporterSet: an ExporterSet of upstream Jumpstarter's own
 // API (virtualtarget.jumpstarter.dev) whose class names provisioner
-// qemu-kubelet.io, served by the exporterset-controller started as
-// Jumpstarter's operator starts a provisioner (upstream's flags,
-// NAMESPACE, a ServiceAccount bound to upstream's Role alone). At
+// qemu-kubelet.io and no image, served by the exporterset-controller
+// started as Jumpstarter's operator starts a provisioner (upstream's
+// flags, NAMESPACE, a ServiceAccount bound to upstream's Role alone). At
 // minReplicas 0 it keeps a cold Exporter and no VM; a Lease created then
 // gets a VM from zero through the Jumpstarter double: the pod's Exporter
-// and its exporter-config-<exporter> Secret are made, the VM boots on the
-// qemu-kubelet node, its exporter registers and the lease is served (the
-// test client drives power, console and the guest's HTTP port named by the
-// template's Qemu driver hostfwd). With minReplicas 1, the release retires
-// the used VM (ExitAndReplace) and a fresh one replaces it. A set of class
-// qemu.jumpstarter.dev in the same namespace is never touched (no status,
-// no pod, no event) and the controller's log shows no Forbidden.
+// and its exporter-config-<exporter> Secret are made, the VM boots its
+// empty disk on the qemu-kubelet node, its exporter registers and the
+// lease is served; the lease flashes a bootable raw disk onto root and the
+// VM boots it through the firmware (no -kernel), answering on its console
+// and the guest HTTP port named by the template's Qemu driver hostfwd.
+// Then: ExitAndReplace retires the used VM and its Secret, a fresh one
+// replaces it; InPlaceReuse keeps the released VM (same UID, through
+// AFTER_LEASE_HOOK, reset to its empty disk, Available again, no VM
+// added); a scale-down to minReplicas 0 with one VM leased disables the
+// idle VM's Exporter before deleting it and never disables the leased one
+// while it is held. A set of class qemu.jumpstarter.dev in the same
+// namespace is never touched (no status, no pod, no event) and the
+// controller's log shows no Forbidden.
 func TestUpstreamExporterSet(t *testing.T) {
 	e := startExsEnv(t)
 	js := e.jumpstarter(t)
+	u := e.startUpstream(t, js)
 	ctx := context.Background()
-	// After our own controller started (it then serves our API alone): the
-	// provisioner below serves upstream's.
-	e.installUpstreamCRDs(t)
-	_, err := e.c.Client().CoreV1().ConfigMaps(e.ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "jumpstarter-service-ca-cert"},
-		Data: map[string]string{"ca.crt": string(js.ctl.CABundle())}}, metav1.CreateOptions{})
-	require.NoError(t, err)
-
-	q := `{"qemuKubelet":{"image":%q},"resources":{"cpu":"1","memory":"256Mi"}}`
-	sched := &vtv1.SchedulingSpec{
-		NodeSelector: map[string]string{"kubernetes.io/hostname": e.node},
-		Tolerations:  []corev1.Toleration{{Key: "virtual-kubelet.io/provider", Operator: corev1.TolerationOpEqual, Value: "qemu", Effect: corev1.TaintEffectNoSchedule}},
-		Resources: &corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"),
-			corev1.ResourceMemory: resource.MustParse("64Mi")}},
-	}
-	ours := &vtv1.VirtualTargetClass{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "qk"}, Spec: vtv1.VirtualTargetClassSpec{
-		Provisioner: vtv1.DefaultProvisioner, Scheduling: sched, Parameters: &apiextv1.JSON{Raw: fmt.Appendf(nil, q, e.image)}}}
-	theirs := &vtv1.VirtualTargetClass{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "qemu"}, Spec: vtv1.VirtualTargetClassSpec{
-		Provisioner: "qemu.jumpstarter.dev", Parameters: &apiextv1.JSON{Raw: []byte(`{"arch":"x86_64"}`)}}}
-	labels := map[string]string{"board": "qemu-up", "virtual": "true"}
-	set := &vtv1.ExporterSet{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "up"}, Spec: vtv1.ExporterSetSpec{
-		MinReplicas: 0, MaxReplicas: ptr.To[int32](2), RecycleStrategy: vtv1.RecycleStrategyExitAndReplace,
-		ScaleDownCooldown: &metav1.Duration{Duration: 3 * time.Second}, VirtualTargetClassName: "qk",
-		Selector: metav1.LabelSelector{MatchLabels: labels},
-		Template: vtv1.ExporterSetTemplate{Metadata: vtv1.TemplateMetadata{Labels: labels}, Spec: vtv1.ExporterTemplateSpec{Drivers: []vtv1.DriverConfig{
-			{Name: "qemu", Type: controller.DriverTypeQemu, Config: &apiextv1.JSON{Raw: []byte(`{"smp":1,"mem":"256M","hostfwd":{"http":{"guestport":8080}}}`)}},
-			{Name: "power", Type: controller.DriverTypeQemuPower},
-			{Name: "console", Type: controller.DriverTypeQemuSerial},
-		}}}}}
-	other := &vtv1.ExporterSet{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "other"}, Spec: vtv1.ExporterSetSpec{
-		MinReplicas: 1, VirtualTargetClassName: "qemu", Selector: metav1.LabelSelector{MatchLabels: map[string]string{"board": "theirs"}},
-		Template: vtv1.ExporterSetTemplate{Metadata: vtv1.TemplateMetadata{Labels: map[string]string{"board": "theirs"}}}}}
-	for _, o := range []client.Object{ours, theirs, other, set} {
-		require.NoError(t, e.cl.Create(ctx, o), "create %s", o.GetName())
-	}
-	require.NoError(t, e.cl.Get(ctx, client.ObjectKeyFromObject(other), other))
-	otherRV := other.ResourceVersion
-
-	logPath, health := e.startProvisioner(t)
-	// Runs before the provisioner stops (cleanups are LIFO): the set goes,
-	// the garbage collector deletes its pods, the node stops their VMs.
-	t.Cleanup(func() { e.deleteUpstreamSet(t, "up") })
-	require.Eventually(t, func() bool {
-		resp, err := http.Get("http://" + health + "/healthz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	}, 30*time.Second, 200*time.Millisecond, "/healthz on the probe address")
+	sel := map[string]string{"board": "qemu-up"}
 
 	// 1. At zero: the cold Exporter (the template's labels), no VM.
 	require.Eventually(t, func() bool {
@@ -174,9 +132,10 @@ func TestUpstreamExporterSet(t *testing.T) {
 	}, 30*time.Second, 200*time.Millisecond, "the set's cold exporter")
 	assert.Empty(t, e.upstreamPods(t, "up"), "minReplicas 0: no VM before a lease waits")
 
-	// 2. A lease from zero: a VM boots, its exporter registers, the lease
-	// is served.
-	t0 := js.createLease(t, e.ns, "u1", map[string]string{"board": "qemu-up"})
+	// 2. A lease from zero: a VM of an empty disk boots, its exporter
+	// registers, the lease is served; the lease flashes root and the VM
+	// boots it.
+	t0 := js.createLease(t, e.ns, "u1", sel)
 	l1 := js.waitLease(t, e.ns, "u1", 2*vmBoot, "Ready with an exporter", leaseReady)
 	t.Logf("lease u1 -> exporterRef %s from zero through the upstream API in %s", leaseExporter(l1), time.Since(t0).Round(time.Millisecond))
 	exp := leaseExporter(l1)
@@ -188,39 +147,46 @@ func TestUpstreamExporterSet(t *testing.T) {
 	sec, err := e.c.Client().CoreV1().Secrets(e.ns).Get(ctx, "exporter-config-"+exp, metav1.GetOptions{})
 	require.NoError(t, err)
 	assert.Equal(t, "up", sec.Labels[controller.UpstreamExporterSetLabel])
-	assert.Equal(t, "256Mi", ptr.To(pod.Spec.Containers[0].Resources.Limits[corev1.ResourceMemory]).String(), "the Qemu driver's mem")
+	c := pod.Spec.Containers[0]
+	assert.Equal(t, "256Mi", ptr.To(c.Resources.Limits[corev1.ResourceMemory]).String(), "the Qemu driver's mem")
+	assert.Equal(t, v1alpha1.EmptyDiskImage, c.Image, "no image parameter: an empty disk")
+	assert.Equal(t, "128Mi", ptr.To(c.Resources.Limits[corev1.ResourceEphemeralStorage]).String(), "resources.storage sizes it")
 	st, ok := js.ctl.ExporterState(e.ns, exp)
 	require.True(t, ok)
 	assert.True(t, st.Online, "the VM's exporter is Online")
+	e.waitImageID(t, exp, v1alpha1.EmptyDiskImage+"@sha256:", time.Minute)
+	assert.Empty(t, e.vmSpec(t, *pod).Kernel, "the empty disk boots through the firmware")
+
+	t1 := time.Now()
+	digest := e.flashRoot(t, js, "u1", u.rawDisk)
+	e.waitImageID(t, exp, "flash/root@"+digest, 2*time.Minute)
+	waitFileContains(t, filepath.Join(e.stateDir, "vms", string(pod.UID), qemu.ConsoleLogName), vmtest.BootMarker, vmBoot)
+	t.Logf("root flashed (%s) and booted through the firmware in %s", digest, time.Since(t1).Round(time.Millisecond))
+	flashed := e.vmSpec(t, *pod)
+	assert.Empty(t, flashed.Kernel, "the flashed disk boots through the firmware, no -kernel")
+	require.NotEmpty(t, flashed.Disks)
 	e.driveVM(t, js, "u1")
 	e.waitUpstream(t, "up", time.Minute, "leased 1, exporter active", func(s vtv1.ExporterSetStatus) bool {
 		return s.LeasedReplicas == 1 && s.ExportersActive == 1
 	})
 
-	// 3. minReplicas 1, then the release: the used VM goes (ExitAndReplace)
-	// and a fresh one replaces it.
-	require.NoError(t, e.cl.Patch(ctx, &vtv1.ExporterSet{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "up"}},
-		client.RawPatch(types.MergePatchType, []byte(`{"spec":{"minReplicas":1}}`))))
-	js.release(t, e.ns, "u1")
-	js.waitLease(t, e.ns, "u1", 30*time.Second, "ended", leaseEnded)
-	e.waitVMGone(t, *pod, 2*time.Minute)
-	var fresh corev1.Pod
-	require.Eventually(t, func() bool {
-		ps := e.upstreamPods(t, "up")
-		if len(ps) != 1 || ps[0].Name == exp {
-			return false
-		}
-		fresh = ps[0]
-		st, ok := js.ctl.ExporterState(e.ns, fresh.Name)
-		return ok && st.Online
-	}, 2*vmBoot, time.Second, "a fresh VM replaces the used one, its exporter Online")
-	_, err = e.c.Client().CoreV1().Secrets(e.ns).Get(ctx, "exporter-config-"+exp, metav1.GetOptions{})
-	assert.True(t, apierrors.IsNotFound(err), "the used VM's Secret went with its pod: %v", err)
+	for _, step := range []struct {
+		name string
+		run  func()
+	}{
+		{"ExitAndReplace", func() { e.upstreamExitAndReplace(t, js, *pod) }},
+		{"InPlaceReuse", func() { e.upstreamInPlaceReuse(t, js, u.rawDisk) }},
+		{"scale-down to 0 with one VM leased", func() { e.upstreamScaleDown(t, js) }},
+	} {
+		t1 := time.Now()
+		step.run()
+		t.Logf("%s: done in %s", step.name, time.Since(t1).Round(time.Millisecond))
+	}
 
-	// 4. The other provisioner's set: never written, no pod, no event.
-	require.NoError(t, e.cl.Get(ctx, client.ObjectKeyFromObject(other), other))
-	assert.Equal(t, otherRV, other.ResourceVersion, "qemu.jumpstarter.dev's set is never written")
-	assert.Empty(t, other.Status.Conditions)
+	// The other provisioner's set: never written, no pod, no event.
+	require.NoError(t, e.cl.Get(ctx, client.ObjectKeyFromObject(u.other), u.other))
+	assert.Equal(t, u.otherRV, u.other.ResourceVersion, "qemu.jumpstarter.dev's set is never written")
+	assert.Empty(t, u.other.Status.Conditions)
 	assert.Empty(t, e.upstreamPods(t, "other"))
 	evs, err := e.c.Client().CoreV1().Events(e.ns).List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("involvedObject.name", "other").String()})
 	require.NoError(t, err)
@@ -229,8 +195,8 @@ func TestUpstreamExporterSet(t *testing.T) {
 	require.NoError(t, err)
 	assert.NotEmpty(t, evs.Items, "the set's events are written (core events: the Role's)")
 
-	// 5. Upstream's Role was enough.
-	b, err := os.ReadFile(logPath)
+	// Upstream's Role was enough.
+	b, err := os.ReadFile(u.logPath)
 	require.NoError(t, err)
 	for _, line := range strings.Split(string(b), "\n") {
 		assert.NotContains(t, strings.ToLower(line), "forbidden", "the provisioner under upstream's Role")
