@@ -110,9 +110,9 @@ type pullObserver interface {
 }
 
 // pullImage returns the image to boot: a flashed root or the pod's empty
-// disk (package exporter: nothing pulled), the cached image when the pull policy allows it, else a pull retried with
-// back-off (ErrImagePull, then ImagePullBackOff). ok is false when ctx
-// ended (delete, shutdown).
+// disk (package exporter: nothing pulled), the cached image when the pull
+// policy allows it, else a pull retried with back-off (ErrImagePull, then
+// ImagePullBackOff). ok is false when ctx ended (delete, shutdown).
 func (r *podRun) pullImage(ctx context.Context, pod *corev1.Pod, plan podspec.Plan, att pullObserver) (img *oci.Image, ok bool) {
 	p, rec := r.node, r.rec
 	log := klog.FromContext(ctx)
