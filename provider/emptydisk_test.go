@@ -40,7 +40,7 @@ func TestEmptyDiskFlashAndResetFake(t *testing.T) {
 	dir := f.dir(pod.UID)
 	empty := filepath.Join(dir, exporter.EmptyDiskFileName)
 	overlay := filepath.Join(dir, OverlayFileName)
-	tgt := exporter.NewTarget(f.vms.exporterNode(), podExporter{p: f.vms, rec: f.rec(pod.UID)})
+	tgt := exporter.NewTarget(f.vms.exporterNode(), podExporter{run: f.vms.runOf(pod.UID)})
 
 	// The empty disk: 32 MiB of qcow2 under the overlay, no kernel.
 	assertBoots := func(vm *fakeVM, base, what string) {
