@@ -46,6 +46,14 @@ const (
 // DefaultHookTimeout bounds a hook that names no timeout (upstream's).
 const DefaultHookTimeout = 120 * time.Second
 
+// AfterLeaseFailedHold is how long an afterLease hook that failed with
+// onFailure endLease is reported (AFTER_LEASE_HOOK_FAILED) before the
+// exporter reports AVAILABLE again, its message keeping the failure, as
+// upstream's exporter does: controllers assign leases only to AVAILABLE
+// exporters, so the failed status alone would keep the target from every
+// later lease.
+const AfterLeaseFailedHold = time.Second
+
 // Hook is one lease hook.
 type Hook struct {
 	Actions   []HookAction
@@ -116,6 +124,10 @@ type hookVerdict struct {
 	exit bool
 	// warn: the failure is only logged (onFailure warn).
 	warn bool
+	// thenAvailable: once the failed status was reported for
+	// AfterLeaseFailedHold, AVAILABLE is reported with this message (an
+	// afterLease hook failed with endLease). "": the status stays.
+	thenAvailable string
 }
 
 // decideHook is the outcome of phase's hook h (nil: none ran) that
@@ -133,7 +145,11 @@ func decideHook(phase hookPhase, h *Hook, err error) hookVerdict {
 	}
 	switch h.OnFailure {
 	case OnFailureEndLease:
-		return hookVerdict{status: failed, msg: fmt.Sprintf("%s hook failed (onFailure=endLease): %v", phase, err), release: phase == beforeLease}
+		v := hookVerdict{status: failed, msg: fmt.Sprintf("%s hook failed (onFailure=endLease): %v", phase, err), release: phase == beforeLease}
+		if phase == afterLease {
+			v.thenAvailable = fmt.Sprintf("%s (%s)", okMsg, v.msg)
+		}
+		return v
 	case OnFailureExit:
 		return hookVerdict{status: failed, msg: fmt.Sprintf("%s hook failed (onFailure=exit, shutting down): %v", phase, err), release: phase == beforeLease, exit: true}
 	}
@@ -237,7 +253,10 @@ func (e *Exporter) runPhase(ctx context.Context, rep *statusReporter, phase hook
 // afterLeasePhase runs when a lease ended (Run goroutine): the reset and
 // the afterLease hook, before anything else is served; their verdict is
 // the status (step.available, the AVAILABLE message, follows it). A hook
-// with onFailure exit that failed ends the session with ErrHookExit.
+// that failed with onFailure endLease is reported for
+// AfterLeaseFailedHold, then AVAILABLE with the failure in its message
+// (unless the next lease is already assigned). A hook with onFailure exit
+// that failed ends the session with ErrHookExit.
 func (e *Exporter) afterLeasePhase(ctx context.Context, rep *statusReporter, step *leaseStep) error {
 	h := afterLeaseHook(e.cfg.Hooks)
 	if h == nil {
@@ -250,11 +269,23 @@ func (e *Exporter) afterLeasePhase(ctx context.Context, rep *statusReporter, ste
 	if v.exit {
 		return fmt.Errorf("%s: %w", v.msg, ErrHookExit)
 	}
-	if v.status != pb.ExporterStatus_EXPORTER_STATUS_AVAILABLE {
+	switch {
+	case v.status == pb.ExporterStatus_EXPORTER_STATUS_AVAILABLE:
+		if step.available != "" {
+			step.available = v.msg
+		}
+	case v.thenAvailable != "" && step.available != "":
+		t := time.NewTimer(AfterLeaseFailedHold)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		step.available = v.thenAvailable
+	default:
 		step.available = "" // the failed status stays until the next lease
 		e.setState(StateOnline, nil)
-	} else if step.available != "" {
-		step.available = v.msg
 	}
 	return nil
 }

@@ -174,8 +174,10 @@ func TestLeaseHookBeforeFailsWarn(t *testing.T) {
 	assert.Contains(t, st.StatusMessage, "beforeLease hook warning: action powerOn: no power")
 }
 
-// An afterLease hook that fails with endLease: AFTER_LEASE_HOOK_FAILED,
-// and the exporter still takes the next lease.
+// An afterLease hook that fails with endLease: AFTER_LEASE_HOOK_FAILED
+// for a while, then AVAILABLE with the failure in its message (controllers
+// assign leases only to AVAILABLE exporters, as upstream's does), and the
+// exporter takes the next lease.
 func TestLeaseHookAfterFailsEndLease(t *testing.T) {
 	on := &jumpstarter.Hook{Actions: []jumpstarter.HookAction{jumpstarter.HookPowerOn}, OnFailure: jumpstarter.OnFailureEndLease}
 	e, ht := startHooked(t, jumpstarter.LeaseHooks{AfterLease: on}, func(h *hookTarget) { h.onErr = errors.New("no power") })
@@ -186,9 +188,16 @@ func TestLeaseHookAfterFailsEndLease(t *testing.T) {
 	_, err = e.ctrl.WaitExporter(ctx, ns, name, leaseReady)
 	require.NoError(t, err)
 	require.NoError(t, e.ctrl.EndLease(ns, "lease-1"))
-	st, err := e.ctrl.WaitExporter(ctx, ns, name, statusIs(pb.ExporterStatus_EXPORTER_STATUS_AFTER_LEASE_HOOK_FAILED))
-	require.NoError(t, err)
-	assert.Contains(t, st.StatusMessage, "afterLease hook failed (onFailure=endLease): action powerOn: no power")
+	// Wait for AVAILABLE after the failed status: a controller assigns the
+	// next lease only then.
+	st, err := e.ctrl.WaitExporter(ctx, ns, name, func(s jstest.ExporterState) bool {
+		return s.Online && s.Lease == "" && s.Status == pb.ExporterStatus_EXPORTER_STATUS_AVAILABLE &&
+			slices.Contains(s.StatusHistory, pb.ExporterStatus_EXPORTER_STATUS_AFTER_LEASE_HOOK_FAILED)
+	})
+	require.NoError(t, err, "AVAILABLE again after AFTER_LEASE_HOOK_FAILED")
+	assert.Equal(t, []pb.ExporterStatus{pb.ExporterStatus_EXPORTER_STATUS_AFTER_LEASE_HOOK, pb.ExporterStatus_EXPORTER_STATUS_AFTER_LEASE_HOOK_FAILED, pb.ExporterStatus_EXPORTER_STATUS_AVAILABLE},
+		after(st.StatusHistory, pb.ExporterStatus_EXPORTER_STATUS_AFTER_LEASE_HOOK), "the failure is reported, then AVAILABLE")
+	assert.Contains(t, st.StatusMessage, "afterLease hook failed (onFailure=endLease): action powerOn: no power", "AVAILABLE keeps the failure in its message")
 	assert.Equal(t, 0, ht.resetCount(), "Keep: no reset")
 
 	ht.mu.Lock()

@@ -65,8 +65,9 @@ func TestDecideHook(t *testing.T) {
 		{"after, none", afterLease, nil, nil, hookVerdict{status: available, msg: "Available for new lease"}},
 		{"after, passed", afterLease, hook(OnFailureExit), nil, hookVerdict{status: available, msg: "Available for new lease"}},
 		{"after, warn", afterLease, hook(OnFailureWarn), boom, hookVerdict{status: available, msg: "Available for new lease (afterLease hook warning: boom)", warn: true}},
-		{"after, endLease: failed, nothing to release", afterLease, hook(OnFailureEndLease), boom,
-			hookVerdict{status: afterFail, msg: "afterLease hook failed (onFailure=endLease): boom"}},
+		{"after, endLease: failed, nothing to release, then available keeping the failure", afterLease, hook(OnFailureEndLease), boom,
+			hookVerdict{status: afterFail, msg: "afterLease hook failed (onFailure=endLease): boom",
+				thenAvailable: "Available for new lease (afterLease hook failed (onFailure=endLease): boom)"}},
 		{"after, exit: failed, offline", afterLease, hook(OnFailureExit), boom,
 			hookVerdict{status: afterFail, msg: "afterLease hook failed (onFailure=exit, shutting down): boom", exit: true}},
 	} {
