@@ -151,6 +151,9 @@ func Resolve(set *v1alpha1.ExporterSet, class *v1alpha1.VirtualTargetClass) (*Re
 		return nil, &ClassError{ReasonInvalidJumpstarter, "Jumpstarter mode needs exporter labels: set spec.jumpstarter.exporterLabels or the class's spec.jumpstarter.exporterLabels"}
 	}
 	if js := eff.Spec.Jumpstarter; js != nil {
+		if err := checkLeaseHooks(js.Hooks); err != nil {
+			return nil, &ClassError{ReasonInvalidJumpstarter, err.Error()}
+		}
 		if ann := LeaseAnnotations(js, eff.Spec.RecyclePolicy); len(ann) > 0 {
 			t.Annotations = maps.Clone(t.Annotations)
 			if t.Annotations == nil {
@@ -183,6 +186,29 @@ func LeaseAnnotations(js *v1alpha1.JumpstarterSpec, recycle v1alpha1.RecyclePoli
 		}
 	}
 	return ann
+}
+
+// checkLeaseHooks checks each step of the effective hooks (the CRD's
+// schema checks them too; a node refuses pods with bad ones), so a bad
+// step is the set's condition, not pods that fail on their node. Pure.
+func checkLeaseHooks(h *v1alpha1.LeaseHooks) error {
+	if h == nil {
+		return nil
+	}
+	for _, p := range []struct {
+		name string
+		hook *v1alpha1.LeaseHook
+	}{{"beforeLease", h.BeforeLease}, {"afterLease", h.AfterLease}} {
+		if p.hook == nil {
+			continue
+		}
+		for i, a := range p.hook.Actions {
+			if err := a.Check(); err != nil {
+				return fmt.Errorf("spec.jumpstarter.hooks.%s.actions[%d]: %w", p.name, i, err)
+			}
+		}
+	}
+	return nil
 }
 
 // EffectiveStatePolicy is a set's state policy: its own (set), else its

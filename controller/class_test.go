@@ -250,15 +250,15 @@ func TestResolve(t *testing.T) {
 	})
 	t.Run("lease state policy and hooks: the set's win, non-defaults become pod annotations", func(t *testing.T) {
 		c := fullClass()
-		off := &v1alpha1.LeaseHooks{AfterLease: &v1alpha1.LeaseHook{Actions: []v1alpha1.LeaseHookAction{v1alpha1.LeaseHookPowerOff}}}
+		off := &v1alpha1.LeaseHooks{AfterLease: &v1alpha1.LeaseHook{Actions: []v1alpha1.LeaseHookStep{{Action: v1alpha1.LeaseHookPowerOff}}}}
 		c.Spec.Jumpstarter = &v1alpha1.ClassJumpstarter{ExporterLabels: map[string]string{"board": "rpi4"}, LeaseStatePolicy: v1alpha1.LeaseStatePolicyKeep, Hooks: off}
 		r, err := Resolve(classSet(func(s *v1alpha1.ExporterSet) { s.Spec.ClassName = "c" }), c)
 		require.Nil(t, err)
 		ann := r.Set.Spec.Template.Annotations
 		assert.Equal(t, "Keep", ann[v1alpha1.LeaseStatePolicyAnnotation], "the class's Keep")
-		assert.JSONEq(t, `{"afterLease":{"actions":["powerOff"]}}`, ann[v1alpha1.LeaseHooksAnnotation])
+		assert.JSONEq(t, `{"afterLease":{"actions":[{"action":"powerOff"}]}}`, ann[v1alpha1.LeaseHooksAnnotation])
 
-		on := &v1alpha1.LeaseHooks{BeforeLease: &v1alpha1.LeaseHook{Actions: []v1alpha1.LeaseHookAction{v1alpha1.LeaseHookPowerOn}, Timeout: 30, OnFailure: v1alpha1.LeaseHookEndLease}}
+		on := &v1alpha1.LeaseHooks{BeforeLease: &v1alpha1.LeaseHook{Actions: []v1alpha1.LeaseHookStep{{Action: v1alpha1.LeaseHookPowerOn}}, Timeout: 30, OnFailure: v1alpha1.LeaseHookEndLease}}
 		r, err = Resolve(classSet(func(s *v1alpha1.ExporterSet) {
 			s.Spec.ClassName = "c"
 			s.Spec.RecyclePolicy = v1alpha1.RecyclePolicyReuse
@@ -267,7 +267,7 @@ func TestResolve(t *testing.T) {
 		require.Nil(t, err)
 		ann = r.Set.Spec.Template.Annotations
 		assert.NotContains(t, ann, v1alpha1.LeaseStatePolicyAnnotation, "the set's Reset wins and is the default")
-		assert.JSONEq(t, `{"beforeLease":{"actions":["powerOn"],"timeout":30,"onFailure":"endLease"}}`, ann[v1alpha1.LeaseHooksAnnotation], "the set's hooks replace the class's")
+		assert.JSONEq(t, `{"beforeLease":{"actions":[{"action":"powerOn"}],"timeout":30,"onFailure":"endLease"}}`, ann[v1alpha1.LeaseHooksAnnotation], "the set's hooks replace the class's")
 		assert.Equal(t, off, c.Spec.Jumpstarter.Hooks, "the class is not changed")
 
 		// A Reuse set that asks for nothing (or for the default) gets no
@@ -344,6 +344,16 @@ func TestResolve(t *testing.T) {
 			"the set's parameters must be a JSON object"},
 		{"Jumpstarter without labels anywhere", classSet(func(s *v1alpha1.ExporterSet) { s.Spec.Jumpstarter = &v1alpha1.JumpstarterSpec{Endpoint: "x:1"} }), nil,
 			ReasonInvalidJumpstarter, "needs exporter labels"},
+		{"an exec step with too many arguments", classSet(func(s *v1alpha1.ExporterSet) {
+			s.Spec.Jumpstarter = &v1alpha1.JumpstarterSpec{ExporterLabels: map[string]string{"board": "rpi4"}, Hooks: &v1alpha1.LeaseHooks{AfterLease: &v1alpha1.LeaseHook{
+				Actions: []v1alpha1.LeaseHookStep{{Action: v1alpha1.LeaseHookReset}, {Action: v1alpha1.LeaseHookExec, Command: make([]string, 65)}}}}}
+		}), nil, ReasonInvalidJumpstarter, "spec.jumpstarter.hooks.afterLease.actions[1]: exec: command has 65 arguments: want 1 to 64"},
+		{"a class's exec step with an empty argument", classSet(func(s *v1alpha1.ExporterSet) { s.Spec.ClassName = "c" }), func() *v1alpha1.VirtualTargetClass {
+			c := fullClass()
+			c.Spec.Jumpstarter = &v1alpha1.ClassJumpstarter{ExporterLabels: map[string]string{"board": "rpi4"}, Hooks: &v1alpha1.LeaseHooks{BeforeLease: &v1alpha1.LeaseHook{
+				Actions: []v1alpha1.LeaseHookStep{{Action: v1alpha1.LeaseHookExec, Command: []string{"touch", ""}}}}}}
+			return c
+		}(), ReasonInvalidJumpstarter, "spec.jumpstarter.hooks.beforeLease.actions[0]: exec: command argument 1 is empty"},
 		{"WaitForFirstConsumer without Jumpstarter", classSet(func(s *v1alpha1.ExporterSet) { s.Spec.ClassName = "c" }), func() *v1alpha1.VirtualTargetClass {
 			c := fullClass()
 			c.Spec.BindingMode = v1alpha1.BindingModeWaitForFirstConsumer

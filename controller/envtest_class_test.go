@@ -186,6 +186,11 @@ func TestEnvtestClassValidation(t *testing.T) {
 		{"unknown state policy", `{"statePolicy":"Keep"}`, `Unsupported value: "Keep"`},
 		{"parameters not an object", `{"parameters":[1,2]}`, `spec.parameters: Invalid value: "array"`},
 		{"reserved exporter label", `{"jumpstarter":{"exporterLabels":{"qemu-kubelet.io/x":"y"}}}`, "must not use the qemu-kubelet.io/ prefix"},
+		{"exec step without a command", `{"jumpstarter":{"exporterLabels":{"board":"x"},"hooks":{"afterLease":{"actions":[{"action":"exec"}]}}}}`, "command is set exactly when action is exec"},
+		{"command on a power step", `{"jumpstarter":{"exporterLabels":{"board":"x"},"hooks":{"afterLease":{"actions":[{"action":"powerOn","command":["true"]}]}}}}`, "command is set exactly when action is exec"},
+		{"exec step with 65 arguments", `{"jumpstarter":{"exporterLabels":{"board":"x"},"hooks":{"afterLease":{"actions":[{"action":"exec","command":["a"` + strings.Repeat(`,"a"`, 64) + `]}]}}}}`, "must have at most 64 items"},
+		{"exec step with an empty argument", `{"jumpstarter":{"exporterLabels":{"board":"x"},"hooks":{"afterLease":{"actions":[{"action":"exec","command":["touch",""]}]}}}}`, "at least 1 chars long"},
+		{"exec step with a 4097-byte argument", `{"jumpstarter":{"exporterLabels":{"board":"x"},"hooks":{"afterLease":{"actions":[{"action":"exec","command":["echo","` + strings.Repeat("x", 4097) + `"]}]}}}}`, "command[1]: Too long"},
 	}
 	for _, tc := range bad {
 		t.Run(tc.name, func(t *testing.T) {
@@ -198,6 +203,9 @@ func TestEnvtestClassValidation(t *testing.T) {
 		})
 	}
 	createClass(t, &v1alpha1.VirtualTargetClass{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "plain"}})
+	createClass(t, &v1alpha1.VirtualTargetClass{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "exec-hook"}, Spec: v1alpha1.VirtualTargetClassSpec{
+		Jumpstarter: &v1alpha1.ClassJumpstarter{ExporterLabels: map[string]string{"board": "x"}, Hooks: &v1alpha1.LeaseHooks{AfterLease: &v1alpha1.LeaseHook{
+			Actions: []v1alpha1.LeaseHookStep{{Action: v1alpha1.LeaseHookReset}, {Action: v1alpha1.LeaseHookExec, Command: []string{"/bin/sh", "-c", "rm -rf /home/*/.ssh"}}}}}}}})
 	var c v1alpha1.VirtualTargetClass
 	require.NoError(t, env.client.Get(ctx, types.NamespacedName{Namespace: ns, Name: "plain"}, &c))
 	assert.Equal(t, v1alpha1.BindingModeImmediate, c.Spec.BindingMode)

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/pb"
 )
@@ -27,7 +29,49 @@ const (
 	HookPowerCycle HookAction = "powerCycle"
 	// HookReset returns the target to what its owner defines (Resetter).
 	HookReset HookAction = "reset"
+	// HookExec runs the step's Command in the guest (GuestExecer).
+	HookExec HookAction = "exec"
 )
+
+// HookStep is one action of a hook, with what the action needs.
+type HookStep struct {
+	Action HookAction
+	// Command is HookExec's argv (program and arguments, no shell).
+	Command []string
+}
+
+// String is the step for logs: the action, and for exec its program.
+func (s HookStep) String() string {
+	if s.Action == HookExec && len(s.Command) > 0 {
+		return fmt.Sprintf("%s %s (%d args)", s.Action, s.Command[0], len(s.Command)-1)
+	}
+	return string(s.Action)
+}
+
+// GuestExecer is a Target that can run a command in its guest (exec hook
+// steps), through an agent in the guest.
+type GuestExecer interface {
+	// GuestExec runs argv in the guest (no shell) and returns once it
+	// exited. An error wrapping ErrGuestAgentNotReady means no agent
+	// answered (a guest still booting): trying again may succeed.
+	GuestExec(ctx context.Context, argv []string) (GuestExecResult, error)
+}
+
+// GuestExecResult is how a command run in the guest ended.
+type GuestExecResult struct {
+	ExitCode int
+	Stderr   []byte
+}
+
+// ErrGuestAgentNotReady: the guest's agent did not answer (yet).
+var ErrGuestAgentNotReady = errors.New("the guest agent does not answer (yet)")
+
+// GuestExecRetry is the pause between two tries of an exec step whose
+// guest agent did not answer; the hook's timeout bounds the tries.
+const GuestExecRetry = time.Second
+
+// maxStderrTail bounds the end of stderr a failed exec step quotes.
+const maxStderrTail = 512
 
 // OnFailure is what a failed or timed-out hook does.
 type OnFailure string
@@ -56,7 +100,7 @@ const AfterLeaseFailedHold = time.Second
 
 // Hook is one lease hook.
 type Hook struct {
-	Actions   []HookAction
+	Actions   []HookStep
 	Timeout   time.Duration // <= 0: DefaultHookTimeout
 	OnFailure OnFailure     // "": warn
 }
@@ -90,7 +134,7 @@ func afterLeaseHook(h LeaseHooks) *Hook {
 	if !h.ResetAfterLease {
 		return h.AfterLease
 	}
-	out := &Hook{Actions: []HookAction{HookReset}, OnFailure: OnFailureExit}
+	out := &Hook{Actions: []HookStep{{Action: HookReset}}, OnFailure: OnFailureExit}
 	if a := h.AfterLease; a != nil {
 		out.Actions = append(out.Actions, a.Actions...)
 		out.Timeout, out.OnFailure = a.Timeout, a.OnFailure
@@ -177,15 +221,15 @@ func (e *Exporter) runHook(ctx context.Context, phase hookPhase, h *Hook) error 
 	e.log.Info("lease hook", "phase", phase.String(), "actions", actionNames(h.Actions), "timeout", d.String(), "onFailure", string(h.OnFailure))
 	for _, a := range h.Actions {
 		e.logs.Add(LogEntry{Message: fmt.Sprintf("%s: %s", op, a), Operation: op})
-		err := e.hookAction(ctx, a)
+		err := e.hookAction(ctx, op, a)
 		if err == nil && ctx.Err() != nil {
 			err = ctx.Err()
 		}
 		if err != nil {
 			if errors.Is(err, context.DeadlineExceeded) || ctx.Err() == context.DeadlineExceeded {
-				err = fmt.Errorf("timed out after %s in action %s: %w", d, a, err)
+				err = fmt.Errorf("timed out after %s in action %s: %w", d, a.Action, err)
 			} else {
-				err = fmt.Errorf("action %s: %w", a, err)
+				err = fmt.Errorf("action %s: %w", a.Action, err)
 			}
 			e.logs.Add(LogEntry{Severity: SeverityError, Message: fmt.Sprintf("%s failed: %v", op, err), Operation: op})
 			return err
@@ -195,18 +239,18 @@ func (e *Exporter) runHook(ctx context.Context, phase hookPhase, h *Hook) error 
 	return nil
 }
 
-func actionNames(as []HookAction) []string {
+func actionNames(as []HookStep) []string {
 	out := make([]string, len(as))
 	for i, a := range as {
-		out[i] = string(a)
+		out[i] = a.String()
 	}
 	return out
 }
 
-// hookAction does one action on the target.
-func (e *Exporter) hookAction(ctx context.Context, a HookAction) error {
+// hookAction does one step on the target.
+func (e *Exporter) hookAction(ctx context.Context, op string, a HookStep) error {
 	t := e.cfg.Target
-	switch a {
+	switch a.Action {
 	case HookPowerOn:
 		return t.PowerOn(ctx)
 	case HookPowerOff:
@@ -222,8 +266,70 @@ func (e *Exporter) hookAction(ctx context.Context, a HookAction) error {
 			return errors.New("this target cannot be reset")
 		}
 		return r.ResetTarget(ctx)
+	case HookExec:
+		g, ok := t.(GuestExecer)
+		if !ok {
+			return errors.New("this target cannot run commands in its guest")
+		}
+		return e.hookExec(ctx, op, g, a.Command)
 	}
-	return fmt.Errorf("unknown hook action %q", a)
+	return fmt.Errorf("unknown hook action %q", a.Action)
+}
+
+// hookExec runs argv in the guest, trying again every GuestExecRetry
+// while the guest agent does not answer (a guest still booting), until
+// ctx (the hook's timeout) ends. A non-zero exit fails with its code and
+// the end of stderr.
+func (e *Exporter) hookExec(ctx context.Context, op string, g GuestExecer, argv []string) error {
+	if len(argv) == 0 || argv[0] == "" {
+		return errors.New("exec: no command")
+	}
+	waiting := false
+	for {
+		res, err := g.GuestExec(ctx, argv)
+		if err == nil {
+			if res.ExitCode != 0 {
+				return fmt.Errorf("%s exited with code %d: %s", argv[0], res.ExitCode, stderrTail(res.Stderr))
+			}
+			return nil
+		}
+		if !errors.Is(err, ErrGuestAgentNotReady) || ctx.Err() != nil {
+			return err
+		}
+		if !waiting {
+			waiting = true
+			e.log.Info("lease hook waiting for the guest agent", "operation", op, "error", err.Error())
+			e.logs.Add(LogEntry{Message: fmt.Sprintf("%s: waiting for the guest agent: %v", op, err), Operation: op})
+		}
+		t := time.NewTimer(GuestExecRetry)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		}
+	}
+}
+
+// stderrTail is the printable end of a command's stderr, at most
+// maxStderrTail bytes, on one line. Pure.
+func stderrTail(b []byte) string {
+	if len(b) > maxStderrTail {
+		b = b[len(b)-maxStderrTail:]
+	}
+	s := strings.Map(func(r rune) rune {
+		switch {
+		case r == '\n' || r == '\t' || r == '\r':
+			return ' '
+		case r == utf8.RuneError || !unicode.IsPrint(r):
+			return '?'
+		}
+		return r
+	}, strings.ToValidUTF8(string(b), "?"))
+	if s = strings.TrimSpace(s); s == "" {
+		return "(no stderr)"
+	}
+	return s
 }
 
 // runPhase runs phase's hook h (nil: none) and reports its statuses: the

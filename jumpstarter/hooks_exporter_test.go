@@ -3,6 +3,7 @@ package jumpstarter_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -99,7 +100,7 @@ func after(history []pb.ExporterStatus, from pb.ExporterStatus) []pb.ExporterSta
 // beforeLease power on: each lease is served only after its hook, and
 // each end resets the target before the exporter is available again.
 func TestLeaseHooksResetBetweenLeases(t *testing.T) {
-	on := &jumpstarter.Hook{Actions: []jumpstarter.HookAction{jumpstarter.HookPowerOn}, OnFailure: jumpstarter.OnFailureEndLease}
+	on := &jumpstarter.Hook{Actions: []jumpstarter.HookStep{{Action: jumpstarter.HookPowerOn}}, OnFailure: jumpstarter.OnFailureEndLease}
 	e, ht := startHooked(t, jumpstarter.LeaseHooks{ResetAfterLease: true, BeforeLease: on}, nil)
 	ctx := ctxT(t, 60*time.Second)
 	_, err := e.ctrl.WaitExporter(ctx, ns, name, online)
@@ -138,7 +139,7 @@ func TestLeaseHooksResetBetweenLeases(t *testing.T) {
 // lease is released, the client is never served, the status says why,
 // and the reset still runs at the lease's end.
 func TestLeaseHookBeforeTimesOutEndLease(t *testing.T) {
-	on := &jumpstarter.Hook{Actions: []jumpstarter.HookAction{jumpstarter.HookPowerOn}, Timeout: 300 * time.Millisecond, OnFailure: jumpstarter.OnFailureEndLease}
+	on := &jumpstarter.Hook{Actions: []jumpstarter.HookStep{{Action: jumpstarter.HookPowerOn}}, Timeout: 300 * time.Millisecond, OnFailure: jumpstarter.OnFailureEndLease}
 	e, ht := startHooked(t, jumpstarter.LeaseHooks{ResetAfterLease: true, BeforeLease: on}, func(h *hookTarget) { h.onHang = true })
 	ctx := ctxT(t, 60*time.Second)
 	_, err := e.ctrl.WaitExporter(ctx, ns, name, online)
@@ -163,7 +164,7 @@ func TestLeaseHookBeforeTimesOutEndLease(t *testing.T) {
 // A beforeLease hook that fails with warn: the lease is served anyway and
 // the status message carries the warning.
 func TestLeaseHookBeforeFailsWarn(t *testing.T) {
-	on := &jumpstarter.Hook{Actions: []jumpstarter.HookAction{jumpstarter.HookPowerOn}, OnFailure: jumpstarter.OnFailureWarn}
+	on := &jumpstarter.Hook{Actions: []jumpstarter.HookStep{{Action: jumpstarter.HookPowerOn}}, OnFailure: jumpstarter.OnFailureWarn}
 	e, _ := startHooked(t, jumpstarter.LeaseHooks{BeforeLease: on}, func(h *hookTarget) { h.onErr = errors.New("no power") })
 	ctx := ctxT(t, 60*time.Second)
 	_, err := e.ctrl.WaitExporter(ctx, ns, name, online)
@@ -179,7 +180,7 @@ func TestLeaseHookBeforeFailsWarn(t *testing.T) {
 // assign leases only to AVAILABLE exporters, as upstream's does), and the
 // exporter takes the next lease.
 func TestLeaseHookAfterFailsEndLease(t *testing.T) {
-	on := &jumpstarter.Hook{Actions: []jumpstarter.HookAction{jumpstarter.HookPowerOn}, OnFailure: jumpstarter.OnFailureEndLease}
+	on := &jumpstarter.Hook{Actions: []jumpstarter.HookStep{{Action: jumpstarter.HookPowerOn}}, OnFailure: jumpstarter.OnFailureEndLease}
 	e, ht := startHooked(t, jumpstarter.LeaseHooks{AfterLease: on}, func(h *hookTarget) { h.onErr = errors.New("no power") })
 	ctx := ctxT(t, 60*time.Second)
 	_, err := e.ctrl.WaitExporter(ctx, ns, name, online)
@@ -239,7 +240,7 @@ func TestLeaseResetFailsExit(t *testing.T) {
 // error (here warn: the exporter goes on).
 func TestLeaseResetUnsupportedTarget(t *testing.T) {
 	e := startEnv(t, true, func(cfg *jumpstarter.Config) {
-		cfg.Hooks = jumpstarter.LeaseHooks{AfterLease: &jumpstarter.Hook{Actions: []jumpstarter.HookAction{jumpstarter.HookReset}, OnFailure: jumpstarter.OnFailureWarn}}
+		cfg.Hooks = jumpstarter.LeaseHooks{AfterLease: &jumpstarter.Hook{Actions: []jumpstarter.HookStep{{Action: jumpstarter.HookReset}}, OnFailure: jumpstarter.OnFailureWarn}}
 	})
 	ctx := ctxT(t, 60*time.Second)
 	_, err := e.ctrl.WaitExporter(ctx, ns, name, online)
@@ -260,7 +261,7 @@ func TestLeaseResetUnsupportedTarget(t *testing.T) {
 // with endLease releases the lease, and LEASE_READY is never reported.
 func TestLeaseHookBeforeGatesDrivers(t *testing.T) {
 	gate := make(chan struct{})
-	on := &jumpstarter.Hook{Actions: []jumpstarter.HookAction{jumpstarter.HookPowerOn}, Timeout: time.Minute, OnFailure: jumpstarter.OnFailureEndLease}
+	on := &jumpstarter.Hook{Actions: []jumpstarter.HookStep{{Action: jumpstarter.HookPowerOn}}, Timeout: time.Minute, OnFailure: jumpstarter.OnFailureEndLease}
 	e, ht := startHooked(t, jumpstarter.LeaseHooks{BeforeLease: on}, func(h *hookTarget) { h.onGate = gate })
 	ctx := ctxT(t, 60*time.Second)
 	_, err := e.ctrl.WaitExporter(ctx, ns, name, online)
@@ -295,4 +296,108 @@ func TestLeaseHookBeforeGatesDrivers(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, st.StatusMessage, "beforeLease hook failed (onFailure=endLease): action powerOn: board not found")
 	assert.NotContains(t, st.StatusHistory, pb.ExporterStatus_EXPORTER_STATUS_LEASE_READY)
+}
+
+// execTarget is a hookTarget that runs commands in its "guest"
+// (jumpstarter.GuestExecer): the first notReady calls find no guest agent,
+// then each call answers result.
+type execTarget struct {
+	*hookTarget
+	emu      sync.Mutex
+	notReady int
+	result   jumpstarter.GuestExecResult
+	calls    [][]string
+}
+
+func (x *execTarget) GuestExec(_ context.Context, argv []string) (jumpstarter.GuestExecResult, error) {
+	x.emu.Lock()
+	defer x.emu.Unlock()
+	x.calls = append(x.calls, slices.Clone(argv))
+	if x.notReady > 0 {
+		x.notReady--
+		return jumpstarter.GuestExecResult{}, fmt.Errorf("VM vm-0: %w: no answer to the handshake", jumpstarter.ErrGuestAgentNotReady)
+	}
+	return x.result, nil
+}
+
+func (x *execTarget) execCalls() [][]string {
+	x.emu.Lock()
+	defer x.emu.Unlock()
+	return slices.Clone(x.calls)
+}
+
+func startExec(t *testing.T, hooks jumpstarter.LeaseHooks, x *execTarget) *env {
+	x.hookTarget = &hookTarget{fakeTarget: newFakeTarget()}
+	return startEnv(t, true, func(cfg *jumpstarter.Config) {
+		cfg.Target = x
+		cfg.Hooks = hooks
+	})
+}
+
+// A beforeLease exec step on a guest whose agent does not answer yet (a
+// guest still booting): the step tries again until the agent answers,
+// runs the command as given, and the lease is served.
+func TestLeaseHookExecWaitsForGuestAgent(t *testing.T) {
+	argv := []string{"/bin/sh", "-c", "echo ready > /run/lease"}
+	x := &execTarget{notReady: 2}
+	e := startExec(t, jumpstarter.LeaseHooks{BeforeLease: &jumpstarter.Hook{
+		Actions: []jumpstarter.HookStep{{Action: jumpstarter.HookExec, Command: argv}}, Timeout: time.Minute, OnFailure: jumpstarter.OnFailureEndLease}}, x)
+	ctx := ctxT(t, 60*time.Second)
+	_, err := e.ctrl.WaitExporter(ctx, ns, name, online)
+	require.NoError(t, err)
+	require.NoError(t, e.ctrl.AssignLease(ns, "lease-1", name, "alice"))
+	_, err = e.ctrl.WaitExporter(ctx, ns, name, leaseReady)
+	require.NoError(t, err, "the lease is served once the command ran")
+	assert.Equal(t, [][]string{argv, argv, argv}, x.execCalls(), "two tries without an agent, then the command, argv as given")
+	assert.Contains(t, e.logs.String(), "lease hook")
+}
+
+// An afterLease exec step whose command exits non-zero fails the hook with
+// the exit code and the printable end of stderr (endLease: reported, then
+// AVAILABLE); one whose guest agent never answers fails at the hook's
+// timeout, saying so.
+func TestLeaseHookExecFails(t *testing.T) {
+	t.Run("exit code", func(t *testing.T) {
+		x := &execTarget{result: jumpstarter.GuestExecResult{ExitCode: 3, Stderr: []byte("rm: cannot remove '/x':\n Permission denied\x00\x1b[0m\n")}}
+		e := startExec(t, jumpstarter.LeaseHooks{AfterLease: &jumpstarter.Hook{
+			Actions: []jumpstarter.HookStep{{Action: jumpstarter.HookExec, Command: []string{"rm", "/x"}}}, OnFailure: jumpstarter.OnFailureEndLease}}, x)
+		st := leaseThenEnd(t, e)
+		assert.Contains(t, st.StatusMessage, "afterLease hook failed (onFailure=endLease): action exec: rm exited with code 3: rm: cannot remove '/x':  Permission denied??[0m")
+	})
+	t.Run("no guest agent within the timeout", func(t *testing.T) {
+		x := &execTarget{notReady: 1 << 20}
+		e := startExec(t, jumpstarter.LeaseHooks{AfterLease: &jumpstarter.Hook{
+			Actions: []jumpstarter.HookStep{{Action: jumpstarter.HookExec, Command: []string{"true"}}}, Timeout: 2 * time.Second, OnFailure: jumpstarter.OnFailureEndLease}}, x)
+		st := leaseThenEnd(t, e)
+		assert.Contains(t, st.StatusMessage, "timed out after 2s in action exec: VM vm-0: the guest agent does not answer (yet)")
+		assert.GreaterOrEqual(t, len(x.execCalls()), 2, "tried again within the timeout")
+		assert.Contains(t, e.logs.String(), "waiting for the guest agent")
+	})
+	t.Run("a target that cannot exec", func(t *testing.T) {
+		e := startEnv(t, true, func(cfg *jumpstarter.Config) {
+			cfg.Hooks = jumpstarter.LeaseHooks{AfterLease: &jumpstarter.Hook{
+				Actions: []jumpstarter.HookStep{{Action: jumpstarter.HookExec, Command: []string{"true"}}}, OnFailure: jumpstarter.OnFailureEndLease}}
+		})
+		st := leaseThenEnd(t, e)
+		assert.Contains(t, st.StatusMessage, "action exec: this target cannot run commands in its guest")
+	})
+}
+
+// leaseThenEnd runs one lease on e's exporter and waits for AVAILABLE
+// after its afterLease hook failed (AFTER_LEASE_HOOK_FAILED).
+func leaseThenEnd(t *testing.T, e *env) jstest.ExporterState {
+	t.Helper()
+	ctx := ctxT(t, 60*time.Second)
+	_, err := e.ctrl.WaitExporter(ctx, ns, name, online)
+	require.NoError(t, err)
+	require.NoError(t, e.ctrl.AssignLease(ns, "lease-1", name, "alice"))
+	_, err = e.ctrl.WaitExporter(ctx, ns, name, leaseReady)
+	require.NoError(t, err)
+	require.NoError(t, e.ctrl.EndLease(ns, "lease-1"))
+	st, err := e.ctrl.WaitExporter(ctx, ns, name, func(s jstest.ExporterState) bool {
+		return s.Lease == "" && s.Status == pb.ExporterStatus_EXPORTER_STATUS_AVAILABLE &&
+			slices.Contains(s.StatusHistory, pb.ExporterStatus_EXPORTER_STATUS_AFTER_LEASE_HOOK_FAILED)
+	})
+	require.NoError(t, err, "AVAILABLE after AFTER_LEASE_HOOK_FAILED")
+	return st
 }

@@ -3,6 +3,7 @@ package jumpstarter
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,7 +15,7 @@ import (
 // What runs when a lease ends, from the lease state policy and the
 // afterLease hook.
 func TestAfterLeaseHook(t *testing.T) {
-	off := &Hook{Actions: []HookAction{HookPowerOff}, Timeout: time.Minute, OnFailure: OnFailureEndLease}
+	off := &Hook{Actions: []HookStep{{Action: HookPowerOff}}, Timeout: time.Minute, OnFailure: OnFailureEndLease}
 	for _, c := range []struct {
 		name  string
 		hooks LeaseHooks
@@ -23,9 +24,9 @@ func TestAfterLeaseHook(t *testing.T) {
 		{"keep, no hook: nothing", LeaseHooks{}, nil},
 		{"keep, a hook: the hook", LeaseHooks{AfterLease: off}, off},
 		{"reset alone: reset, a failure takes the exporter offline", LeaseHooks{ResetAfterLease: true},
-			&Hook{Actions: []HookAction{HookReset}, OnFailure: OnFailureExit}},
+			&Hook{Actions: []HookStep{{Action: HookReset}}, OnFailure: OnFailureExit}},
 		{"reset then the hook's actions, under the hook's timeout and onFailure", LeaseHooks{ResetAfterLease: true, AfterLease: off},
-			&Hook{Actions: []HookAction{HookReset, HookPowerOff}, Timeout: time.Minute, OnFailure: OnFailureEndLease}},
+			&Hook{Actions: []HookStep{{Action: HookReset}, {Action: HookPowerOff}}, Timeout: time.Minute, OnFailure: OnFailureEndLease}},
 		{"a beforeLease hook does not run at the end", LeaseHooks{BeforeLease: off}, nil},
 	} {
 		assert.Equal(t, c.want, afterLeaseHook(c.hooks), c.name)
@@ -33,7 +34,7 @@ func TestAfterLeaseHook(t *testing.T) {
 	// afterLeaseHook never changes the declared hook.
 	h := LeaseHooks{ResetAfterLease: true, AfterLease: off}
 	afterLeaseHook(h)
-	assert.Equal(t, []HookAction{HookPowerOff}, off.Actions)
+	assert.Equal(t, []HookStep{{Action: HookPowerOff}}, off.Actions)
 }
 
 // What a hook's outcome means, per phase and onFailure, as upstream's
@@ -45,7 +46,7 @@ func TestDecideHook(t *testing.T) {
 		beforeFail = pb.ExporterStatus_EXPORTER_STATUS_BEFORE_LEASE_HOOK_FAILED
 		afterFail  = pb.ExporterStatus_EXPORTER_STATUS_AFTER_LEASE_HOOK_FAILED
 	)
-	hook := func(f OnFailure) *Hook { return &Hook{Actions: []HookAction{HookPowerOn}, OnFailure: f} }
+	hook := func(f OnFailure) *Hook { return &Hook{Actions: []HookStep{{Action: HookPowerOn}}, OnFailure: f} }
 	boom := errors.New("boom")
 	for _, c := range []struct {
 		name  string
@@ -77,5 +78,20 @@ func TestDecideHook(t *testing.T) {
 		st, msg := hookStatus(p)
 		assert.Contains(t, []pb.ExporterStatus{pb.ExporterStatus_EXPORTER_STATUS_BEFORE_LEASE_HOOK, pb.ExporterStatus_EXPORTER_STATUS_AFTER_LEASE_HOOK}, st)
 		assert.Contains(t, msg, fmt.Sprint(p))
+	}
+}
+
+// The end of a failed command's stderr, as a hook's error quotes it.
+func TestStderrTail(t *testing.T) {
+	long := strings.Repeat("a", 2*maxStderrTail) + "the end"
+	for _, c := range []struct{ name, in, want string }{
+		{"empty", "", "(no stderr)"},
+		{"blank", " \n\t", "(no stderr)"},
+		{"one line", "no such file\n", "no such file"},
+		{"lines joined, control bytes and bad UTF-8 replaced", "a\nb\x00c\x1b\xff", "a b?c??"},
+		{"printable non-ASCII kept", "échec", "échec"},
+		{"the end of a long one", long, strings.Repeat("a", maxStderrTail-len("the end")) + "the end"},
+	} {
+		assert.Equal(t, c.want, stderrTail([]byte(c.in)), c.name)
 	}
 }

@@ -1,5 +1,10 @@
 package v1alpha1
 
+import (
+	"fmt"
+	"strings"
+)
+
 // What a lease leaves for the next one, and the lease hooks: a set's (or
 // its class's) spec.jumpstarter.leaseStatePolicy and spec.jumpstarter.hooks.
 // They reach the pods as annotations, which the node's exporter reads.
@@ -30,7 +35,7 @@ const (
 )
 
 // LeaseHookAction is one thing a lease hook does to the VM.
-// +kubebuilder:validation:Enum=powerOn;powerOff;powerCycle;reset
+// +kubebuilder:validation:Enum=powerOn;powerOff;powerCycle;reset;exec
 type LeaseHookAction string
 
 const (
@@ -43,7 +48,73 @@ const (
 	// LeaseHookReset returns the VM to what the set defines, as
 	// leaseStatePolicy Reset does at a lease's end.
 	LeaseHookReset LeaseHookAction = "reset"
+	// LeaseHookExec runs the step's command in the guest through
+	// qemu-guest-agent (no shell); a non-zero exit fails the step.
+	LeaseHookExec LeaseHookAction = "exec"
 )
+
+// Bounds of an exec step's command.
+const (
+	// MaxLeaseHookCommandArgs bounds the arguments of a command, the
+	// program included.
+	MaxLeaseHookCommandArgs = 64
+	// MaxLeaseHookCommandArgBytes bounds each argument, in bytes.
+	MaxLeaseHookCommandArgBytes = 4096
+)
+
+// LeaseHookStep is one action of a hook, with the arguments the action
+// needs: {action: powerOn}, {action: exec, command: [touch, /run/x]}.
+// +kubebuilder:validation:XValidation:rule="has(self.command) == (self.action == 'exec')",message="command is set exactly when action is exec"
+type LeaseHookStep struct {
+	// Action is what the step does: powerOn, powerOff, powerCycle, reset
+	// or exec.
+	Action LeaseHookAction `json:"action"`
+	// Command is exec's program and arguments (argv, no shell), run in the
+	// guest through qemu-guest-agent; only with action exec. The guest
+	// needs a running qemu-guest-agent: while a guest that is booting has
+	// none answering, the step tries again within the hook's timeout.
+	// +optional
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MinLength=1
+	// +kubebuilder:validation:items:MaxLength=4096
+	// +listType=atomic
+	Command []string `json:"command,omitempty"`
+}
+
+// Check says what is wrong with the step (nil: nothing), the checks of
+// the CRD's schema, for values that did not come through it (a pod's
+// annotation). Pure.
+func (s LeaseHookStep) Check() error {
+	switch s.Action {
+	case LeaseHookPowerOn, LeaseHookPowerOff, LeaseHookPowerCycle, LeaseHookReset:
+		if s.Command != nil {
+			return fmt.Errorf("action %s takes no command", s.Action)
+		}
+		return nil
+	case LeaseHookExec:
+		return checkCommand(s.Command)
+	}
+	return fmt.Errorf("action %q: want powerOn, powerOff, powerCycle, reset or exec", s.Action)
+}
+
+// checkCommand checks an exec step's argv.
+func checkCommand(argv []string) error {
+	if len(argv) == 0 || len(argv) > MaxLeaseHookCommandArgs {
+		return fmt.Errorf("exec: command has %d arguments: want 1 to %d", len(argv), MaxLeaseHookCommandArgs)
+	}
+	for i, a := range argv {
+		switch {
+		case a == "":
+			return fmt.Errorf("exec: command argument %d is empty", i)
+		case len(a) > MaxLeaseHookCommandArgBytes:
+			return fmt.Errorf("exec: command argument %d has %d bytes: at most %d", i, len(a), MaxLeaseHookCommandArgBytes)
+		case strings.ContainsRune(a, 0):
+			return fmt.Errorf("exec: command argument %d contains a NUL byte", i)
+		}
+	}
+	return nil
+}
 
 // LeaseHookOnFailure is what a failed or timed-out hook does, as
 // Jumpstarter's exporter hooks define it.
@@ -63,7 +134,8 @@ const (
 
 // LeaseHooks are the hooks the exporter runs around each lease, as
 // Jumpstarter's exporter config names them (hooks.beforeLease,
-// hooks.afterLease); a hook here is a list of VM actions, not a script.
+// hooks.afterLease); a hook here is a list of VM actions (a command in the
+// guest among them), not a script on the node.
 type LeaseHooks struct {
 	// BeforeLease runs when a lease is assigned, before the client may
 	// use the drivers (exporter status BEFORE_LEASE_HOOK).
@@ -80,7 +152,8 @@ type LeaseHook struct {
 	// Actions are done in order; the first that fails fails the hook.
 	// +kubebuilder:validation:MinItems=1
 	// +kubebuilder:validation:MaxItems=8
-	Actions []LeaseHookAction `json:"actions"`
+	// +listType=atomic
+	Actions []LeaseHookStep `json:"actions"`
 	// Timeout bounds the whole hook, in seconds (default 120). A hook
 	// that takes longer fails.
 	// +optional

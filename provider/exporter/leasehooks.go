@@ -17,7 +17,7 @@ func leaseHook(h *podspec.LeaseHookSettings) *jumpstarter.Hook {
 	}
 	out := &jumpstarter.Hook{Timeout: h.Timeout, OnFailure: jumpstarter.OnFailure(h.OnFailure)}
 	for _, a := range h.Actions {
-		out.Actions = append(out.Actions, jumpstarter.HookAction(a))
+		out.Actions = append(out.Actions, jumpstarter.HookStep{Action: jumpstarter.HookAction(a.Action), Command: a.Command})
 	}
 	return out
 }

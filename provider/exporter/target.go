@@ -14,6 +14,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/guest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
+	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	corev1 "k8s.io/api/core/v1"
 )
 
@@ -31,10 +32,11 @@ type Target struct {
 func NewTarget(node *Node, pod Pod) *Target { return &Target{node: node, pod: pod} }
 
 var (
-	_ jumpstarter.Target     = (*Target)(nil)
-	_ jumpstarter.Displayer  = (*Target)(nil)
-	_ jumpstarter.OCIFlasher = (*Target)(nil)
-	_ jumpstarter.Shutdowner = (*Target)(nil)
+	_ jumpstarter.Target      = (*Target)(nil)
+	_ jumpstarter.Displayer   = (*Target)(nil)
+	_ jumpstarter.OCIFlasher  = (*Target)(nil)
+	_ jumpstarter.Shutdowner  = (*Target)(nil)
+	_ jumpstarter.GuestExecer = (*Target)(nil)
 )
 
 // PodPowerOffNow is a Pod whose worker can stop the VM at once: QEMU told
@@ -112,6 +114,28 @@ func (t *Target) FlashOCI(ctx context.Context, f jumpstarter.OCIFlash, progress 
 		return t.flash(ctx, f.Ref, opts, progress)
 	}
 	return t.flashOCIPartition(ctx, f.Ref, f.Partition, opts, progress) // flash.go
+}
+
+// GuestExec runs argv in the running guest through qemu-guest-agent, as
+// kubectl exec does (a hook's exec step). A guest agent that does not
+// answer (a guest still booting) is jumpstarter.ErrGuestAgentNotReady; a
+// powered-off VM is ErrVMPoweredOff.
+func (t *Target) GuestExec(ctx context.Context, argv []string) (jumpstarter.GuestExecResult, error) {
+	if len(argv) == 0 {
+		return jumpstarter.GuestExecResult{}, errors.New("exec in the guest: no command")
+	}
+	vm := t.vm()
+	if vm == nil {
+		return jumpstarter.GuestExecResult{}, fmt.Errorf("exec %s in the guest: %w", argv[0], ErrVMPoweredOff)
+	}
+	res, err := vm.GuestExec(ctx, qemu.ExecRequest{Path: argv[0], Args: argv[1:]})
+	if errors.Is(err, qemu.ErrGuestAgentNotResponding) {
+		return jumpstarter.GuestExecResult{}, fmt.Errorf("exec %s in the guest: %w: %w", argv[0], jumpstarter.ErrGuestAgentNotReady, err)
+	}
+	if err != nil {
+		return jumpstarter.GuestExecResult{}, fmt.Errorf("exec %s in the guest: %w", argv[0], err)
+	}
+	return jumpstarter.GuestExecResult{ExitCode: res.ExitCode, Stderr: res.Stderr}, nil
 }
 
 // Display connects to the VM's VNC server (a pod with a display).

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -37,7 +38,7 @@ type LeaseSettings struct {
 
 // LeaseHookSettings is one hook, defaults filled in.
 type LeaseHookSettings struct {
-	Actions   []v1alpha1.LeaseHookAction
+	Actions   []v1alpha1.LeaseHookStep
 	Timeout   time.Duration
 	OnFailure v1alpha1.LeaseHookOnFailure
 }
@@ -82,14 +83,14 @@ func leaseHook(name string, h *v1alpha1.LeaseHook) (*LeaseHookSettings, error) {
 	if len(h.Actions) == 0 || len(h.Actions) > MaxLeaseHookActions {
 		return nil, fmt.Errorf("%s: %d actions: want 1 to %d", where, len(h.Actions), MaxLeaseHookActions)
 	}
-	for _, a := range h.Actions {
-		switch a {
-		case v1alpha1.LeaseHookPowerOn, v1alpha1.LeaseHookPowerOff, v1alpha1.LeaseHookPowerCycle, v1alpha1.LeaseHookReset:
-		default:
-			return nil, fmt.Errorf("%s: action %q: want powerOn, powerOff, powerCycle or reset", where, a)
+	s := &LeaseHookSettings{Timeout: DefaultLeaseHookTimeout, OnFailure: v1alpha1.LeaseHookWarn}
+	for i, a := range h.Actions {
+		if err := a.Check(); err != nil {
+			return nil, fmt.Errorf("%s: actions[%d]: %w", where, i, err)
 		}
+		a.Command = slices.Clone(a.Command)
+		s.Actions = append(s.Actions, a)
 	}
-	s := &LeaseHookSettings{Actions: append([]v1alpha1.LeaseHookAction(nil), h.Actions...), Timeout: DefaultLeaseHookTimeout, OnFailure: v1alpha1.LeaseHookWarn}
 	if h.Timeout != 0 {
 		if h.Timeout < 1 || h.Timeout > maxLeaseHookTimeout {
 			return nil, fmt.Errorf("%s: timeout %d s: want 1 to %d", where, h.Timeout, maxLeaseHookTimeout)

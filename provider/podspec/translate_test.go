@@ -96,7 +96,7 @@ func TestTranslateRejects(t *testing.T) {
 			p.Annotations = map[string]string{AnnotationMachine: "virt", AnnotationFirmware: "coreboot", AnnotationRequireAccelerator: "hvf", AnnotationKernelCmdline: "a\nb"}
 		}, []string{`machine "virt": not a machine of this node's x86_64 guests (want q35, pc, microvm)`, `firmware "coreboot"`, `accelerator "hvf"`, "one line"}},
 		{"bad lease state policy and hooks", func(p *corev1.Pod) {
-			p.Annotations = map[string]string{v1alpha1.LeaseStatePolicyAnnotation: "Forget", v1alpha1.LeaseHooksAnnotation: `{"afterLease":{"actions":["rm"]}}`}
+			p.Annotations = map[string]string{v1alpha1.LeaseStatePolicyAnnotation: "Forget", v1alpha1.LeaseHooksAnnotation: `{"afterLease":{"actions":[{"action":"rm"}]}}`}
 		}, []string{`metadata.annotations[qemu-kubelet.io/lease-state-policy]`, `lease state policy "Forget": want Reset or Keep`,
 			`metadata.annotations[qemu-kubelet.io/lease-hooks]`, `action "rm"`}},
 		{"bad state and reclaim policies", func(p *corev1.Pod) {
