@@ -38,6 +38,10 @@ type HookStep struct {
 	Action HookAction
 	// Command is HookExec's argv (program and arguments, no shell).
 	Command []string
+	// policyReset: the reset of the lease state policy (afterLeaseHook),
+	// whose failure takes the exporter offline whatever the hook's
+	// onFailure.
+	policyReset bool
 }
 
 // String is the step for logs: the action, and for exec its program.
@@ -120,6 +124,9 @@ type Resetter interface {
 	ResetTarget(ctx context.Context) error
 }
 
+// errPolicyReset wraps the failure of the lease state policy's reset.
+var errPolicyReset = errors.New("the lease state policy's reset failed")
+
 // ErrHookExit: a hook with onFailure exit failed; the exporter went
 // offline.
 var ErrHookExit = errors.New("a lease hook with onFailure exit failed: the exporter went offline")
@@ -127,14 +134,14 @@ var ErrHookExit = errors.New("a lease hook with onFailure exit failed: the expor
 // afterLeaseHook is what runs when a lease ends: the reset of the lease
 // state policy first (the set's definition), then the afterLease hook's
 // actions (which may power it off for the next beforeLease to power on),
-// under the hook's timeout and onFailure. A reset without an afterLease
-// hook fails with exit: a target that could not be reset must not serve
-// the next lease. nil: nothing runs. Pure.
+// under the hook's timeout and onFailure. The policy's reset that fails
+// always fails with exit (decideHook): a target that could not be reset
+// must not serve the next lease. nil: nothing runs. Pure.
 func afterLeaseHook(h LeaseHooks) *Hook {
 	if !h.ResetAfterLease {
 		return h.AfterLease
 	}
-	out := &Hook{Actions: []HookStep{{Action: HookReset}}, OnFailure: OnFailureExit}
+	out := &Hook{Actions: []HookStep{{Action: HookReset, policyReset: true}}, OnFailure: OnFailureExit}
 	if a := h.AfterLease; a != nil {
 		out.Actions = append(out.Actions, a.Actions...)
 		out.Timeout, out.OnFailure = a.Timeout, a.OnFailure
@@ -187,6 +194,9 @@ func decideHook(phase hookPhase, h *Hook, err error) hookVerdict {
 	if h == nil || err == nil {
 		return hookVerdict{status: ok, msg: okMsg}
 	}
+	if errors.Is(err, errPolicyReset) {
+		return hookVerdict{status: failed, msg: fmt.Sprintf("%s hook failed (the lease state policy's reset, shutting down whatever onFailure): %v", phase, err), exit: true}
+	}
 	switch h.OnFailure {
 	case OnFailureEndLease:
 		v := hookVerdict{status: failed, msg: fmt.Sprintf("%s hook failed (onFailure=endLease): %v", phase, err), release: phase == beforeLease}
@@ -230,6 +240,9 @@ func (e *Exporter) runHook(ctx context.Context, phase hookPhase, h *Hook) error 
 				err = fmt.Errorf("timed out after %s in action %s: %w", d, a.Action, err)
 			} else {
 				err = fmt.Errorf("action %s: %w", a.Action, err)
+			}
+			if a.policyReset {
+				err = fmt.Errorf("%w: %w", errPolicyReset, err)
 			}
 			e.logs.Add(LogEntry{Severity: SeverityError, Message: fmt.Sprintf("%s failed: %v", op, err), Operation: op})
 			return err

@@ -209,31 +209,43 @@ func TestLeaseHookAfterFailsEndLease(t *testing.T) {
 	require.NoError(t, err, "the exporter takes the next lease")
 }
 
-// A reset that fails (no afterLease hook: onFailure exit): the exporter
-// reports AFTER_LEASE_HOOK_FAILED, goes offline and Run ends with
-// ErrHookExit: a target that could not be reset serves no next lease.
+// A reset that fails, alone or before an afterLease hook whatever its
+// onFailure: the exporter reports AFTER_LEASE_HOOK_FAILED, goes offline
+// and Run ends with ErrHookExit: a target that could not be reset serves
+// no next lease.
 func TestLeaseResetFailsExit(t *testing.T) {
-	e, _ := startHooked(t, jumpstarter.LeaseHooks{ResetAfterLease: true}, func(h *hookTarget) { h.resetErr = errors.New("disk gone") })
-	ctx := ctxT(t, 60*time.Second)
-	_, err := e.ctrl.WaitExporter(ctx, ns, name, online)
-	require.NoError(t, err)
-	require.NoError(t, e.ctrl.AssignLease(ns, "lease-1", name, "alice"))
-	_, err = e.ctrl.WaitExporter(ctx, ns, name, leaseReady)
-	require.NoError(t, err)
-	require.NoError(t, e.ctrl.EndLease(ns, "lease-1"))
-	select {
-	case err := <-e.done:
-		require.ErrorIs(t, err, jumpstarter.ErrHookExit)
-		assert.ErrorContains(t, err, "disk gone")
-		e.done <- nil // for the cleanup's stop
-	case <-ctx.Done():
-		t.Fatal("Run did not end after the reset failed with onFailure exit")
+	for _, afterHook := range []*jumpstarter.Hook{nil,
+		{Actions: []jumpstarter.HookStep{{Action: jumpstarter.HookPowerOff}}, OnFailure: jumpstarter.OnFailureWarn},
+		{Actions: []jumpstarter.HookStep{{Action: jumpstarter.HookPowerOff}}, OnFailure: jumpstarter.OnFailureEndLease},
+	} {
+		sub := "no afterLease hook"
+		if afterHook != nil {
+			sub = "afterLease hook with onFailure " + string(afterHook.OnFailure)
+		}
+		t.Run(sub, func(t *testing.T) {
+			e, _ := startHooked(t, jumpstarter.LeaseHooks{ResetAfterLease: true, AfterLease: afterHook}, func(h *hookTarget) { h.resetErr = errors.New("disk gone") })
+			ctx := ctxT(t, 60*time.Second)
+			_, err := e.ctrl.WaitExporter(ctx, ns, name, online)
+			require.NoError(t, err)
+			require.NoError(t, e.ctrl.AssignLease(ns, "lease-1", name, "alice"))
+			_, err = e.ctrl.WaitExporter(ctx, ns, name, leaseReady)
+			require.NoError(t, err)
+			require.NoError(t, e.ctrl.EndLease(ns, "lease-1"))
+			select {
+			case err := <-e.done:
+				require.ErrorIs(t, err, jumpstarter.ErrHookExit)
+				assert.ErrorContains(t, err, "disk gone")
+				e.done <- nil // for the cleanup's stop
+			case <-ctx.Done():
+				t.Fatal("Run did not end after the reset failed")
+			}
+			st, _ := e.ctrl.ExporterState(ns, name)
+			assert.Equal(t, []pb.ExporterStatus{pb.ExporterStatus_EXPORTER_STATUS_AFTER_LEASE_HOOK, pb.ExporterStatus_EXPORTER_STATUS_AFTER_LEASE_HOOK_FAILED, pb.ExporterStatus_EXPORTER_STATUS_OFFLINE},
+				slices.Compact(after(st.StatusHistory, pb.ExporterStatus_EXPORTER_STATUS_AFTER_LEASE_HOOK)))
+			assert.True(t, st.Unregistered, "offline: unregistered")
+			e.rec.waitState(t, jumpstarter.StateFailed, 5*time.Second)
+		})
 	}
-	st, _ := e.ctrl.ExporterState(ns, name)
-	assert.Equal(t, []pb.ExporterStatus{pb.ExporterStatus_EXPORTER_STATUS_AFTER_LEASE_HOOK, pb.ExporterStatus_EXPORTER_STATUS_AFTER_LEASE_HOOK_FAILED, pb.ExporterStatus_EXPORTER_STATUS_OFFLINE},
-		slices.Compact(after(st.StatusHistory, pb.ExporterStatus_EXPORTER_STATUS_AFTER_LEASE_HOOK)))
-	assert.True(t, st.Unregistered, "offline: unregistered")
-	e.rec.waitState(t, jumpstarter.StateFailed, 5*time.Second)
 }
 
 // A reset on a target that cannot be reset fails the hook with a clear

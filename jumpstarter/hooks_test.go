@@ -24,9 +24,9 @@ func TestAfterLeaseHook(t *testing.T) {
 		{"keep, no hook: nothing", LeaseHooks{}, nil},
 		{"keep, a hook: the hook", LeaseHooks{AfterLease: off}, off},
 		{"reset alone: reset, a failure takes the exporter offline", LeaseHooks{ResetAfterLease: true},
-			&Hook{Actions: []HookStep{{Action: HookReset}}, OnFailure: OnFailureExit}},
+			&Hook{Actions: []HookStep{{Action: HookReset, policyReset: true}}, OnFailure: OnFailureExit}},
 		{"reset then the hook's actions, under the hook's timeout and onFailure", LeaseHooks{ResetAfterLease: true, AfterLease: off},
-			&Hook{Actions: []HookStep{{Action: HookReset}, {Action: HookPowerOff}}, Timeout: time.Minute, OnFailure: OnFailureEndLease}},
+			&Hook{Actions: []HookStep{{Action: HookReset, policyReset: true}, {Action: HookPowerOff}}, Timeout: time.Minute, OnFailure: OnFailureEndLease}},
 		{"a beforeLease hook does not run at the end", LeaseHooks{BeforeLease: off}, nil},
 	} {
 		assert.Equal(t, c.want, afterLeaseHook(c.hooks), c.name)
@@ -69,6 +69,10 @@ func TestDecideHook(t *testing.T) {
 		{"after, endLease: failed, nothing to release, then available keeping the failure", afterLease, hook(OnFailureEndLease), boom,
 			hookVerdict{status: afterFail, msg: "afterLease hook failed (onFailure=endLease): boom",
 				thenAvailable: "Available for new lease (afterLease hook failed (onFailure=endLease): boom)"}},
+		{"after, the policy's reset failed, warn: failed, offline all the same", afterLease, hook(OnFailureWarn), fmt.Errorf("%w: action reset: boom", errPolicyReset),
+			hookVerdict{status: afterFail, msg: "afterLease hook failed (the lease state policy's reset, shutting down whatever onFailure): the lease state policy's reset failed: action reset: boom", exit: true}},
+		{"after, the policy's reset failed, endLease: failed, offline all the same", afterLease, hook(OnFailureEndLease), fmt.Errorf("%w: action reset: boom", errPolicyReset),
+			hookVerdict{status: afterFail, msg: "afterLease hook failed (the lease state policy's reset, shutting down whatever onFailure): the lease state policy's reset failed: action reset: boom", exit: true}},
 		{"after, exit: failed, offline", afterLease, hook(OnFailureExit), boom,
 			hookVerdict{status: afterFail, msg: "afterLease hook failed (onFailure=exit, shutting down): boom", exit: true}},
 	} {
