@@ -27,12 +27,16 @@ const seaBIOS = "/usr/share/seabios/bios-256k.bin"
 // TestExporterSetLeaseHygiene runs two leases in sequence on one pod of a
 // Jumpstarter-mode set with recyclePolicy Reuse (real control plane,
 // controller, node, TCG VMs, the test Jumpstarter): the first lease
-// flashes the bios and sets a smaller memory size. With the lease state
-// policy Reset (the default) the second lease, on the same pod, sees the
-// set's definition: no flashed firmware, the template's memory, the set's
-// image, a VM that boots and serves its console and HTTP port; the
-// exporter went through AFTER_LEASE_HOOK between them. With Keep, the
-// second lease sees what the first left.
+// flashes the bios, sets a smaller memory size and writes a token in the
+// guest (kubectl exec). With the lease state policy Reset (the default)
+// the second lease, on the same pod, sees the set's definition: no
+// flashed firmware, the template's memory, the set's image, no token (the
+// guest booted again), a VM that boots and serves its console and HTTP
+// port; the exporter went through AFTER_LEASE_HOOK between them. With
+// Keep, the second lease sees what the first left, the token included
+// (the guest kept running). Both sets have an afterLease hook whose exec
+// step writes a file in the guest (through qemu-guest-agent, after the
+// reset's boot): the second lease finds it.
 func TestExporterSetLeaseHygiene(t *testing.T) {
 	testutil.SkipIfShort(t, "a control plane, a node and TCG VMs")
 	if _, err := os.Stat(seaBIOS); err != nil {
@@ -50,6 +54,12 @@ func (e *exsEnv) testLeaseHygiene(t *testing.T, js *jsEnv, name string, policy v
 	set := e.jsSet(name, 1, 0, js)
 	set.Spec.RecyclePolicy = v1alpha1.RecyclePolicyReuse
 	set.Spec.Jumpstarter.LeaseStatePolicy = policy
+	hookMark := "qk-hook-" + name
+	set.Spec.Jumpstarter.Hooks = &v1alpha1.LeaseHooks{AfterLease: &v1alpha1.LeaseHook{
+		Actions: []v1alpha1.LeaseHookStep{{Action: v1alpha1.LeaseHookExec, Command: []string{"/bin/sh", "-c", "echo " + hookMark + " > /tmp/qk-after-lease"}}},
+		// the reset's boot under TCG on a loaded machine, then the agent
+		Timeout: int32((2 * vmBoot).Seconds()), OnFailure: v1alpha1.LeaseHookEndLease}}
+	k := &kubectlEnv{t: t, c: e.c}
 	sel := set.Spec.Jumpstarter.ExporterLabels
 	e.createSet(t, set)
 	defer e.deleteSet(t, name)
@@ -84,6 +94,10 @@ func (e *exsEnv) testLeaseHygiene(t *testing.T, js *jsEnv, name string, policy v
 	require.NoError(t, sess.Flash(ctx, flasher.Uuid, fw, "bios", ""))
 	fw.Close()
 	sess.Close()
+	// A token in the guest the flash booted (its guest agent answers once
+	// the guest is up).
+	token := "qk-token-" + string(pod.UID)
+	k.eventually(2*vmBoot, token, "-n", e.ns, "exec", pod.Name, "--", "/bin/sh", "-c", "echo "+token+" > /tmp/qk-token && cat /tmp/qk-token")
 	flashed := e.vmSpec(t, pod)
 	assert.Contains(t, flashed.BIOS, "flash", "the first lease boots its flashed bios")
 	assert.Equal(t, 192, flashed.MemoryMiB)
@@ -100,12 +114,21 @@ func (e *exsEnv) testLeaseHygiene(t *testing.T, js *jsEnv, name string, policy v
 	})
 	require.Equal(t, pod.UID, pods[0].UID, "Reuse: the same pod")
 	seen := e.vmSpec(t, pod)
+	assert.True(t, slices.Contains(st.StatusHistory, pb.ExporterStatus_EXPORTER_STATUS_AFTER_LEASE_HOOK), "the first lease's end ran the hook: %v", st.StatusHistory)
+	assert.NotContains(t, st.StatusHistory, pb.ExporterStatus_EXPORTER_STATUS_AFTER_LEASE_HOOK_FAILED, "the hook passed: %s", st.StatusMessage)
+	// The afterLease hook's exec step wrote its file in the guest the
+	// second lease gets (after the reset's boot with Reset).
+	k.eventually(2*vmBoot, hookMark, "-n", e.ns, "exec", pod.Name, "--", "cat", "/tmp/qk-after-lease")
+	out, err := k.run("-n", e.ns, "exec", pod.Name, "--", "cat", "/tmp/qk-token")
 	if policy == v1alpha1.LeaseStatePolicyKeep {
-		assert.NotContains(t, st.StatusHistory, pb.ExporterStatus_EXPORTER_STATUS_AFTER_LEASE_HOOK, "Keep: no reset, no hook")
+		require.NoError(t, err, "Keep: the first lease's token is still in the guest: %s", out)
+		assert.Contains(t, out, token, "Keep: the first lease's token")
 		assert.Equal(t, flashed.BIOS, seen.BIOS, "Keep: the first lease's firmware")
 		assert.Equal(t, 192, seen.MemoryMiB, "Keep: the first lease's memory")
 	} else {
-		assert.True(t, slices.Contains(st.StatusHistory, pb.ExporterStatus_EXPORTER_STATUS_AFTER_LEASE_HOOK), "the first lease's end ran the reset: %v", st.StatusHistory)
+		require.Error(t, err, "Reset: the guest booted again, without the first lease's token: %s", out)
+		assert.Contains(t, out, "No such file", "Reset: no token file in the guest")
+		assert.NotContains(t, out, token)
 		assert.Empty(t, seen.BIOS, "Reset: the set's firmware, not the flashed bios")
 		assert.Equal(t, defined.MemoryMiB, seen.MemoryMiB, "Reset: the set's memory")
 		assert.Equal(t, defined.Kernel, seen.Kernel, "Reset: the set's image")
