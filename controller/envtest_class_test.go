@@ -190,6 +190,10 @@ func TestEnvtestClassValidation(t *testing.T) {
 		{"command on a power step", `{"jumpstarter":{"exporterLabels":{"board":"x"},"hooks":{"afterLease":{"actions":[{"action":"powerOn","command":["true"]}]}}}}`, "command is set exactly when action is exec"},
 		{"exec step with 65 arguments", `{"jumpstarter":{"exporterLabels":{"board":"x"},"hooks":{"afterLease":{"actions":[{"action":"exec","command":["a"` + strings.Repeat(`,"a"`, 64) + `]}]}}}}`, "must have at most 64 items"},
 		{"exec step with an empty argument", `{"jumpstarter":{"exporterLabels":{"board":"x"},"hooks":{"afterLease":{"actions":[{"action":"exec","command":["touch",""]}]}}}}`, "at least 1 chars long"},
+		{"flash step without its image", `{"jumpstarter":{"exporterLabels":{"board":"x"},"hooks":{"afterLease":{"actions":[{"action":"flash"}]}}}}`, "flash is set exactly when action is flash"},
+		{"flash on a reset step", `{"jumpstarter":{"exporterLabels":{"board":"x"},"hooks":{"afterLease":{"actions":[{"action":"reset","flash":{"image":"reg.example/os:1"}}]}}}}`, "flash is set exactly when action is flash"},
+		{"flash of an image without tag or digest", `{"jumpstarter":{"exporterLabels":{"board":"x"},"hooks":{"afterLease":{"actions":[{"action":"flash","flash":{"image":"reg.example/os"}}]}}}}`, "spec.jumpstarter.hooks.afterLease.actions[0].flash.image: Invalid value"},
+		{"flash onto an unknown partition", `{"jumpstarter":{"exporterLabels":{"board":"x"},"hooks":{"afterLease":{"actions":[{"action":"flash","flash":{"image":"reg.example/os:1","partition":"efi"}}]}}}}`, `Unsupported value: "efi"`},
 		{"exec step with a 4097-byte argument", `{"jumpstarter":{"exporterLabels":{"board":"x"},"hooks":{"afterLease":{"actions":[{"action":"exec","command":["echo","` + strings.Repeat("x", 4097) + `"]}]}}}}`, "command[1]: Too long"},
 	}
 	for _, tc := range bad {
@@ -205,7 +209,8 @@ func TestEnvtestClassValidation(t *testing.T) {
 	createClass(t, &v1alpha1.VirtualTargetClass{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "plain"}})
 	createClass(t, &v1alpha1.VirtualTargetClass{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "exec-hook"}, Spec: v1alpha1.VirtualTargetClassSpec{
 		Jumpstarter: &v1alpha1.ClassJumpstarter{ExporterLabels: map[string]string{"board": "x"}, Hooks: &v1alpha1.LeaseHooks{AfterLease: &v1alpha1.LeaseHook{
-			Actions: []v1alpha1.LeaseHookStep{{Action: v1alpha1.LeaseHookReset}, {Action: v1alpha1.LeaseHookExec, Command: []string{"/bin/sh", "-c", "rm -rf /home/*/.ssh"}}}}}}}})
+			Actions: []v1alpha1.LeaseHookStep{{Action: v1alpha1.LeaseHookReset}, {Action: v1alpha1.LeaseHookExec, Command: []string{"/bin/sh", "-c", "rm -rf /home/*/.ssh"}},
+				{Action: v1alpha1.LeaseHookFlash, Flash: &v1alpha1.LeaseHookFlashSpec{Image: "reg.example/fw@sha256:" + strings.Repeat("0a", 32), Partition: "bios"}}}}}}}})
 	var c v1alpha1.VirtualTargetClass
 	require.NoError(t, env.client.Get(ctx, types.NamespacedName{Namespace: ns, Name: "plain"}, &c))
 	assert.Equal(t, v1alpha1.BindingModeImmediate, c.Spec.BindingMode)

@@ -72,15 +72,15 @@ func flashCredentials(args []any) (*RegistryCredentials, error) {
 // first check of the registry's name: plain HTTP, where it resolves), or,
 // for a target that is no OCIFlasher, Target.Flash for root without
 // credentials.
-func (s *server) ociFlash(ctx context.Context, f OCIFlash) (func(ctx context.Context, progress func(string)) error, error) {
-	of, ok := s.e.cfg.Target.(OCIFlasher)
+func (e *Exporter) ociFlash(ctx context.Context, f OCIFlash) (func(ctx context.Context, progress func(string)) error, error) {
+	of, ok := e.cfg.Target.(OCIFlasher)
 	switch {
 	case !ok && f.Credentials != nil:
 		return nil, fmt.Errorf("%w: registry credentials in the call are not supported by this target", ErrInvalidArgument)
 	case !ok && f.Partition != PartitionRoot:
 		return nil, fmt.Errorf("%w: this target takes flash_oci onto partition %s only", ErrUnsupported, PartitionRoot)
 	}
-	if opts := s.e.cfg.Resources; !opts.AllowLocalFetch {
+	if opts := e.cfg.Resources; !opts.AllowLocalFetch {
 		if err := opts.Fetch.CheckRegistry(ctx, f.Ref); err != nil { // fetchpolicy.go
 			return nil, fmt.Errorf("flash_oci %s: %w", f.Ref, err)
 		}
@@ -90,6 +90,6 @@ func (s *server) ociFlash(ctx context.Context, f OCIFlash) (func(ctx context.Con
 		return func(ctx context.Context, progress func(string)) error { return of.FlashOCI(ctx, f, progress) }, nil
 	}
 	return func(ctx context.Context, progress func(string)) error {
-		return s.e.cfg.Target.Flash(ctx, f.Ref, progress)
+		return e.cfg.Target.Flash(ctx, f.Ref, progress)
 	}, nil
 }

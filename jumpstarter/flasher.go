@@ -110,7 +110,7 @@ func (s *server) flashResource(ctx context.Context, d *driver, args []any) error
 	if err != nil {
 		return err
 	}
-	release, err := s.transferSlot(ctx, "flash", nil) // limits.go
+	release, err := s.e.transferSlot(ctx, "flash", nil) // limits.go
 	if err != nil {
 		return fmt.Errorf("flash %s: %w", part, err)
 	}
@@ -149,7 +149,7 @@ func (s *server) dump(ctx context.Context, d *driver, args []any) error {
 	if err != nil {
 		return err
 	}
-	release, err := s.transferSlot(ctx, "dump", nil) // limits.go
+	release, err := s.e.transferSlot(ctx, "dump", nil) // limits.go
 	if err != nil {
 		return fmt.Errorf("dump %s: %w", part, err)
 	}

@@ -1,9 +1,11 @@
 package jumpstarter
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 	"unicode"
@@ -31,6 +33,9 @@ const (
 	HookReset HookAction = "reset"
 	// HookExec runs the step's Command in the guest (GuestExecer).
 	HookExec HookAction = "exec"
+	// HookFlash flashes the step's Image onto its Partition as flash_oci
+	// does, with no credentials (what the node may pull for anyone).
+	HookFlash HookAction = "flash"
 )
 
 // HookStep is one action of a hook, with what the action needs.
@@ -38,6 +43,9 @@ type HookStep struct {
 	Action HookAction
 	// Command is HookExec's argv (program and arguments, no shell).
 	Command []string
+	// Image and Partition are HookFlash's OCI reference and partition
+	// ("": PartitionRoot).
+	Image, Partition string
 	// policyReset: the reset of the lease state policy (afterLeaseHook),
 	// whose failure takes the exporter offline whatever the hook's
 	// onFailure.
@@ -48,6 +56,9 @@ type HookStep struct {
 func (s HookStep) String() string {
 	if s.Action == HookExec && len(s.Command) > 0 {
 		return fmt.Sprintf("%s %s (%d args)", s.Action, s.Command[0], len(s.Command)-1)
+	}
+	if s.Action == HookFlash {
+		return fmt.Sprintf("%s %s onto %s", s.Action, s.Image, cmp.Or(s.Partition, PartitionRoot))
 	}
 	return string(s.Action)
 }
@@ -285,6 +296,8 @@ func (e *Exporter) hookAction(ctx context.Context, op string, a HookStep) error 
 			return errors.New("this target cannot run commands in its guest")
 		}
 		return e.hookExec(ctx, op, g, a.Command)
+	case HookFlash:
+		return e.hookFlash(ctx, op, a)
 	}
 	return fmt.Errorf("unknown hook action %q", a.Action)
 }
@@ -322,6 +335,26 @@ func (e *Exporter) hookExec(ctx context.Context, op string, g GuestExecer, argv 
 			return err
 		}
 	}
+}
+
+// hookFlash flashes a step's image as flash_oci does for a lease, but
+// with no registry credentials (what the node may pull for anyone: never
+// a lease's, never the pod's pull secrets), within the node's fetch policy
+// (the registry checked before the pull, each connection at its dial), in
+// a transfer slot and the transfer timeout, its progress in the LogStream.
+func (e *Exporter) hookFlash(ctx context.Context, op string, a HookStep) error {
+	f := OCIFlash{Ref: strings.TrimPrefix(a.Image, "oci://"), Partition: cmp.Or(a.Partition, PartitionRoot)}
+	if f.Ref == "" || !slices.Contains(Partitions, f.Partition) {
+		return fmt.Errorf("%w: flash %q onto partition %q", ErrInvalidArgument, a.Image, a.Partition)
+	}
+	flash, err := e.ociFlash(ctx, f) // flashauth.go
+	if err != nil {
+		return err
+	}
+	progress := func(line string) {
+		e.logs.Add(LogEntry{Driver: DriverFlasher, Operation: op, Message: line})
+	}
+	return e.transfer(ctx, op, progress, flash) // limits.go
 }
 
 // stderrTail is the printable end of a command's stderr, at most

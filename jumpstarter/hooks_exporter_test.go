@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"sync"
 	"testing"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter"
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/jstest"
@@ -412,4 +414,63 @@ func leaseThenEnd(t *testing.T, e *env) jstest.ExporterState {
 	})
 	require.NoError(t, err, "AVAILABLE after AFTER_LEASE_HOOK_FAILED")
 	return st
+}
+
+// A flash step flashes its image as flash_oci does, but with no registry
+// credentials and through the node's fetch policy (the target gets the
+// policy's dialler), its progress in the lease's LogStream; a registry
+// reached over plain HTTP is refused before anything is pulled.
+func TestLeaseHookFlash(t *testing.T) {
+	policy := jumpstarter.ResourceOptions{Fetch: jumpstarter.FetchPolicy{NodeAddresses: testNode,
+		AllowNets: []netip.Prefix{netip.MustParsePrefix("10.255.0.0/16")}}}
+	flashHook := func(image string) func(*jumpstarter.Config) {
+		withPolicy, _ := withDisk(policy)
+		return func(c *jumpstarter.Config) {
+			withPolicy(c)
+			c.Hooks = jumpstarter.LeaseHooks{BeforeLease: &jumpstarter.Hook{Actions: []jumpstarter.HookStep{
+				{Action: jumpstarter.HookFlash, Image: image, Partition: "bios"}}, Timeout: time.Minute, OnFailure: jumpstarter.OnFailureEndLease}}
+		}
+	}
+	t.Run("flashed without credentials, through the policy", func(t *testing.T) {
+		e, s, _ := leased(t, flashHook("10.255.0.2:5000/fw:1"))
+		dt := e.cfg.Target.(*diskTarget)
+		dt.mu.Lock()
+		parts, creds, dials := slices.Clone(dt.ociParts), slices.Clone(dt.ociCreds), slices.Clone(dt.ociDials)
+		dt.mu.Unlock()
+		assert.Equal(t, []string{"bios=10.255.0.2:5000/fw:1"}, parts, "the hook flashed before the lease was served")
+		assert.Equal(t, []*jumpstarter.RegistryCredentials{nil}, creds, "no credentials: what the node may pull for anyone")
+		require.Len(t, dials, 1)
+		require.NotNil(t, dials[0], "the pull dials through the node's fetch policy")
+		ctx := ctxT(t, 30*time.Second)
+		_, err := dials[0].DialContext(ctx, "tcp", "10.0.0.7:443")
+		require.ErrorIs(t, err, jumpstarter.ErrInvalidArgument)
+		assert.Contains(t, err.Error(), "address 10.0.0.7 is in a private range")
+
+		st, err := s.Exporter.LogStream(ctx, &emptypb.Empty{})
+		require.NoError(t, err)
+		var lines []string
+		for !slices.Contains(lines, "pulling 10.255.0.2:5000/fw:1") {
+			r, err := st.Recv()
+			require.NoError(t, err, "the flash's progress in the LogStream; got %q", lines)
+			lines = append(lines, r.GetMessage())
+		}
+		assert.Contains(t, lines, "beforeLease hook: flash 10.255.0.2:5000/fw:1 onto bios")
+	})
+	t.Run("a plain-HTTP registry is refused before any pull", func(t *testing.T) {
+		mutate := flashHook("127.0.0.1:5000/fw:1")
+		var dt *diskTarget
+		e := startEnv(t, true, func(c *jumpstarter.Config) { mutate(c); dt = c.Target.(*diskTarget) })
+		ctx := ctxT(t, 60*time.Second)
+		_, err := e.ctrl.WaitExporter(ctx, ns, name, online)
+		require.NoError(t, err)
+		require.NoError(t, e.ctrl.AssignLease(ns, "lease-1", name, "alice"))
+		st, err := e.ctrl.WaitExporter(ctx, ns, name, func(s jstest.ExporterState) bool {
+			return s.Status == pb.ExporterStatus_EXPORTER_STATUS_BEFORE_LEASE_HOOK_FAILED && s.Lease == ""
+		})
+		require.NoError(t, err)
+		assert.Contains(t, st.StatusMessage, "action flash: flash_oci 127.0.0.1:5000/fw:1: invalid argument: registry 127.0.0.1:5000 is reached over plain HTTP")
+		dt.mu.Lock()
+		defer dt.mu.Unlock()
+		assert.Empty(t, dt.ociParts, "nothing was pulled")
+	})
 }

@@ -94,14 +94,27 @@ func (l *TransferLimiter) release() {
 // transferSlot takes a slot of the node's transfer limiter for op,
 // telling the lease in its LogStream (and through progress, when set)
 // while it waits.
-func (s *server) transferSlot(ctx context.Context, op string, progress func(string)) (func(), error) {
-	l := s.e.cfg.Resources.Transfers
+func (e *Exporter) transferSlot(ctx context.Context, op string, progress func(string)) (func(), error) {
+	l := e.cfg.Resources.Transfers
 	return l.acquire(ctx, func(running, queued int) {
 		msg := fmt.Sprintf("waiting for a transfer slot: %d flashes and dumps run on this node (at most %d at once), %d waiting with this one", running, l.max, queued)
-		s.e.logs.Add(LogEntry{Driver: DriverFlasher, Operation: op, Message: msg})
-		s.e.log.Info("transfer queued", "operation", op, "running", running, "queued", queued)
+		e.logs.Add(LogEntry{Driver: DriverFlasher, Operation: op, Message: msg})
+		e.log.Info("transfer queued", "operation", op, "running", running, "queued", queued)
 		if progress != nil {
 			progress(msg)
 		}
 	})
+}
+
+// transfer runs f (a flash of an OCI image) in a transfer slot, within
+// the transfer timeout: flash_oci's and a flash hook step's.
+func (e *Exporter) transfer(ctx context.Context, op string, progress func(string), f func(context.Context, func(string)) error) error {
+	release, err := e.transferSlot(ctx, op, progress)
+	if err != nil {
+		return err
+	}
+	defer release()
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.Resources.withDefaults().TransferTimeout)
+	defer cancel()
+	return f(ctx, progress)
 }

@@ -37,6 +37,7 @@ type diskTarget struct {
 	writes   map[string]int // installed writes by partition
 	ociParts []string       // FlashOCI calls: partition=ref
 	ociDials []jumpstarter.Dialer
+	ociCreds []*jumpstarter.RegistryCredentials
 	// block, when set, holds the first WritePartition (after it read its
 	// image) until it is closed; blocked is closed once one waits there.
 	block   chan struct{}
@@ -102,6 +103,7 @@ func (d *diskTarget) FlashOCI(_ context.Context, f jumpstarter.OCIFlash, progres
 	defer d.mu.Unlock()
 	d.ociParts = append(d.ociParts, f.Partition+"="+f.Ref)
 	d.ociDials = append(d.ociDials, f.Dial)
+	d.ociCreds = append(d.ociCreds, f.Credentials)
 	return nil
 }
 

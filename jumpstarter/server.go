@@ -280,7 +280,7 @@ func (s *server) flashOCI(ctx context.Context, args []any, send func(any) error)
 	if ref == "" {
 		return fmt.Errorf("%w: OCI URL %q names no image", ErrInvalidArgument, url)
 	}
-	flash, err := s.ociFlash(ctx, OCIFlash{Ref: ref, Partition: part, Credentials: creds}) // flashauth.go
+	flash, err := s.e.ociFlash(ctx, OCIFlash{Ref: ref, Partition: part, Credentials: creds}) // flashauth.go
 	if err != nil {
 		return err
 	}
@@ -299,17 +299,7 @@ func (s *server) flashOCI(ctx context.Context, args []any, send func(any) error)
 		case <-ctx.Done():
 		}
 	}
-	go func() {
-		release, err := s.transferSlot(ctx, "flash", progress) // limits.go
-		if err != nil {
-			done <- err
-			return
-		}
-		defer release()
-		ctx, cancel := context.WithTimeout(ctx, s.e.cfg.Resources.withDefaults().TransferTimeout)
-		defer cancel()
-		done <- flash(ctx, progress)
-	}()
+	go func() { done <- s.e.transfer(ctx, "flash", progress, flash) }() // limits.go
 	for {
 		select {
 		case l := <-lines:

@@ -1,7 +1,10 @@
 package v1alpha1
 
 import (
+	"errors"
 	"fmt"
+	"regexp"
+	"slices"
 	"strings"
 )
 
@@ -35,7 +38,7 @@ const (
 )
 
 // LeaseHookAction is one thing a lease hook does to the VM.
-// +kubebuilder:validation:Enum=powerOn;powerOff;powerCycle;reset;exec
+// +kubebuilder:validation:Enum=powerOn;powerOff;powerCycle;reset;exec;flash
 type LeaseHookAction string
 
 const (
@@ -51,7 +54,36 @@ const (
 	// LeaseHookExec runs the step's command in the guest through
 	// qemu-guest-agent (no shell); a non-zero exit fails the step.
 	LeaseHookExec LeaseHookAction = "exec"
+	// LeaseHookFlash flashes the step's image onto a partition as a
+	// lease's flash_oci does, pulling it with what the node may pull for
+	// anyone (no lease's credentials, no pod's pull secrets).
+	LeaseHookFlash LeaseHookAction = "flash"
 )
+
+// LeaseHookImagePattern is the form of a flash step's image: an OCI
+// reference with a tag or a digest (no oci:// prefix).
+const LeaseHookImagePattern = `^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-]+[a-z0-9]+)*)*(:[A-Za-z0-9_][A-Za-z0-9._-]{0,127}(@sha256:[a-f0-9]{64})?|@sha256:[a-f0-9]{64})$`
+
+var leaseHookImage = regexp.MustCompile(LeaseHookImagePattern)
+
+// LeaseHookFlashPartitions are the partitions a flash step may write.
+var LeaseHookFlashPartitions = []string{"root", "bios", "OVMF_CODE.fd", "OVMF_VARS.fd"}
+
+// LeaseHookFlashSpec is what a flash step flashes.
+type LeaseHookFlashSpec struct {
+	// Image is the OCI image to flash, with a tag or a digest
+	// (registry.example/os/debian:13 or ...@sha256:<digest>), pulled as
+	// the node may pull for anyone: anonymously, within the node's fetch
+	// policy.
+	// +kubebuilder:validation:MaxLength=512
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-]+[a-z0-9]+)*)*(:[A-Za-z0-9_][A-Za-z0-9._-]{0,127}(@sha256:[a-f0-9]{64})?|@sha256:[a-f0-9]{64})$`
+	Image string `json:"image"`
+	// Partition is where the image's disk goes: root (default), bios,
+	// OVMF_CODE.fd or OVMF_VARS.fd.
+	// +optional
+	// +kubebuilder:validation:Enum=root;bios;OVMF_CODE.fd;OVMF_VARS.fd
+	Partition string `json:"partition,omitempty"`
+}
 
 // Bounds of an exec step's command.
 const (
@@ -65,9 +97,10 @@ const (
 // LeaseHookStep is one action of a hook, with the arguments the action
 // needs: {action: powerOn}, {action: exec, command: [touch, /run/x]}.
 // +kubebuilder:validation:XValidation:rule="has(self.command) == (self.action == 'exec')",message="command is set exactly when action is exec"
+// +kubebuilder:validation:XValidation:rule="has(self.flash) == (self.action == 'flash')",message="flash is set exactly when action is flash"
 type LeaseHookStep struct {
-	// Action is what the step does: powerOn, powerOff, powerCycle, reset
-	// or exec.
+	// Action is what the step does: powerOn, powerOff, powerCycle, reset,
+	// exec or flash.
 	Action LeaseHookAction `json:"action"`
 	// Command is exec's program and arguments (argv, no shell), run in the
 	// guest through qemu-guest-agent; only with action exec. The guest
@@ -80,22 +113,43 @@ type LeaseHookStep struct {
 	// +kubebuilder:validation:items:MaxLength=4096
 	// +listType=atomic
 	Command []string `json:"command,omitempty"`
+	// Flash is flash's image and partition; only with action flash.
+	// +optional
+	Flash *LeaseHookFlashSpec `json:"flash,omitempty"`
 }
 
 // Check says what is wrong with the step (nil: nothing), the checks of
 // the CRD's schema, for values that did not come through it (a pod's
 // annotation). Pure.
 func (s LeaseHookStep) Check() error {
+	switch {
+	case s.Action != LeaseHookExec && s.Command != nil:
+		return fmt.Errorf("action %s takes no command", s.Action)
+	case s.Action != LeaseHookFlash && s.Flash != nil:
+		return fmt.Errorf("action %s takes no flash", s.Action)
+	}
 	switch s.Action {
 	case LeaseHookPowerOn, LeaseHookPowerOff, LeaseHookPowerCycle, LeaseHookReset:
-		if s.Command != nil {
-			return fmt.Errorf("action %s takes no command", s.Action)
-		}
 		return nil
 	case LeaseHookExec:
 		return checkCommand(s.Command)
+	case LeaseHookFlash:
+		return checkFlash(s.Flash)
 	}
-	return fmt.Errorf("action %q: want powerOn, powerOff, powerCycle, reset or exec", s.Action)
+	return fmt.Errorf("action %q: want powerOn, powerOff, powerCycle, reset, exec or flash", s.Action)
+}
+
+// checkFlash checks a flash step's image and partition.
+func checkFlash(f *LeaseHookFlashSpec) error {
+	switch {
+	case f == nil:
+		return errors.New("flash: no image")
+	case len(f.Image) > 512 || !leaseHookImage.MatchString(f.Image):
+		return fmt.Errorf("flash: image %.80q: want an OCI reference with a tag or a digest (registry.example/os/debian:13, ...@sha256:<digest>)", f.Image)
+	case f.Partition != "" && !slices.Contains(LeaseHookFlashPartitions, f.Partition):
+		return fmt.Errorf("flash: partition %.40q: want one of %s", f.Partition, strings.Join(LeaseHookFlashPartitions, ", "))
+	}
+	return nil
 }
 
 // checkCommand checks an exec step's argv.

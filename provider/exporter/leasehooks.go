@@ -17,7 +17,11 @@ func leaseHook(h *podspec.LeaseHookSettings) *jumpstarter.Hook {
 	}
 	out := &jumpstarter.Hook{Timeout: h.Timeout, OnFailure: jumpstarter.OnFailure(h.OnFailure)}
 	for _, a := range h.Actions {
-		out.Actions = append(out.Actions, jumpstarter.HookStep{Action: jumpstarter.HookAction(a.Action), Command: a.Command})
+		step := jumpstarter.HookStep{Action: jumpstarter.HookAction(a.Action), Command: a.Command}
+		if f := a.Flash; f != nil {
+			step.Image, step.Partition = f.Image, f.Partition
+		}
+		out.Actions = append(out.Actions, step)
 	}
 	return out
 }
