@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -421,12 +422,15 @@ func leaseThenEnd(t *testing.T, e *env) jstest.ExporterState {
 // policy's dialler), its progress in the lease's LogStream; a registry
 // reached over plain HTTP is refused before anything is pulled.
 func TestLeaseHookFlash(t *testing.T) {
-	policy := jumpstarter.ResourceOptions{Fetch: jumpstarter.FetchPolicy{NodeAddresses: testNode,
+	lim := jumpstarter.NewTransferLimiter(1)
+	policy := jumpstarter.ResourceOptions{Transfers: lim, Fetch: jumpstarter.FetchPolicy{NodeAddresses: testNode,
 		AllowNets: []netip.Prefix{netip.MustParsePrefix("10.255.0.0/16")}}}
+	var slotsTaken atomic.Int32 // the node's transfers running while the hook's flash ran
 	flashHook := func(image string) func(*jumpstarter.Config) {
-		withPolicy, _ := withDisk(policy)
+		withPolicy, target := withDisk(policy)
 		return func(c *jumpstarter.Config) {
 			withPolicy(c)
+			target().onOCI = func() { slotsTaken.Store(int32(lim.Running())) }
 			c.Hooks = jumpstarter.LeaseHooks{BeforeLease: &jumpstarter.Hook{Actions: []jumpstarter.HookStep{
 				{Action: jumpstarter.HookFlash, Image: image, Partition: "bios"}}, Timeout: time.Minute, OnFailure: jumpstarter.OnFailureEndLease}}
 		}
@@ -438,6 +442,8 @@ func TestLeaseHookFlash(t *testing.T) {
 		parts, creds, dials := slices.Clone(dt.ociParts), slices.Clone(dt.ociCreds), slices.Clone(dt.ociDials)
 		dt.mu.Unlock()
 		assert.Equal(t, []string{"bios=10.255.0.2:5000/fw:1"}, parts, "the hook flashed before the lease was served")
+		assert.Equal(t, int32(1), slotsTaken.Load(), "the flash ran in a transfer slot")
+		assert.Zero(t, lim.Running(), "and gave it back")
 		assert.Equal(t, []*jumpstarter.RegistryCredentials{nil}, creds, "no credentials: what the node may pull for anyone")
 		require.Len(t, dials, 1)
 		require.NotNil(t, dials[0], "the pull dials through the node's fetch policy")

@@ -38,6 +38,7 @@ type diskTarget struct {
 	ociParts []string       // FlashOCI calls: partition=ref
 	ociDials []jumpstarter.Dialer
 	ociCreds []*jumpstarter.RegistryCredentials
+	onOCI    func() // called as FlashOCI starts (nil: nothing)
 	// block, when set, holds the first WritePartition (after it read its
 	// image) until it is closed; blocked is closed once one waits there.
 	block   chan struct{}
@@ -98,6 +99,9 @@ func (d *diskTarget) ReadPartition(_ context.Context, p string) (io.ReadCloser, 
 }
 
 func (d *diskTarget) FlashOCI(_ context.Context, f jumpstarter.OCIFlash, progress func(string)) error {
+	if d.onOCI != nil {
+		d.onOCI()
+	}
 	progress("pulling " + f.Ref)
 	d.mu.Lock()
 	defer d.mu.Unlock()
