@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net"
 	"regexp"
@@ -379,7 +380,7 @@ func TestReportLabelsAndHelp(t *testing.T) {
 			"dump":  "Dump a partition (--target, default root) to FILE: root is the disk as the guest left it (power off first); flashed:PARTITION is what was flashed there, or the pod's image's disk",
 		}},
 		"console": {desc: "VM serial console (the stream kubectl attach shows)", methods: map[string]string{
-			"start-console": "Start the serial console (exit with CTRL+B x 3 times); the first session that types is the console's one writer",
+			"start-console": "Start the serial console (exit with CTRL+B x 3 times); sessions of the lease type together, as on a pty",
 			"pipe":          "Pipe the serial console to stdout or a file; piped stdin goes to the guest, and its end ends the stream (a serial line has no end of input)",
 		}},
 		"http": {desc: "TCP to guest port 8080", methods: netHelp("guest port 8080")},
@@ -452,4 +453,49 @@ func TestPowerOffAndShutdown(t *testing.T) {
 	_, err = s2.Call(ctx, uuid2("power"), "shutdown")
 	assert.Equal(t, codes.Unimplemented, status.Code(err), "a target without Shutdown: %v", err)
 	assert.ErrorContains(t, err, "no graceful power off")
+}
+
+// TestPySerialRefusedWriteIsAnError: a console that refuses the client's
+// bytes (another party holds it: a `kubectl attach -i` on the pod) ends
+// the stream with an error naming why, never with the clean end of
+// stream that tells the client its bytes were sent: pexpect's next expect
+// and `echo CMD | j console pipe --no-output` both fail with it.
+func TestPySerialRefusedWriteIsAnError(t *testing.T) {
+	refused := errors.New("the console is held by another party")
+	e, s, uuidOf := leasedSession(t, func(c *jumpstarter.Config) {
+		c.Target.(*fakeTarget).consoleWriteErr = refused
+	})
+	ctx := ctxT(t, 30*time.Second)
+	serial := s.Serial(uuidOf("console"))
+
+	p, err := serial.Pexpect(ctx)
+	require.NoError(t, err)
+	defer p.Close()
+	guest := nextConsole(ctx, t, e)
+	defer guest.Close()
+	go func() { _, _ = io.Copy(io.Discard, guest) }()
+	_, err = io.WriteString(guest, "vm-0 login: ")
+	require.NoError(t, err)
+	_, _, err = p.Expect(ctx, regexp.MustCompile(`login: `))
+	require.NoError(t, err, "a refused writer still reads")
+	require.NoError(t, p.SendLine("root"))
+	_, _, err = p.Expect(ctx, regexp.MustCompile(`never`))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "the console refused the client's bytes, which were not sent: "+refused.Error())
+	assert.NotContains(t, err.Error(), "EOF", "not the clean end of stream")
+
+	done := make(chan error, 1)
+	go func() {
+		done <- serial.Pipe(ctx, jstest.PipeOptions{Input: strings.NewReader("reboot\n"), NoOutput: true})
+	}()
+	g2 := nextConsole(ctx, t, e)
+	defer g2.Close()
+	select {
+	case err := <-done:
+		require.Error(t, err, "pipe --no-output fails when its bytes were refused")
+		assert.Equal(t, codes.Unknown, status.Code(err), "%v", err)
+		assert.Contains(t, err.Error(), refused.Error())
+	case <-ctx.Done():
+		t.Fatal("pipe --no-output did not end after its bytes were refused")
+	}
 }

@@ -35,6 +35,9 @@ type fakeTarget struct {
 	guest    map[int]string // guest port -> local TCP address
 	consoles chan net.Conn  // the guest side of each Console
 	flashErr map[string]error
+	// consoleWriteErr, set before the exporter starts, makes every
+	// console refuse writes with it (another party holds the console).
+	consoleWriteErr error
 }
 
 func newFakeTarget() *fakeTarget {
@@ -72,8 +75,19 @@ func (f *fakeTarget) counts() (ons, offs int) {
 func (f *fakeTarget) Console(context.Context) (io.ReadWriteCloser, error) {
 	client, guest := net.Pipe()
 	f.consoles <- guest
+	if f.consoleWriteErr != nil {
+		return refusingConsole{client, f.consoleWriteErr}, nil
+	}
 	return client, nil
 }
+
+// refusingConsole reads the guest's output and refuses every write.
+type refusingConsole struct {
+	net.Conn
+	err error
+}
+
+func (r refusingConsole) Write([]byte) (int, error) { return 0, r.err }
 
 func (f *fakeTarget) DialGuest(ctx context.Context, port int) (net.Conn, error) {
 	f.mu.Lock()

@@ -44,7 +44,7 @@ func helpOf(k driverKind, port int) help {
 	case kindConsole:
 		// PySerialClient.cli: start-console, pipe.
 		return help{description: "VM serial console (the stream kubectl attach shows)", methods: map[string]string{
-			"start-console": "Start the serial console (exit with CTRL+B x 3 times); the first session that types is the console's one writer",
+			"start-console": "Start the serial console (exit with CTRL+B x 3 times); sessions of the lease type together, as on a pty",
 			"pipe":          "Pipe the serial console to stdout or a file; piped stdin goes to the guest, and its end ends the stream (a serial line has no end of input)",
 		}}
 	case kindDisplay:

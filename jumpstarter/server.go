@@ -440,25 +440,34 @@ func (s *server) Stream(st pb.RouterService_StreamServer) error {
 	}
 	conn := streamconn.New(streamconn.Pooled(streamconn.ServerFrames(st)), nil, "client")
 	defer conn.Close()
-	return pipe(ctx, conn, res, d.kind != kindConsole)
+	if err := pipe(ctx, conn, res, d.kind == kindConsole); err != nil {
+		// No GOAWAY: the client reads the status, never a clean end.
+		conn.Abort()
+		s.e.log.V(1).Info("byte stream ended with an error", "driver", d.name, "err", err.Error())
+		return grpcError(d, req.Method, err)
+	}
+	return nil
 }
 
 // pipe copies both ways between the client's stream and the resource until
-// either side ends; with halfClose the client's end of input half-closes a
-// TCP resource (so a request/response protocol still gets its answer). A
-// console has no end of input (upstream's serial port refuses one and its
+// either side ends; the client's end of input half-closes a TCP resource
+// (so a request/response protocol still gets its answer). A console has no
+// end of input (upstream's serial port refuses one and its
 // stream ends there), so the client's end of input ends its stream:
 // PySerialClient.pexpect()'s port forward waits for that end before its
-// session is over, and the session's console writer lock is released.
-func pipe(ctx context.Context, c *streamconn.Conn, res io.ReadWriteCloser, halfClose bool) error {
+// session is over. A console that refuses the client's bytes (another
+// party holds it, the VM stopped) is an error: the client must not read
+// the clean end of stream that says its bytes were sent.
+func pipe(ctx context.Context, c *streamconn.Conn, res io.ReadWriteCloser, console bool) error {
 	fromRes := make(chan error, 1)
 	go func() {
 		_, err := io.Copy(c, res)
 		fromRes <- err
 	}()
 	fromClient := make(chan error, 1)
+	toRes := &writeErr{w: res}
 	go func() {
-		_, err := io.Copy(res, c)
+		_, err := io.Copy(toRes, c)
 		fromClient <- err
 	}()
 	select {
@@ -467,7 +476,13 @@ func pipe(ctx context.Context, c *streamconn.Conn, res io.ReadWriteCloser, halfC
 	case <-fromRes:
 		return nil // resource ended: Close sends GOAWAY
 	case <-fromClient:
-		if cw, ok := res.(interface{ CloseWrite() error }); ok && halfClose {
+		if console {
+			if toRes.err != nil {
+				return fmt.Errorf("the console refused the client's bytes, which were not sent: %w", toRes.err)
+			}
+			return nil
+		}
+		if cw, ok := res.(interface{ CloseWrite() error }); ok {
 			_ = cw.CloseWrite()
 			select {
 			case <-fromRes:
@@ -476,4 +491,20 @@ func pipe(ctx context.Context, c *streamconn.Conn, res io.ReadWriteCloser, halfC
 		}
 		return nil
 	}
+}
+
+// writeErr remembers the error of a Write to w (the resource), to tell it
+// from the end of what the client sent. The one goroutine copying to w
+// writes err; pipe reads it after that goroutine's result.
+type writeErr struct {
+	w   io.Writer
+	err error
+}
+
+func (e *writeErr) Write(p []byte) (int, error) {
+	n, err := e.w.Write(p)
+	if err != nil {
+		e.err = err
+	}
+	return n, err
 }

@@ -19,8 +19,11 @@ type Target interface {
 	// Powered reports whether the target is running.
 	Powered() bool
 	// Console opens the serial console: reads return guest output from now
-	// on, writes go to the guest. Many readers may be open at once; a second
-	// writer gets an error naming the first. Close detaches.
+	// on, writes go to the guest. Several consoles may be open at once, and
+	// each reads and writes as on a pty (writes interleave, every reader
+	// sees the output). A Write the target refuses (another party holds the
+	// console) fails with an error saying why; the client's stream then ends
+	// with that error. Close detaches.
 	Console(ctx context.Context) (io.ReadWriteCloser, error)
 	// DialGuest opens a TCP connection to a port of the guest. A port the
 	// guest does not listen on fails with a clear error.

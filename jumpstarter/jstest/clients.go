@@ -244,7 +244,9 @@ func (c *Serial) Pipe(ctx context.Context, o PipeOptions) error {
 			}
 		}
 		if cw, ok := rw.(interface{ CloseWrite() error }); ok {
-			return cw.CloseWrite()
+			// send_eof suppresses the stream's errors: a stream the
+			// exporter ended says why on the read side.
+			_ = cw.CloseWrite()
 		}
 		return nil
 	}

@@ -66,8 +66,10 @@ func (t *Target) Powered() bool { return t.vm() != nil }
 func (t *Target) vm() VM { return t.pod.VM() }
 
 // Console attaches to the serial console. Reading needs nothing; the first
-// Write takes the console writer lock kubectl attach -i takes (a second
-// writer gets ErrConsoleBusy).
+// Write takes the console writer lock shared (guest.ShareConsoleWriter):
+// the lease's console sessions type together, as on upstream's pty
+// console, while a kubectl attach -i, which takes it exclusively, is
+// refused beside them (and refuses them: guest.ErrConsoleHeldByAttach).
 func (t *Target) Console(ctx context.Context) (io.ReadWriteCloser, error) {
 	vm := t.vm()
 	if vm == nil {
@@ -200,7 +202,7 @@ type consoleSession struct {
 	dir string
 
 	mu      sync.Mutex
-	release func() // console writer lock, once the session wrote
+	release func() // console writer lock (shared), once the session wrote
 	closed  bool
 }
 
@@ -211,7 +213,7 @@ func (c *consoleSession) Write(b []byte) (int, error) {
 		return 0, io.ErrClosedPipe
 	}
 	if c.release == nil {
-		rel, err := guest.LockConsoleWriter(c.dir)
+		rel, err := guest.ShareConsoleWriter(c.dir)
 		if err != nil {
 			c.mu.Unlock()
 			return 0, fmt.Errorf("console: %w", err)

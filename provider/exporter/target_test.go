@@ -3,12 +3,15 @@ package exporter
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/guest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 )
 
@@ -99,4 +102,77 @@ func TestTargetGuestExec(t *testing.T) {
 	require.ErrorIs(t, err, ErrVMPoweredOff)
 	_, err = tgt.GuestExec(ctx, nil)
 	require.ErrorContains(t, err, "no command")
+}
+
+// consolePod is a pod whose VM's console is a pipe per attachment.
+type consolePod struct {
+	anyPod // the rest is not used here
+	dir    string
+	vm     *pipeVM
+}
+
+func (p *consolePod) Dir() string { return p.dir }
+func (p *consolePod) VM() VM      { return p.vm }
+
+// pipeVM hands the guest side of each console attachment to guests.
+type pipeVM struct {
+	VM     // the rest is not used here
+	guests chan net.Conn
+}
+
+func (v *pipeVM) AttachConsole(context.Context) (io.ReadWriteCloser, error) {
+	c, g := net.Pipe()
+	v.guests <- g
+	return c, nil
+}
+
+// TestConsoleSessionsTypeTogether: the lease's console sessions type
+// together, as on upstream's pty console (the writer lock shared); a
+// kubectl attach -i is refused beside them, and refuses them while it
+// types, with an error saying so and nothing written.
+func TestConsoleSessionsTypeTogether(t *testing.T) {
+	ctx := context.Background()
+	vm := &pipeVM{guests: make(chan net.Conn, 4)}
+	pod := &consolePod{dir: t.TempDir(), vm: vm}
+	tgt := NewTarget(&Node{}, pod)
+	open := func() (io.ReadWriteCloser, net.Conn) {
+		c, err := tgt.Console(ctx)
+		require.NoError(t, err)
+		g := <-vm.guests
+		t.Cleanup(func() { g.Close() })
+		return c, g
+	}
+	// write writes s on a session and checks that the guest read it.
+	write := func(c io.Writer, g net.Conn, s string) {
+		t.Helper()
+		got := make(chan string, 1)
+		go func() {
+			b := make([]byte, len(s))
+			n, _ := io.ReadFull(g, b)
+			got <- string(b[:n])
+		}()
+		_, err := io.WriteString(c, s)
+		require.NoError(t, err)
+		assert.Equal(t, s, <-got)
+	}
+
+	a, ga := open()
+	b, gb := open()
+	write(a, ga, "from-a\n")
+	write(b, gb, "from-b\n")
+	write(a, ga, "again-a\n")
+	_, err := guest.LockConsoleWriter(pod.dir)
+	assert.ErrorIs(t, err, guest.ErrConsoleBusy, "kubectl attach -i is refused while the lease types")
+	require.NoError(t, a.Close())
+	require.NoError(t, b.Close())
+
+	release, err := guest.LockConsoleWriter(pod.dir)
+	require.NoError(t, err, "kubectl attach -i types once the lease's sessions closed")
+	c, gc := open()
+	n, err := c.Write([]byte("refused\n"))
+	assert.ErrorIs(t, err, guest.ErrConsoleHeldByAttach)
+	assert.Zero(t, n, "nothing written beside kubectl attach -i")
+	release()
+	write(c, gc, "after-attach\n")
+	require.NoError(t, c.Close())
 }

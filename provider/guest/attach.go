@@ -13,25 +13,45 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// ConsoleWriterLockName is the lock file in a pod's state dir held by the
-// one attachment allowed to type into the console (`kubectl attach -i`).
-// It is an flock: the kernel releases it when the holder closes it or dies.
+// ConsoleWriterLockName is the lock file in a pod's state dir held by
+// whoever types into the console: the one `kubectl attach -i` allowed at a
+// time (exclusive), or the console sessions of the pod's Jumpstarter lease
+// (shared: they type together, as on a pty). It is an flock: the kernel
+// releases it when the holder closes it or dies.
 const ConsoleWriterLockName = "console.writer.lock"
 
 // ErrConsoleBusy: another attachment already writes to the console.
 var ErrConsoleBusy = errors.New("another session is attached to the console with stdin (one writer at a time); attach without -i/--stdin to only read")
 
+// ErrConsoleHeldByAttach: a `kubectl attach -i` types into the console, so
+// a lease's console session may not.
+var ErrConsoleHeldByAttach = errors.New("a kubectl attach -i session on the pod types into the console (the lease's console sessions type together, but not beside it)")
+
 // LockConsoleWriter takes the console writer lock of the state dir dir
-// without waiting. The returned func releases it.
+// exclusively (kubectl attach -i) without waiting. The returned func
+// releases it.
 func LockConsoleWriter(dir string) (func(), error) {
+	return lockConsoleWriter(dir, syscall.LOCK_EX, ErrConsoleBusy)
+}
+
+// ShareConsoleWriter takes the console writer lock of the state dir dir
+// shared (a Jumpstarter lease's console session) without waiting: any
+// number of sessions hold it at once; it fails with ErrConsoleHeldByAttach
+// while a kubectl attach -i holds it, and keeps one from taking it. The
+// returned func releases it.
+func ShareConsoleWriter(dir string) (func(), error) {
+	return lockConsoleWriter(dir, syscall.LOCK_SH, ErrConsoleHeldByAttach)
+}
+
+func lockConsoleWriter(dir string, how int, busy error) (func(), error) {
 	f, err := os.OpenFile(filepath.Join(dir, ConsoleWriterLockName), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("console writer lock: %w", err)
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+	if err := syscall.Flock(int(f.Fd()), how|syscall.LOCK_NB); err != nil {
 		f.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, ErrConsoleBusy
+			return nil, busy
 		}
 		return nil, fmt.Errorf("console writer lock: %w", err)
 	}

@@ -259,3 +259,25 @@ func TestAwaitGuest(t *testing.T) {
 	_, err = AwaitGuest(ctx, func(context.Context) (string, error) { return "", errors.New("QMP gone") }, a, 1, time.Second)
 	assert.ErrorContains(t, err, "ask QEMU for the connection state: QMP gone")
 }
+
+// TestConsoleWriterLockShared: a lease's console sessions share the
+// writer lock; kubectl attach -i (exclusive) is refused beside them and
+// refuses them.
+func TestConsoleWriterLockShared(t *testing.T) {
+	dir := t.TempDir()
+	s1, err := ShareConsoleWriter(dir)
+	require.NoError(t, err)
+	s2, err := ShareConsoleWriter(dir)
+	require.NoError(t, err, "sessions share the lock")
+	_, err = LockConsoleWriter(dir)
+	assert.ErrorIs(t, err, ErrConsoleBusy)
+	s1()
+	_, err = LockConsoleWriter(dir)
+	assert.ErrorIs(t, err, ErrConsoleBusy, "one session still holds it")
+	s2()
+	ex, err := LockConsoleWriter(dir)
+	require.NoError(t, err)
+	_, err = ShareConsoleWriter(dir)
+	assert.ErrorIs(t, err, ErrConsoleHeldByAttach)
+	ex()
+}

@@ -281,6 +281,24 @@ func (c *Conn) Close() error {
 	return nil
 }
 
+// Abort ends the Conn without a GOAWAY: the end of the stream is left to
+// its owner, which ends it with an error (a server handler returns a
+// status, a client cancels), so the peer reads a failure and never the
+// clean end of stream a GOAWAY means. Writes fail after it; a Write in
+// progress finishes first, so nothing is sent once Abort returns. It does
+// nothing after Close (and Close nothing after it).
+func (c *Conn) Abort() {
+	c.closeOnce.Do(func() {
+		c.writeMu.Lock() // a Write in progress finishes first
+		close(c.done)
+		c.writeMu.Unlock()
+		if c.cancel != nil {
+			c.cancel()
+		}
+		close(c.finished)
+	})
+}
+
 // Done is closed when Close was called.
 func (c *Conn) Done() <-chan struct{} { return c.done }
 

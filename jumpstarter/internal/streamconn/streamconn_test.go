@@ -179,3 +179,33 @@ func TestListener(t *testing.T) {
 	_, err = c.Write([]byte("x"))
 	assert.Error(t, err)
 }
+
+// TestAbortSendsNoGoaway: Abort ends the Conn without the GOAWAY that
+// would read as a clean end of stream on the peer; a client's stream is
+// cancelled at once, writes fail after, and a later Close sends nothing.
+func TestAbortSendsNoGoaway(t *testing.T) {
+	f := &chanFrames{in: make(chan frame, 1)}
+	cancelled := make(chan struct{})
+	c := New(f, func() { close(cancelled) }, "test")
+	_, err := c.Write([]byte("sent"))
+	require.NoError(t, err)
+	c.Abort()
+	select {
+	case <-cancelled:
+	default:
+		t.Fatal("Abort did not cancel the stream")
+	}
+	select {
+	case <-c.Finished():
+	default:
+		t.Fatal("not finished after Abort")
+	}
+	_, err = c.Write([]byte("late"))
+	assert.ErrorIs(t, err, net.ErrClosed)
+	require.NoError(t, c.Close())
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	require.Len(t, f.sent, 1, "only the DATA frame written before Abort")
+	assert.Equal(t, pb.FrameType_FRAME_TYPE_DATA, f.sent[0].ft)
+	assert.False(t, f.half, "no half-close")
+}
