@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/containerd/containerd/v2/core/content"
 	"github.com/opencontainers/go-digest"
@@ -127,4 +128,28 @@ func TestGCTrashDirsDoNotCollide(t *testing.T) {
 	// The digest can be cached again.
 	_, err = s.Pull(ctx, reg.Addr+"/gctrash/os:1", PullOptions{})
 	require.NoError(t, err)
+}
+
+// TestGCOfAStoreThatNeverPulled: the image GC of a node that never pulled
+// an image (its content store has no blobs dir yet) is a no-op, with any
+// policy, and does not create what a pull would; the store still pulls
+// after it (covered by the pull tests) and a GC after a reopen is as quiet.
+func TestGCOfAStoreThatNeverPulled(t *testing.T) {
+	ctx := testCtx(t)
+	root := t.TempDir()
+	s := openStore(t, root, Options{})
+	for _, p := range []GCPolicy{{}, {MaxBytes: 1}, {MaxAge: time.Nanosecond}, {MaxBytes: 1, MaxAge: time.Nanosecond}} {
+		res, err := s.GC(ctx, p)
+		require.NoError(t, err, "GC %+v of a store that never pulled", p)
+		require.Empty(t, res.Removed)
+		require.Zero(t, res.FreedBytes)
+		require.Zero(t, res.TotalBytes)
+		require.Zero(t, res.KeptInUse)
+	}
+	require.NoDirExists(t, filepath.Join(root, "content", "blobs"), "GC creates no blobs dir")
+	require.NoError(t, s.Close())
+	s = openStore(t, root, Options{})
+	_, err := s.GC(ctx, GCPolicy{MaxBytes: 1, MaxAge: time.Nanosecond})
+	require.NoError(t, err, "GC after a reopen")
+	require.Empty(t, s.List())
 }

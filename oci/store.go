@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -448,7 +449,10 @@ func (s *Store) sweepContent(ctx context.Context, maxAge time.Duration, now time
 		blobs = append(blobs, info.Digest)
 		return nil
 	}); err != nil {
-		return fmt.Errorf("gc: list blobs: %w", err)
+		if !s.neverPulled() {
+			return fmt.Errorf("gc: list blobs: %w", err)
+		}
+		blobs = nil // nothing was ever pulled: no blobs to sweep
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -482,6 +486,14 @@ func (s *Store) sweepContent(ctx context.Context, maxAge time.Duration, now time
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// neverPulled says whether the content store has no blobs dir: the
+// content store makes it with the first blob a pull writes, so a node that
+// never pulled has none (and its Walk fails on it).
+func (s *Store) neverPulled() bool {
+	_, err := os.Stat(filepath.Join(s.root, "content", "blobs"))
+	return errors.Is(err, fs.ErrNotExist)
 }
 
 func (s *Store) namesSnapshot() map[string]digest.Digest {
