@@ -135,6 +135,7 @@ func Resolve(set *v1alpha1.ExporterSet, class *v1alpha1.VirtualTargetClass) (*Re
 				js.CABundle = own.CABundle
 			}
 			js.GuestLoginSecretName = own.GuestLoginSecretName // the set's alone: a class names no Secret of the set's namespace
+			js.DefaultGuestLogin = own.DefaultGuestLogin       // the set's alone, as its login Secret
 			js.LeaseStatePolicy = orDefault(own.LeaseStatePolicy, cs.Jumpstarter.LeaseStatePolicy)
 			js.Hooks = cs.Jumpstarter.Hooks.DeepCopy()
 			if own.Hooks != nil {

@@ -247,6 +247,12 @@ func TestResolve(t *testing.T) {
 		assert.Equal(t, &v1alpha1.JumpstarterSpec{Endpoint: "set:443", CABundle: "CA", ExporterLabels: map[string]string{"board": "rpi4", "lab": "y", "set": "s"}, GuestLoginSecretName: "login"}, r.Set.Spec.Jumpstarter,
 			"the set's guest login Secret is kept")
 		assert.Empty(t, c.Spec.Jumpstarter.ExporterLabels["set"], "the class is not changed")
+		r, err = Resolve(classSet(func(s *v1alpha1.ExporterSet) {
+			s.Spec.ClassName = "c"
+			s.Spec.Jumpstarter = &v1alpha1.JumpstarterSpec{DefaultGuestLogin: v1alpha1.DefaultGuestLoginNone}
+		}), c)
+		require.Nil(t, err)
+		assert.Equal(t, v1alpha1.DefaultGuestLoginNone, r.Set.Spec.Jumpstarter.DefaultGuestLogin, "the set's default login switch is kept")
 	})
 	t.Run("lease state policy and hooks: the set's win, non-defaults become pod annotations", func(t *testing.T) {
 		c := fullClass()

@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr/funcr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -34,16 +36,21 @@ func jsSet(ns, name string, replicas int32, mutate ...func(*v1alpha1.ExporterSet
 	}}, mutate...)...)
 }
 
-// startJSManager runs the controller with the given drain delay.
-func startJSManager(t *testing.T, ns string, drain time.Duration) *Reconciler {
+// startJSManager runs the controller with the given drain delay (and
+// options changed by opts).
+func startJSManager(t *testing.T, ns string, drain time.Duration, opts ...func(*ctrl.Options)) *Reconciler {
 	t.Helper()
-	mgr, err := ctrl.NewManager(env.cfg, ctrl.Options{
+	o := ctrl.Options{
 		Scheme:                 env.scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
 		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}}},
 		Controller:             ctrlConfigUnique(),
-	})
+	}
+	for _, f := range opts {
+		f(&o)
+	}
+	mgr, err := ctrl.NewManager(env.cfg, o)
 	require.NoError(t, err)
 	m, err := NewMetrics(prometheus.NewRegistry())
 	require.NoError(t, err)
@@ -581,4 +588,72 @@ func TestEnvtestJumpstarterGuestLogin(t *testing.T) {
 	for _, ev := range evs.Items {
 		assert.NotContains(t, ev.Message, "Pa55-login", "the password is in no event")
 	}
+}
+
+// TestEnvtestJumpstarterDefaultGuestLogin: a set that names no login gets
+// one generated per pod (user jumpstarter, a random password) in the
+// pod's exporter Secret, which the pod owns; the password is in no log
+// line of the controller (every level captured) and no event; a set with
+// defaultGuestLogin None gets none.
+func TestEnvtestJumpstarterDefaultGuestLogin(t *testing.T) {
+	ns := namespace(t)
+	var logs syncLog
+	startJSManager(t, ns, 300*time.Millisecond, func(o *ctrl.Options) {
+		o.Logger = funcr.New(logs.add, funcr.Options{Verbosity: 10})
+	})
+	createSet(t, jsSet(ns, "deflogin", 2, func(s *v1alpha1.ExporterSet) { s.Spec.MinAvailable = ptr.To(int32(0)) }))
+	ps := waitPodCount(t, ns, "deflogin", 2)
+	credentialAll(t, ns, ps)
+	var passwords []string
+	for _, p := range ps {
+		sec, err := exporterSecret(t, ns, p.Name)
+		require.NoError(t, err)
+		assert.Equal(t, v1alpha1.GeneratedGuestLoginUser, string(sec.Data[v1alpha1.JumpstarterSecretUsername]))
+		pass := string(sec.Data[v1alpha1.JumpstarterSecretPassword])
+		require.Len(t, pass, 32, "pod %s: a generated password", p.Name)
+		assert.NotContains(t, passwords, pass, "one login per pod")
+		passwords = append(passwords, pass)
+		q := getPod(t, &p)
+		assert.True(t, metav1.IsControlledBy(sec, q), "the pod owns its login Secret: %v", sec.OwnerReferences)
+	}
+
+	createSet(t, jsSet(ns, "nologin", 1, func(s *v1alpha1.ExporterSet) {
+		s.Spec.MinAvailable = ptr.To(int32(0))
+		s.Spec.Jumpstarter.DefaultGuestLogin = v1alpha1.DefaultGuestLoginNone
+	}))
+	none := waitPodCount(t, ns, "nologin", 1)
+	credentialAll(t, ns, none)
+	sec, err := exporterSecret(t, ns, none[0].Name)
+	require.NoError(t, err)
+	assert.NotContains(t, sec.Data, v1alpha1.JumpstarterSecretUsername, "defaultGuestLogin None: no login")
+	assert.NotContains(t, sec.Data, v1alpha1.JumpstarterSecretPassword)
+
+	require.NotEmpty(t, logs.String(), "the controller's log was captured")
+	assert.Contains(t, logs.String(), "exporter secret written", "the log covers the Secret's writes")
+	var evs corev1.EventList
+	require.NoError(t, env.client.List(context.Background(), &evs, client.InNamespace(ns)))
+	for _, pass := range passwords {
+		assert.NotContains(t, logs.String(), pass, "the password is in no log line")
+		for _, ev := range evs.Items {
+			assert.NotContains(t, ev.Message, pass, "the password is in no event")
+		}
+	}
+}
+
+// syncLog collects funcr's lines from the manager's goroutines.
+type syncLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *syncLog) add(prefix, args string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.b.WriteString(prefix + " " + args + "\n")
+}
+
+func (l *syncLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

@@ -365,18 +365,11 @@ func (r jsClient) writeExporterSecret(ctx context.Context, set jsTarget, p *core
 	if ca := set.Spec.CABundle; ca != "" {
 		data[v1alpha1.JumpstarterSecretCA] = []byte(ca)
 	}
-	if ln := set.Spec.GuestLoginSecretName; ln != "" {
-		var login corev1.Secret
-		if err := r.Reader.Get(ctx, types.NamespacedName{Namespace: p.Namespace, Name: ln}, &login); err != nil {
-			if apierrors.IsNotFound(err) {
-				return fmt.Sprintf("guest login Secret %s (spec.jumpstarter.guestLoginSecretName) not found", ln)
-			}
-			return fmt.Sprintf("reading guest login Secret %s failed: %v", ln, err)
-		}
-		user, pass := login.Data[v1alpha1.JumpstarterSecretUsername], login.Data[v1alpha1.JumpstarterSecretPassword]
-		if len(user) == 0 || len(pass) == 0 {
-			return fmt.Sprintf("guest login Secret %s (spec.jumpstarter.guestLoginSecretName) needs keys %s and %s", ln, v1alpha1.JumpstarterSecretUsername, v1alpha1.JumpstarterSecretPassword)
-		}
+	user, pass, reason := r.guestLogin(ctx, set, p) // guestlogin.go
+	if reason != "" {
+		return reason
+	}
+	if user != nil {
 		data[v1alpha1.JumpstarterSecretUsername], data[v1alpha1.JumpstarterSecretPassword] = user, pass
 	}
 	name := p.Annotations[v1alpha1.JumpstarterSecretAnnotation]

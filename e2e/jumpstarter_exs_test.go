@@ -27,6 +27,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/e2e/jsfake"
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/jstest"
+	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/pb"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/snapshot"
 )
@@ -460,6 +461,38 @@ func (e *exsEnv) testJumpstarterSnapshot(t *testing.T) {
 	e.waitVMGone(t, *pod, 2*time.Minute)
 }
 
+// checkGuestLogin: get_username and get_password answer the login of the
+// pod's exporter Secret, by default one the controller generated for the
+// pod (none for a snapshot-start pod), and the guest got it in its
+// NoCloud seed (the test image prints the md5 of each file of its config
+// disks on the console).
+func (e *exsEnv) checkGuestLogin(ctx context.Context, t *testing.T, sess *jstest.Session, rep *pb.GetReportResponse) {
+	t.Helper()
+	root, ok := jstest.FindDriver(rep, "")
+	require.True(t, ok, "the root driver")
+	call := func(m string) string {
+		v, err := sess.Call(ctx, root.Uuid, m)
+		require.NoError(t, err, m)
+		s, _ := v.(string)
+		return s
+	}
+	host, user, pass := call("get_hostname"), call("get_username"), call("get_password")
+	pod, err := e.c.Client().CoreV1().Pods(e.ns).Get(ctx, host, metav1.GetOptions{})
+	require.NoError(t, err, "get_hostname is the pod's name")
+	sec, err := e.c.Client().CoreV1().Secrets(e.ns).Get(ctx, pod.Annotations[v1alpha1.JumpstarterSecretAnnotation], metav1.GetOptions{})
+	require.NoError(t, err, "the pod's exporter Secret")
+	assert.Equal(t, string(sec.Data[v1alpha1.JumpstarterSecretUsername]), user, "get_username is the Secret's")
+	assert.Equal(t, string(sec.Data[v1alpha1.JumpstarterSecretPassword]), pass, "get_password is the Secret's")
+	if pod.Annotations[podspec.AnnotationStartFromSnapshot] == "true" {
+		assert.Empty(t, user, "a snapshot-start pod gets no default login")
+		return
+	}
+	assert.Equal(t, v1alpha1.GeneratedGuestLoginUser, user, "the default login")
+	assert.Len(t, pass, 32, "a generated password")
+	want := fmt.Sprintf("QK-CONFIG cloud-init vendor-data %x", md5sum(podspec.GuestLogin{Username: user, Password: pass}.VendorData()))
+	assert.Contains(t, e.console(*pod), want, "the guest's seed holds the login")
+}
+
 // driveVM dials the lease through the router as jmp does and drives the
 // VM: the driver tree, the serial console both ways, the guest's HTTP port.
 func (e *exsEnv) driveVM(t *testing.T, js *jsEnv, lease string) {
@@ -480,6 +513,8 @@ func (e *exsEnv) driveVM(t *testing.T, js *jsEnv, lease string) {
 			assert.Equal(t, class, d.Labels["jumpstarter.dev/client"], "driver %s", name)
 		}
 	}
+
+	e.checkGuestLogin(ctx, t, sess, rep)
 
 	// Console: type a line, the test image echoes it as "QK-ECHO: <line>".
 	con, _ := jstest.FindDriver(rep, "console")

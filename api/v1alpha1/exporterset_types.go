@@ -243,6 +243,29 @@ type AutohealingSpec struct {
 	MinFailingToStartDuration *metav1.Duration `json:"minFailingToStartDuration,omitempty"`
 }
 
+// DefaultGuestLogin is what guest login a pod of a Jumpstarter-mode set
+// gets when the set names none.
+// +kubebuilder:validation:Enum=Generate;None
+type DefaultGuestLogin string
+
+const (
+	// DefaultGuestLoginGenerate: a login per pod, user
+	// GeneratedGuestLoginUser with a random password (the default).
+	DefaultGuestLoginGenerate DefaultGuestLogin = "Generate"
+	// DefaultGuestLoginNone: no login.
+	DefaultGuestLoginNone DefaultGuestLogin = "None"
+)
+
+// GeneratedGuestLoginUser is the user of a generated guest login (the
+// default user of upstream's QEMU driver).
+const GeneratedGuestLoginUser = "jumpstarter"
+
+// StartFromSnapshotAnnotation "true" on a pod starts its VM from a memory
+// snapshot other pods of the same image and shape start from too (the
+// node's podspec.AnnotationStartFromSnapshot). Such a pod holds no per-pod
+// guest data, so it gets no generated guest login.
+const StartFromSnapshotAnnotation = "qemu-kubelet.io/start-from-snapshot"
+
 // JumpstarterSpec connects an ExporterSet to a Jumpstarter controller.
 type JumpstarterSpec struct {
 	// Endpoint is the Jumpstarter controller's gRPC endpoint (host:port)
@@ -278,11 +301,22 @@ type JumpstarterSpec struct {
 	// seeds the login into the guest through cloud-init (vendor-data) and
 	// the exporter answers get_username and get_password with it, so
 	// QemuClient.shell() logs in over the ssh driver. A pod waits behind its
-	// scheduling gate until the Secret exists. Empty: no guest login.
+	// scheduling gate until the Secret exists. Empty: the default guest
+	// login (defaultGuestLogin).
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
 	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
 	GuestLoginSecretName string `json:"guestLoginSecretName,omitempty"`
+
+	// DefaultGuestLogin is the guest login of a pod when
+	// guestLoginSecretName is empty. Generate (the default, as upstream's
+	// QEMU driver always has a login): each pod gets its own, user
+	// jumpstarter with a random password, written into the pod's exporter
+	// Secret (owned by the pod, so it goes with it) and used as a named
+	// login is. None: no login (get_username and get_password answer
+	// empty strings).
+	// +optional
+	DefaultGuestLogin DefaultGuestLogin `json:"defaultGuestLogin,omitempty"`
 
 	// LeaseStatePolicy says what a lease leaves for the next one: Reset
 	// (default) returns the target to what the set defines when a lease

@@ -16,16 +16,17 @@ import (
 // password of the pod's exporter Secret (api/v1alpha1
 // JumpstarterSecretUsername, JumpstarterSecretPassword; in Jumpstarter
 // mode the ExporterSet controller copies them from the Secret its
-// spec.jumpstarter.guestLoginSecretName names). The exporter answers them
-// to get_username and get_password, and the guest gets them through the
-// NoCloud seed as vendor-data (a #cloud-config creating the user with that
-// password, password login over ssh allowed): QemuClient.shell() then
-// logs in through the ssh driver, as with upstream's QEMU driver. The pod's
-// own user-data is left alone (cloud-init merges user-data over
-// vendor-data, so a user-data that sets users, chpasswd or ssh_pwauth
-// itself wins). The password is written to the seed disk only: never to
-// logs, events, conditions or other files (CreateConfigDisk feeds mcopy
-// on stdin).
+// spec.jumpstarter.guestLoginSecretName names, or writes the login it
+// generated for the pod: spec.jumpstarter.defaultGuestLogin). The exporter
+// answers them to get_username and get_password, and the guest gets them
+// through the NoCloud seed as vendor-data (a #cloud-config creating the
+// user with that password, password login over ssh allowed):
+// QemuClient.shell() then logs in through the ssh driver, as with
+// upstream's QEMU driver. The pod's own user-data is left alone
+// (cloud-init merges user-data over vendor-data, so a user-data that sets
+// users, chpasswd or ssh_pwauth itself wins). The password is written to
+// the seed disk only: never to logs, events, conditions or other files
+// (CreateConfigDisk feeds mcopy on stdin).
 
 // GuestLogin is the guest's login user and password.
 type GuestLogin struct {
@@ -143,7 +144,7 @@ func withGuestLogin(disks []guestDisk, pod *corev1.Pod, login *GuestLogin) ([]gu
 			continue
 		}
 		if _, ok := d.Files[seedVendorData]; ok {
-			return nil, &ConfigError{Msg: fmt.Sprintf("volume %q holds vendor-data, and %s names a guest login (keys %q, %q): the node seeds that login as vendor-data; move your cloud-config to user-data, or remove the login from the Secret",
+			return nil, &ConfigError{Msg: fmt.Sprintf("volume %q holds vendor-data, and %s names a guest login (keys %q, %q): the node seeds that login as vendor-data; move your cloud-config to user-data, or remove the login from the Secret (an ExporterSet's pod: no spec.jumpstarter.guestLoginSecretName and spec.jumpstarter.defaultGuestLogin None)",
 				CloudInitVolumeName, ExporterSecretWhere(pod), v1alpha1.JumpstarterSecretUsername, v1alpha1.JumpstarterSecretPassword)}
 		}
 		files := make(map[string][]byte, len(d.Files)+2)

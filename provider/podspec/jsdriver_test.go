@@ -230,6 +230,7 @@ func TestPlanGuestDisksLogin(t *testing.T) {
 	require.Error(t, err)
 	assert.True(t, IsConfigError(err))
 	assert.ErrorContains(t, err, "holds vendor-data")
+	assert.ErrorContains(t, err, "spec.jumpstarter.defaultGuestLogin None", "how a set's pod does without its login")
 	assert.NotContains(t, err.Error(), pw)
 
 	secret = loginSecret(loginSecretKV...) // no login

@@ -39,7 +39,7 @@ const (
 	// point, instead of booting (provider/snapshots.go, docs/pods.md). Needs a
 	// readinessProbe: its first success is the point the snapshot is
 	// taken at.
-	AnnotationStartFromSnapshot = AnnotationPrefix + "start-from-snapshot"
+	AnnotationStartFromSnapshot = v1alpha1.StartFromSnapshotAnnotation
 	// AnnotationDisplay gives the VM a display: "vnc" (a graphics card and
 	// a VNC server on a unix socket in the pod's state dir, served as the
 	// Jumpstarter exporter's vnc child) or "none" (the default). Not with
