@@ -30,6 +30,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/pb"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/snapshot"
+	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 )
 
 // jsEnv is the Jumpstarter side of an exsEnv: Jumpstarter's CRDs in the
@@ -489,8 +490,10 @@ func (e *exsEnv) checkGuestLogin(ctx context.Context, t *testing.T, sess *jstest
 	}
 	assert.Equal(t, v1alpha1.GeneratedGuestLoginUser, user, "the default login")
 	assert.Len(t, pass, 32, "a generated password")
+	// The guest's seed holds the login: the test image prints it while it
+	// boots (a pod without a readiness probe may be leased before).
 	want := fmt.Sprintf("QK-CONFIG cloud-init vendor-data %x", md5sum(podspec.GuestLogin{Username: user, Password: pass}.VendorData()))
-	assert.Contains(t, e.console(*pod), want, "the guest's seed holds the login")
+	waitFileContains(t, filepath.Join(e.stateDir, "vms", string(pod.UID), qemu.ConsoleLogName), want, vmBoot)
 }
 
 // driveVM dials the lease through the router as jmp does and drives the
