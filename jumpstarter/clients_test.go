@@ -239,7 +239,7 @@ func TestPySerialPipe(t *testing.T) {
 	go func() { done <- serial.Pipe(ctx, jstest.PipeOptions{Input: input, Output: out}) }()
 	guest = nextConsole(ctx, t, e)
 	defer guest.Close()
-	go func() { _, _ = io.WriteString(guest, "root@vm-0:~# ") }() // the prompt, while stdin goes up
+	go func(g net.Conn) { _, _ = io.WriteString(g, "root@vm-0:~# ") }(guest) // the prompt, while stdin goes up
 	line, err := bufio.NewReader(guest).ReadString('\n')
 	require.NoError(t, err)
 	assert.Equal(t, "uname -a\n", line, "stdin reached the guest")
