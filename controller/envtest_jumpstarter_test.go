@@ -303,11 +303,15 @@ func TestEnvtestJumpstarterFromZero(t *testing.T) {
 	})
 	sec, err := exporterSecret(t, ns, p.Name)
 	require.NoError(t, err)
-	assert.Equal(t, map[string]string{"endpoint": testEndpoint, "token": "tok-" + p.Name, "namespace": ns, "name": p.Name, "ca.crt": testCA},
+	assert.Len(t, sec.Data[v1alpha1.JumpstarterSecretPassword], 32, "the default guest login's generated password")
+	assert.Equal(t, map[string]string{"endpoint": testEndpoint, "token": "tok-" + p.Name, "namespace": ns, "name": p.Name, "ca.crt": testCA,
+		"username": v1alpha1.GeneratedGuestLoginUser},
 		func() map[string]string {
 			m := map[string]string{}
 			for k, v := range sec.Data {
-				m[k] = string(v)
+				if k != v1alpha1.JumpstarterSecretPassword {
+					m[k] = string(v)
+				}
 			}
 			return m
 		}())
