@@ -496,6 +496,46 @@ func (e *exsEnv) checkGuestLogin(ctx context.Context, t *testing.T, sess *jstest
 	waitFileContains(t, filepath.Join(e.stateDir, "vms", string(pod.UID), qemu.ConsoleLogName), want, vmBoot)
 }
 
+// typeUntilEcho types line on w every 2 s until each of rs shows the test
+// image's echo of it ("QK-ECHO: <line>"), within d (a line typed while the
+// guest's reader is not there yet is lost, as on a real serial line).
+func typeUntilEcho(t *testing.T, w io.Writer, rs []io.Reader, line string, d time.Duration) {
+	t.Helper()
+	found := make(chan bool, len(rs))
+	for _, r := range rs {
+		go func(r io.Reader) {
+			sc := bufio.NewScanner(r)
+			for sc.Scan() {
+				if strings.Contains(sc.Text(), "QK-ECHO: "+line) {
+					found <- true
+					return
+				}
+			}
+			found <- false
+		}(r)
+	}
+	deadline := time.After(d)
+	tick := time.NewTicker(2 * time.Second)
+	defer tick.Stop()
+	_, err := io.WriteString(w, line+"\n")
+	require.NoError(t, err)
+	for seen := 0; seen < len(rs); {
+		select {
+		case ok := <-found:
+			if !assert.True(t, ok, "console echoes %s (the stream ended first)", line) {
+				return
+			}
+			seen++
+		case <-tick.C:
+			_, err = io.WriteString(w, line+"\n")
+			require.NoError(t, err, "type %s", line)
+		case <-deadline:
+			t.Errorf("console: %d of %d sessions saw the echo of %s within %s", seen, len(rs), line, d)
+			return
+		}
+	}
+}
+
 // driveVM dials the lease through the router as jmp does and drives the
 // VM: the driver tree, the serial console both ways, the guest's HTTP port.
 func (e *exsEnv) driveVM(t *testing.T, js *jsEnv, lease string) {
@@ -525,38 +565,14 @@ func (e *exsEnv) driveVM(t *testing.T, js *jsEnv, lease string) {
 	require.NoError(t, err)
 	defer cs.Close()
 	marker := fmt.Sprintf("qk-js-%d", time.Now().UnixNano())
-	found := make(chan bool, 1)
-	go func() {
-		sc := bufio.NewScanner(cs)
-		for sc.Scan() {
-			if strings.Contains(sc.Text(), "QK-ECHO: "+marker) {
-				found <- true
-				return
-			}
-		}
-		found <- false
-	}()
-	// Type until the echo comes (a line typed while the guest's reader is
-	// not there yet is lost, as on a real serial line).
-	deadline := time.After(60 * time.Second)
-	tick := time.NewTicker(2 * time.Second)
-	defer tick.Stop()
-	_, err = io.WriteString(cs, marker+"\n")
+	typeUntilEcho(t, cs, []io.Reader{cs}, marker, 60*time.Second)
+	// A second session types while the first is open: the lease's sessions
+	// type together, as on upstream's pty console, and each sees the
+	// guest's output.
+	cs2, err := sess.Stream(ctx, con.Uuid, "connect")
 	require.NoError(t, err)
-echo:
-	for {
-		select {
-		case ok := <-found:
-			assert.True(t, ok, "console echoes %s", marker)
-			break echo
-		case <-tick.C:
-			_, err = io.WriteString(cs, marker+"\n")
-			require.NoError(t, err)
-		case <-deadline:
-			t.Error("console: no echo within 60s")
-			break echo
-		}
-	}
+	defer cs2.Close()
+	typeUntilEcho(t, cs2, []io.Reader{cs, cs2}, marker+"-second", 45*time.Second)
 
 	// TCP to the guest's HTTP port (the template's port named http).
 	hd, _ := jstest.FindDriver(rep, "http")
