@@ -228,3 +228,59 @@ func TestEventsClosedOnDetach(t *testing.T) {
 		t.Fatal("Events after Detach must return a closed channel")
 	}
 }
+
+// TestExitRecordedWhenQMPNeverCloses: a QEMU this process started is
+// reaped, but go-qemu's reader is stuck (here: blocked handing on a reply
+// no command waits for, so it never reports the connection's end). The
+// exit is still recorded, from the reaped process, with its status.
+func TestExitRecordedWhenQMPNeverCloses(t *testing.T) {
+	dir, err := os.MkdirTemp("/tmp", "qk-qmp-")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	l, err := net.Listen("unix", filepath.Join(dir, QMPSocketName))
+	require.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		t.Cleanup(func() { c.Close() })
+		_, _ = c.Write([]byte(`{"QMP": {"version": {"qemu": {"micro": 0, "minor": 2, "major": 8}, "package": ""}, "capabilities": []}}` + "\n"))
+		sc := bufio.NewScanner(c)
+		sc.Split(splitJSON)
+		if !sc.Scan() { // qmp_capabilities
+			return
+		}
+		// Its reply, then one no command asked for: go-qemu's reader blocks
+		// on it. The connection stays open.
+		_, _ = c.Write([]byte(`{"return": {}}` + "\n" + `{"return": {}}` + "\n"))
+		for sc.Scan() {
+		}
+	}()
+	old := exitUnreportedGrace
+	exitUnreportedGrace = 200 * time.Millisecond
+	t.Cleanup(func() { exitUnreportedGrace = old })
+
+	vm := newVM(Spec{Name: "fake", StateDir: dir}, dir, 0, logr.Discard())
+	vm.childDone = make(chan struct{})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, vm.connect(ctx))
+	go vm.supervise()
+	t.Cleanup(vm.Detach)
+
+	vm.mu.Lock()
+	vm.childStatus = "signal: killed"
+	vm.mu.Unlock()
+	close(vm.childDone) // the child was reaped
+	select {
+	case <-vm.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the reaped QEMU's exit was not recorded within 10 s (supervise waited on QMP alone)")
+	}
+	ex, ok := vm.Exit()
+	require.True(t, ok)
+	require.Equal(t, ExitCrashed, ex.Class)
+	require.Equal(t, "QEMU exited unexpectedly (signal: killed)", ex.Reason, "the exit carries the reaped process's status")
+}

@@ -7,13 +7,24 @@ import (
 	"time"
 )
 
+// exitUnreportedGrace is how long supervise waits, once QEMU (its child)
+// was reaped, for QMP to report the disconnect before it records the exit
+// from the process alone.
+var exitUnreportedGrace = 3 * time.Second
+
 // supervise drains QMP events (go-qemu's channel is unbuffered: an undrained
 // channel blocks command replies), keeps the state, turns guest shutdown and
-// panic into an exit, and records the exit when QEMU goes away.
+// panic into an exit, and records the exit when QEMU goes away: when the QMP
+// connection closes, or, for a QEMU this process started, when the reaped
+// child's QMP stream has not closed within exitUnreportedGrace (go-qemu's
+// reader can block on a reply nobody waits for and then never reports the
+// end of the connection: the exit must not depend on it alone).
 func (vm *VM) supervise() {
 	events, _ := vm.mon.Events(context.Background())
 	capTicker := time.NewTicker(consoleCapCheckInterval)
 	defer capTicker.Stop()
+	reaped := vm.childDone // nil for an adopted QEMU: QMP alone tells
+	var unreported <-chan time.Time
 	for {
 		select {
 		case e, ok := <-events:
@@ -30,6 +41,17 @@ func (vm *VM) supervise() {
 			if err := capConsoleLog(vm.stateDir, vm.consoleCap()); err != nil {
 				vm.log.Error(err, "cap console log")
 			}
+		case <-reaped:
+			reaped = nil
+			unreported = time.After(exitUnreportedGrace)
+		case <-unreported:
+			vm.log.Info("QEMU exited but its QMP connection did not report it; recording the exit from the process", "grace", exitUnreportedGrace)
+			go func() { // go-qemu's reader may be blocked sending an event
+				for range events {
+				}
+			}()
+			vm.onDisconnect()
+			return
 		}
 	}
 }
