@@ -13,13 +13,22 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	apiextv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
+	vtv1 "github.com/qemu-kubelet/qemu-kubelet/api/virtualtarget/v1alpha1"
+	"github.com/qemu-kubelet/qemu-kubelet/controller"
 	"github.com/qemu-kubelet/qemu-kubelet/e2e/jsfake"
 	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
@@ -59,7 +68,7 @@ func BenchmarkLeaseFromZero(b *testing.B) {
 		n++
 		name := fmt.Sprintf("lz-%d", n)
 		logFrom := fileSize(e.agentLog)
-		t0, ref, st, exp := e.leaseToReady(b, js, set.Spec.Jumpstarter.ExporterLabels, set.Name, name)
+		t0, ref, st, exp := e.leaseToReady(b, js, set.Spec.Jumpstarter.ExporterLabels, "app="+set.Name, name)
 		pod, err := e.c.Client().CoreV1().Pods(e.ns).Get(context.Background(), exp, metav1.GetOptions{})
 		if err != nil {
 			b.Fatalf("lease %s: exporter %s is no pod: %v", name, exp, err)
@@ -132,8 +141,9 @@ var leaseSteps = []string{"podCreated", "bound", "createPod", "admitted", "recor
 
 // leaseToReady creates lease name selecting labels and returns when it
 // was created, the time from then until Ready (exporterRef set), the
-// stages of the set's pod, and the exporter it got.
-func (e *exsEnv) leaseToReady(b *testing.B, js *jsEnv, labels map[string]string, set, name string) (time.Time, time.Duration, podStages, string) {
+// stages of the set's pod (the pods of label selector pods), and the
+// exporter it got.
+func (e *exsEnv) leaseToReady(b *testing.B, js *jsEnv, labels map[string]string, pods, name string) (time.Time, time.Duration, podStages, string) {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*vmBoot)
 	defer cancel()
@@ -143,9 +153,9 @@ func (e *exsEnv) leaseToReady(b *testing.B, js *jsEnv, labels map[string]string,
 		b.Fatalf("watch lease %s: %v", name, err)
 	}
 	defer w.Stop()
-	pw, err := e.c.Client().CoreV1().Pods(e.ns).Watch(ctx, metav1.ListOptions{LabelSelector: "app=" + set})
+	pw, err := e.c.Client().CoreV1().Pods(e.ns).Watch(ctx, metav1.ListOptions{LabelSelector: pods})
 	if err != nil {
-		b.Fatalf("watch pods of %s: %v", set, err)
+		b.Fatalf("watch pods %s: %v", pods, err)
 	}
 	t0 := js.createLease(b, e.ns, name, labels)
 	stages := make(chan podStages, 1)
@@ -220,4 +230,262 @@ func (g *bareGuest) toPort(b *testing.B) time.Duration {
 	}
 	b.Fatalf("bare guest: port 8080 never answered: %v", ctx.Err())
 	return 0
+}
+
+// BenchmarkLeaseFromZeroUpstream: a Jumpstarter lease from zero through
+// upstream's ExporterSet API (a virtualtarget.jumpstarter.dev set whose
+// class names provisioner qemu-kubelet.io, served by the
+// exporterset-controller run as Jumpstarter's operator runs a provisioner)
+// against the same through our own API (a qemu-kubelet.io ExporterSet of
+// our controller on the pod template the upstream set maps to:
+// controller.MapUpstream's), in one run on one node, on the stack of
+// BenchmarkLeaseFromZero. Both sets wait at zero (minReplicas / replicas
+// 0, minAvailable 0, ExitAndReplace / Replace, a 3 s cooldown); the
+// upstream set names the test image through its qemuKubelet.image
+// parameter, so both pods boot the same image with the same size, ports
+// and readiness: none, as upstream's pods carry no probe, so a pod is
+// Ready and its exporter registers once its VM runs. The untimed warm-up
+// leases once on each side and fails if the two pods differ in any of
+// that. Each lease is timed from its creation to its Ready condition
+// (exporterRef set), then released once its guest booted; the next waits
+// until that VM is gone. Rounds alternate which side goes first (upstream
+// in even rounds), QK_BENCH_LEASE_ROUNDS (default 3) per iteration;
+// medians. Reported: upstream-x-of-ours (target 1.05), both figures, and
+// each side's medians of its pod's stages after the lease's creation
+// (created, bound: the set's scheduling gate lifted, Ready).
+func BenchmarkLeaseFromZeroUpstream(b *testing.B) {
+	rounds := envPositive(b, "QK_BENCH_LEASE_ROUNDS", 3)
+	e := startExsEnv(b)
+	js := e.jumpstarter(b)
+	up, ours := e.zeroPair(b, js)
+
+	// Warm-up (untimed): the first VM pulls the image; both sides' pods
+	// must be the same VM.
+	_, _, upPod := e.leaseFromZero(b, js, up)
+	_, _, ourPod := e.leaseFromZero(b, js, ours)
+	if err := samePodShape(upPod, ourPod); err != nil {
+		b.Fatalf("the upstream set's pod %s and ours %s: %v", upPod.Name, ourPod.Name, err)
+	}
+
+	b.Logf("load average at the start: %s", loadAvg())
+	for b.Loop() {
+		for r := range rounds {
+			order := []*zeroSide{up, ours}
+			if r%2 == 1 {
+				order = []*zeroSide{ours, up}
+			}
+			for _, s := range order {
+				d, st, _ := e.leaseFromZero(b, js, s)
+				s.took, s.stages = append(s.took, d), append(s.stages, st)
+			}
+		}
+	}
+	b.Logf("load average at the end: %s", loadAvg())
+	mu, mo := pbMedianDur(up.took), pbMedianDur(ours.took)
+	b.ReportMetric(float64(mu)/float64(mo), "upstream-x-of-ours")
+	for _, s := range []*zeroSide{up, ours} {
+		var created, bound, ready []time.Duration
+		for _, st := range s.stages {
+			created, bound, ready = append(created, st.created), append(bound, st.bound), append(ready, st.ready)
+		}
+		b.ReportMetric(pbMs(pbMedianDur(s.took)), s.side+"-lease-to-ready-ms")
+		b.ReportMetric(pbMs(pbMedianDur(created)), s.side+"-pod-created-ms")
+		b.ReportMetric(pbMs(pbMedianDur(bound)), s.side+"-pod-bound-ms")
+		b.ReportMetric(pbMs(pbMedianDur(ready)), s.side+"-pod-ready-ms")
+		b.Logf("%s: rounds=%d lease -> Ready %s; pod created %s, bound %s, Ready %s (after the lease's creation)",
+			s.side, len(s.took), durList(s.took), durList(created), durList(bound), durList(ready))
+	}
+}
+
+// zeroSide is one side of BenchmarkLeaseFromZeroUpstream: a set at zero
+// and the leases made on it. The benchmark's goroutine owns it.
+type zeroSide struct {
+	side   string            // "upstream" or "ours": the metrics' prefix
+	set    string            // the set's name; its cold Exporter is <set>-cold
+	labels map[string]string // what a lease selects (the set's Exporter labels)
+	pods   string            // the label selector of the set's pods
+	n      int               // leases made so far (their names: <set>-<n>)
+	took   []time.Duration   // the timed leases: creation -> Ready
+	stages []podStages       // their pods' stages
+}
+
+// zeroPair creates, on the env's node, the upstream set upz of class qkz
+// (the test image through qemuKubelet.image, 1 vCPU and 256Mi by the
+// template's Qemu driver, guest port 8080 by its hostfwd) served by the
+// provisioner, and our set ozz on the pod template upz maps to; both at
+// zero, each with its cold Exporter.
+func (e *exsEnv) zeroPair(b *testing.B, js *jsEnv) (*zeroSide, *zeroSide) {
+	b.Helper()
+	ctx := context.Background()
+	e.installUpstreamAPI(b, js)
+	class := &vtv1.VirtualTargetClass{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "qkz"}, Spec: vtv1.VirtualTargetClassSpec{
+		Provisioner: vtv1.DefaultProvisioner,
+		Scheduling: &vtv1.SchedulingSpec{
+			NodeSelector: map[string]string{"kubernetes.io/hostname": e.node},
+			Tolerations:  []corev1.Toleration{{Key: "virtual-kubelet.io/provider", Operator: corev1.TolerationOpEqual, Value: "qemu", Effect: corev1.TaintEffectNoSchedule}},
+			Resources: &corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"),
+				corev1.ResourceMemory: resource.MustParse("64Mi")}},
+		},
+		Parameters: &apiextv1.JSON{Raw: []byte(`{"resources":{"cpu":"1","memory":"256Mi"}}`)}}}
+	labels := map[string]string{"board": "qemu-upz"}
+	set := &vtv1.ExporterSet{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "upz"}, Spec: vtv1.ExporterSetSpec{
+		MinReplicas: 0, MaxReplicas: ptr.To[int32](2), RecycleStrategy: vtv1.RecycleStrategyExitAndReplace,
+		ScaleDownCooldown: &metav1.Duration{Duration: 3 * time.Second}, VirtualTargetClassName: class.Name,
+		Parameters: &apiextv1.JSON{Raw: fmt.Appendf(nil, `{"qemuKubelet":{"image":%q}}`, e.image)},
+		Selector:   metav1.LabelSelector{MatchLabels: labels},
+		Template: vtv1.ExporterSetTemplate{Metadata: vtv1.TemplateMetadata{Labels: labels}, Spec: vtv1.ExporterTemplateSpec{Drivers: []vtv1.DriverConfig{
+			{Name: "qemu", Type: controller.DriverTypeQemu, Config: &apiextv1.JSON{Raw: []byte(`{"smp":1,"mem":"256M","hostfwd":{"http":{"guestport":8080}}}`)}},
+			{Name: "power", Type: controller.DriverTypeQemuPower},
+			{Name: "console", Type: controller.DriverTypeQemuSerial},
+			{Name: "flasher", Type: controller.DriverTypeQemuFlasher},
+		}}}}}
+	mapped, cerr := controller.MapUpstream(set, class, controller.DefaultDrainDelay)
+	if cerr != nil {
+		b.Fatalf("map the upstream set %s: %s: %s", set.Name, cerr.Reason, cerr.Message)
+	}
+	for _, o := range []client.Object{class, set} {
+		if err := e.cl.Create(ctx, o); err != nil {
+			b.Fatalf("create %s: %v", o.GetName(), err)
+		}
+	}
+	e.runProvisioner(b, set.Name)
+
+	own := e.jsSet("ozz", 0, 0, js)
+	t := *mapped.Template.DeepCopy()
+	t.Labels = own.Spec.Template.Labels // app=ozz, its selector's
+	own.Spec.Template = t
+	e.createSet(b, own)
+	up := &zeroSide{side: "upstream", set: set.Name, labels: labels, pods: controller.UpstreamLabel + "=" + set.Name}
+	ours := &zeroSide{side: "ours", set: own.Name, labels: own.Spec.Jumpstarter.ExporterLabels, pods: "app=" + own.Name}
+	return up, ours
+}
+
+// leaseFromZero leases from s's set at zero (once its cold Exporter is
+// there: a lease on a set without one ends Unsatisfiable), then releases
+// the lease once the guest booted and waits until the VM is gone and the
+// set has no pod. It returns the time from the lease's creation to its
+// Ready condition, the stages of the pod and the pod as the lease found it.
+func (e *exsEnv) leaseFromZero(b *testing.B, js *jsEnv, s *zeroSide) (time.Duration, podStages, corev1.Pod) {
+	b.Helper()
+	ctx := context.Background()
+	s.n++
+	name := fmt.Sprintf("%s-%d", s.set, s.n)
+	e.waitCold(b, js, s)
+	_, took, st, exp := e.leaseToReady(b, js, s.labels, s.pods, name)
+	pod, err := e.c.Client().CoreV1().Pods(e.ns).Get(ctx, exp, metav1.GetOptions{})
+	if err != nil {
+		b.Fatalf("lease %s: exporter %s is no pod: %v", name, exp, err)
+	}
+	// The pod has no readiness probe: the guest may still boot. Let it,
+	// so the release's ACPI power-off ends it at once.
+	if err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, vmBoot, true, func(context.Context) (bool, error) {
+		return e.booted(*pod), nil
+	}); err != nil {
+		b.Fatalf("lease %s: the guest of pod %s printed no boot marker within %s", name, pod.Name, vmBoot)
+	}
+	js.release(b, e.ns, name)
+	js.waitLease(b, e.ns, name, 30*time.Second, "ended", leaseEnded)
+	e.waitVMGone(b, *pod, 2*time.Minute)
+	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		l, err := e.c.Client().CoreV1().Pods(e.ns).List(ctx, metav1.ListOptions{LabelSelector: s.pods})
+		return err == nil && len(l.Items) == 0, nil
+	})
+	if err != nil {
+		b.Fatalf("set %s: pods still there 2m after lease %s ended", s.set, name)
+	}
+	return took, st, *pod
+}
+
+// waitCold waits until s's set has its cold Exporter carrying the labels
+// its leases select.
+func (e *exsEnv) waitCold(b *testing.B, js *jsEnv, s *zeroSide) {
+	b.Helper()
+	require.Eventually(b, func() bool {
+		x, err := js.dyn.Resource(jsfake.ExporterGVR).Namespace(e.ns).Get(context.Background(), s.set+"-cold", metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		for k, v := range s.labels {
+			if x.GetLabels()[k] != v {
+				return false
+			}
+		}
+		return true
+	}, time.Minute, 200*time.Millisecond, "set %s: its cold Exporter %s-cold carrying %v", s.set, s.set, s.labels)
+}
+
+// samePodShape reports where the VM pods a and b differ in what their
+// boot and readiness depend on: the VM container's image, resources,
+// ports and probes, the scheduling, the grace period and the pod
+// annotations a template gives the node.
+func samePodShape(a, b corev1.Pod) error {
+	if len(a.Spec.Containers) != 1 || len(b.Spec.Containers) != 1 {
+		return fmt.Errorf("not one container each: %d and %d", len(a.Spec.Containers), len(b.Spec.Containers))
+	}
+	ca, cb := a.Spec.Containers[0], b.Spec.Containers[0]
+	for _, f := range []struct {
+		what string
+		x, y any
+	}{
+		{"image", ca.Image, cb.Image},
+		{"resources", ca.Resources, cb.Resources},
+		{"ports", ca.Ports, cb.Ports},
+		{"readiness probe", ca.ReadinessProbe, cb.ReadinessProbe},
+		{"startup probe", ca.StartupProbe, cb.StartupProbe},
+		{"liveness probe", ca.LivenessProbe, cb.LivenessProbe},
+		{"node selector", a.Spec.NodeSelector, b.Spec.NodeSelector},
+		{"tolerations", a.Spec.Tolerations, b.Spec.Tolerations},
+		{"restart policy", a.Spec.RestartPolicy, b.Spec.RestartPolicy},
+		{"grace period", a.Spec.TerminationGracePeriodSeconds, b.Spec.TerminationGracePeriodSeconds},
+		{"annotation " + v1alpha1.LeaseStatePolicyAnnotation, a.Annotations[v1alpha1.LeaseStatePolicyAnnotation], b.Annotations[v1alpha1.LeaseStatePolicyAnnotation]},
+		{"annotation " + podspec.AnnotationStartFromSnapshot, a.Annotations[podspec.AnnotationStartFromSnapshot], b.Annotations[podspec.AnnotationStartFromSnapshot]},
+	} {
+		if !equality.Semantic.DeepEqual(f.x, f.y) {
+			return fmt.Errorf("they differ in %s: %+v against %+v", f.what, f.x, f.y)
+		}
+	}
+	return nil
+}
+
+// TestSamePodShape: BenchmarkLeaseFromZeroUpstream's fairness check finds
+// each difference that changes a VM's boot or readiness and names it;
+// quantities compare by value, and what a set writes per pod (its name,
+// labels, the exporter Secret) does not count.
+func TestSamePodShape(t *testing.T) {
+	q := resource.MustParse
+	base := corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "upz-abc", Labels: map[string]string{controller.UpstreamLabel: "upz"},
+			Annotations: map[string]string{v1alpha1.LeaseStatePolicyAnnotation: string(v1alpha1.LeaseStatePolicyKeep),
+				v1alpha1.JumpstarterSecretAnnotation: "exporter-config-upz-abc"}},
+		Spec: corev1.PodSpec{
+			NodeSelector: map[string]string{"kubernetes.io/hostname": "qk-exs"},
+			Tolerations:  []corev1.Toleration{{Key: "virtual-kubelet.io/provider", Operator: corev1.TolerationOpEqual, Value: "qemu"}},
+			Containers: []corev1.Container{{Name: "vm", Image: "reg/test:acpi",
+				Ports:     []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}},
+				Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceCPU: q("1"), corev1.ResourceMemory: q("256Mi")}}}},
+		},
+	}
+	same := base.DeepCopy()
+	same.Name, same.Labels = "ozz-xyz", map[string]string{"app": "ozz"}
+	same.Annotations[v1alpha1.JumpstarterSecretAnnotation] = "ozz-xyz-exporter"
+	same.Spec.Containers[0].Resources.Limits[corev1.ResourceCPU] = q("1000m")
+	require.NoError(t, samePodShape(base, *same))
+
+	for what, change := range map[string]func(*corev1.Pod){
+		"image":           func(p *corev1.Pod) { p.Spec.Containers[0].Image = "emptydisk" },
+		"resources":       func(p *corev1.Pod) { p.Spec.Containers[0].Resources.Limits[corev1.ResourceMemory] = q("512Mi") },
+		"ports":           func(p *corev1.Pod) { p.Spec.Containers[0].Ports = nil },
+		"readiness probe": func(p *corev1.Pod) { p.Spec.Containers[0].ReadinessProbe = &corev1.Probe{PeriodSeconds: 1} },
+		"node selector":   func(p *corev1.Pod) { p.Spec.NodeSelector = map[string]string{"type": "virtual-kubelet"} },
+		"tolerations":     func(p *corev1.Pod) { p.Spec.Tolerations = nil },
+		"grace period":    func(p *corev1.Pod) { p.Spec.TerminationGracePeriodSeconds = ptr.To[int64](10) },
+		"annotation " + v1alpha1.LeaseStatePolicyAnnotation: func(p *corev1.Pod) { delete(p.Annotations, v1alpha1.LeaseStatePolicyAnnotation) },
+		"not one container each":                            func(p *corev1.Pod) { p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: "side"}) },
+	} {
+		p := base.DeepCopy()
+		change(p)
+		err := samePodShape(base, *p)
+		require.Error(t, err, what)
+		require.Contains(t, err.Error(), what)
+	}
 }

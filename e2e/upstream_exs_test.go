@@ -55,7 +55,7 @@ func upstreamRole(ns, name string) *rbacv1.Role {
 // operator runs a provisioner: upstream's flags, NAMESPACE, and a
 // ServiceAccount identity bound to upstream's Role alone. It returns the
 // log's path and the health address.
-func (e *exsEnv) startProvisioner(t *testing.T) (string, string) {
+func (e *exsEnv) startProvisioner(t testing.TB) (string, string) {
 	t.Helper()
 	ctx := context.Background()
 	const sa = "exs-provisioner"
@@ -85,7 +85,7 @@ func (e *exsEnv) startProvisioner(t *testing.T) (string, string) {
 
 // installUpstreamCRDs installs upstream's virtualtarget.jumpstarter.dev
 // CRDs (the project's copies) and waits until they are served.
-func (e *exsEnv) installUpstreamCRDs(t *testing.T) {
+func (e *exsEnv) installUpstreamCRDs(t testing.TB) {
 	t.Helper()
 	ctx := context.Background()
 	out, err := e.c.Kubectl(ctx, "apply", "--server-side", "-f", filepath.Join(ocitest.RepoRoot(t), "config", "virtualtarget", "crd"))
@@ -204,7 +204,7 @@ func TestUpstreamExporterSet(t *testing.T) {
 }
 
 // upstreamPods are the live pods of the upstream set name.
-func (e *exsEnv) upstreamPods(t *testing.T, name string) []corev1.Pod {
+func (e *exsEnv) upstreamPods(t testing.TB, name string) []corev1.Pod {
 	t.Helper()
 	l, err := e.c.Client().CoreV1().Pods(e.ns).List(context.Background(), metav1.ListOptions{LabelSelector: controller.UpstreamLabel + "=" + name})
 	require.NoError(t, err)
@@ -232,7 +232,7 @@ func (e *exsEnv) waitUpstream(t *testing.T, name string, timeout time.Duration, 
 
 // deleteUpstreamSet deletes the upstream set and waits until its VMs
 // stopped.
-func (e *exsEnv) deleteUpstreamSet(t *testing.T, name string) {
+func (e *exsEnv) deleteUpstreamSet(t testing.TB, name string) {
 	ps := e.upstreamPods(t, name)
 	err := e.cl.Delete(context.Background(), &vtv1.ExporterSet{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: name}},
 		client.PropagationPolicy(metav1.DeletePropagationForeground))

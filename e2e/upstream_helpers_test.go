@@ -52,12 +52,7 @@ type upstreamRun struct {
 func (e *exsEnv) startUpstream(t *testing.T, js *jsEnv) upstreamRun {
 	t.Helper()
 	ctx := context.Background()
-	// After our own controller started (it then serves our API alone): the
-	// provisioner below serves upstream's.
-	e.installUpstreamCRDs(t)
-	_, err := e.c.Client().CoreV1().ConfigMaps(e.ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "jumpstarter-service-ca-cert"},
-		Data: map[string]string{"ca.crt": string(js.ctl.CABundle())}}, metav1.CreateOptions{})
-	require.NoError(t, err)
+	e.installUpstreamAPI(t, js)
 	run := upstreamRun{rawDisk: bootableRawDisk(t)}
 
 	sched := &vtv1.SchedulingSpec{
@@ -91,12 +86,30 @@ func (e *exsEnv) startUpstream(t *testing.T, js *jsEnv) upstreamRun {
 	require.NoError(t, e.cl.Get(ctx, client.ObjectKeyFromObject(run.other), run.other))
 	run.otherRV = run.other.ResourceVersion
 
-	var health string
-	run.logPath, health = e.startProvisioner(t)
-	// Runs before the provisioner stops (cleanups are LIFO): the set goes,
-	// the garbage collector deletes its pods, the node stops their VMs.
-	t.Cleanup(func() { e.deleteUpstreamSet(t, "up") })
-	require.Eventually(t, func() bool {
+	run.logPath = e.runProvisioner(t, "up")
+	return run
+}
+
+// installUpstreamAPI installs upstream's CRDs and the CA ConfigMap the
+// provisioner reads. After our own controller started (it then serves
+// our API alone): the provisioner serves upstream's.
+func (e *exsEnv) installUpstreamAPI(tb testing.TB, js *jsEnv) {
+	tb.Helper()
+	e.installUpstreamCRDs(tb)
+	_, err := e.c.Client().CoreV1().ConfigMaps(e.ns).Create(context.Background(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "jumpstarter-service-ca-cert"},
+		Data: map[string]string{"ca.crt": string(js.ctl.CABundle())}}, metav1.CreateOptions{})
+	require.NoError(tb, err)
+}
+
+// runProvisioner starts the provisioner (startProvisioner), has the
+// upstream set named set deleted before it stops (cleanups are LIFO: the
+// set goes, the garbage collector deletes its pods, the node stops their
+// VMs) and waits for its /healthz. It returns the provisioner's log.
+func (e *exsEnv) runProvisioner(tb testing.TB, set string) string {
+	tb.Helper()
+	logPath, health := e.startProvisioner(tb)
+	tb.Cleanup(func() { e.deleteUpstreamSet(tb, set) })
+	require.Eventually(tb, func() bool {
 		resp, err := http.Get("http://" + health + "/healthz")
 		if err != nil {
 			return false
@@ -104,7 +117,7 @@ func (e *exsEnv) startUpstream(t *testing.T, js *jsEnv) upstreamRun {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
 	}, 30*time.Second, 200*time.Millisecond, "/healthz on the probe address")
-	return run
+	return logPath
 }
 
 // bootableRawDisk is the test image's firmware-bootable disk
