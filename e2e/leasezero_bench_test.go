@@ -73,20 +73,7 @@ func BenchmarkLeaseFromZero(b *testing.B) {
 		if err != nil {
 			b.Fatalf("lease %s: exporter %s is no pod: %v", name, exp, err)
 		}
-		// The node's steps of the pod's start, from the agent's log (-v 2).
-		key := e.ns + "/" + exp
-		tl := map[string]*burstPod{key: {at: map[string]time.Time{
-			"podCreated": t0.Add(st.created), "bound": t0.Add(st.bound), "ready": t0.Add(st.ready), "leaseReady": t0.Add(ref)}}}
-		if log, err := os.ReadFile(e.agentLog); err == nil {
-			if err := parseNodeTimeline(string(log[min(logFrom, int64(len(log))):]), t0.Year(), tl); err != nil {
-				b.Fatalf("timeline of %s from the agent's log: %v", exp, err)
-			}
-		}
-		shifted := &burstPod{at: map[string]time.Time{}}
-		for s, t := range tl[key].at {
-			shifted.at[s] = base.Add(t.Sub(t0))
-		}
-		pods[name] = shifted
+		pods[name] = e.leaseTimeline(b, exp, logFrom, t0, ref, st, base)
 		js.release(b, e.ns, name)
 		js.waitLease(b, e.ns, name, 30*time.Second, "ended", leaseEnded)
 		e.waitVMGone(b, *pod, 2*time.Minute)
@@ -138,6 +125,27 @@ func BenchmarkLeaseFromZero(b *testing.B) {
 // whose pushed is the probe's first success handed to the library.
 var leaseSteps = []string{"podCreated", "bound", "createPod", "admitted", "recorded", "worker", "image", "overlay",
 	"qemuExec", "qmpSocket", "qmp", "started", "pushed", "delivered", "ready", "leaseReady"}
+
+// leaseTimeline is the timeline of the lease created at t0 that got the
+// exporter of pod exp: the bench's watches give podCreated, bound, ready
+// and leaseReady, the node's steps come from the agent's log (-v 2) after
+// offset logFrom. The times are shifted from t0 to base, a common origin.
+func (e *exsEnv) leaseTimeline(b *testing.B, exp string, logFrom int64, t0 time.Time, ref time.Duration, st podStages, base time.Time) *burstPod {
+	b.Helper()
+	key := e.ns + "/" + exp
+	tl := map[string]*burstPod{key: {at: map[string]time.Time{
+		"podCreated": t0.Add(st.created), "bound": t0.Add(st.bound), "ready": t0.Add(st.ready), "leaseReady": t0.Add(ref)}}}
+	if log, err := os.ReadFile(e.agentLog); err == nil {
+		if err := parseNodeTimeline(string(log[min(logFrom, int64(len(log))):]), t0.Year(), tl); err != nil {
+			b.Fatalf("timeline of %s from the agent's log: %v", exp, err)
+		}
+	}
+	shifted := &burstPod{at: map[string]time.Time{}}
+	for s, t := range tl[key].at {
+		shifted.at[s] = base.Add(t.Sub(t0))
+	}
+	return shifted
+}
 
 // leaseToReady creates lease name selecting labels and returns when it
 // was created, the time from then until Ready (exporterRef set), the
@@ -266,6 +274,8 @@ func BenchmarkLeaseFromZeroUpstream(b *testing.B) {
 	if err := samePodShape(upPod, ourPod); err != nil {
 		b.Fatalf("the upstream set's pod %s and ours %s: %v", upPod.Name, ourPod.Name, err)
 	}
+	clear(up.tl)
+	clear(ours.tl)
 
 	b.Logf("load average at the start: %s", loadAvg())
 	for b.Loop() {
@@ -292,21 +302,23 @@ func BenchmarkLeaseFromZeroUpstream(b *testing.B) {
 		b.ReportMetric(pbMs(pbMedianDur(created)), s.side+"-pod-created-ms")
 		b.ReportMetric(pbMs(pbMedianDur(bound)), s.side+"-pod-bound-ms")
 		b.ReportMetric(pbMs(pbMedianDur(ready)), s.side+"-pod-ready-ms")
-		b.Logf("%s: rounds=%d lease -> Ready %s; pod created %s, bound %s, Ready %s (after the lease's creation)",
-			s.side, len(s.took), durList(s.took), durList(created), durList(bound), durList(ready))
+		b.Logf("%s: rounds=%d lease -> Ready %s; pod created %s, bound %s, Ready %s (after the lease's creation); timeline (hop: from the step before, mean over the rounds):\n%s",
+			s.side, len(s.took), durList(s.took), durList(created), durList(bound), durList(ready), formatHops(hopsOf(leaseSteps, s.tl, s.base)))
 	}
 }
 
 // zeroSide is one side of BenchmarkLeaseFromZeroUpstream: a set at zero
 // and the leases made on it. The benchmark's goroutine owns it.
 type zeroSide struct {
-	side   string            // "upstream" or "ours": the metrics' prefix
-	set    string            // the set's name; its cold Exporter is <set>-cold
-	labels map[string]string // what a lease selects (the set's Exporter labels)
-	pods   string            // the label selector of the set's pods
-	n      int               // leases made so far (their names: <set>-<n>)
-	took   []time.Duration   // the timed leases: creation -> Ready
-	stages []podStages       // their pods' stages
+	side   string               // "upstream" or "ours": the metrics' prefix
+	set    string               // the set's name; its cold Exporter is <set>-cold
+	labels map[string]string    // what a lease selects (the set's Exporter labels)
+	pods   string               // the label selector of the set's pods
+	n      int                  // leases made so far (their names: <set>-<n>)
+	took   []time.Duration      // the timed leases: creation -> Ready
+	stages []podStages          // their pods' stages
+	tl     map[string]*burstPod // their timelines by lease, shifted to base
+	base   time.Time
 }
 
 // zeroPair creates, on the env's node, the upstream set upz of class qkz
@@ -355,8 +367,11 @@ func (e *exsEnv) zeroPair(b *testing.B, js *jsEnv) (*zeroSide, *zeroSide) {
 	t.Labels = own.Spec.Template.Labels // app=ozz, its selector's
 	own.Spec.Template = t
 	e.createSet(b, own)
-	up := &zeroSide{side: "upstream", set: set.Name, labels: labels, pods: controller.UpstreamLabel + "=" + set.Name}
-	ours := &zeroSide{side: "ours", set: own.Name, labels: own.Spec.Jumpstarter.ExporterLabels, pods: "app=" + own.Name}
+	base := time.Now()
+	up := &zeroSide{side: "upstream", set: set.Name, labels: labels, pods: controller.UpstreamLabel + "=" + set.Name,
+		tl: map[string]*burstPod{}, base: base}
+	ours := &zeroSide{side: "ours", set: own.Name, labels: own.Spec.Jumpstarter.ExporterLabels, pods: "app=" + own.Name,
+		tl: map[string]*burstPod{}, base: base}
 	return up, ours
 }
 
@@ -371,11 +386,13 @@ func (e *exsEnv) leaseFromZero(b *testing.B, js *jsEnv, s *zeroSide) (time.Durat
 	s.n++
 	name := fmt.Sprintf("%s-%d", s.set, s.n)
 	e.waitCold(b, js, s)
-	_, took, st, exp := e.leaseToReady(b, js, s.labels, s.pods, name)
+	logFrom := fileSize(e.agentLog)
+	t0, took, st, exp := e.leaseToReady(b, js, s.labels, s.pods, name)
 	pod, err := e.c.Client().CoreV1().Pods(e.ns).Get(ctx, exp, metav1.GetOptions{})
 	if err != nil {
 		b.Fatalf("lease %s: exporter %s is no pod: %v", name, exp, err)
 	}
+	s.tl[name] = e.leaseTimeline(b, exp, logFrom, t0, took, st, s.base)
 	// The pod has no readiness probe: the guest may still boot. Let it,
 	// so the release's ACPI power-off ends it at once.
 	if err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, vmBoot, true, func(context.Context) (bool, error) {
