@@ -46,6 +46,7 @@ type exsEnv struct {
 	node     string
 	stateDir string // the node's state dir: every VM's QEMU runs under it
 	agentLog string // the node agent's log (-v 2: start timelines included)
+	ctrlLog  string // the exporterset-controller's log (-v 2)
 	image    string // the test OS image (ACPI variant) in the registry
 	panic    string // the variant that prints the boot marker and panics
 	reg      string
@@ -90,7 +91,8 @@ func startExsEnv(tb testing.TB) *exsEnv {
 	vmtest.ReapQEMU(tb, e.stateDir)
 	metricsAddr := fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(tb))
 	e.metrics = "http://" + metricsAddr + "/metrics"
-	startProcess(tb, "exporterset-controller", filepath.Join(tmp, "exporterset-controller.log"), ctrlBin,
+	e.ctrlLog = filepath.Join(tmp, "exporterset-controller.log")
+	startProcess(tb, "exporterset-controller", e.ctrlLog, ctrlBin,
 		"--kubeconfig", c.AdminKubeconfig(),
 		"--metrics-bind-address", metricsAddr,
 		"--health-probe-bind-address", "127.0.0.1:"+fmt.Sprint(testutil.FreePort(tb)),

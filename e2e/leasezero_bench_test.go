@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -303,7 +305,7 @@ func BenchmarkLeaseFromZeroUpstream(b *testing.B) {
 		b.ReportMetric(pbMs(pbMedianDur(bound)), s.side+"-pod-bound-ms")
 		b.ReportMetric(pbMs(pbMedianDur(ready)), s.side+"-pod-ready-ms")
 		b.Logf("%s: rounds=%d lease -> Ready %s; pod created %s, bound %s, Ready %s (after the lease's creation); timeline (hop: from the step before, mean over the rounds):\n%s",
-			s.side, len(s.took), durList(s.took), durList(created), durList(bound), durList(ready), formatHops(hopsOf(leaseSteps, s.tl, s.base)))
+			s.side, len(s.took), durList(s.took), durList(created), durList(bound), durList(ready), formatHops(hopsOf(zeroSteps, s.tl, s.base)))
 	}
 }
 
@@ -319,6 +321,7 @@ type zeroSide struct {
 	stages []podStages          // their pods' stages
 	tl     map[string]*burstPod // their timelines by lease, shifted to base
 	base   time.Time
+	log    string // the log of the set's controller (-v 2)
 }
 
 // zeroPair creates, on the env's node, the upstream set upz of class qkz
@@ -360,7 +363,7 @@ func (e *exsEnv) zeroPair(b *testing.B, js *jsEnv) (*zeroSide, *zeroSide) {
 			b.Fatalf("create %s: %v", o.GetName(), err)
 		}
 	}
-	e.runProvisioner(b, set.Name)
+	provLog := e.runProvisioner(b, set.Name)
 
 	own := e.jsSet("ozz", 0, 0, js)
 	t := *mapped.Template.DeepCopy()
@@ -369,9 +372,9 @@ func (e *exsEnv) zeroPair(b *testing.B, js *jsEnv) (*zeroSide, *zeroSide) {
 	e.createSet(b, own)
 	base := time.Now()
 	up := &zeroSide{side: "upstream", set: set.Name, labels: labels, pods: controller.UpstreamLabel + "=" + set.Name,
-		tl: map[string]*burstPod{}, base: base}
+		tl: map[string]*burstPod{}, base: base, log: provLog}
 	ours := &zeroSide{side: "ours", set: own.Name, labels: own.Spec.Jumpstarter.ExporterLabels, pods: "app=" + own.Name,
-		tl: map[string]*burstPod{}, base: base}
+		tl: map[string]*burstPod{}, base: base, log: e.ctrlLog}
 	return up, ours
 }
 
@@ -386,13 +389,22 @@ func (e *exsEnv) leaseFromZero(b *testing.B, js *jsEnv, s *zeroSide) (time.Durat
 	s.n++
 	name := fmt.Sprintf("%s-%d", s.set, s.n)
 	e.waitCold(b, js, s)
-	logFrom := fileSize(e.agentLog)
+	logFrom, ctrlFrom := fileSize(e.agentLog), fileSize(s.log)
 	t0, took, st, exp := e.leaseToReady(b, js, s.labels, s.pods, name)
 	pod, err := e.c.Client().CoreV1().Pods(e.ns).Get(ctx, exp, metav1.GetOptions{})
 	if err != nil {
 		b.Fatalf("lease %s: exporter %s is no pod: %v", name, exp, err)
 	}
 	s.tl[name] = e.leaseTimeline(b, exp, logFrom, t0, took, st, s.base)
+	if log, err := os.ReadFile(s.log); err == nil {
+		at, err := gateLiftedAt(string(log[min(ctrlFrom, int64(len(log))):]), t0.Year(), exp)
+		if err != nil {
+			b.Fatalf("lease %s: the controller's log %s: %v", name, s.log, err)
+		}
+		if !at.IsZero() {
+			s.tl[name].at["gateLifted"] = s.base.Add(at.Sub(t0))
+		}
+	}
 	// The pod has no readiness probe: the guest may still boot. Let it,
 	// so the release's ACPI power-off ends it at once.
 	if err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, vmBoot, true, func(context.Context) (bool, error) {
@@ -429,6 +441,31 @@ func (e *exsEnv) waitCold(b *testing.B, js *jsEnv, s *zeroSide) {
 		}
 		return true
 	}, time.Minute, 200*time.Millisecond, "set %s: its cold Exporter %s-cold carrying %v", s.set, s.set, s.labels)
+}
+
+// zeroSteps are leaseSteps with gateLifted, from the set's controller's
+// log: its exporter Secret written and the pod's scheduling gate removed.
+var zeroSteps = slices.Insert(slices.Clone(leaseSteps), 1, "gateLifted")
+
+// gateLiftedRe is the controller's line (V(1)) of a pod's gate removed.
+var gateLiftedRe = regexp.MustCompile(`^[IWE](\d{4} \d{2}:\d{2}:\d{2}\.\d{6}) .*"exporter secret written; scheduling gate removed" .*\bpod="([^"]+)"`)
+
+// gateLiftedAt finds in a controller's log when it removed pod's
+// scheduling gate (zero: no such line). year is the lease's (klog's
+// header has none); klog writes local time.
+func gateLiftedAt(log string, year int, pod string) (time.Time, error) {
+	for _, line := range strings.Split(log, "\n") {
+		m := gateLiftedRe.FindStringSubmatch(line)
+		if m == nil || m[2] != pod {
+			continue
+		}
+		t, err := time.ParseInLocation("0102 15:04:05.000000", m[1], time.Local)
+		if err != nil {
+			return time.Time{}, fmt.Errorf("klog time %q: %w", m[1], err)
+		}
+		return t.AddDate(year, 0, 0), nil
+	}
+	return time.Time{}, nil
 }
 
 // samePodShape reports where the VM pods a and b differ in what their
@@ -505,4 +542,20 @@ func TestSamePodShape(t *testing.T) {
 		require.Error(t, err, what)
 		require.Contains(t, err.Error(), what)
 	}
+}
+
+// TestGateLiftedAt: the gate's line of the pod asked for, in local time of
+// the given year; another pod's line and other lines are skipped; no line
+// is the zero time.
+func TestGateLiftedAt(t *testing.T) {
+	log := `I1128 20:17:12.100000   10657 jumpstarter.go:322] "exporter secret written; scheduling gate removed" logger="upstream" pod="upz-b"
+I1128 20:17:12.200000   10657 upstream.go:99] "Reconciling" pod="upz-a"
+I1128 20:17:12.345678   10657 jumpstarter.go:322] "exporter secret written; scheduling gate removed" logger="upstream" controller="exporterset" pod="upz-a"
+`
+	at, err := gateLiftedAt(log, 2026, "upz-a")
+	require.NoError(t, err)
+	require.Equal(t, time.Date(2026, 11, 28, 20, 17, 12, 345678000, time.Local), at)
+	at, err = gateLiftedAt(log, 2026, "upz-c")
+	require.NoError(t, err)
+	require.True(t, at.IsZero(), "no line of upz-c: %s", at)
 }
