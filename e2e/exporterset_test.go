@@ -32,8 +32,13 @@ const vmBoot = 3 * time.Minute
 func TestExporterSet(t *testing.T) {
 	e := startExsEnv(t)
 	t.Run("WarmBufferLeaseScaleRecycle", e.testWarmBuffer)
-	t.Run("MissingImageReplicaFailureNoChurn", e.testMissingImage)
-	t.Run("FailingGuestsBackOff", e.testFailingGuests)
+	// FailingGuestsBackOff runs inside MissingImage's no-churn window: both
+	// watch a set over 40 s, and the missing image's pods never start a VM.
+	t.Run("MissingImageReplicaFailureNoChurn", func(t *testing.T) {
+		m := e.startMissingImage(t)
+		t.Run("FailingGuestsBackOff", e.testFailingGuests)
+		m.finish(t)
+	})
 	t.Run("LeasePlugin", e.testLeasePlugin)
 	t.Run("JumpstarterFromZero", e.testJumpstarterFromZero)
 	t.Run("JumpstarterSnapshotStart", e.testJumpstarterSnapshot)
@@ -229,11 +234,25 @@ func (e *exsEnv) testWarmBuffer(t *testing.T) {
 	assert.Equal(t, 10, created.count(), "pods created: %v", created.names())
 }
 
-// testMissingImage: a set whose image does not exist never gets a Ready
-// pod; the node reports ErrImagePull/ImagePullBackOff, the set reports
-// ReplicaFailure with that reason and does not delete and recreate pods.
-func (e *exsEnv) testMissingImage(t *testing.T) {
-	ctx := context.Background()
+// missingImage is the set of startMissingImage, watched for churn until
+// finish.
+type missingImage struct {
+	e       *exsEnv
+	name    string
+	created *createRecorder
+	uids    map[types.UID]bool
+	since   time.Time // the no-churn window's start
+}
+
+// noChurnWindow is how long a failing set is watched for creates and
+// deletes: several pull retries and backoffs of the node.
+const noChurnWindow = 40 * time.Second
+
+// startMissingImage: a set whose image does not exist never gets a Ready
+// pod; the node reports ErrImagePull/ImagePullBackOff and the set reports
+// ReplicaFailure with that reason. finish checks that the set then neither
+// deletes nor recreates pods for at least noChurnWindow.
+func (e *exsEnv) startMissingImage(t *testing.T) *missingImage {
 	const name = "missing"
 	image := e.reg + "/qemu-kubelet/does-not-exist:1"
 	set := e.newSet(name, image, 2, 0)
@@ -251,24 +270,30 @@ func (e *exsEnv) testMissingImage(t *testing.T) {
 		assert.Equal(t, corev1.PodPending, p.Status.Phase)
 		assert.Equal(t, e.node, p.Spec.NodeName, "scheduled to the real node")
 	}
-
-	// Over a 40s window (several pull retries and backoffs of the node)
-	// no pod is created or deleted: the node retries, the set waits.
 	uids := map[types.UID]bool{}
 	for _, p := range pods {
 		uids[p.UID] = true
 	}
-	time.Sleep(40 * time.Second)
-	s, pods = e.waitSet(t, name, time.Second, "2 pods", func(_ *v1alpha1.ExporterSet, pods []corev1.Pod) bool { return len(pods) == 2 })
+	return &missingImage{e: e, name: name, created: created, uids: uids, since: time.Now()}
+}
+
+// finish waits out the rest of the no-churn window (the node retries, the
+// set waits), checks that no pod was created or deleted over it, and
+// deletes the set.
+func (m *missingImage) finish(t *testing.T) {
+	e, name := m.e, m.name
+	time.Sleep(time.Until(m.since.Add(noChurnWindow)))
+	t.Logf("exporterset %s: watched for churn over %s", name, time.Since(m.since).Round(time.Second))
+	s, pods := e.waitSet(t, name, time.Second, "2 pods", func(_ *v1alpha1.ExporterSet, pods []corev1.Pod) bool { return len(pods) == 2 })
 	for _, p := range pods {
-		assert.True(t, uids[p.UID], "pod %s (%s) is one of the first two", p.Name, p.UID)
+		assert.True(t, m.uids[p.UID], "pod %s (%s) is one of the first two", p.Name, p.UID)
 		cs := p.Status.ContainerStatuses
 		require.Len(t, cs, 1)
 		require.NotNil(t, cs[0].State.Waiting, "pod %s: %s", p.Name, podTag(&p))
 		assert.Contains(t, []string{"ErrImagePull", "ImagePullBackOff"}, cs[0].State.Waiting.Reason)
 	}
-	assert.Equal(t, 2, created.count(), "pods created over the window: %v", created.names())
-	c = setCondition(s, v1alpha1.ConditionReplicaFailure)
+	assert.Equal(t, 2, m.created.count(), "pods created over the window: %v", m.created.names())
+	c := setCondition(s, v1alpha1.ConditionReplicaFailure)
 	require.NotNil(t, c)
 	assert.Equal(t, metav1.ConditionTrue, c.Status)
 	assert.Equal(t, counts{2, 2, 0, 0, 0}, statusCounts(s))
@@ -276,7 +301,7 @@ func (e *exsEnv) testMissingImage(t *testing.T) {
 		assert.Equal(t, metav1.ConditionFalse, a.Status)
 	}
 
-	out, err := e.c.Kubectl(ctx, "describe", "exs", name)
+	out, err := e.c.Kubectl(context.Background(), "describe", "exs", name)
 	require.NoError(t, err)
 	assert.Contains(t, out, "ReplicaFailure")
 	assert.Contains(t, out, "ImagePull")
@@ -284,7 +309,7 @@ func (e *exsEnv) testMissingImage(t *testing.T) {
 
 	// Deleting the set deletes its pods (garbage collector, foreground).
 	e.deleteSet(t, name)
-	pods, err = e.livePods(ctx, name)
+	pods, err = e.livePods(context.Background(), name)
 	require.NoError(t, err)
 	assert.Empty(t, pods)
 }
