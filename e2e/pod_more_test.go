@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 )
 
 // poweroffAfterBootCmdline makes the test image's init power the guest off
@@ -21,8 +22,15 @@ const poweroffAfterBootCmdline = "qk.poweroff"
 // powers itself off (exit code 0) is started again, restartCount counting
 // each run, the last run reported as Terminated/Completed.
 func (e *podEnv) testPowerOffAlways(t *testing.T) {
-	p := e.create(t, vmPodSpec("poweroff-always", e.a.name, e.refs[vmtest.VariantACPI], corev1.RestartPolicyAlways,
-		map[string]string{"qemu-kubelet.io/kernel-cmdline": poweroffAfterBootCmdline}))
+	spec := vmPodSpec("poweroff-always", e.a.name, e.refs[vmtest.VariantACPI], corev1.RestartPolicyAlways,
+		map[string]string{"qemu-kubelet.io/kernel-cmdline": poweroffAfterBootCmdline})
+	// The delete below comes right after the restart that made
+	// restartCount 2, on a guest still booting (acpid not up yet, the power
+	// button unheard): a short grace period stops it at once instead of
+	// waiting for the guest to power itself off. This test does not check a
+	// graceful stop (BootsRunningAndDeletesGracefully does).
+	spec.Spec.TerminationGracePeriodSeconds = ptr.To[int64](2)
+	p := e.create(t, spec)
 	rec := recordPod(t, e.c, "default", p.Name)
 	p = waitPod(t, e.c, "default", p.Name, 180*time.Second, "restartCount >= 2", func(p *corev1.Pod) bool {
 		return len(p.Status.ContainerStatuses) == 1 && p.Status.ContainerStatuses[0].RestartCount >= 2
