@@ -39,9 +39,7 @@ func TestAggregatedMetrics(t *testing.T) {
 	ns := newNetns(t) // first: removed last, after everything using it
 	root := ocitest.RepoRoot(t)
 	tmp := t.TempDir()
-	bin := buildQemuKubelet(t)
-	ctrlBin := goBuild(t, root, tmp, "./cmd/exporterset-controller")
-
+	prebuild(t, kubeletPkg, ctrlPkg) // under way while the control plane starts
 	c := cluster.StartT(t, cluster.Options{
 		Aggregation:          true,
 		APIServerBindAddress: "0.0.0.0", // also reachable at aggHostIP from the netns
@@ -50,6 +48,8 @@ func TestAggregatedMetrics(t *testing.T) {
 	})
 	reg := ocitest.StartRegistry(t, ocitest.RegistryOptions{})
 	refs := vmtest.PushTestImages(t, reg.Addr)
+	bin := buildQemuKubelet(t)
+	ctrlBin := goBuild(t, root, tmp, ctrlPkg)
 	ctx := context.Background()
 
 	scheme := runtime.NewScheme()

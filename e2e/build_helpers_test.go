@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+
+	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
 )
 
 // builds holds the commands the tests run (qemu-kubelet,
@@ -86,11 +88,40 @@ func removeSharedBuilds() {
 // directory to a tool (a kubectl plugin dir, a PATH entry) finds it there.
 func placeBinary(src, dst string) error { return os.Symlink(src, dst) }
 
+// The commands the tests build. Every test runs the one build of
+// qemu-kubelet, stamped with kubeletVersion (the node's kubeletVersion).
+const (
+	kubeletPkg     = "./cmd/qemu-kubelet"
+	kubeletVersion = "v0.1.0-e2e"
+	ctrlPkg        = "./cmd/exporterset-controller"
+)
+
+// ldflagsFor is the -ldflags of the tests' build of pkg: the version stamp
+// for qemu-kubelet, none for the others.
+func ldflagsFor(pkg string) string {
+	if pkg == kubeletPkg {
+		return "-X main.version=" + kubeletVersion
+	}
+	return ""
+}
+
+// prebuild starts building pkgs of the repository in the background, so
+// that the builds overlap what a test starts next (the control plane, the
+// registry); goBuild and buildQemuKubelet then wait for the build under way
+// and report its error.
+func prebuild(tb testing.TB, pkgs ...string) {
+	tb.Helper()
+	root := ocitest.RepoRoot(tb)
+	for _, pkg := range pkgs {
+		go func() { _, _ = goBuildShared(root, pkg, ldflagsFor(pkg)) }()
+	}
+}
+
 // goBuild builds pkg of the module at root (once per test process) and
 // places it in dir; it returns the binary in dir.
 func goBuild(tb testing.TB, root, dir, pkg string) string {
 	tb.Helper()
-	return placeBuilt(tb, root, dir, pkg, "")
+	return placeBuilt(tb, root, dir, pkg, ldflagsFor(pkg))
 }
 
 func placeBuilt(tb testing.TB, root, dir, pkg, ldflags string) string {

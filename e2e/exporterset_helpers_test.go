@@ -66,12 +66,12 @@ func startExsEnv(tb testing.TB) *exsEnv {
 	tb.Helper()
 	root := ocitest.RepoRoot(tb)
 	tmp := tb.TempDir()
-	kubeletBin := goBuild(tb, root, tmp, "./cmd/qemu-kubelet")
-	ctrlBin := goBuild(tb, root, tmp, "./cmd/exporterset-controller")
-
+	prebuild(tb, kubeletPkg, ctrlPkg) // under way while the control plane starts
 	c := cluster.StartT(tb, cluster.Options{})
 	reg := ocitest.StartRegistry(tb, ocitest.RegistryOptions{})
 	refs := vmtest.PushTestImages(tb, reg.Addr)
+	kubeletBin := goBuild(tb, root, tmp, kubeletPkg)
+	ctrlBin := goBuild(tb, root, tmp, ctrlPkg)
 
 	cl := exsClient(tb, c)
 	e := &exsEnv{c: c, cl: cl, node: "qk-exs", image: refs[vmtest.VariantACPI], panic: refs[vmtest.VariantPanic], reg: reg.Addr, ns: "default",

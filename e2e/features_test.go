@@ -32,10 +32,11 @@ import (
 // picked up too.
 func TestNodeFeatures(t *testing.T) {
 	ctx := context.Background()
-	bin := buildQemuKubelet(t)
+	prebuild(t, kubeletPkg) // under way while the control plane starts
 	c := cluster.StartT(t, cluster.Options{})
 	reg := ocitest.StartRegistry(t, ocitest.RegistryOptions{})
 	refs := vmtest.PushTestImages(t, reg.Addr)
+	bin := buildQemuKubelet(t)
 	const offLine = "features: {uefi: false, portForward: false}\n"
 	a := newNodeAgent(t, c, bin, "qk-features", "tcg", offLine)
 	vmtest.ReapQEMU(t, a.dir)

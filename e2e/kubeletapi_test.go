@@ -37,10 +37,11 @@ import (
 // control plane: the API server proxies logs, attach, exec, port-forward
 // and stats to qemu-kubelet's kubelet API.
 func TestKubeletAPI(t *testing.T) {
-	bin := buildQemuKubelet(t)
+	prebuild(t, kubeletPkg) // under way while the control plane starts
 	c := cluster.StartT(t, cluster.Options{})
 	reg := ocitest.StartRegistry(t, ocitest.RegistryOptions{})
 	refs := vmtest.PushTestImages(t, reg.Addr)
+	bin := buildQemuKubelet(t)
 	a := newNodeAgent(t, c, bin, "qk-api", "tcg", "")
 	vmtest.ReapQEMU(t, a.dir)
 	t.Cleanup(func() { deleteAllPods(t, c, "default", a.dir) })

@@ -166,9 +166,7 @@ func startMultiHost(t *testing.T) *multiHost {
 	hosts := newHostNet(t, mhNodes) // first: removed last, after everything using it
 	root := ocitest.RepoRoot(t)
 	tmp := t.TempDir()
-	kubeletBin := goBuild(t, root, tmp, "./cmd/qemu-kubelet")
-	ctrlBin := goBuild(t, root, tmp, "./cmd/exporterset-controller")
-
+	prebuild(t, kubeletPkg, ctrlPkg) // under way while the control plane starts
 	c := cluster.StartT(t, cluster.Options{
 		APIServerBindAddress: "0.0.0.0", // reachable at mhBridgeIP from the namespaces
 		APIServerExtraIPs:    []string{mhBridgeIP},
@@ -176,6 +174,8 @@ func startMultiHost(t *testing.T) *multiHost {
 	// The nodes pull from it through the bridge (plain HTTP, configured).
 	reg := ocitest.StartRegistry(t, ocitest.RegistryOptions{Host: mhBridgeIP})
 	refs := vmtest.PushTestImages(t, reg.Addr)
+	kubeletBin := goBuild(t, root, tmp, kubeletPkg)
+	ctrlBin := goBuild(t, root, tmp, ctrlPkg)
 
 	scheme := runtime.NewScheme()
 	require.NoError(t, clientgoscheme.AddToScheme(scheme))

@@ -27,15 +27,15 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 )
 
-// buildQemuKubelet puts ./cmd/qemu-kubelet (version v0.1.0-e2e, built once
-// per test process) into a test temp dir.
+// buildQemuKubelet puts ./cmd/qemu-kubelet (version kubeletVersion, built
+// once per test process) into a test temp dir.
 func buildQemuKubelet(t *testing.T) string {
 	t.Helper()
 	root, err := cluster.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return placeBuilt(t, root, t.TempDir(), "./cmd/qemu-kubelet", "-X main.version=v0.1.0-e2e")
+	return goBuild(t, root, t.TempDir(), kubeletPkg)
 }
 
 // nodeAgent is one qemu-kubelet process under test, restartable with the

@@ -26,8 +26,9 @@ import (
 // TestNode runs the node-registration scenarios against one real control
 // plane; each subtest uses its own node name and qemu-kubelet process.
 func TestNode(t *testing.T) {
-	bin := buildQemuKubelet(t)
+	prebuild(t, kubeletPkg) // under way while the control plane starts
 	c := cluster.StartT(t, cluster.Options{})
+	bin := buildQemuKubelet(t)
 
 	t.Run("RegistersReadyAndDescribes", func(t *testing.T) { testRegistersReady(t, c, bin) })
 	t.Run("AdminTaintAndCordonSurviveRestart", func(t *testing.T) { testTaintCordonSurviveRestart(t, c, bin) })

@@ -39,10 +39,11 @@ import (
 // QEMU under TCG: /metrics is scraped in the text format around a pod's
 // life and the pod's start arrives at an OTLP receiver as a span tree.
 func TestObservability(t *testing.T) {
-	bin := buildQemuKubelet(t)
+	prebuild(t, kubeletPkg) // under way while the control plane starts
 	c := cluster.StartT(t, cluster.Options{})
 	reg := ocitest.StartRegistry(t, ocitest.RegistryOptions{})
 	refs := vmtest.PushTestImages(t, reg.Addr)
+	bin := buildQemuKubelet(t)
 	sink := &obsSpanSink{}
 	collector := httptest.NewServer(sink)
 	t.Cleanup(collector.Close)

@@ -34,10 +34,11 @@ type podEnv struct {
 // TestPods runs pods as real VMs (QEMU TCG) on a qemu-kubelet node of a real
 // control plane, booted from OS images in a real registry.
 func TestPods(t *testing.T) {
-	bin := buildQemuKubelet(t)
+	prebuild(t, kubeletPkg) // under way while the control plane starts
 	c := cluster.StartT(t, cluster.Options{})
 	reg := ocitest.StartRegistry(t, ocitest.RegistryOptions{})
 	refs := vmtest.PushTestImages(t, reg.Addr)
+	bin := buildQemuKubelet(t)
 	e := &podEnv{c: c, refs: refs, reg: reg.Addr}
 	a := newNodeAgent(t, c, bin, "qk-vms", "tcg", armNodeConfig(t, e, "qk-vms")) // arch_test.go
 	e.a = a

@@ -154,8 +154,8 @@ func startSoak(t *testing.T, seed uint64) *soak {
 		t.Fatal(err)
 	}
 	t.Logf("soak: agent and controller logs in %s", logDir)
-	kubeletBin := goBuild(t, root, tmp, "./cmd/qemu-kubelet")
-	ctrlBin := goBuild(t, root, tmp, "./cmd/exporterset-controller")
+	kubeletBin := goBuild(t, root, tmp, kubeletPkg)
+	ctrlBin := goBuild(t, root, tmp, ctrlPkg)
 
 	c := cluster.StartT(t, cluster.Options{})
 	reg := ocitest.StartRegistry(t, ocitest.RegistryOptions{})

@@ -84,10 +84,11 @@ func TestVirtualKubeletE2E(t *testing.T) {
 	sort.Strings(listed)
 	require.Equal(t, methods, listed, "cases of the virtual-kubelet e2e suite vs vkCases")
 
-	bin := buildQemuKubelet(t)
+	prebuild(t, kubeletPkg) // under way while the control plane starts
 	c := cluster.StartT(t, cluster.Options{})
 	reg := ocitest.StartRegistry(t, ocitest.RegistryOptions{})
 	refs := vmtest.PushTestImages(t, reg.Addr)
+	bin := buildQemuKubelet(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	ocitest.Run(ctx, t, t.TempDir(), ocitest.Oras(t), "cp", "--from-plain-http", "--to-plain-http",
