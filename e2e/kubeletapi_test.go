@@ -31,6 +31,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/rest"
 	statsv1alpha1 "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
+	"k8s.io/utils/ptr"
 )
 
 // TestKubeletAPI drives a VM pod through the real kubectl against a real
@@ -435,6 +436,7 @@ func TestKubeletAPI(t *testing.T) {
 		bad.Spec.Containers[0].ReadinessProbe = tcpProbe(9999)
 		bad.Spec.Containers[0].LivenessProbe = httpProbe(9999)
 		bad.Spec.Containers[0].LivenessProbe.InitialDelaySeconds = 15
+		bad.Spec.TerminationGracePeriodSeconds = ptr.To(shortGrace)
 		for _, p := range []*corev1.Pod{good, bad} {
 			_, err := c.Client().CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{})
 			require.NoError(t, err)
@@ -499,6 +501,7 @@ func TestKubeletAPI(t *testing.T) {
 		// Would kill at once if it ran before the startup probe succeeded.
 		bad.Spec.Containers[0].LivenessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(9998)}},
 			PeriodSeconds: 1, TimeoutSeconds: 1, FailureThreshold: 1}
+		bad.Spec.TerminationGracePeriodSeconds = ptr.To(shortGrace)
 		for _, p := range []*corev1.Pod{ok, bad} {
 			_, err := c.Client().CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{})
 			require.NoError(t, err)

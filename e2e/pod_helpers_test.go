@@ -44,6 +44,13 @@ func vmPodSpec(name, node, image string, policy corev1.RestartPolicy, ann map[st
 	}
 }
 
+// shortGrace is the grace period (seconds) of a test pod deleted right
+// after a restart, on a guest still booting (acpid not up, the power button
+// unheard), where the test checks no graceful stop: the node stops the VM
+// after the minimum ACPI budget (1 s) and quits it, where vmPodSpec's 30 s
+// would wait 27 s for the guest.
+const shortGrace int64 = 2
+
 // podRecorder watches one pod and records the distinct container states
 // (phase/reason) it goes through, so a test can assert a sequence without
 // racing against fast transitions.

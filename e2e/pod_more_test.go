@@ -25,11 +25,10 @@ func (e *podEnv) testPowerOffAlways(t *testing.T) {
 	spec := vmPodSpec("poweroff-always", e.a.name, e.refs[vmtest.VariantACPI], corev1.RestartPolicyAlways,
 		map[string]string{"qemu-kubelet.io/kernel-cmdline": poweroffAfterBootCmdline})
 	// The delete below comes right after the restart that made
-	// restartCount 2, on a guest still booting (acpid not up yet, the power
-	// button unheard): a short grace period stops it at once instead of
-	// waiting for the guest to power itself off. This test does not check a
-	// graceful stop (BootsRunningAndDeletesGracefully does).
-	spec.Spec.TerminationGracePeriodSeconds = ptr.To[int64](2)
+	// restartCount 2, on a guest still booting: a short grace period stops
+	// it at once instead of waiting for the guest to power itself off. This
+	// test checks no graceful stop (BootsRunningAndDeletesGracefully does).
+	spec.Spec.TerminationGracePeriodSeconds = ptr.To(shortGrace)
 	p := e.create(t, spec)
 	rec := recordPod(t, e.c, "default", p.Name)
 	p = waitPod(t, e.c, "default", p.Name, 180*time.Second, "restartCount >= 2", func(p *corev1.Pod) bool {
