@@ -20,6 +20,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/utils/ptr"
 )
 
 // TestNodeFeatures: a node started with features.uefi and
@@ -72,8 +73,13 @@ func TestNodeFeatures(t *testing.T) {
 
 	// A UEFI pod is held: Pending, FeatureDisabled with the reason, an
 	// event, no QEMU.
-	held := e2eCreate(t, c, vmPodSpec("feat-uefi", a.name, refs[vmtest.VariantACPI], corev1.RestartPolicyAlways,
-		map[string]string{podspec.AnnotationFirmware: "uefi"}))
+	// Its VM starts late in the test and is deleted at its end, still in
+	// its firmware's slow boot under TCG (the power button unheard): a
+	// short grace period, as the test checks no graceful stop.
+	uefi := vmPodSpec("feat-uefi", a.name, refs[vmtest.VariantACPI], corev1.RestartPolicyAlways,
+		map[string]string{podspec.AnnotationFirmware: "uefi"})
+	uefi.Spec.TerminationGracePeriodSeconds = ptr.To(shortGrace)
+	held := e2eCreate(t, c, uefi)
 	isHeld := func(p *corev1.Pod) bool {
 		return p.Status.Phase == corev1.PodPending && len(p.Status.ContainerStatuses) == 1 &&
 			p.Status.ContainerStatuses[0].State.Waiting != nil && p.Status.ContainerStatuses[0].State.Waiting.Reason == provider.ReasonFeatureDisabled
