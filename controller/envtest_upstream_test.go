@@ -258,6 +258,8 @@ func TestEnvtestUpstreamLeaseFromZero(t *testing.T) {
 				ref != nil && ref.APIVersion == vtv1.GroupVersion.String() && ref.Name == tc.name, fmt.Sprint(e.Labels, ref)
 		})
 		assert.Empty(t, upstreamPods(t, ns, tc.name), "minReplicas 0: no pod before a lease waits")
+		createOrphanExporter(t, upstreamTarget(set, false, ""), tc.name+"-gone1")
+		eventually(t, tc.name+": orphan Exporter deleted", exporterGone(t, ns, tc.name+"-gone1"))
 
 		lease := "lease-" + tc.name
 		createLease(t, ns, lease, map[string]string{"set": tc.name})

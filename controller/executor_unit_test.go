@@ -27,13 +27,13 @@ func TestExpectations(t *testing.T) {
 		setup        func(e *expectations)
 		cache        []corev1.Pod
 		at           time.Time
-		wantCreates  int32
+		wantCreates  []string
 		wantDeleting []types.UID
 	}{
 		{name: "nothing expected", cache: cached("a"), at: t0},
 		{name: "created pods missing from the cache are pending",
 			setup: func(e *expectations) { e.ExpectCreate(key, "a", t0); e.ExpectCreate(key, "b", t0) },
-			cache: cached("a"), at: t0, wantCreates: 1},
+			cache: cached("a"), at: t0, wantCreates: []string{"b"}},
 		{name: "an observed create is settled by the event handler",
 			setup: func(e *expectations) { e.ExpectCreate(key, "a", t0); e.Observe(key, "a", "uid-a", false) },
 			at:    t0},

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"sort"
 	"sync"
 	"time"
 
@@ -76,14 +77,14 @@ func (e *expectations) Forget(key types.NamespacedName) {
 }
 
 // Pending settles the expectations against the pods the cache shows and
-// returns how many created pods are still missing from it and the UIDs of
-// deleted pods it still shows as live (to be left out of the plan).
-func (e *expectations) Pending(key types.NamespacedName, cached []corev1.Pod, now time.Time) (int32, map[types.UID]bool) {
+// returns the names of created pods still missing from it (sorted) and the
+// UIDs of deleted pods it still shows as live (to be left out of the plan).
+func (e *expectations) Pending(key types.NamespacedName, cached []corev1.Pod, now time.Time) ([]string, map[types.UID]bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	s := e.sets[key]
 	if s == nil {
-		return 0, nil
+		return nil, nil
 	}
 	byName := make(map[string]bool, len(cached))
 	live := make(map[types.UID]bool, len(cached))
@@ -93,11 +94,15 @@ func (e *expectations) Pending(key types.NamespacedName, cached []corev1.Pod, no
 			live[cached[i].UID] = true
 		}
 	}
+	var creating []string
 	for name, at := range s.creates {
 		if byName[name] || now.Sub(at) > expectationTTL {
 			delete(s.creates, name)
+			continue
 		}
+		creating = append(creating, name)
 	}
+	sort.Strings(creating)
 	deleting := map[types.UID]bool{}
 	for uid, at := range s.deletes {
 		if !live[uid] || now.Sub(at) > expectationTTL {
@@ -106,5 +111,5 @@ func (e *expectations) Pending(key types.NamespacedName, cached []corev1.Pod, no
 		}
 		deleting[uid] = true
 	}
-	return int32(len(s.creates)), deleting
+	return creating, deleting
 }

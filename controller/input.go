@@ -30,7 +30,7 @@ func plannerInput(set *v1alpha1.ExporterSet, res *Resolved, obs observed, drainD
 		ScaleIn:              eff.Spec.ScaleInPolicy,
 		Paused:               eff.Spec.Paused,
 		Removing:             parseRemoving(set.Annotations[v1alpha1.RemovingAnnotation]),
-		PendingCreates:       obs.pendingCreates,
+		PendingCreates:       int32(len(obs.creating)),
 		Demand:               obs.demand,
 		Now:                  now,
 
@@ -72,6 +72,7 @@ func plannerInput(set *v1alpha1.ExporterSet, res *Resolved, obs observed, drainD
 	if obs.js != nil {
 		in.Jumpstarter = &JumpstarterInput{DrainDelay: drainDelay, Cold: exporterState(obs.js.cold)}
 		in.Jumpstarter.Cold.Leased = obs.js.coldLease != ""
+		obs.js.sweepInput(in.Jumpstarter, set.Name, obs.creating, obs.deleting)
 	}
 	return in
 }

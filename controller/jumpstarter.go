@@ -91,6 +91,9 @@ type jsState struct {
 	leases    map[string]Lease          // by pod name
 	exporters map[string]*jsv1.Exporter // pod exporters by name (= pod name)
 	cold      *jsv1.Exporter
+	// listed are the Exporters labelled with the set, the cold one aside
+	// (what sweepExporters looks at).
+	listed    []PodExporter
 	coldLease string   // a lease held by the cold exporter (never expected)
 	demand    []string // pending Leases that select the set, sorted
 }
@@ -139,6 +142,7 @@ func readJumpstarter(ctx context.Context, rd client.Reader, set jsTarget, pods [
 			st.cold = e
 			continue
 		}
+		st.listed = append(st.listed, podExporter(e, set.SetLabel))
 		if e.Labels[v1alpha1.ExporterPodLabel] == e.Name {
 			st.exporters[e.Name] = e
 		}
@@ -212,6 +216,28 @@ func pendingFor(l *jsv1.Lease, want labels.Set, now time.Time) bool {
 	return sel.Matches(want)
 }
 
+// podExporter converts an Exporter labelled with a set for the planner's
+// sweep; setLabel is the label naming the set.
+func podExporter(e *jsv1.Exporter, setLabel string) PodExporter {
+	f := PodExporter{Name: e.Name, UID: e.UID, Set: e.Labels[setLabel], Pod: e.Labels[v1alpha1.ExporterPodLabel]}
+	if ref := metav1.GetControllerOf(e); ref != nil && ref.Kind == "Pod" && ref.APIVersion == "v1" {
+		f.PodUID = ref.UID
+	}
+	return f
+}
+
+// sweepInput fills in what sweepExporters looks at: the set's name, its
+// listed Exporters and the expectations (pods created and not yet seen,
+// pods deleted and still seen).
+func (st *jsState) sweepInput(in *JumpstarterInput, set string, creating []string, deleting map[types.UID]bool) {
+	in.Set, in.Exporters, in.Creating = set, st.listed, creating
+	in.Deleting = make([]types.UID, 0, len(deleting))
+	for uid := range deleting {
+		in.Deleting = append(in.Deleting, uid)
+	}
+	sort.Slice(in.Deleting, func(i, j int) bool { return in.Deleting[i] < in.Deleting[j] })
+}
+
 // exporterState converts an Exporter for the planner.
 func exporterState(e *jsv1.Exporter) ExporterState {
 	if e == nil {
@@ -274,17 +300,18 @@ func newExporter(set jsTarget, pod *corev1.Pod) *jsv1.Exporter {
 }
 
 // setupPods brings each live pod of a Jumpstarter-mode set one step
-// towards running: its Exporter is created if missing; once Jumpstarter
+// towards running (not the pods deleted by this controller that the cache
+// still shows: deleting): its Exporter is created if missing; once Jumpstarter
 // issued the Exporter's credential (and endpoint), the pod's exporter
 // Secret is written and the scheduling gate removed. It returns, per pod
 // still gated, why.
-func (r jsClient) setupPods(ctx context.Context, set jsTarget, pods []corev1.Pod, st *jsState) map[string]string {
+func (r jsClient) setupPods(ctx context.Context, set jsTarget, pods []corev1.Pod, deleting map[types.UID]bool, st *jsState) map[string]string {
 	log := logf.FromContext(ctx)
 	gated := map[string]string{}
 	for i := range pods {
 		p := &pods[i]
-		if p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded {
-			continue // going anyway: no Exporter to make for it
+		if p.DeletionTimestamp != nil || deleting[p.UID] || p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded {
+			continue // going anyway (or gone, deleted by us and still cached): no Exporter to make for it
 		}
 		e := st.exporters[p.Name]
 		if e == nil {
@@ -493,6 +520,9 @@ func (r jsClient) executeJumpstarter(ctx context.Context, set jsTarget, st *jsSt
 	if st.cold != nil && acts.Cold != ColdDelete {
 		r.syncColdLabels(ctx, set, st.cold)
 	}
+	for _, d := range acts.DeleteExporters {
+		r.deleteOrphan(ctx, ns, d)
+	}
 	if len(acts.Delete) == 0 {
 		return nil
 	}
@@ -525,6 +555,30 @@ func (r jsClient) deleteExporter(ctx context.Context, ns, name string) {
 	e := &jsv1.Exporter{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
 	if err := r.Client.Delete(ctx, e); err != nil && !apierrors.IsNotFound(err) {
 		logf.FromContext(ctx).Info("delete exporter", "exporter", name, "err", err.Error())
+	}
+}
+
+// deleteOrphan deletes an Exporter whose pod is gone (sweepExporters),
+// unless the API server (not the cache) still has its pod.
+func (r jsClient) deleteOrphan(ctx context.Context, ns string, d ExporterDeletion) {
+	log := logf.FromContext(ctx).WithValues("exporter", d.Name, "podUID", d.PodUID)
+	var p corev1.Pod
+	switch err := r.Reader.Get(ctx, types.NamespacedName{Namespace: ns, Name: d.Name}, &p); {
+	case err == nil && p.UID == d.PodUID:
+		log.V(1).Info("pod of exporter not cached yet but exists; exporter kept")
+		return
+	case err != nil && !apierrors.IsNotFound(err):
+		log.Info("read pod of exporter before deleting it; kept", "err", err.Error())
+		return
+	}
+	e := &jsv1.Exporter{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: d.Name}}
+	uid := d.UID
+	switch err := r.Client.Delete(ctx, e, client.Preconditions{UID: &uid}); {
+	case err == nil:
+		log.Info("deleted exporter whose pod is gone")
+	case apierrors.IsNotFound(err), apierrors.IsConflict(err): // gone, or another Exporter of that name now
+	default:
+		log.Info("delete exporter whose pod is gone; retried on the next pass", "err", err.Error())
 	}
 }
 

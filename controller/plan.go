@@ -19,7 +19,8 @@ import (
 // Target, the failure backoff is kept (backoff), then creates
 // (planCreates), the rollout (planRollout), scale-down (planScaleDown) and,
 // in Jumpstarter mode, the Exporters (planExporters); a paused set does
-// none of it; last the status.
+// none of it; in Jumpstarter mode, paused or not, the Exporters whose pod
+// is gone are deleted (sweepExporters); last the status.
 func Plan(in Input) Actions {
 	var acts Actions
 	exp := expireLeases(leaseExpiryInput{Pods: in.Pods, Now: in.Now})
@@ -73,6 +74,8 @@ func Plan(in Input) Actions {
 		ex = planExporters(exporterInput{Pods: pods, Delete: acts.Delete, DrainDelay: js.DrainDelay,
 			Cold: js.Cold, WantCold: in.MaxReplicas == nil || *in.MaxReplicas > 0, Now: in.Now})
 		acts.Delete, acts.Disable, acts.Enable, acts.Cold = ex.Delete, ex.Disable, ex.Enable, ex.Cold
+		acts.DeleteExporters = sweepExporters(orphanInput{Set: js.Set, Exporters: js.Exporters, Pods: in.Pods,
+			Deleting: js.Deleting, Creating: js.Creating})
 	}
 
 	var would pausedWork

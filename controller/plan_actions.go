@@ -105,6 +105,10 @@ type Actions struct {
 	Enable []ExporterRef
 	// Cold is what to do with the set's cold exporter.
 	Cold ColdAction
+	// DeleteExporters lists the set's pod Exporters whose pod is gone
+	// (Jumpstarter mode). A paused set deletes them too: they belong to no
+	// pod, and the garbage collector would delete them as well.
+	DeleteExporters []ExporterDeletion
 	// ClearUsed lists released pods (Reuse policy) whose used mark must be
 	// removed so that they can be claimed again (with the lease
 	// annotations, so that an old expiry never applies to a new lease).

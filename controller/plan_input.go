@@ -75,6 +75,15 @@ type JumpstarterInput struct {
 	DrainDelay time.Duration
 	// Cold is the set's cold exporter (v1alpha1.ExporterPodCold).
 	Cold ExporterState
+	// Set is the set's name (its Exporters' set label); Exporters the
+	// Exporters labelled with it, the cold one aside (for sweepExporters).
+	Set       string
+	Exporters []PodExporter
+	// Creating names the pods created and not yet seen in the cache;
+	// Deleting are the UIDs of pods deleted and still seen there (left out
+	// of Pods): the expectations.
+	Creating []string
+	Deleting []types.UID
 }
 
 // Input is everything a reconcile decision depends on.

@@ -287,7 +287,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	in := plannerInput(&set, res, obs, r.drainDelay(), now)
 	acts := Plan(in)
 	log.V(1).Info("plan", "create", acts.Create, "delete", len(acts.Delete), "clearUsed", len(acts.ClearUsed), "expireLease", len(acts.ExpireLease), "markUsed", len(acts.MarkUsed),
-		"pods", len(in.Pods), "pendingCreates", obs.pendingCreates, "target", acts.Status.Desired)
+		"pods", len(in.Pods), "pendingCreates", len(obs.creating), "target", acts.Status.Desired)
 	return r.apply(ctx, &set, res, sel, obs, acts, now)
 }
 
@@ -303,10 +303,10 @@ type observed struct {
 	// reasons pods still wait at the scheduling gate, by pod name.
 	js    *jsState
 	gated map[string]string
-	// pendingCreates and deleting are the expectations: pods created and
-	// not yet seen, and UIDs deleted and not yet seen gone.
-	pendingCreates int32
-	deleting       map[types.UID]bool
+	// creating and deleting are the expectations: pods created and not
+	// yet seen (by name), and UIDs deleted and not yet seen gone.
+	creating []string
+	deleting map[types.UID]bool
 	// hash is the effective set's template hash.
 	hash string
 }
@@ -329,6 +329,7 @@ func (r *Reconciler) observe(ctx context.Context, set *v1alpha1.ExporterSet, res
 			obs.owned = append(obs.owned, list.Items[i])
 		}
 	}
+	obs.creating, obs.deleting = r.expectations().Pending(key, obs.owned, now)
 	if eff.Spec.Jumpstarter != nil {
 		if !r.Jumpstarter {
 			st := statusOf(set.Status)
@@ -341,7 +342,7 @@ func (r *Reconciler) observe(ctx context.Context, set *v1alpha1.ExporterSet, res
 			return obs, false, err
 		}
 		obs.js = js
-		obs.gated = r.js().setupPods(ctx, ourJS(eff), obs.owned, js)
+		obs.gated = r.js().setupPods(ctx, ourJS(eff), obs.owned, obs.deleting, js)
 		obs.leases, obs.demand = js.leases, int32(len(js.demand))
 	} else {
 		var src LeaseSource = LabelLeases{}
@@ -358,7 +359,6 @@ func (r *Reconciler) observe(ctx context.Context, set *v1alpha1.ExporterSet, res
 			}
 		}
 	}
-	obs.pendingCreates, obs.deleting = r.expectations().Pending(key, obs.owned, now)
 	obs.hash = setHash(eff)
 	return obs, false, nil
 }

@@ -212,13 +212,14 @@ func (r *UpstreamReconciler) reconcile(ctx context.Context, req ctrl.Request) (c
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	gated := r.js().setupPods(ctx, target, owned, js)
-	pending, deleting := r.exp.Pending(key, owned, now)
+	creating, deleting := r.exp.Pending(key, owned, now)
+	gated := r.js().setupPods(ctx, target, owned, deleting, js)
 	in := spec.Knobs
 	in.TemplateHash = upstreamHash(&spec.Template, set.Spec.Template.Metadata.Labels)
-	in.PendingCreates, in.Demand, in.Now = pending, int32(len(js.demand)), now
+	in.PendingCreates, in.Demand, in.Now = int32(len(creating)), int32(len(js.demand)), now
 	in.Jumpstarter.Cold = exporterState(js.cold)
 	in.Jumpstarter.Cold.Leased = js.coldLease != ""
+	js.sweepInput(in.Jumpstarter, set.Name, creating, deleting)
 	r.mem.Get(key, set.UID).into(&in) // what our sets read from their status
 	for i := range owned {
 		if !deleting[owned[i].UID] {
