@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -81,6 +83,14 @@ func vtSet(ns, name, class string, minReplicas int32) *vtv1.ExporterSet {
 		Spec: vtv1.ExporterSetSpec{VirtualTargetClassName: class, MinReplicas: minReplicas,
 			Selector: metav1.LabelSelector{MatchLabels: map[string]string{"set": name}},
 			Template: vtv1.ExporterSetTemplate{Metadata: vtv1.TemplateMetadata{Labels: map[string]string{"set": name}}}}}
+}
+
+func podNames(ps []corev1.Pod) []string {
+	out := make([]string, len(ps))
+	for i := range ps {
+		out[i] = ps[i].Name
+	}
+	return out
 }
 
 func upstreamPods(t *testing.T, ns, set string) []corev1.Pod {
@@ -155,7 +165,21 @@ func TestEnvtestUpstreamProvisioner(t *testing.T) {
 	}
 	assert.True(t, meta.IsStatusConditionFalse(s.Status.Conditions, vtv1.ExporterSetConditionDegraded))
 	assert.True(t, meta.IsStatusConditionFalse(s.Status.Conditions, vtv1.ExporterSetConditionScalingLimited))
-	assert.Equal(t, UpstreamLabel+"=mine", s.Status.Selector)
+	assert.Equal(t, "set=mine", s.Status.Selector, "spec.selector serialized, as upstream writes it")
+	// The scale subresource (HPA) reads it, and it selects the set's pods.
+	raw := mustKubectl(t, "get", "--raw", fmt.Sprintf("/apis/%s/namespaces/%s/exportersets/mine/scale", vtv1.GroupVersion, ns))
+	var scale struct {
+		Spec   struct{ Replicas int32 }
+		Status struct{ Selector string }
+	}
+	require.NoError(t, json.Unmarshal([]byte(raw), &scale), raw)
+	assert.Equal(t, int32(3), scale.Spec.Replicas, "spec.maxReplicas")
+	assert.Equal(t, "set=mine", scale.Status.Selector)
+	sel, err := labels.Parse(scale.Status.Selector)
+	require.NoError(t, err)
+	var selected corev1.PodList
+	require.NoError(t, env.client.List(context.Background(), &selected, client.InNamespace(ns), client.MatchingLabelsSelector{Selector: sel}))
+	assert.ElementsMatch(t, podNames(ps), podNames(selected.Items), "the scale selector selects the set's pods")
 
 	// The kubelet's part: Running and Ready.
 	readyAll(t, ps)
@@ -204,7 +228,7 @@ func TestEnvtestUpstreamProvisioner(t *testing.T) {
 
 	// The other provisioner's set, planned again by hand now that the
 	// controller ran: still untouched.
-	_, err := u.Reconcile(ctx, ctrl.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: "other"}})
+	_, err = u.Reconcile(ctx, ctrl.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: "other"}})
 	require.NoError(t, err)
 	for _, name := range []string{"other", "orphan"} {
 		var now vtv1.ExporterSet

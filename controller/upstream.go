@@ -239,7 +239,8 @@ func (r *UpstreamReconciler) reconcile(ctx context.Context, req ctrl.Request) (c
 	// What our sets' status write keeps; kept whether or not the write
 	// below succeeds, as the plan's creates and deletes were made.
 	r.mem.Put(key, set.UID, memoryOf(acts.Status))
-	st, conds := upstreamStatus(set.Status, upstreamStatusInput{Plan: &acts.Status, Pods: owned, Exporters: js.exporters, Knobs: spec.Knobs, Selector: sel.String()})
+	st, conds := upstreamStatus(set.Status, upstreamStatusInput{Plan: &acts.Status, Pods: owned, Exporters: js.exporters, Knobs: spec.Knobs,
+		Selector: upstreamSelector(&set)})
 	if err := r.writeStatus(ctx, &set, st, conds, now); err != nil {
 		if apierrors.IsConflict(err) && execErr == nil {
 			return ctrl.Result{RequeueAfter: 200 * time.Millisecond}, nil
@@ -301,8 +302,16 @@ func (r *UpstreamReconciler) execute(ctx context.Context, set *vtv1.ExporterSet,
 }
 
 // newUpstreamPod builds a VM pod of an upstream set, controlled by it.
+// It carries the set's template labels (those of its Exporters), so that
+// spec.selector, serialized in status.selector for the scale subresource,
+// selects the pods as upstream's do; this controller's own labels win.
 func newUpstreamPod(set *vtv1.ExporterSet, t *corev1.PodTemplateSpec, hash string) *corev1.Pod {
-	lbls := make(map[string]string, len(t.Labels)+1)
+	lbls := make(map[string]string, len(set.Spec.Template.Metadata.Labels)+len(t.Labels)+2)
+	for k, v := range set.Spec.Template.Metadata.Labels {
+		lbls[k] = v
+	}
+	delete(lbls, v1alpha1.LeaseLabel) // a new pod is never born leased (nor used)
+	delete(lbls, v1alpha1.UsedLabel)
 	for k, v := range t.Labels {
 		lbls[k] = v
 	}

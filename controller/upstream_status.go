@@ -25,8 +25,22 @@ type upstreamStatusInput struct {
 	Pods      []corev1.Pod
 	Exporters map[string]*jsv1.Exporter
 	// Knobs are the mapped spec (MaxReplicas for ScalingLimited).
-	Knobs    Input
+	Knobs Input
+	// Selector is status.selector (upstreamSelector); "" keeps the last.
 	Selector string
+}
+
+// upstreamSelector is an upstream set's status.selector, the scale
+// subresource's labelSelectorPath: spec.selector serialized, as upstream's
+// controller writes it. It selects the set's Exporters and, as they carry
+// the template's labels, its pods (HPA). "" when spec.selector is empty or
+// invalid: a scale subresource reads "" as every pod of the namespace.
+func upstreamSelector(set *vtv1.ExporterSet) string {
+	sel, err := metav1.LabelSelectorAsSelector(&set.Spec.Selector)
+	if err != nil {
+		return ""
+	}
+	return sel.String()
 }
 
 // upstreamConditions are an upstream set's four conditions, in order.

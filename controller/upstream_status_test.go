@@ -98,3 +98,26 @@ func TestExporterCounts(t *testing.T) {
 	active, idle, disabled, offline := exporterCounts(pods, exps)
 	assert.Equal(t, []int32{2, 1, 1, 2}, []int32{active, idle, disabled, offline}, "active, idle, disabled, offline")
 }
+
+func TestUpstreamSelector(t *testing.T) {
+	set := func(sel metav1.LabelSelector) *vtv1.ExporterSet {
+		return &vtv1.ExporterSet{Spec: vtv1.ExporterSetSpec{Selector: sel}}
+	}
+	assert.Equal(t, "board=rpi4,virtual=true", upstreamSelector(set(metav1.LabelSelector{MatchLabels: map[string]string{"virtual": "true", "board": "rpi4"}})),
+		"spec.selector serialized")
+	assert.Equal(t, "board in (rpi4,rpi5)", upstreamSelector(set(metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+		{Key: "board", Operator: metav1.LabelSelectorOpIn, Values: []string{"rpi5", "rpi4"}}}})))
+	assert.Empty(t, upstreamSelector(set(metav1.LabelSelector{})), "empty: not written")
+	assert.Empty(t, upstreamSelector(set(metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+		{Key: "board", Operator: "Near"}}})), "invalid: not written")
+}
+
+func TestNewUpstreamPodLabels(t *testing.T) {
+	set := &vtv1.ExporterSet{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "rpi"}, Spec: vtv1.ExporterSetSpec{
+		Template: vtv1.ExporterSetTemplate{Metadata: vtv1.TemplateMetadata{Labels: map[string]string{"board": "rpi4", UpstreamLabel: "other", UpstreamExporterSetLabel: "other",
+			v1alpha1.LeaseLabel: "x", v1alpha1.UsedLabel: "true"}}}}}
+	tmpl := &corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{UpstreamLabel: "rpi"}}}
+	p := newUpstreamPod(set, tmpl, "h1")
+	assert.Equal(t, map[string]string{"board": "rpi4", UpstreamLabel: "rpi", UpstreamExporterSetLabel: "rpi", v1alpha1.TemplateHashLabel: "h1"}, p.Labels,
+		"the template's labels (spec.selector selects the pods), this controller's own winning, never the lease or used mark")
+}
