@@ -20,6 +20,10 @@ type availableInput struct {
 	Available, WantAvailable int32
 }
 
+// reasonComplete is Progressing False: every pod at the current template,
+// nothing to create or delete.
+const reasonComplete = "Complete"
+
 // availableCondition is True when the target's pods are Ready and enough
 // of them are available.
 func availableCondition(in availableInput) Condition {
@@ -102,7 +106,7 @@ func progressing(in progressInput) Condition {
 	case sd.Excess > 0 && sd.Candidates > 0:
 		prog.Reason, prog.Message = "ScalingDown", fmt.Sprintf("deleting %d pods towards %d", min(int(sd.Excess), sd.Candidates), in.Target)
 	default:
-		prog.Status, prog.Reason, prog.Message = metav1.ConditionFalse, "Complete", fmt.Sprintf("%d pods at the current template", in.Updated)
+		prog.Status, prog.Reason, prog.Message = metav1.ConditionFalse, reasonComplete, fmt.Sprintf("%d pods at the current template", in.Updated)
 	}
 	return prog
 }

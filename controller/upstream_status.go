@@ -46,6 +46,24 @@ func upstreamSelector(set *vtv1.ExporterSet) string {
 // upstreamConditions are an upstream set's four conditions, in order.
 type upstreamConditions [4]Condition
 
+// The reasons upstream's reconciler gives an upstream set's conditions in
+// their steady states (jumpstarter-dev/jumpstarter b1f2bb41,
+// controller/internal/exporterset): an upstream set shows them as a set
+// of upstream's own provisioner does. Work in progress keeps the
+// planner's reasons, which say more (ScalingDown, ScaleDownCooldown, ...).
+const (
+	// ReasonNoReplicasRequired: Available, minReplicas 0 and no instance.
+	ReasonNoReplicasRequired = "NoReplicasRequired"
+	// ReasonAllReplicasReady: Progressing False, nothing left to do.
+	ReasonAllReplicasReady = "AllReplicasReady"
+	// ReasonAllReplicasHealthy: Degraded False.
+	ReasonAllReplicasHealthy = "AllReplicasHealthy"
+	// ReasonWithinLimits: ScalingLimited False.
+	ReasonWithinLimits = "WithinLimits"
+	// ReasonAtMaxReplicas: ScalingLimited True, maxReplicas caps the set.
+	ReasonAtMaxReplicas = "AtMaxReplicas"
+)
+
 // upstreamStatus is the status an upstream set shows: the counts and the
 // conditions Available, Progressing, Degraded and ScalingLimited. Pure.
 // Exporter counts are those of the pods' Exporters (exporterCounts).
@@ -60,7 +78,7 @@ func upstreamStatus(prev vtv1.ExporterSetStatus, in upstreamStatusInput) (vtv1.E
 			{vtv1.ExporterSetConditionAvailable, metav1.ConditionFalse, in.Failure.Reason, "the set cannot be planned: see Degraded"},
 			{vtv1.ExporterSetConditionProgressing, metav1.ConditionFalse, in.Failure.Reason, "nothing is created or deleted until the set is fixed"},
 			{vtv1.ExporterSetConditionDegraded, metav1.ConditionTrue, in.Failure.Reason, in.Failure.Message},
-			{vtv1.ExporterSetConditionScalingLimited, metav1.ConditionFalse, "WithinLimits", "not planned"},
+			{vtv1.ExporterSetConditionScalingLimited, metav1.ConditionFalse, ReasonWithinLimits, "not planned"},
 		}
 	}
 	p := in.Plan
@@ -83,15 +101,21 @@ func upstreamStatus(prev vtv1.ExporterSetStatus, in upstreamStatusInput) (vtv1.E
 
 	var out upstreamConditions
 	out[0] = conditionOf(p.Conditions, v1alpha1.ConditionAvailable, vtv1.ExporterSetConditionAvailable)
+	if out[0].Status == metav1.ConditionTrue && in.Knobs.Replicas == 0 && p.Replicas == 0 {
+		out[0].Reason = ReasonNoReplicasRequired
+	}
 	out[1] = conditionOf(p.Conditions, v1alpha1.ConditionProgressing, vtv1.ExporterSetConditionProgressing)
-	out[2] = Condition{vtv1.ExporterSetConditionDegraded, metav1.ConditionFalse, "AsExpected", "no instance fails"}
+	if out[1].Status == metav1.ConditionFalse && out[1].Reason == reasonComplete {
+		out[1].Reason = ReasonAllReplicasReady
+	}
+	out[2] = Condition{vtv1.ExporterSetConditionDegraded, metav1.ConditionFalse, ReasonAllReplicasHealthy, "no instance fails"}
 	if f := conditionOf(p.Conditions, v1alpha1.ConditionReplicaFailure, ""); f.Status == metav1.ConditionTrue {
 		out[2] = Condition{vtv1.ExporterSetConditionDegraded, metav1.ConditionTrue, f.Reason, f.Message}
 	}
-	out[3] = Condition{vtv1.ExporterSetConditionScalingLimited, metav1.ConditionFalse, "WithinLimits", "maxReplicas holds nothing back"}
+	out[3] = Condition{vtv1.ExporterSetConditionScalingLimited, metav1.ConditionFalse, ReasonWithinLimits, "maxReplicas holds nothing back"}
 	if m := in.Knobs.MaxReplicas; m != nil {
 		if want := Target(in.Knobs.Replicas, in.Knobs.MinAvailable, p.Leased, p.PendingLeases, nil); want > *m {
-			out[3] = Condition{vtv1.ExporterSetConditionScalingLimited, metav1.ConditionTrue, "MaxReplicasReached",
+			out[3] = Condition{vtv1.ExporterSetConditionScalingLimited, metav1.ConditionTrue, ReasonAtMaxReplicas,
 				fmt.Sprintf("%d instances wanted (minReplicas %d, minAvailableReplicas %d, %d leased, %d pending leases), maxReplicas %d",
 					want, in.Knobs.Replicas, in.Knobs.MinAvailable, p.Leased, p.PendingLeases, *m)}
 		}

@@ -22,8 +22,10 @@ func phases(ps ...corev1.PodPhase) []corev1.Pod {
 }
 
 // TestUpstreamStatus: the planner's status in upstream's fields: counts,
-// pod phases, the four conditions; ScalingLimited when maxReplicas caps
-// what the spec and the leases want; a failure keeps the counts.
+// pod phases, the four conditions with upstream's reasons for the steady
+// states (the planner's for work in progress); ScalingLimited when
+// maxReplicas caps what the spec and the leases want; a failure keeps the
+// counts.
 func TestUpstreamStatus(t *testing.T) {
 	prev := vtv1.ExporterSetStatus{Replicas: 7, ReadyReplicas: 5, Selector: "old"}
 	for _, tc := range []struct {
@@ -41,10 +43,40 @@ func TestUpstreamStatus(t *testing.T) {
 					PodsPending: 2, PodsRunning: 2, PodsFailed: 1, PodsUnknown: 1, ExportersOffline: 6, Selector: "s"}, st)
 				assert.Equal(t, upstreamConditions{
 					{vtv1.ExporterSetConditionAvailable, metav1.ConditionTrue, "MinimumReplicasAvailable", "m"},
-					{vtv1.ExporterSetConditionProgressing, metav1.ConditionFalse, "Complete", "p"},
-					{vtv1.ExporterSetConditionDegraded, metav1.ConditionFalse, "AsExpected", "no instance fails"},
+					{vtv1.ExporterSetConditionProgressing, metav1.ConditionFalse, "AllReplicasReady", "p"},
+					{vtv1.ExporterSetConditionDegraded, metav1.ConditionFalse, "AllReplicasHealthy", "no instance fails"},
 					{vtv1.ExporterSetConditionScalingLimited, metav1.ConditionFalse, "WithinLimits", "maxReplicas holds nothing back"},
 				}, c)
+			}},
+		{name: "minReplicas 0 and no instance: NoReplicasRequired",
+			in: upstreamStatusInput{Plan: &Status{Conditions: []Condition{
+				{v1alpha1.ConditionAvailable, metav1.ConditionTrue, "MinimumReplicasAvailable", "0/0 pods ready"}}}},
+			check: func(t *testing.T, _ vtv1.ExporterSetStatus, c upstreamConditions) {
+				assert.Equal(t, Condition{vtv1.ExporterSetConditionAvailable, metav1.ConditionTrue, "NoReplicasRequired", "0/0 pods ready"}, c[0])
+			}},
+		{name: "minReplicas 0 with a leased instance: MinimumReplicasAvailable",
+			in: upstreamStatusInput{Plan: &Status{Replicas: 1, Ready: 1, Leased: 1, Conditions: []Condition{
+				{v1alpha1.ConditionAvailable, metav1.ConditionTrue, "MinimumReplicasAvailable", "m"}}}},
+			check: func(t *testing.T, _ vtv1.ExporterSetStatus, c upstreamConditions) {
+				assert.Equal(t, "MinimumReplicasAvailable", c[0].Reason)
+			}},
+		{name: "minReplicas 0, minAvailableReplicas 1 not yet met: the planner's Unavailable",
+			in: upstreamStatusInput{Knobs: Input{MinAvailable: 1}, Plan: &Status{Conditions: []Condition{
+				{v1alpha1.ConditionAvailable, metav1.ConditionFalse, "MinimumReplicasUnavailable", "0/1 pods ready"}}}},
+			check: func(t *testing.T, _ vtv1.ExporterSetStatus, c upstreamConditions) {
+				assert.Equal(t, Condition{vtv1.ExporterSetConditionAvailable, metav1.ConditionFalse, "MinimumReplicasUnavailable", "0/1 pods ready"}, c[0])
+			}},
+		{name: "work in progress keeps the planner's reasons",
+			in: upstreamStatusInput{Plan: &Status{Replicas: 3, Conditions: []Condition{
+				{v1alpha1.ConditionProgressing, metav1.ConditionTrue, "ScalingDown", "deleting 1 pods towards 2"}}}},
+			check: func(t *testing.T, _ vtv1.ExporterSetStatus, c upstreamConditions) {
+				assert.Equal(t, Condition{vtv1.ExporterSetConditionProgressing, metav1.ConditionTrue, "ScalingDown", "deleting 1 pods towards 2"}, c[1])
+			}},
+		{name: "Progressing False for another cause keeps its reason",
+			in: upstreamStatusInput{Plan: &Status{Conditions: []Condition{
+				{v1alpha1.ConditionProgressing, metav1.ConditionFalse, "RemovalWaitsForRelease", "r"}}}},
+			check: func(t *testing.T, _ vtv1.ExporterSetStatus, c upstreamConditions) {
+				assert.Equal(t, "RemovalWaitsForRelease", c[1].Reason)
 			}},
 		{name: "ReplicaFailure is Degraded",
 			in: upstreamStatusInput{Plan: &Status{Conditions: []Condition{{v1alpha1.ConditionReplicaFailure, metav1.ConditionTrue, "FailedCreate", "quota"}}}},
@@ -56,7 +88,7 @@ func TestUpstreamStatus(t *testing.T) {
 			in: upstreamStatusInput{Plan: &Status{Leased: 2, PendingLeases: 2}, Knobs: Input{Replicas: 1, MinAvailable: 1, MaxReplicas: ptr.To[int32](4)}},
 			check: func(t *testing.T, _ vtv1.ExporterSetStatus, c upstreamConditions) {
 				assert.Equal(t, metav1.ConditionTrue, c[3].Status)
-				assert.Equal(t, "MaxReplicasReached", c[3].Reason)
+				assert.Equal(t, "AtMaxReplicas", c[3].Reason)
 				assert.Contains(t, c[3].Message, "5 instances wanted")
 			}},
 		{name: "no limit never limits",
