@@ -136,6 +136,7 @@ func Resolve(set *v1alpha1.ExporterSet, class *v1alpha1.VirtualTargetClass) (*Re
 			}
 			js.GuestLoginSecretName = own.GuestLoginSecretName // the set's alone: a class names no Secret of the set's namespace
 			js.DefaultGuestLogin = own.DefaultGuestLogin       // the set's alone, as its login Secret
+			js.SSHDriver = own.SSHDriver                       // the set's alone, as its default login
 			js.LeaseStatePolicy = orDefault(own.LeaseStatePolicy, cs.Jumpstarter.LeaseStatePolicy)
 			js.Hooks = cs.Jumpstarter.Hooks.DeepCopy()
 			if own.Hooks != nil {
@@ -155,7 +156,9 @@ func Resolve(set *v1alpha1.ExporterSet, class *v1alpha1.VirtualTargetClass) (*Re
 		if err := checkLeaseHooks(js.Hooks); err != nil {
 			return nil, &ClassError{ReasonInvalidJumpstarter, err.Error()}
 		}
-		if ann := LeaseAnnotations(js, eff.Spec.RecyclePolicy); len(ann) > 0 {
+		ann := LeaseAnnotations(js, eff.Spec.RecyclePolicy)
+		maps.Copy(ann, DriverAnnotations(js))
+		if len(ann) > 0 {
 			t.Annotations = maps.Clone(t.Annotations)
 			if t.Annotations == nil {
 				t.Annotations = map[string]string{}
@@ -185,6 +188,18 @@ func LeaseAnnotations(js *v1alpha1.JumpstarterSpec, recycle v1alpha1.RecyclePoli
 		if err == nil { // plain structs of strings and numbers always marshal
 			ann[v1alpha1.LeaseHooksAnnotation] = string(b)
 		}
+	}
+	return ann
+}
+
+// DriverAnnotations are the pod annotations that switch off the child
+// drivers a pod's exporter reports by default: only what differs from
+// the node's default (every default driver on), so a set that asks for
+// nothing keeps its template hash. Pure.
+func DriverAnnotations(js *v1alpha1.JumpstarterSpec) map[string]string {
+	ann := map[string]string{}
+	if js.SSHDriver == v1alpha1.DriverDisabled {
+		ann[v1alpha1.SSHDriverAnnotation] = string(v1alpha1.DriverDisabled)
 	}
 	return ann
 }

@@ -254,6 +254,36 @@ func TestResolve(t *testing.T) {
 		require.Nil(t, err)
 		assert.Equal(t, v1alpha1.DefaultGuestLoginNone, r.Set.Spec.Jumpstarter.DefaultGuestLogin, "the set's default login switch is kept")
 	})
+	t.Run("sshDriver: the set's, Disabled becomes a pod annotation, Enabled is the default", func(t *testing.T) {
+		c := fullClass()
+		c.Spec.Jumpstarter = &v1alpha1.ClassJumpstarter{ExporterLabels: map[string]string{"board": "rpi4"}}
+		js := func(ssh v1alpha1.DriverSwitch, class bool) *v1alpha1.ExporterSet {
+			return classSet(func(s *v1alpha1.ExporterSet) {
+				if class {
+					s.Spec.ClassName = "c"
+				}
+				s.Spec.RecyclePolicy = v1alpha1.RecyclePolicyReuse
+				s.Spec.Jumpstarter = &v1alpha1.JumpstarterSpec{ExporterLabels: map[string]string{"board": "rpi4"}, SSHDriver: ssh}
+			})
+		}
+		for _, class := range []bool{false, true} {
+			var cl *v1alpha1.VirtualTargetClass
+			if class {
+				cl = c
+			}
+			base, err := Resolve(js("", class), cl)
+			require.Nil(t, err)
+			on, err := Resolve(js(v1alpha1.DriverEnabled, class), cl)
+			require.Nil(t, err)
+			off, err := Resolve(js(v1alpha1.DriverDisabled, class), cl)
+			require.Nil(t, err)
+			assert.NotContains(t, base.Set.Spec.Template.Annotations, v1alpha1.SSHDriverAnnotation, "class %v", class)
+			assert.Equal(t, base.Set.Spec.Template.Annotations, on.Set.Spec.Template.Annotations, "Enabled is the default: same pods (class %v)", class)
+			assert.Equal(t, "Disabled", off.Set.Spec.Template.Annotations[v1alpha1.SSHDriverAnnotation], "class %v", class)
+			assert.Equal(t, v1alpha1.DriverDisabled, off.Set.Spec.Jumpstarter.SSHDriver, "the set's switch is kept (class %v)", class)
+			assert.NotEqual(t, setHash(base.Set), setHash(off.Set), "switching it off rolls the pods (class %v)", class)
+		}
+	})
 	t.Run("lease state policy and hooks: the set's win, non-defaults become pod annotations", func(t *testing.T) {
 		c := fullClass()
 		off := &v1alpha1.LeaseHooks{AfterLease: &v1alpha1.LeaseHook{Actions: []v1alpha1.LeaseHookStep{{Action: v1alpha1.LeaseHookPowerOff}}}}

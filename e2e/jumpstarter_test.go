@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -116,6 +117,7 @@ func (e *podEnv) testJumpstarter(t *testing.T) {
 	require.NoError(t, err)
 	testutil.ReadUntil(t, con, "QK-ECHO: hello-e2e", 30*time.Second)
 	con.Close()
+	e.checkSSHChild(ctx, t, s, p.Name, dir)
 
 	_, err = s.Call(ctx, uuidOf("power"), "off")
 	require.NoError(t, err)
@@ -178,4 +180,28 @@ func (e *podEnv) testJumpstarter(t *testing.T) {
 	waitNoDir(t, dir, 30*time.Second)
 	st, _ = ctrl.ExporterState(ns, exporter)
 	assert.True(t, st.Unregistered, "a deleted pod's exporter unregisters")
+}
+
+// checkSSHChild: the exporter reports the default ssh child (the pod names
+// no port ssh), a NetworkClient as upstream's QEMU driver reports it, and
+// its connect reaches whatever the guest runs on TCP port 22: the test
+// image has no sshd, so the guest is told (kubectl exec, through its
+// agent) to serve its HTTP page there, and the page comes back through the
+// router. The child adds no QEMU process.
+func (e *podEnv) checkSSHChild(ctx context.Context, t *testing.T, s *jstest.Session, pod, dir string) {
+	t.Helper()
+	rep, err := s.GetReport(ctx)
+	require.NoError(t, err)
+	d, ok := jstest.FindDriver(rep, "ssh")
+	require.True(t, ok, "the default ssh child is reported")
+	assert.Equal(t, "jumpstarter_driver_network.client.NetworkClient", d.Labels["jumpstarter.dev/client"])
+	k := &kubectlEnv{t: t, c: e.c}
+	k.eventually(90*time.Second, "QK-PORT22-UP", "exec", pod, "--", "sh", "-c", "httpd -p 22 -h /www </dev/null >/dev/null 2>&1 && echo QK-PORT22-UP")
+	ssh, err := s.Stream(ctx, d.GetUuid(), "connect")
+	require.NoError(t, err)
+	defer ssh.Close()
+	_, err = io.WriteString(ssh, "GET / HTTP/1.0\r\nHost: guest\r\n\r\n")
+	require.NoError(t, err)
+	testutil.ReadUntil(t, ssh, "QK-HTTP-OK", 30*time.Second)
+	assert.Len(t, vmtest.QEMUPids(dir), 1, "one QEMU, as before")
 }

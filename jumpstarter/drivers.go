@@ -37,6 +37,15 @@ const (
 	DriverConsole = "console"
 )
 
+// DriverSSH and DefaultSSHPort are the ssh child upstream's QEMU driver
+// always reports (a NetworkClient; QemuClient.shell() logs in over it):
+// the node's exporters report it as a Config.Ports entry, a guest TCP
+// port, by default.
+const (
+	DriverSSH      = "ssh"
+	DefaultSSHPort = 22
+)
+
 // Errors a Target may wrap so that a call fails with the matching gRPC code
 // (InvalidArgument, Unimplemented); other errors fail with Unknown, as
 // upstream's drivers do for an unexpected exception.

@@ -172,7 +172,7 @@ func TestExporterLifecycleFake(t *testing.T) {
 	assert.Equal(t, "board-0", r.cfg.Name)
 	assert.Equal(t, "vm-u-js-fake", r.cfg.Hostname)
 	assert.Equal(t, map[string]string{"jumpstarter.dev/board": "vm"}, r.cfg.Labels)
-	assert.Equal(t, []jumpstarter.Port{{Name: "http", Port: 8080}}, r.cfg.Ports)
+	assert.Equal(t, []jumpstarter.Port{{Name: "ssh", Port: 22}, {Name: "http", Port: 8080}}, r.cfg.Ports, "the pod's port and the default ssh child")
 	require.NotNil(t, r.cfg.Target)
 	assert.False(t, r.cfg.Target.Powered(), "no VM runs (the image cannot be pulled)")
 	h.wait(pod.UID, 5*time.Second, "Connecting", condReason("Connecting"))

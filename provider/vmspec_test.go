@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/internal/podtest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
@@ -14,6 +15,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
 )
 
 // TestVMSpecKernelConsole: the spec of a directly booted kernel whose image
@@ -87,6 +89,31 @@ func TestVMSpecEmulatedKernelArgs(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, strings.Join(qemu.Args(spec), " "),
 		"-append no_timer_check tsc=reliable sysctl.vm.compaction_proactiveness=0 console=ttyS0 quiet")
+}
+
+// TestVMSpecSSHDriverCostsNothing: the exporter's default ssh child is
+// only reported, and dialled on demand through a runtime forward: the
+// VM's QEMU command line is the same with it on and off (no device, no
+// vsock, no forward of its own).
+func TestVMSpecSSHDriverCostsNothing(t *testing.T) {
+	dir := t.TempDir()
+	imageDir := filepath.Join(dir, "images")
+	p := NewVMs(context.Background(), VMsConfig{StateDir: dir, ImageDir: imageDir, Accelerator: "tcg"})
+	img := &oci.Image{Ref: "r/os:1", Digest: "sha256:x", Kernel: filepath.Join(imageDir, "k", "vmlinuz")}
+	args := func(ssh v1alpha1.DriverSwitch) string {
+		pod := podtest.VMPod(func(p *corev1.Pod) {
+			p.Annotations = map[string]string{v1alpha1.JumpstarterSecretAnnotation: "js", v1alpha1.SSHDriverAnnotation: string(ssh)}
+		})
+		plan, rej := podspec.Translate(pod, qemu.ArchX86_64)
+		require.Nil(t, rej)
+		spec, err := vmSpec(vmRun{name: vmName(pod), dir: p.podDir(pod.UID), plan: plan}, img, p.nodeVMSettings())
+		require.NoError(t, err)
+		return strings.Join(qemu.Args(spec), " ")
+	}
+	on := args(v1alpha1.DriverEnabled)
+	assert.Equal(t, args(v1alpha1.DriverDisabled), on)
+	assert.NotContains(t, on, "vsock")
+	assert.NotContains(t, on, "hostfwd")
 }
 
 // TestVMSpecPure: vmSpec, the VM's spec as a pure function of the run

@@ -256,6 +256,26 @@ const (
 	DefaultGuestLoginNone DefaultGuestLogin = "None"
 )
 
+// DriverSwitch turns a child driver that an exporter pod reports by
+// default (as upstream's QEMU driver always has it) on or off.
+// +kubebuilder:validation:Enum=Enabled;Disabled
+type DriverSwitch string
+
+const (
+	// DriverEnabled: the driver is reported (the default).
+	DriverEnabled DriverSwitch = "Enabled"
+	// DriverDisabled: the driver is not reported.
+	DriverDisabled DriverSwitch = "Disabled"
+)
+
+// SSHDriverAnnotation on a pod switches its exporter's default ssh child
+// (a NetworkClient to the guest's TCP port 22) on or off: a DriverSwitch
+// value, absent means Enabled. A container port named ssh replaces the
+// default child whatever the annotation says. The ExporterSet controller
+// sets it, to Disabled only, on the pods of a set whose
+// spec.jumpstarter.sshDriver is Disabled.
+const SSHDriverAnnotation = "qemu-kubelet.io/jumpstarter-ssh"
+
 // GeneratedGuestLoginUser is the user of a generated guest login (the
 // default user of upstream's QEMU driver).
 const GeneratedGuestLoginUser = "jumpstarter"
@@ -317,6 +337,15 @@ type JumpstarterSpec struct {
 	// empty strings).
 	// +optional
 	DefaultGuestLogin DefaultGuestLogin `json:"defaultGuestLogin,omitempty"`
+
+	// SSHDriver says whether each pod's exporter reports the ssh child
+	// upstream's QEMU driver always has: a NetworkClient to the guest's TCP
+	// port 22 (QemuClient.shell() logs in over it with the guest login).
+	// Enabled (the default) or Disabled. A template container port named
+	// ssh replaces the default child either way. Disabled reaches the pods
+	// as the annotation qemu-kubelet.io/jumpstarter-ssh.
+	// +optional
+	SSHDriver DriverSwitch `json:"sshDriver,omitempty"`
 
 	// LeaseStatePolicy says what a lease leaves for the next one: Reset
 	// (default) returns the target to what the set defines when a lease

@@ -179,7 +179,11 @@ func Settings(pod *corev1.Pod, secret *corev1.Secret) (jumpstarter.Config, error
 	}
 	cfg.Hooks = leaseHooks(ls)
 	cfg.Display = pod.Annotations[podspec.AnnotationDisplay] == podspec.DisplayVNC
-	cfg.Ports = exporterPorts(pod, cfg.Display)
+	ssh, err := podspec.SSHDriverOf(pod)
+	if err != nil {
+		return cfg, &podspec.ConfigError{Msg: err.Error()}
+	}
+	cfg.Ports = exporterPorts(pod, cfg.Display, ssh)
 	cfg.Hostname = pod.Name
 	return cfg, nil
 }
@@ -204,16 +208,19 @@ func validateEndpoint(ep string) error {
 }
 
 // exporterPorts are the guest TCP ports the exporter offers: the first
-// container's TCP ports by name, sorted by port. A port named after a
-// built-in driver (vnc too when the VM has a display) is named
-// "tcp-<port>".
-func exporterPorts(pod *corev1.Pod, display bool) []jumpstarter.Port {
-	if len(pod.Spec.Containers) == 0 {
-		return nil
-	}
+// container's TCP ports by name, and with ssh the default ssh child
+// (jumpstarter.DefaultSSHPort, as upstream's QEMU driver always has one)
+// unless a container port is named ssh, which wins; sorted by port, then
+// name. A port named after a built-in driver (vnc too when the VM has a
+// display) is named "tcp-<port>". Pure.
+func exporterPorts(pod *corev1.Pod, display, ssh bool) []jumpstarter.Port {
 	var out []jumpstarter.Port
 	seen := map[string]bool{}
-	for _, cp := range pod.Spec.Containers[0].Ports {
+	var cports []corev1.ContainerPort
+	if len(pod.Spec.Containers) > 0 {
+		cports = pod.Spec.Containers[0].Ports
+	}
+	for _, cp := range cports {
 		if cp.Protocol != "" && cp.Protocol != corev1.ProtocolTCP {
 			continue
 		}
@@ -227,7 +234,15 @@ func exporterPorts(pod *corev1.Pod, display bool) []jumpstarter.Port {
 		seen[name] = true
 		out = append(out, jumpstarter.Port{Name: name, Port: int(cp.ContainerPort)})
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Port < out[j].Port })
+	if ssh && !seen[jumpstarter.DriverSSH] {
+		out = append(out, jumpstarter.Port{Name: jumpstarter.DriverSSH, Port: jumpstarter.DefaultSSHPort})
+	}
+	sort.SliceStable(out, func(i, j int) bool {
+		if out[i].Port != out[j].Port {
+			return out[i].Port < out[j].Port
+		}
+		return out[i].Name < out[j].Name
+	})
 	return out
 }
 

@@ -108,3 +108,44 @@ func TestExporterSettingsLoginAndDisplay(t *testing.T) {
 	assert.ErrorContains(t, err, `key "username" is set but "password" is missing`)
 	_ = v1alpha1.JumpstarterSecretUsername
 }
+
+// TestExporterSettingsSSH: every exporter pod reports an ssh child to the
+// guest's port 22 by default, as upstream's QEMU driver always has one;
+// the annotation switches it off; a container port named ssh wins (on or
+// off); a bad value keeps the pod waiting with a message naming it.
+func TestExporterSettingsSSH(t *testing.T) {
+	secret := podtest.ExporterSecret(podtest.ExporterSecretKV...)
+	ports := func(pod *corev1.Pod) []jumpstarter.Port {
+		t.Helper()
+		cfg, err := Settings(pod, secret)
+		require.NoError(t, err)
+		return cfg.Ports
+	}
+	http := corev1.ContainerPort{Name: "http", ContainerPort: 8080}
+	assert.Equal(t, []jumpstarter.Port{{Name: "ssh", Port: 22}}, ports(exporterPod(nil)), "by default, with no port at all")
+	assert.Equal(t, []jumpstarter.Port{{Name: "ssh", Port: 22}, {Name: "http", Port: 8080}}, ports(exporterPod(nil, http)))
+	unnamed22 := exporterPod(nil, corev1.ContainerPort{ContainerPort: 22})
+	assert.Equal(t, []jumpstarter.Port{{Name: "ssh", Port: 22}, {Name: "tcp-22", Port: 22}}, ports(unnamed22), "an unnamed port 22 keeps its own child")
+
+	named := exporterPod(nil, corev1.ContainerPort{Name: "ssh", ContainerPort: 2222}, http)
+	assert.Equal(t, []jumpstarter.Port{{Name: "ssh", Port: 2222}, {Name: "http", Port: 8080}}, ports(named), "a port named ssh wins")
+
+	for _, v := range []v1alpha1.DriverSwitch{v1alpha1.DriverDisabled, v1alpha1.DriverEnabled} {
+		off := exporterPod(nil, http)
+		off.Annotations[v1alpha1.SSHDriverAnnotation] = string(v)
+		want := []jumpstarter.Port{{Name: "http", Port: 8080}}
+		if v == v1alpha1.DriverEnabled {
+			want = []jumpstarter.Port{{Name: "ssh", Port: 22}, {Name: "http", Port: 8080}}
+		}
+		assert.Equal(t, want, ports(off), "annotation %s", v)
+	}
+	named.Annotations[v1alpha1.SSHDriverAnnotation] = string(v1alpha1.DriverDisabled)
+	assert.Equal(t, []jumpstarter.Port{{Name: "ssh", Port: 2222}, {Name: "http", Port: 8080}}, ports(named), "Disabled: a port named ssh is still the pod's port")
+
+	bad := exporterPod(nil)
+	bad.Annotations[v1alpha1.SSHDriverAnnotation] = "off"
+	_, err := Settings(bad, secret)
+	require.Error(t, err)
+	assert.True(t, podspec.IsConfigError(err), "a config error: %v", err)
+	assert.ErrorContains(t, err, `annotation qemu-kubelet.io/jumpstarter-ssh: "off": want Enabled or Disabled`)
+}

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/internal/podtest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
@@ -257,6 +258,28 @@ func TestTranslateDisplay(t *testing.T) {
 	require.NotNil(t, rej)
 	assert.Contains(t, rej.Message, "machine microvm has no graphics card")
 }
+
+// TestTranslateSSHDriver: the exporter's ssh switch is a known annotation,
+// Enabled or Disabled; anything else refuses the pod, naming it.
+func TestTranslateSSHDriver(t *testing.T) {
+	for _, v := range []string{"Enabled", "Disabled"} {
+		pod := podtest.VMPod(func(p *corev1.Pod) { p.Annotations = map[string]string{v1alpha1.SSHDriverAnnotation: v} })
+		_, rej := Translate(pod, qemu.ArchX86_64)
+		assert.Nil(t, rej, v)
+		on, err := SSHDriverOf(pod)
+		require.NoError(t, err)
+		assert.Equal(t, v == "Enabled", on, v)
+	}
+	on, err := SSHDriverOf(podtest.VMPod())
+	require.NoError(t, err)
+	assert.True(t, on, "absent: on")
+	pod := podtest.VMPod(func(p *corev1.Pod) { p.Annotations = map[string]string{v1alpha1.SSHDriverAnnotation: "disabled"} })
+	_, rej := Translate(pod, qemu.ArchX86_64)
+	require.NotNil(t, rej)
+	assert.Contains(t, rej.Message, `metadata.annotations[qemu-kubelet.io/jumpstarter-ssh]`)
+	assert.Contains(t, rej.Message, `"disabled": want Enabled or Disabled`)
+}
+
 func errNotFound(resource, name string) error {
 	return apierrors.NewNotFound(schema.GroupResource{Resource: resource}, name)
 }

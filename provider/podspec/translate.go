@@ -73,6 +73,8 @@ var knownAnnotations = map[string]bool{
 	v1alpha1.StatePolicyAnnotation: true, v1alpha1.ReclaimPolicyAnnotation: true,
 	// The lease state policy and hooks are the pod's exporter's (leasepolicy.go).
 	v1alpha1.LeaseStatePolicyAnnotation: true, v1alpha1.LeaseHooksAnnotation: true,
+	// The exporter's default drivers (jsdrivers.go).
+	v1alpha1.SSHDriverAnnotation: true,
 }
 
 // DefaultMemory is the guest RAM of a pod that sets neither a memory limit
@@ -391,6 +393,10 @@ func translateAnnotations(ann map[string]string, arch qemu.Arch, bad func(field,
 			}
 		case v1alpha1.LeaseStatePolicyAnnotation, v1alpha1.LeaseHooksAnnotation:
 			if _, err := LeaseSettingsOf(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{k: v}}}); err != nil {
+				bad(f, "%v", err)
+			}
+		case v1alpha1.SSHDriverAnnotation:
+			if _, err := SSHDriverOf(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{k: v}}}); err != nil {
 				bad(f, "%v", err)
 			}
 		case v1alpha1.StatePolicyAnnotation:
