@@ -128,15 +128,60 @@ func (s *server) flashResource(ctx context.Context, d *driver, args []any) error
 	}
 	lr := &limitReader{r: img, left: limit, limit: limit, part: part}
 	s.e.log.Info("flashing", "partition", part, "source", what, "compression", format)
-	err = dt.WritePartition(ctx, part, lr, func(l string) { s.e.log.Info("flash: "+l, "partition", part) })
+	line := func(sev, msg string) {
+		s.e.logs.Add(LogEntry{Driver: DriverFlasher, Operation: "flash", Severity: sev, Message: "flash " + part + ": " + msg})
+	}
+	line(SeverityInfo, fmt.Sprintf("receiving the image from %s (%s)", what, format))
+	meter := &ProgressLines{Verb: "received", Emit: func(l string) { line(SeverityInfo, l) }}
+	err = dt.WritePartition(ctx, part, &countingReader{r: lr, update: meter.Update}, func(l string) {
+		s.e.log.Info("flash: "+l, "partition", part)
+		line(SeverityInfo, l)
+	})
 	if err != nil {
 		if ferr := failure(src); ferr != nil {
 			err = ferr // the transfer's own words, not a decoder's
 		}
-		return fmt.Errorf("flash %s from %s: %w", part, what, err)
+		err = fmt.Errorf("flash %s from %s: %w", part, what, err)
+		line(SeverityError, "failed: "+err.Error())
+		return err
 	}
 	s.e.log.Info("flashed", "partition", part, "bytes", limit-lr.left)
+	line(SeverityInfo, fmt.Sprintf("done: %s flashed", mib(limit-lr.left)))
 	return nil
+}
+
+// countingReader reports the bytes read so far to update (with no
+// total), from the reading goroutine.
+type countingReader struct {
+	r      io.Reader
+	n      int64
+	update func(done, total int64)
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	if n > 0 {
+		c.n += int64(n)
+		c.update(c.n, 0)
+	}
+	return n, err
+}
+
+// countingWriter reports the bytes written so far, of total, to update.
+type countingWriter struct {
+	w      io.Writer
+	n      int64
+	total  int64
+	update func(done, total int64)
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	if n > 0 {
+		c.n += int64(n)
+		c.update(c.n, c.total)
+	}
+	return n, err
 }
 
 // dump is dump(target, partition): the partition's bytes into the resource.
@@ -156,27 +201,37 @@ func (s *server) dump(ctx context.Context, d *driver, args []any) error {
 	defer release()
 	ctx, cancel := context.WithTimeout(ctx, s.e.cfg.Resources.withDefaults().TransferTimeout)
 	defer cancel()
+	line := func(sev, msg string) {
+		s.e.logs.Add(LogEntry{Driver: DriverFlasher, Operation: "dump", Severity: sev, Message: "dump " + part + ": " + msg})
+	}
+	fail := func(err error) error {
+		line(SeverityError, "failed: "+err.Error())
+		return err
+	}
 	rc, size, err := dt.ReadPartition(ctx, part)
 	if err != nil {
-		return fmt.Errorf("dump %s: %w", part, err)
+		return fail(fmt.Errorf("dump %s: %w", part, err))
 	}
 	defer rc.Close()
 	w, what, err := s.openSink(ctx, d, arg(args, 0), size)
 	if err != nil {
-		return fmt.Errorf("dump %s: %w", part, err)
+		return fail(fmt.Errorf("dump %s: %w", part, err))
 	}
-	n, err := io.Copy(w, rc)
+	line(SeverityInfo, fmt.Sprintf("sending %s to %s", mib(size), what))
+	meter := &ProgressLines{Verb: "sent", Emit: func(l string) { line(SeverityInfo, l) }}
+	n, err := io.Copy(&countingWriter{w: w, total: size, update: meter.Update}, rc)
 	if err == nil && n != size {
 		err = fmt.Errorf("the partition changed while it was read (%d bytes, expected %d)", n, size)
 	}
 	if err != nil {
 		w.Abort(err)
-		return fmt.Errorf("dump %s to %s: %w", part, what, err)
+		return fail(fmt.Errorf("dump %s to %s: %w", part, what, err))
 	}
 	if err := w.Close(); err != nil {
-		return fmt.Errorf("dump %s to %s: %w", part, what, err)
+		return fail(fmt.Errorf("dump %s to %s: %w", part, what, err))
 	}
 	s.e.log.Info("dumped", "partition", part, "bytes", n, "to", what)
+	line(SeverityInfo, fmt.Sprintf("done: %s sent", mib(n)))
 	return nil
 }
 

@@ -487,7 +487,7 @@ func (t *Target) flashOCIPartition(ctx context.Context, ref, part string, opts o
 	ref = strings.TrimPrefix(strings.TrimSpace(ref), "oci://")
 	progress(fmt.Sprintf("pulling %s", ref))
 	t0 := time.Now()
-	img, err := t.node.Images.Pull(ctx, ref, flashPullOptions(opts)) // target.go
+	img, err := t.node.Images.Pull(ctx, ref, flashPullOptions(opts, progress)) // target.go
 	if err != nil {
 		return fmt.Errorf("flash %s: %w", ref, err)
 	}

@@ -160,7 +160,7 @@ func (t *Target) flash(ctx context.Context, ref string, opts oci.PullOptions, pr
 	progress(fmt.Sprintf("pulling %s", ref))
 	t.pod.Event(corev1.EventTypeNormal, "Pulling", fmt.Sprintf("Pulling image %q to flash", ref))
 	t0 := time.Now()
-	img, err := t.node.Images.Pull(ctx, ref, flashPullOptions(opts))
+	img, err := t.node.Images.Pull(ctx, ref, flashPullOptions(opts, progress))
 	if err != nil {
 		t.pod.Event(corev1.EventTypeWarning, "FlashFailed", fmt.Sprintf("Failed to pull image %q to flash: %v", ref, err))
 		return fmt.Errorf("flash %s: %w", ref, err)
@@ -191,9 +191,13 @@ func (t *Target) flash(ctx context.Context, ref string, opts oci.PullOptions, pr
 // with ProveAccess, even for a digest the node has cached: the registry
 // must hand over the manifest's bytes to the caller's credentials first,
 // so a cached image is served only to a caller who could pull it (the
-// store then takes it from its cache, no layer downloaded again).
-func flashPullOptions(opts oci.PullOptions) oci.PullOptions {
-	return oci.PullOptions{Credentials: opts.Credentials, Dial: opts.Dial, Policy: oci.PullAlways, ProveAccess: true}
+// store then takes it from its cache, no layer downloaded again). The
+// download's byte counts go to progress as paced lines ("pulled 12.0 MiB
+// of 48.0 MiB (25%)": jumpstarter.ProgressLines).
+func flashPullOptions(opts oci.PullOptions, progress func(string)) oci.PullOptions {
+	meter := &jumpstarter.ProgressLines{Verb: "pulled", Emit: progress}
+	return oci.PullOptions{Credentials: opts.Credentials, Dial: opts.Dial, Policy: oci.PullAlways, ProveAccess: true,
+		Progress: func(p oci.Progress) { meter.Update(p.Done, p.Total) }}
 }
 
 // consoleSession is one exporter console stream.

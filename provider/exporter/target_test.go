@@ -2,16 +2,20 @@ package exporter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter"
+	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/guest"
+	"github.com/qemu-kubelet/qemu-kubelet/provider/podspec"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 )
 
@@ -175,4 +179,61 @@ func TestConsoleSessionsTypeTogether(t *testing.T) {
 	release()
 	write(c, gc, "after-attach\n")
 	require.NoError(t, c.Close())
+}
+
+// pullImages is an image store whose pulls report progress (80 blocks of
+// 128 KiB, as a registry download would) before they end with img or err.
+type pullImages struct {
+	img *oci.Image
+	err error
+}
+
+func (p *pullImages) Pull(_ context.Context, ref string, opts oci.PullOptions) (*oci.Image, error) {
+	const total = 10 << 20
+	for done := int64(128 << 10); done <= total; done += 128 << 10 {
+		opts.Progress(oci.Progress{Ref: ref, Done: done, Total: total})
+	}
+	return p.img, p.err
+}
+func (p *pullImages) Acquire(string) (func(), error) { return func() {}, nil }
+
+// flashPod records the flashes the worker would install.
+type flashPod struct {
+	anyPod  // the rest is not used here
+	flashed []string
+}
+
+func (p *flashPod) VM() VM                       { return nil }
+func (p *flashPod) Event(string, string, string) {}
+func (p *flashPod) Flash(_ context.Context, f *Flash) error {
+	p.flashed = append(p.flashed, f.Image.Digest)
+	return nil
+}
+
+// TestFlashPullProgress: a flash_oci's progress (its streamed output and
+// the lease's LogStream) says how far the pull is, by tenths of the
+// image, not per block, then what the flash does; a failed pull says how
+// far it got.
+func TestFlashPullProgress(t *testing.T) {
+	ctx := context.Background()
+	img := &oci.Image{Ref: "r/os:2", Digest: "sha256:" + strings.Repeat("a", 64), Disk: "/images/a/disk.qcow2"}
+	pod := &flashPod{}
+	tgt := NewTarget(&Node{Images: &pullImages{img: img}}, pod)
+	var lines []string
+	require.NoError(t, tgt.FlashOCI(ctx, jumpstarter.OCIFlash{Ref: "r/os:2", Partition: jumpstarter.PartitionRoot}, func(l string) { lines = append(lines, l) }))
+	want := []string{"pulling r/os:2"}
+	for i := 1; i <= 10; i++ {
+		want = append(want, fmt.Sprintf("pulled %d.0 MiB of 10.0 MiB (%d%%)", i, i*10))
+	}
+	want = append(want, "pulled r/os:2 ("+img.Digest+")", "replacing the disk (the VM stays off)", "flashed "+podspec.ImageID(img))
+	assert.Equal(t, want, lines)
+	assert.Equal(t, []string{img.Digest}, pod.flashed)
+
+	lines = nil
+	tgt = NewTarget(&Node{Images: &pullImages{err: errors.New("registry went away")}}, pod)
+	err := tgt.Flash(ctx, "oci://r/os:3", func(l string) { lines = append(lines, l) })
+	require.ErrorContains(t, err, "registry went away")
+	assert.Len(t, lines, 11, "%q", lines)
+	assert.Equal(t, "pulled 10.0 MiB of 10.0 MiB (100%)", lines[10])
+	assert.Len(t, pod.flashed, 1, "nothing installed")
 }
