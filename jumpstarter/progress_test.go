@@ -25,7 +25,7 @@ func TestFlashAndDumpLogStream(t *testing.T) {
 		c.Logs = jumpstarter.NewLogBook()
 		disk(c)
 	})
-	ctx := ctxT(t, 2*time.Minute)
+	ctx := ctxT(t, 30*time.Second)
 	logs, err := s.Exporter.LogStream(ctx, &emptypb.Empty{})
 	require.NoError(t, err)
 	fl := uuidOf("flasher")
