@@ -598,7 +598,9 @@ func TestEnvtestJumpstarterGuestLogin(t *testing.T) {
 // one generated per pod (user jumpstarter, a random password) in the
 // pod's exporter Secret, which the pod owns; the password is in no log
 // line of the controller (every level captured) and no event; a set with
-// defaultGuestLogin None gets none.
+// defaultGuestLogin None gets none. Their pods report the default ssh
+// child (no annotation); a set with sshDriver Disabled puts the
+// annotation that switches it off on its pods.
 func TestEnvtestJumpstarterDefaultGuestLogin(t *testing.T) {
 	ns := namespace(t)
 	var logs syncLog
@@ -619,13 +621,16 @@ func TestEnvtestJumpstarterDefaultGuestLogin(t *testing.T) {
 		passwords = append(passwords, pass)
 		q := getPod(t, &p)
 		assert.True(t, metav1.IsControlledBy(sec, q), "the pod owns its login Secret: %v", sec.OwnerReferences)
+		assert.NotContains(t, q.Annotations, v1alpha1.SSHDriverAnnotation, "the default ssh child: no annotation")
 	}
 
 	createSet(t, jsSet(ns, "nologin", 1, func(s *v1alpha1.ExporterSet) {
 		s.Spec.MinAvailable = ptr.To(int32(0))
 		s.Spec.Jumpstarter.DefaultGuestLogin = v1alpha1.DefaultGuestLoginNone
+		s.Spec.Jumpstarter.SSHDriver = v1alpha1.DriverDisabled
 	}))
 	none := waitPodCount(t, ns, "nologin", 1)
+	assert.Equal(t, "Disabled", none[0].Annotations[v1alpha1.SSHDriverAnnotation], "sshDriver Disabled reaches the pod")
 	credentialAll(t, ns, none)
 	sec, err := exporterSecret(t, ns, none[0].Name)
 	require.NoError(t, err)
