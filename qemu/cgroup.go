@@ -47,6 +47,32 @@ type Cgroup struct {
 	// cgroup v2) may not place a process outside that namespace's root;
 	// forking from the host's namespace may (needs CAP_SYS_ADMIN).
 	Namespace string
+	// CPUOnly places QEMU in its cgroup of the CPU controller's hierarchy
+	// only (a cgroup v1 "cpu" hierarchy, or a cgroup2 root with the cpu
+	// controller): in every other v1 hierarchy QEMU stays in its
+	// launcher's cgroup, so what ends the launcher's cgroup still ends it.
+	// For a launcher in the root CPU cgroup, where the CPU is shared by
+	// sessions (scheduler autogroups) and nice values cannot put a VM
+	// below its launcher (placement.go). No limits: MemoryMaxBytes must
+	// be 0.
+	CPUOnly bool
+	// ParentCPUWeight is Parent's CPU weight on cgroup v2's scale (1 to
+	// 10000, 100 being every cgroup's default; cpu.weight, v1's
+	// cpu.shares as weight*1024/100): the share of the CPU all the VMs
+	// under Parent get together against their siblings (the launcher's
+	// cgroup or session) when both want it. Each VM's own cgroup keeps
+	// the default, so VMs share it equally. 0 leaves Parent's weight as
+	// it is.
+	ParentCPUWeight int
+}
+
+// MaxCPUWeight is the largest cgroup v2 cpu.weight.
+const MaxCPUWeight = 10000
+
+// cpuShares is cgroup v1's cpu.shares for a cgroup v2 cpu.weight w (the
+// kernel's own scale: weight 100 is 1024 shares), at least v1's minimum 2.
+func cpuShares(w int) int {
+	return max(w*1024/100, 2)
 }
 
 // DefaultCgroupRoot is where cgroupfs is mounted on Linux hosts.
@@ -119,6 +145,12 @@ func (c Cgroup) validate(s Spec) []error {
 	if c.CPUMilli < 0 || (c.CPUMilli > 0 && c.CPUMilli < 10) {
 		bad("cpu %dm: must be 0 (no cap) or at least 10m", c.CPUMilli)
 	}
+	if c.ParentCPUWeight < 0 || c.ParentCPUWeight > MaxCPUWeight {
+		bad("parent CPU weight %d: must be 0 (left as it is) or 1 to %d", c.ParentCPUWeight, MaxCPUWeight)
+	}
+	if c.CPUOnly && c.MemoryMaxBytes != 0 {
+		bad("memory limit %d bytes: a CPU-only cgroup has no memory controller", c.MemoryMaxBytes)
+	}
 	if min := int64(s.MemoryMiB)<<20 + cgroupMinHeadroom; c.MemoryMaxBytes < 0 || (c.MemoryMaxBytes > 0 && c.MemoryMaxBytes < min) {
 		bad("memory limit %d bytes: must be 0 (no limit) or at least the guest's %d MiB plus %d MiB for QEMU itself", c.MemoryMaxBytes, s.MemoryMiB, cgroupMinHeadroom>>20)
 	}
@@ -179,9 +211,28 @@ func cgroupDirs(root, rel string) ([]cgroupDir, error) {
 	return dirs, nil
 }
 
-// vmCgroupDirs: the VM's cgroup in every hierarchy.
+// vmCgroupDirs: the VM's cgroup in every hierarchy it is placed in.
 func (s Spec) vmCgroupDirs() ([]cgroupDir, error) {
-	return cgroupDirs(s.Cgroup.root(), filepath.Join(s.Cgroup.Parent, filepath.Base(s.StateDir)))
+	return s.Cgroup.dirs(filepath.Join(s.Cgroup.Parent, filepath.Base(s.StateDir)))
+}
+
+// dirs lists the cgroup rel (relative to the root) in every hierarchy c
+// places QEMU in: all of them, or with CPUOnly the one holding the cpu
+// controller.
+func (c Cgroup) dirs(rel string) ([]cgroupDir, error) {
+	dirs, err := cgroupDirs(c.root(), rel)
+	if err != nil || !c.CPUOnly {
+		return dirs, err
+	}
+	if len(dirs) == 1 && dirs[0].v2 {
+		return dirs, nil // a cgroup2 root: one hierarchy, cpu among its controllers
+	}
+	for _, d := range dirs {
+		if !d.v2 && d.has("cpu") {
+			return []cgroupDir{d}, nil
+		}
+	}
+	return nil, fmt.Errorf("cgroup root %s: no hierarchy with the cpu controller", c.root())
 }
 
 // prepareCgroup creates the VM's cgroup (and its parents) in every
@@ -207,7 +258,85 @@ func prepareCgroup(s Spec) ([]cgroupDir, error) {
 			return nil, err
 		}
 	}
+	if err := setParentWeight(dirs, c); err != nil {
+		return nil, err
+	}
 	return dirs, nil
+}
+
+// PrepareCgroupParent creates c's Parent in every hierarchy c places VMs
+// in and sets its CPU weight (ParentCPUWeight): what every VM's start
+// does first, done once ahead to learn whether this process may (an agent
+// deciding between a CPU cgroup and nice values: placement.go).
+func PrepareCgroupParent(c Cgroup) error {
+	if err := ValidateCgroupParent(c.Parent); err != nil {
+		return fmt.Errorf("cgroup: parent %w", err)
+	}
+	if c.ParentCPUWeight < 0 || c.ParentCPUWeight > MaxCPUWeight {
+		return fmt.Errorf("cgroup: parent CPU weight %d: must be 0 to %d", c.ParentCPUWeight, MaxCPUWeight)
+	}
+	dirs, err := c.dirs(c.Parent)
+	if err != nil {
+		return err
+	}
+	for _, d := range dirs {
+		hier := strings.TrimSuffix(d.path, "/"+c.Parent)
+		if d.v2 {
+			need := []string(nil)
+			if c.ParentCPUWeight > 0 {
+				need = []string{"cpu"}
+			}
+			if err := makeV2Path(hier, d.path, need, len(dirs) == 1); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := makeV1Path(hier, d); err != nil {
+			return err
+		}
+	}
+	// The weight is set on the parent; dirs are the parent's own here.
+	return setWeight(dirs, c.ParentCPUWeight)
+}
+
+// setParentWeight sets the CPU weight of the parent of the VM's cgroup
+// dirs (c.ParentCPUWeight; nothing when 0).
+func setParentWeight(dirs []cgroupDir, c Cgroup) error {
+	parents := make([]cgroupDir, len(dirs))
+	for i, d := range dirs {
+		parents[i] = d
+		parents[i].path = filepath.Dir(d.path)
+	}
+	return setWeight(parents, c.ParentCPUWeight)
+}
+
+// setWeight writes CPU weight w to each dir: cpu.weight in a cgroup2
+// hierarchy that offers it, cpu.shares in a v1 hierarchy with the cpu
+// controller. A cgroup2 hierarchy without it (the hybrid layout's, whose
+// controllers are v1's) is left alone.
+func setWeight(dirs []cgroupDir, w int) error {
+	if w == 0 {
+		return nil
+	}
+	set := false
+	for _, d := range dirs {
+		switch {
+		case d.v2 && fileExists(filepath.Join(d.path, "cpu.weight")):
+			if err := writeCgroupFile(d.path, "cpu.weight", strconv.Itoa(w)); err != nil {
+				return err
+			}
+			set = true
+		case !d.v2 && d.has("cpu"):
+			if err := writeCgroupFile(d.path, "cpu.shares", strconv.Itoa(cpuShares(w))); err != nil {
+				return err
+			}
+			set = true
+		}
+	}
+	if !set {
+		return fmt.Errorf("cgroup: CPU weight %d: no hierarchy with the cpu controller under %v", w, dirs)
+	}
+	return nil
 }
 
 func writeCgroupFile(dir, name, val string) error {
@@ -223,13 +352,22 @@ func writeCgroupFile(dir, name, val string) error {
 // lacks is an error when strict, else skipped.
 func prepareV2(hier, vm string, c Cgroup, strict bool) error {
 	var need []string
-	if c.CPUMilli > 0 {
+	if c.CPUMilli > 0 || c.ParentCPUWeight > 0 {
 		need = append(need, "cpu")
 	}
 	if c.MemoryMaxBytes > 0 {
 		need = append(need, "memory")
 	}
-	rel, _ := filepath.Rel(hier, vm)
+	if err := makeV2Path(hier, vm, need, strict); err != nil {
+		return err
+	}
+	return setV2Limits(vm, c)
+}
+
+// makeV2Path makes hier/.../path, enabling on the way down the
+// controllers need (see prepareV2).
+func makeV2Path(hier, path string, need []string, strict bool) error {
+	rel, _ := filepath.Rel(hier, path)
 	cur := hier
 	for _, e := range strings.Split(rel, "/") {
 		if len(need) > 0 {
@@ -257,6 +395,11 @@ func prepareV2(hier, vm string, c Cgroup, strict bool) error {
 			return fmt.Errorf("cgroup: create %s: %w", cur, err)
 		}
 	}
+	return nil
+}
+
+// setV2Limits writes c's limits to the VM's cgroup2 dir vm.
+func setV2Limits(vm string, c Cgroup) error {
 	cpu, mem := "max 100000", "max"
 	if c.CPUMilli > 0 {
 		cpu = fmt.Sprintf("%d 100000", c.CPUMilli*100)
@@ -281,6 +424,14 @@ func prepareV2(hier, vm string, c Cgroup, strict bool) error {
 // has no CPUs and memory nodes (no process may join it): they are copied
 // from its parent.
 func prepareV1(hier string, d cgroupDir, c Cgroup) error {
+	if err := makeV1Path(hier, d); err != nil {
+		return err
+	}
+	return setV1Limits(d, c)
+}
+
+// makeV1Path makes hier/.../d.path in one v1 hierarchy (see prepareV1).
+func makeV1Path(hier string, d cgroupDir) error {
 	rel, _ := filepath.Rel(hier, d.path)
 	cur := hier
 	for _, e := range strings.Split(rel, "/") {
@@ -304,6 +455,11 @@ func prepareV1(hier string, d cgroupDir, c Cgroup) error {
 			}
 		}
 	}
+	return nil
+}
+
+// setV1Limits writes c's limits to the VM's cgroup d of one v1 hierarchy.
+func setV1Limits(d cgroupDir, c Cgroup) error {
 	if d.has("cpu") {
 		quota := "-1"
 		if c.CPUMilli > 0 {

@@ -38,6 +38,10 @@ func TestCgroupValidate(t *testing.T) {
 		{"negative cpu", Cgroup{Parent: "qk", CPUMilli: -1}, "", "cpu -1m"},
 		{"tiny cpu", Cgroup{Parent: "qk", CPUMilli: 5}, "", "at least 10m"},
 		{"state dir name", Cgroup{Parent: "qk"}, "/var/lib/qk/vms/cgroup.procs", "name (the state dir's base name)"},
+		{"cpu only with weight", Cgroup{Parent: "qk", CPUOnly: true, ParentCPUWeight: 50}, "", ""},
+		{"weight too high", Cgroup{Parent: "qk", ParentCPUWeight: 10001}, "", "parent CPU weight 10001"},
+		{"negative weight", Cgroup{Parent: "qk", ParentCPUWeight: -1}, "", "parent CPU weight -1"},
+		{"cpu only with a memory limit", Cgroup{Parent: "qk", CPUOnly: true, MemoryMaxBytes: 512 << 20}, "", "CPU-only cgroup has no memory controller"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := base

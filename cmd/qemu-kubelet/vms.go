@@ -56,6 +56,7 @@ func newVMs(ctx context.Context, cfg *config.Node, facts nodestatus.Facts, clien
 		}
 		arch = a
 	}
+	placement := vmPlacement(ctx, cfg.VMCgroup, cfg.VMNice)
 	vms := provider.NewVMs(ctx, provider.VMsConfig{
 		Arch:        arch,
 		NodeName:    cfg.NodeName,
@@ -85,11 +86,11 @@ func newVMs(ctx context.Context, cfg *config.Node, facts nodestatus.Facts, clien
 			FreePageReporting:       cfg.VMMemory.FreePageReporting,
 			MemMerge:                cfg.VMMemory.PageMerging,
 		},
-		VMNice:             cfg.VMNice,
+		VMNice:             placement.Nice,
 		EmulatedKernelArgs: cfg.EmulatedKernelArgs,
 		CPUModels:          cfg.CPUModels,
 		VMOverhead:         cfg.VMMemory.Overhead,
-		VMCgroup:           vmCgroup(cfg.VMCgroup),
+		VMCgroup:           placement.Cgroup,
 		VMUser:             vmUser(cfg.VMUser),
 		Features:           cfg.Features,
 	})
@@ -140,13 +141,26 @@ func exporterRunner(limits jumpstarter.ResourceOptions) exporter.Runner {
 	})
 }
 
-// vmCgroup is the base of every VM's own cgroup (vmCgroup mode Own), nil
-// in mode Inherit.
-func vmCgroup(c config.VMCgroupConfig) *qemu.Cgroup {
-	if !c.Own {
-		return nil
+// vmPlacement decides, once per agent, how the VMs are kept below the
+// agent on the CPU (qemu.PlanCPUPlacement): a CPU cgroup of lower weight
+// (its parent prepared here: a failure, e.g. an unprivileged agent, falls
+// back to vmNice) or vmNice. The outcome and why are logged.
+func vmPlacement(ctx context.Context, c config.VMCgroupConfig, nice int) qemu.CPUPlacement {
+	in := qemu.PlacementInput{
+		Base: qemu.Cgroup{Root: c.Root, Parent: c.Parent, Namespace: c.Namespace},
+		Own:  c.Own, Weight: c.CPUWeight, Nice: nice,
 	}
-	return &qemu.Cgroup{Root: c.Root, Parent: c.Parent, Namespace: c.Namespace}
+	if !c.Own && c.CPUWeight > 0 {
+		in.AgentCPUCgroup, in.AgentErr = qemu.AgentCPUCgroupOf(c.Root, os.Getpid())
+	}
+	p := qemu.PlanCPUPlacement(in)
+	if p.Cgroup != nil && p.Cgroup.ParentCPUWeight > 0 {
+		if err := qemu.PrepareCgroupParent(*p.Cgroup); err != nil {
+			p = p.Fallback(in, err)
+		}
+	}
+	klog.FromContext(ctx).Info("VM CPU placement", "cgroup", p.Cgroup != nil, "nice", p.Nice, "why", p.Why)
+	return p
 }
 
 // vmUser is the user QEMU starts as: nil when it is the agent's own (a

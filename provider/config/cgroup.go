@@ -12,7 +12,9 @@ import (
 // VM cgroup modes (vmCgroup.mode).
 const (
 	// VMCgroupInherit: QEMU runs in the agent's cgroup (a systemd unit with
-	// KillMode=process keeps VMs across restarts: docs/off-cluster.md).
+	// KillMode=process keeps VMs across restarts: docs/off-cluster.md),
+	// but for the CPU controller's hierarchy when the agent runs in the
+	// root CPU cgroup and cpuWeight is set (qemu.PlanCPUPlacement).
 	VMCgroupInherit = "Inherit"
 	// VMCgroupOwn: each QEMU runs in a cgroup of its own,
 	// <root>/<parent>/<pod UID>, outside the agent's cgroup, so whatever
@@ -28,6 +30,11 @@ const (
 	DefaultVMCgroupMode   = VMCgroupInherit
 	DefaultVMCgroupRoot   = "/sys/fs/cgroup"
 	DefaultVMCgroupParent = "qemu-kubelet"
+	// DefaultVMCPUWeight: the VMs together weigh half of what the agent
+	// weighs when both want the CPU (cgroup v2's scale, 100 the default).
+	DefaultVMCPUWeight = 50
+	// MaxVMCPUWeight is cgroup v2's largest cpu.weight.
+	MaxVMCPUWeight = 10000
 )
 
 // VMCgroup says in which cgroup each VM's QEMU runs.
@@ -47,6 +54,15 @@ type VMCgroup struct {
 	// host's PID namespace, /proc/1/ns/cgroup is the host's. Joining it
 	// needs CAP_SYS_ADMIN.
 	Namespace string `json:"namespace,omitempty"`
+	// CPUWeight is the CPU weight of parent, the cgroup of all the VMs,
+	// on cgroup v2's scale (1-10000; every cgroup and session weighs 100;
+	// default 50): when the agent and the VMs both want the CPU, the VMs
+	// together get CPUWeight/(100+CPUWeight) of it, and each VM as much
+	// as any other. In mode Inherit each VM gets a cgroup of its own in
+	// the CPU controller's hierarchy only, when the agent runs in the root
+	// CPU cgroup (docs/node-config.md). Where no cgroup can be had, and
+	// with 0, vmNice keeps the VMs below the agent instead.
+	CPUWeight *int32 `json:"cpuWeight,omitempty"`
 }
 
 // VMCgroupConfig is the resolved vmCgroup section.
@@ -54,6 +70,8 @@ type VMCgroupConfig struct {
 	// Own: every VM in a cgroup of its own under Root/Parent.
 	Own                     bool
 	Root, Parent, Namespace string
+	// CPUWeight: the VMs' parent's CPU weight (0: nice values only).
+	CPUWeight int
 }
 
 func defaultVMCgroup(c *VMCgroup) {
@@ -66,6 +84,7 @@ func defaultVMCgroup(c *VMCgroup) {
 	if c.Parent == "" {
 		c.Parent = DefaultVMCgroupParent
 	}
+	defaultInt32(&c.CPUWeight, DefaultVMCPUWeight)
 }
 
 var cgroupElemRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$`)
@@ -92,6 +111,11 @@ func validateVMCgroup(c VMCgroup, errs field.ErrorList) (VMCgroupConfig, field.E
 	}
 	if msg := badCgroupParent(c.Parent); msg != "" {
 		errs = append(errs, field.Invalid(p.Child("parent"), c.Parent, msg))
+	}
+	if w := *c.CPUWeight; w < 0 || w > MaxVMCPUWeight {
+		errs = append(errs, field.Invalid(p.Child("cpuWeight"), w, fmt.Sprintf("must be 0 (no CPU cgroup: vmNice only) or 1 to %d (cgroup v2's cpu.weight scale)", MaxVMCPUWeight)))
+	} else {
+		out.CPUWeight = int(w)
 	}
 	return out, errs
 }

@@ -96,7 +96,7 @@ func TestResolveDefaults(t *testing.T) {
 	assert.Equal(t, Threshold{Percent: 5, IsPercent: true}, n.PIDAvailable)
 	mem := n.Reserved[corev1.ResourceMemory]
 	assert.Equal(t, int64(512<<20), mem.Value())
-	assert.Equal(t, VMCgroupConfig{Own: false, Root: "/sys/fs/cgroup", Parent: "qemu-kubelet"}, n.VMCgroup, "QEMU in the agent's cgroup unless asked")
+	assert.Equal(t, VMCgroupConfig{Own: false, Root: "/sys/fs/cgroup", Parent: "qemu-kubelet", CPUWeight: 50}, n.VMCgroup, "QEMU in the agent's cgroup unless asked")
 
 	// Resolve does not modify its input.
 	assert.Empty(t, c.NodeName)
@@ -124,7 +124,7 @@ eventRecordQPS: 5
 eventBurst: 10
 podSyncWorkers: 4
 pressure: {memoryAvailable: "0", diskAvailable: 5Gi, pidAvailable: 1000}
-vmCgroup: {mode: Own, root: /host/sys/fs/cgroup, parent: machine/qk, namespace: /proc/1/ns/cgroup}
+vmCgroup: {mode: Own, root: /host/sys/fs/cgroup, parent: machine/qk, namespace: /proc/1/ns/cgroup, cpuWeight: 0}
 `))
 	require.NoError(t, err)
 	n, err := Resolve(c, env)
@@ -152,7 +152,7 @@ vmCgroup: {mode: Own, root: /host/sys/fs/cgroup, parent: machine/qk, namespace: 
 	assert.Equal(t, float32(5), n.EventRecordQPS)
 	assert.Equal(t, 10, n.EventBurst)
 	assert.Equal(t, 4, n.PodSyncWorkers)
-	assert.Equal(t, VMCgroupConfig{Own: true, Root: "/host/sys/fs/cgroup", Parent: "machine/qk", Namespace: "/proc/1/ns/cgroup"}, n.VMCgroup)
+	assert.Equal(t, VMCgroupConfig{Own: true, Root: "/host/sys/fs/cgroup", Parent: "machine/qk", Namespace: "/proc/1/ns/cgroup"}, n.VMCgroup, "cpuWeight 0: no weight, nice only")
 }
 
 // vmUser: absent is 107:107 for a root agent and the agent's own user
@@ -239,6 +239,8 @@ func TestResolveValidation(t *testing.T) {
 		{"vm cgroup parent escapes", "vmCgroup: {parent: ../x}", []string{"vmCgroup.parent", "no . or .."}},
 		{"vm cgroup parent clashes", "vmCgroup: {parent: qk/cgroup.procs}", []string{"vmCgroup.parent", "cgroup.procs", "interface files"}},
 		{"vm cgroup parent spaces", "vmCgroup: {parent: 'my vms'}", []string{"vmCgroup.parent", "[A-Za-z0-9._-]"}},
+		{"vm cpu weight too high", "vmCgroup: {cpuWeight: 10001}", []string{"vmCgroup.cpuWeight", "1 to 10000"}},
+		{"vm cpu weight negative", "vmCgroup: {cpuWeight: -5}", []string{"vmCgroup.cpuWeight", "vmNice only"}},
 		{"vm uid without gid", "vmUser: {uid: 1000}", []string{"vmUser.gid: Required value", "set both uid and gid"}},
 		{"vm gid without uid", "vmUser: {gid: 1000}", []string{"vmUser.uid: Required value"}},
 		{"negative vm uid", "vmUser: {uid: -1, gid: 107}", []string{"vmUser.uid", "-1", "between 0 and 4294967294"}},

@@ -97,10 +97,12 @@ type NodeConfiguration struct {
 	// (default 10). Pod starts themselves run on a goroutine per pod.
 	PodSyncWorkers *int32 `json:"podSyncWorkers,omitempty"`
 	// VMNice is the nice value every guest runs at, 0 to 19 (default 10;
-	// 0: off): its threads and, on hosts with scheduler autogroups, its
-	// session. Guests then compete with each other as before, but below
-	// the agent, the API server and etcd: a burst of 30 pods reached
-	// all-Ready in 6.6 s with 10 against 26.9 s with 0 (docs/performance.md).
+	// 0: off), where the VMs get no CPU cgroup below the agent
+	// (vmCgroup.cpuWeight, which comes first): its threads and, on hosts
+	// with scheduler autogroups, its session. Guests then compete with
+	// each other as before, but below the agent, the API server and etcd:
+	// a burst of 30 pods reached all-Ready in 6.6 s with 10 against
+	// 26.9 s with 0 (docs/performance.md).
 	VMNice *int32 `json:"vmNice,omitempty"`
 	// EmulatedKernelArgs are added to the kernel command line of x86-64
 	// guests booted directly (-kernel) under TCG, unless the image's or

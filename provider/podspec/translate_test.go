@@ -189,6 +189,10 @@ func TestVMCgroup(t *testing.T) {
 	assert.Equal(t, int64(0), base.CPUMilli, "the node's base is not modified")
 	got = VMCgroup(base, 0, 512, 0)
 	assert.Equal(t, &qemu.Cgroup{Root: "/sys/fs/cgroup", Parent: "qemu-kubelet"}, got, "no CPU limit, no overhead: no caps")
+	cpuOnly := &qemu.Cgroup{Root: "/sys/fs/cgroup", Parent: "qemu-kubelet", CPUOnly: true, ParentCPUWeight: 50}
+	got = VMCgroup(cpuOnly, 500, 256, 128<<20)
+	assert.Equal(t, cpuOnly, got, "a CPU-only cgroup (mode Inherit) gets no limits: the agent's cgroup had none")
+	assert.NotSame(t, cpuOnly, got, "a copy of the node's base")
 }
 
 func TestTranslateSnapshotStart(t *testing.T) {
