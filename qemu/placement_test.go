@@ -90,16 +90,27 @@ func TestCPUOnlyCgroup(t *testing.T) {
 	}
 	parent := fmt.Sprintf("qk-cpuonly-test-%d", os.Getpid())
 	c := Cgroup{Root: DefaultCgroupRoot, Parent: parent, CPUOnly: true, ParentCPUWeight: 50}
+	t.Cleanup(func() { // in every hierarchy: whatever a failure left
+		all, _ := cgroupDirs(DefaultCgroupRoot, parent)
+		for _, d := range all {
+			sub, _ := filepath.Glob(filepath.Join(d.path, "*", "cgroup.procs"))
+			for _, p := range sub {
+				_ = syscall.Rmdir(filepath.Dir(p))
+			}
+			_ = syscall.Rmdir(d.path)
+		}
+	})
 	require.NoError(t, PrepareCgroupParent(c), "prepare the VMs' parent")
 	pdirs, err := c.dirs(parent)
 	require.NoError(t, err)
 	require.Len(t, pdirs, 1, "one hierarchy: the cpu controller's")
-	t.Cleanup(func() { _ = syscall.Rmdir(pdirs[0].path) })
+	weightFile, weight, dflt := "cpu.shares", "512", "1024"
 	if pdirs[0].v2 {
-		assertCgroupFile(t, pdirs[0].path, "cpu.weight", "50")
-	} else {
-		assertCgroupFile(t, pdirs[0].path, "cpu.shares", "512")
+		weightFile, weight, dflt = "cpu.weight", "50", "100"
 	}
+	assertCgroupFile(t, pdirs[0].path, weightFile, weight)
+	// Put back the default: each VM's start sets the weight again.
+	require.NoError(t, os.WriteFile(filepath.Join(pdirs[0].path, weightFile), []byte(dflt), 0))
 
 	sleep := exec.Command("sleep", "60")
 	require.NoError(t, sleep.Start())
@@ -128,11 +139,7 @@ func TestCPUOnlyCgroup(t *testing.T) {
 		}
 		assert.Equal(t, 1, moved, "cgroups before %q, after %q", before, after)
 	}
-	if pdirs[0].v2 {
-		assertCgroupFile(t, pdirs[0].path, "cpu.weight", "50")
-	} else {
-		assertCgroupFile(t, pdirs[0].path, "cpu.shares", "512")
-	}
+	assertCgroupFile(t, pdirs[0].path, weightFile, weight)
 
 	// Out again (the process ends in the real VM's case), then removed.
 	require.NoError(t, os.WriteFile(filepath.Join(filepath.Dir(pdirs[0].path), "cgroup.procs"), []byte(strconv.Itoa(sleep.Process.Pid)), 0))
