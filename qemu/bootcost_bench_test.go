@@ -8,8 +8,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -54,7 +56,8 @@ func plainBoot(b *testing.B, args []string) boot {
 	defer cancel()
 	start := time.Now()
 	cmd := exec.CommandContext(ctx, qemu.DefaultQEMUBinary, args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// A session of its own, as QEMU started from a user's terminal.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -87,8 +90,9 @@ func plainBoot(b *testing.B, args []string) boot {
 // vmNice and kernel command line of provider/config's defaults, through
 // the same functions the node calls (podspec.KernelCmdline,
 // podspec.EmulatedKernelCmdline), with network (every pod has it). Not
-// here: the node's vmUser (QEMU runs as the caller) and a per-VM cgroup
-// (vmCgroup's default is the agent's own).
+// here: the node's vmUser (QEMU runs as the caller). Its CPU placement
+// (a CPU cgroup of the default vmCgroup.cpuWeight, or vmNice) is decided
+// as the agent decides it for this process (nodePlacement).
 func nodeSpec(b *testing.B, img, initrd string) qemu.Spec {
 	b.Helper()
 	n, err := config.Resolve(&config.NodeConfiguration{}, config.Environment{Hostname: "bench", HostIP: "127.0.0.1", HostArch: "amd64"})
@@ -97,8 +101,10 @@ func nodeSpec(b *testing.B, img, initrd string) qemu.Spec {
 	}
 	cmdline := podspec.EmulatedKernelCmdline(qemu.ArchX86_64, qemu.AccelTCG,
 		podspec.KernelCmdline(qemu.ArchX86_64, imageCmdline(img), ""), n.EmulatedKernelArgs)
+	p := nodePlacement(b, n)
 	return qemu.Spec{
-		Name: "bench-node", Arch: qemu.ArchX86_64, Accelerator: qemu.AccelTCG,
+		Cgroup: p.Cgroup,
+		Name:   "bench-node", Arch: qemu.ArchX86_64, Accelerator: qemu.AccelTCG,
 		CPUs: 1, MemoryMiB: 256,
 		Kernel: filepath.Join(img, "vmlinuz"), Initrd: initrd, Cmdline: cmdline,
 		Network:     true,
@@ -108,11 +114,28 @@ func nodeSpec(b *testing.B, img, initrd string) qemu.Spec {
 			FreePageReporting:       n.VMMemory.FreePageReporting,
 			MemMerge:                n.VMMemory.PageMerging,
 		},
-		Nice: n.VMNice,
+		Nice: p.Nice,
 		// QK_BENCH_BOOT_NODE_CPU: another -cpu for the node's side ("":
 		// the default, qemu.DefaultCPUModel).
 		CPUModel: os.Getenv("QK_BENCH_BOOT_NODE_CPU"),
 	}
+}
+
+// nodePlacement is the CPU placement a default node's agent running as
+// this process picks (cmd/qemu-kubelet's vmPlacement): a CPU cgroup of
+// weight vmCgroup.cpuWeight where it may make one, else vmNice.
+func nodePlacement(b *testing.B, n *config.Node) qemu.CPUPlacement {
+	b.Helper()
+	c := n.VMCgroup
+	in := qemu.PlacementInput{Base: qemu.Cgroup{Root: c.Root, Parent: c.Parent}, Own: c.Own, Weight: c.CPUWeight, Nice: n.VMNice}
+	in.AgentCPUCgroup, in.AgentErr = qemu.AgentCPUCgroupOf(c.Root, os.Getpid())
+	p := qemu.PlanCPUPlacement(in)
+	if p.Cgroup != nil && p.Cgroup.ParentCPUWeight > 0 {
+		if err := qemu.PrepareCgroupParent(*p.Cgroup); err != nil {
+			p = p.Fallback(in, err)
+		}
+	}
+	return p
 }
 
 // nodeBoot starts spec through package qemu (state dir, QMP, -S and the
@@ -184,12 +207,21 @@ func loadAvg() string {
 // started here, rounds alternating (plain first in even rounds), to the
 // boot marker. QK_BENCH_BOOT_ROUNDS (default 5) rounds per iteration;
 // QK_BENCH_BOOT_NODE_CPU gives the node's VM another -cpu (e.g. max).
+// The plain QEMU runs in a session of its own (a user's terminal), the
+// node's VM in this process's session with the node's CPU placement
+// (nodePlacement: a CPU cgroup of weight vmCgroup.cpuWeight for a root
+// process in the root CPU cgroup, else vmNice). QK_BENCH_BOOT_NICE=1 adds
+// the node's VM at vmNice in this process's cgroup and session (the
+// placement before CPU cgroups) to each round (nice-ms, nice-cpu-ms,
+// nice-x-of-baseline, nice-cpu-x-of-baseline); QK_BENCH_BOOT_HOG=N keeps
+// N goroutines of this process busy during the rounds (a busy agent or
+// control plane in the agent's session).
 // Reported: both medians (plain-ms, node-ms), x-of-baseline = node median /
 // plain median (target 1.05), and QEMU's CPU time to the marker on both
 // sides (plain-cpu-ms, node-cpu-ms, cpu-x-of-baseline: the boot as work
 // done, which a shared host's load moves less than the wall clock). The
-// node's wall time includes its start path (state dir, QMP handshake,
-// renice, cont) and console.log's follow.
+// node's wall time includes its start path (state dir, cgroup, QMP
+// handshake; with vmNice the renice and cont) and console.log's follow.
 func BenchmarkBootPlainVsNode(b *testing.B) {
 	img := qemu.TestImage(b)
 	initrd := filepath.Join(img, "initramfs-acpi.cpio.gz")
@@ -201,24 +233,45 @@ func BenchmarkBootPlainVsNode(b *testing.B) {
 	}
 	plain, spec := plainArgs(img, initrd), nodeSpec(b, img, initrd)
 	b.Logf("plain: %s %s", qemu.DefaultQEMUBinary, strings.Join(plain, " "))
-	spec.StateDir = "/STATE" // Start sets the real one
-	if err := spec.Validate(); err != nil {
-		b.Fatalf("node spec: %v", err)
+	b.Logf("node's CPU placement: cgroup %v, nice %d", spec.Cgroup != nil, spec.Nice)
+	// The node's VMs, each in turn after the plain QEMU: "node" (its
+	// placement), then with QK_BENCH_BOOT_NICE=1 "nice" (vmNice in the
+	// agent's cgroup and session: the placement before CPU cgroups).
+	sides := []struct {
+		name string
+		spec qemu.Spec
+	}{{"node", spec}}
+	if os.Getenv("QK_BENCH_BOOT_NICE") == "1" {
+		nice := spec
+		nice.Cgroup, nice.Nice = nil, config.DefaultVMNice
+		sides = append(sides, struct {
+			name string
+			spec qemu.Spec
+		}{"nice", nice})
 	}
-	b.Logf("node: %s %s", qemu.DefaultQEMUBinary, strings.Join(qemu.Args(spec), " "))
-	spec.StateDir = ""
+	for _, sd := range sides {
+		sd.spec.StateDir = "/STATE" // Start sets the real one
+		if err := sd.spec.Validate(); err != nil {
+			b.Fatalf("%s spec: %v", sd.name, err)
+		}
+		b.Logf("%s: %s %s", sd.name, qemu.DefaultQEMUBinary, strings.Join(qemu.Args(sd.spec), " "))
+	}
 	// Warm-up: binaries, kernel and initrd in the page cache for both.
 	plainBoot(b, plain)
 	nodeBoot(b, spec)
+	stopHog := busyAgent(b)
+	defer stopHog()
 	b.Logf("load average at the start: %s", loadAvg())
-	var ps, ns []boot
+	ps, ns := []boot{}, make([][]boot, len(sides))
 	for b.Loop() {
 		for r := range rounds {
 			if r%2 == 0 {
 				ps = append(ps, plainBoot(b, plain))
-				ns = append(ns, nodeBoot(b, spec))
-			} else {
-				ns = append(ns, nodeBoot(b, spec))
+			}
+			for i, sd := range sides {
+				ns[i] = append(ns[i], nodeBoot(b, sd.spec))
+			}
+			if r%2 == 1 {
 				ps = append(ps, plainBoot(b, plain))
 			}
 		}
@@ -231,13 +284,55 @@ func BenchmarkBootPlainVsNode(b *testing.B) {
 		return w, c
 	}
 	pw, pc := wall(ps)
-	nw, nc := wall(ns)
-	b.Logf("plain wall %v cpu %v; node wall %v cpu %v", pw, pc, nw, nc)
+	b.Logf("plain wall %v cpu %v", pw, pc)
 	b.ReportMetric(ms(medianOf(pw)), "plain-ms")
-	b.ReportMetric(ms(medianOf(nw)), "node-ms")
-	b.ReportMetric(float64(medianOf(nw))/float64(medianOf(pw)), "x-of-baseline")
 	b.ReportMetric(ms(medianOf(pc)), "plain-cpu-ms")
-	b.ReportMetric(ms(medianOf(nc)), "node-cpu-ms")
-	b.ReportMetric(float64(medianOf(nc))/float64(medianOf(pc)), "cpu-x-of-baseline")
+	for i, sd := range sides {
+		nw, nc := wall(ns[i])
+		b.Logf("%s wall %v cpu %v", sd.name, nw, nc)
+		x := ""
+		if sd.name != "node" {
+			x = sd.name + "-"
+		}
+		b.ReportMetric(ms(medianOf(nw)), sd.name+"-ms")
+		b.ReportMetric(float64(medianOf(nw))/float64(medianOf(pw)), x+"x-of-baseline")
+		b.ReportMetric(ms(medianOf(nc)), sd.name+"-cpu-ms")
+		b.ReportMetric(float64(medianOf(nc))/float64(medianOf(pc)), x+"cpu-x-of-baseline")
+	}
 	b.ReportMetric(float64(len(ps)), "rounds")
+}
+
+// busyAgent keeps QK_BENCH_BOOT_HOG goroutines (default 0) spinning in
+// this process, as a busy agent or control plane in the agent's session
+// would, until the returned func is called.
+func busyAgent(b *testing.B) func() {
+	n := 0
+	if v := os.Getenv("QK_BENCH_BOOT_HOG"); v != "" {
+		if _, err := fmt.Sscan(v, &n); err != nil || n < 0 {
+			b.Fatalf("QK_BENCH_BOOT_HOG=%q: want a number of busy goroutines", v)
+		}
+	}
+	if n == 0 {
+		return func() {}
+	}
+	b.Logf("%d busy goroutines in the agent's session", n)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runtime.LockOSThread()
+			for x := 0; ; x++ {
+				if x%(1<<20) == 0 {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+				}
+			}
+		}()
+	}
+	return func() { close(stop); wg.Wait() }
 }
