@@ -213,7 +213,10 @@ func loadAvg() string {
 // process in the root CPU cgroup, else vmNice). QK_BENCH_BOOT_NICE=1 adds
 // the node's VM at vmNice in this process's cgroup and session (the
 // placement before CPU cgroups) to each round (nice-ms, nice-cpu-ms,
-// nice-x-of-baseline, nice-cpu-x-of-baseline); QK_BENCH_BOOT_HOG=N keeps
+// nice-x-of-baseline, nice-cpu-x-of-baseline); QK_BENCH_BOOT_WEIGHTS
+// (comma-separated) adds the node's VM in a CPU cgroup whose parent
+// (<parent>-w<weight>) has that weight (w<weight>-ms, ...);
+// QK_BENCH_BOOT_HOG=N keeps
 // N goroutines of this process busy during the rounds (a busy agent or
 // control plane in the agent's session).
 // Reported: both medians (plain-ms, node-ms), x-of-baseline = node median /
@@ -248,6 +251,25 @@ func BenchmarkBootPlainVsNode(b *testing.B) {
 			name string
 			spec qemu.Spec
 		}{"nice", nice})
+	}
+	// QK_BENCH_BOOT_WEIGHTS: more sides, one per CPU weight of the VMs'
+	// parent cgroup ("w<weight>"), where the node's side has a cgroup.
+	for _, f := range strings.FieldsFunc(os.Getenv("QK_BENCH_BOOT_WEIGHTS"), func(r rune) bool { return r == ',' }) {
+		var w int
+		if _, err := fmt.Sscan(f, &w); err != nil || w < 1 || w > qemu.MaxCPUWeight || spec.Cgroup == nil {
+			b.Fatalf("QK_BENCH_BOOT_WEIGHTS %q: want weights of 1 to %d, and a node placed in a CPU cgroup", f, qemu.MaxCPUWeight)
+		}
+		ws := spec
+		cg := *spec.Cgroup
+		cg.Parent, cg.ParentCPUWeight = fmt.Sprintf("%s-w%d", cg.Parent, w), w
+		if err := qemu.PrepareCgroupParent(cg); err != nil {
+			b.Fatal(err)
+		}
+		ws.Cgroup = &cg
+		sides = append(sides, struct {
+			name string
+			spec qemu.Spec
+		}{fmt.Sprintf("w%d", w), ws})
 	}
 	for _, sd := range sides {
 		sd.spec.StateDir = "/STATE" // Start sets the real one

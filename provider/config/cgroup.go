@@ -30,9 +30,12 @@ const (
 	DefaultVMCgroupMode   = VMCgroupInherit
 	DefaultVMCgroupRoot   = "/sys/fs/cgroup"
 	DefaultVMCgroupParent = "qemu-kubelet"
-	// DefaultVMCPUWeight: the VMs together weigh half of what the agent
-	// weighs when both want the CPU (cgroup v2's scale, 100 the default).
-	DefaultVMCPUWeight = 50
+	// DefaultVMCPUWeight: the VMs together weigh what the agent's cgroup
+	// or session weighs (cgroup v2's default, 100), each VM a share of
+	// that. A lower weight also puts the VMs below every other session or
+	// cgroup of the host, which slows a booting guest on a shared host
+	// (bench/history.md, issue #42).
+	DefaultVMCPUWeight = 100
 	// MaxVMCPUWeight is cgroup v2's largest cpu.weight.
 	MaxVMCPUWeight = 10000
 )
@@ -56,7 +59,7 @@ type VMCgroup struct {
 	Namespace string `json:"namespace,omitempty"`
 	// CPUWeight is the CPU weight of parent, the cgroup of all the VMs,
 	// on cgroup v2's scale (1-10000; every cgroup and session weighs 100;
-	// default 50): when the agent and the VMs both want the CPU, the VMs
+	// default 100): when the agent and the VMs both want the CPU, the VMs
 	// together get CPUWeight/(100+CPUWeight) of it, and each VM as much
 	// as any other. In mode Inherit each VM gets a cgroup of its own in
 	// the CPU controller's hierarchy only, when the agent runs in the root

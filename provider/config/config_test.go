@@ -96,7 +96,7 @@ func TestResolveDefaults(t *testing.T) {
 	assert.Equal(t, Threshold{Percent: 5, IsPercent: true}, n.PIDAvailable)
 	mem := n.Reserved[corev1.ResourceMemory]
 	assert.Equal(t, int64(512<<20), mem.Value())
-	assert.Equal(t, VMCgroupConfig{Own: false, Root: "/sys/fs/cgroup", Parent: "qemu-kubelet", CPUWeight: 50}, n.VMCgroup, "QEMU in the agent's cgroup unless asked")
+	assert.Equal(t, VMCgroupConfig{Own: false, Root: "/sys/fs/cgroup", Parent: "qemu-kubelet", CPUWeight: 100}, n.VMCgroup, "QEMU in the agent's cgroup unless asked")
 
 	// Resolve does not modify its input.
 	assert.Empty(t, c.NodeName)
