@@ -265,6 +265,12 @@ func BenchmarkBootPlainVsNode(b *testing.B) {
 		if err := qemu.PrepareCgroupParent(cg); err != nil {
 			b.Fatal(err)
 		}
+		b.Cleanup(func() { // the parent, empty once its VMs stopped
+			dirs, _ := filepath.Glob(filepath.Join(cg.Root, "*", cg.Parent))
+			for _, d := range append(dirs, filepath.Join(cg.Root, cg.Parent)) {
+				_ = os.Remove(d)
+			}
+		})
 		ws.Cgroup = &cg
 		sides = append(sides, struct {
 			name string
