@@ -121,6 +121,19 @@ func nodeSpec(b *testing.B, img, initrd string) qemu.Spec {
 	}
 }
 
+// envMiB is the whole number in environment variable name (0 if unset).
+func envMiB(b *testing.B, name string) int {
+	v := os.Getenv(name)
+	if v == "" {
+		return 0
+	}
+	var n int
+	if _, err := fmt.Sscan(v, &n); err != nil || n < 0 {
+		b.Fatalf("%s=%q: want a number of MiB", name, v)
+	}
+	return n
+}
+
 // nodePlacement is the CPU placement a default node's agent running as
 // this process picks (cmd/qemu-kubelet's vmPlacement): a CPU cgroup of
 // weight vmCgroup.cpuWeight where it may make one, else vmNice.
@@ -206,8 +219,9 @@ func loadAvg() string {
 // its default configuration (nodeSpec, started by qemu.Start), both
 // started here, rounds alternating (plain first in even rounds), to the
 // boot marker. QK_BENCH_BOOT_ROUNDS (default 5) rounds per iteration;
-// QK_BENCH_BOOT_NODE_CPU gives the node's VM another -cpu (e.g. max).
-// The plain QEMU runs in a session of its own (a user's terminal), the
+// QK_BENCH_BOOT_NODE_CPU gives the node's VM another -cpu (e.g. max),
+// QK_BENCH_BOOT_NODE_TB=N adds the node's VM with tb-size N MiB to each
+// round (tbN-ms, ...). The plain QEMU runs in a session of its own (a user's terminal), the
 // node's VM in this process's session with the node's CPU placement
 // (nodePlacement: a CPU cgroup of weight vmCgroup.cpuWeight for a root
 // process in the root CPU cgroup, else vmNice). QK_BENCH_BOOT_NICE=1 adds
@@ -276,6 +290,14 @@ func BenchmarkBootPlainVsNode(b *testing.B) {
 			name string
 			spec qemu.Spec
 		}{fmt.Sprintf("w%d", w), ws})
+	}
+	if tb := envMiB(b, "QK_BENCH_BOOT_NODE_TB"); tb > 0 {
+		ts := spec
+		ts.Memory.TCGTranslationBufferMiB = tb
+		sides = append(sides, struct {
+			name string
+			spec qemu.Spec
+		}{fmt.Sprintf("tb%d", tb), ts})
 	}
 	for _, sd := range sides {
 		sd.spec.StateDir = "/STATE" // Start sets the real one
