@@ -144,7 +144,8 @@ type Spec struct {
 	// lowers its threads before starting the vCPUs, so QEMU's own start-up
 	// is not slowed by busy guests either. QEMU runs in the caller's
 	// session, so thread nice values apply against the caller's threads
-	// under scheduler autogroups too (lowerAutogroup).
+	// under scheduler autogroups too (lowerAutogroup). A node uses it
+	// where its VMs get no CPU cgroup of lower weight (PlanCPUPlacement).
 	Nice int
 
 	// MAC is the NIC's MAC address (a locally administered unicast
