@@ -540,20 +540,25 @@ func TestFakeVMRecordRetried(t *testing.T) {
 // its exit (137, killed) as the last termination, and the restart the
 // policy asks for; the restarted VM, whose guest answers, keeps running.
 func TestFakeVMLivenessFailureKills(t *testing.T) {
-	f := newFakeVMHarness(t, t.TempDir(), newFakeHypervisor(), 20*time.Millisecond)
+	hv := newFakeHypervisor()
+	// The first VM's guest does not answer: the exec probe fails and it is
+	// killed. The restarted VM's guest answers from its start (set here,
+	// not once the kill is seen: the restart and its first probe may come
+	// before this goroutine runs again).
+	hv.guestUpFrom = 2
+	f := newFakeVMHarness(t, t.TempDir(), hv, 20*time.Millisecond)
 	pod := podFor("u-liveness", "reg.example/os:1", corev1.RestartPolicyAlways, nil)
 	pod.Spec.Containers[0].LivenessProbe = &corev1.Probe{
 		ProbeHandler:  corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"true"}}},
 		PeriodSeconds: 1, TimeoutSeconds: 1, FailureThreshold: 1,
 	}
 	require.NoError(t, f.vms.CreatePod(context.Background(), pod))
-	vm1 := nextVM(t, f.hv) // its guest does not answer: the exec probe fails
+	vm1 := nextVM(t, f.hv)
 	select {
 	case <-vm1.Done():
 	case <-time.After(10 * time.Second):
 		t.Fatal("the VM whose liveness probe fails was not killed within 10s")
 	}
-	f.hv.guestUp.Store(true) // the next VM's guest answers
 	vm2 := nextVM(t, f.hv)
 	p := f.wait(pod.UID, 10*time.Second, "restarted", func(p *corev1.Pod) bool { return running(p) && restarts(p) == 1 })
 	_, kills := vm1.stopsKills()

@@ -41,6 +41,10 @@ type fakeHypervisor struct {
 	// guestUp: the guests of the VMs answer exec with exit code 0 (else
 	// GuestExec fails, as with no guest agent).
 	guestUp atomic.Bool
+	// guestUpFrom: the VMs of this start on (1 is the first) have guests
+	// that answer from their start, whatever guestUp says (0: guestUp
+	// alone decides). Set before the first start.
+	guestUpFrom int
 }
 
 func newFakeHypervisor() *fakeHypervisor {
@@ -76,7 +80,8 @@ func (h *fakeHypervisor) Start(ctx context.Context, spec qemu.Spec, dir string) 
 	h.nextPid++
 	h.starts++
 	vm := &fakeVM{dir: dir, pid: h.nextPid, spec: spec, done: make(chan struct{}), stopCalled: make(chan struct{}), guestUp: &h.guestUp,
-		startTimes: qemu.StartTimes{Begin: time.Now(), Exec: time.Now(), QMP: time.Now(), Released: time.Now()}}
+		guestFromStart: h.guestUpFrom > 0 && h.starts >= h.guestUpFrom,
+		startTimes:     qemu.StartTimes{Begin: time.Now(), Exec: time.Now(), QMP: time.Now(), Released: time.Now()}}
 	h.procs[dir] = vm
 	h.started <- vm
 	return vm, nil
@@ -149,8 +154,10 @@ type fakeVM struct {
 	done       chan struct{}
 	// stopCalled is closed by the first Stop.
 	stopCalled chan struct{}
-	// guestUp is its hypervisor's.
-	guestUp *atomic.Bool
+	// guestUp is its hypervisor's; guestFromStart: its guest answers
+	// from its start (fakeHypervisor.guestUpFrom).
+	guestUp        *atomic.Bool
+	guestFromStart bool
 
 	mu       sync.Mutex
 	exit     *qemu.Exit
@@ -278,7 +285,7 @@ func (v *fakeVM) Stats() (qemu.ProcStats, error) {
 var errNoGuest = errors.New("fake VM: no guest")
 
 func (v *fakeVM) GuestExec(context.Context, qemu.ExecRequest) (qemu.ExecResult, error) {
-	if v.guestUp != nil && v.guestUp.Load() {
+	if v.guestFromStart || (v.guestUp != nil && v.guestUp.Load()) {
 		return qemu.ExecResult{}, nil
 	}
 	return qemu.ExecResult{}, errNoGuest
