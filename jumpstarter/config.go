@@ -46,6 +46,11 @@ type Config struct {
 	// Hooks are what the exporter does around each lease (hooks.go): the
 	// reset at a lease's end and the beforeLease and afterLease hooks.
 	Hooks LeaseHooks
+	// ExitOnLeaseEnd ends the exporter when its first lease ends (after
+	// the afterLease hook), as upstream's exporter does with
+	// exitOnLeaseEnd: it never reports AVAILABLE again, unregisters, and
+	// Run returns an error wrapping ErrExitOnLeaseEnd.
+	ExitOnLeaseEnd bool
 
 	// OnState is called (from the exporter's own goroutine, never
 	// concurrently) on every state change; err is set for StateFailed.

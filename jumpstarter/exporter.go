@@ -191,7 +191,9 @@ func (e *Exporter) setState(s State, err error) {
 // controller session. On ctx end it unregisters
 // (best effort, short timeout), reports StateStopped and returns nil. A
 // lease hook with onFailure exit that failed (hooks.go) ends it the same
-// way, with an error wrapping ErrHookExit. An Exporter runs once.
+// way, with an error wrapping ErrHookExit; with Config.ExitOnLeaseEnd the
+// end of a lease does too, with ErrExitOnLeaseEnd (StateStopped). An
+// Exporter runs once.
 func (e *Exporter) Run(ctx context.Context) error {
 	if !e.running.CompareAndSwap(false, true) {
 		return errors.New("jumpstarter exporter: Run called twice")
@@ -225,7 +227,7 @@ func (e *Exporter) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			break
 		}
-		if errors.Is(err, ErrHookExit) {
+		if errors.Is(err, ErrHookExit) || errors.Is(err, ErrExitOnLeaseEnd) {
 			hookExit = err
 			break
 		}
@@ -248,6 +250,10 @@ func (e *Exporter) Run(ctx context.Context) error {
 	}
 	if registered {
 		e.unregister()
+	}
+	if errors.Is(hookExit, ErrExitOnLeaseEnd) {
+		e.setState(StateStopped, nil)
+		return hookExit
 	}
 	if hookExit != nil {
 		e.setState(StateFailed, hookExit)
@@ -482,6 +488,10 @@ func (e *Exporter) session(ctx context.Context, lease *leaseRun) (online, regist
 				lease = nil
 				if err := e.afterLeasePhase(ctx, rep, &step); err != nil { // hooks.go
 					return online, true, lease, err
+				}
+				if e.cfg.ExitOnLeaseEnd {
+					e.log.Info("exporter exits on lease end (exitOnLeaseEnd)")
+					return online, true, lease, ErrExitOnLeaseEnd
 				}
 			}
 			if step.start != "" {

@@ -142,6 +142,10 @@ var errPolicyReset = errors.New("the lease state policy's reset failed")
 // offline.
 var ErrHookExit = errors.New("a lease hook with onFailure exit failed: the exporter went offline")
 
+// ErrExitOnLeaseEnd: the lease ended and Config.ExitOnLeaseEnd is set;
+// the exporter went offline for good.
+var ErrExitOnLeaseEnd = errors.New("the lease ended and the exporter exits on lease end (exitOnLeaseEnd): the exporter went offline")
+
 // afterLeaseHook is what runs when a lease ends: the reset of the lease
 // state policy first (the set's definition), then the afterLease hook's
 // actions (which may power it off for the next beforeLease to power on),
@@ -396,6 +400,9 @@ func (e *Exporter) runPhase(ctx context.Context, rep *statusReporter, phase hook
 	if v.status == pb.ExporterStatus_EXPORTER_STATUS_LEASE_READY {
 		return v, nil // reported once Listen is open
 	}
+	if v.status == pb.ExporterStatus_EXPORTER_STATUS_AVAILABLE && e.cfg.ExitOnLeaseEnd {
+		return v, nil // it exits now: never AVAILABLE again (no lease lands on it)
+	}
 	if rerr := rep.reportRelease(ctx, v.status, v.msg, v.release); rerr != nil {
 		return v, rerr
 	}
@@ -408,9 +415,12 @@ func (e *Exporter) runPhase(ctx context.Context, rep *statusReporter, phase hook
 // that failed with onFailure endLease is reported for
 // AfterLeaseFailedHold, then AVAILABLE with the failure in its message
 // (unless the next lease is already assigned). A hook with onFailure exit
-// that failed ends the session with ErrHookExit.
+// that failed ends the session with ErrHookExit. An exporter that exits
+// on lease end skips the reset (its target serves no other lease).
 func (e *Exporter) afterLeasePhase(ctx context.Context, rep *statusReporter, step *leaseStep) error {
-	h := afterLeaseHook(e.cfg.Hooks)
+	hooks := e.cfg.Hooks
+	hooks.ResetAfterLease = hooks.ResetAfterLease && !e.cfg.ExitOnLeaseEnd
+	h := afterLeaseHook(hooks)
 	if h == nil {
 		return nil
 	}

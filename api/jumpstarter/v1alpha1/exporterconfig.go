@@ -61,6 +61,10 @@ type ExporterConfigMetadata struct {
 // ExporterConfigTLS holds the CA bundle, PEM encoded then base64 encoded.
 type ExporterConfigTLS struct {
 	CA string `json:"ca"`
+	// Insecure: upstream's exporter then trusts whatever certificate the
+	// endpoint presents. The project never writes it, and the node's
+	// exporter refuses a configuration that sets it.
+	Insecure bool `json:"insecure,omitempty"`
 }
 
 // ExporterConfigDriver is one driver of the tree: a driver class (Type,
