@@ -2,7 +2,6 @@ package exporter
 
 import (
 	"context"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -13,7 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter"
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/guest"
@@ -115,48 +113,17 @@ var ErrVMPoweredOff = errors.New("the VM is not running (powered off, or not sta
 var exporterDriverNames = map[string]bool{"power": true, "console": true, "flasher": true}
 
 // Settings builds the exporter configuration of pod from its
-// Secret: endpoint, token, namespace and name are required, ca.crt
-// optional; the labels sent with Register are the pod's jumpstarter.dev/
+// Secret: the controller's endpoint, the token, the Exporter's namespace
+// and name and the CA from upstream's ExporterConfig (key config.yaml)
+// or our keys (credentials); the labels sent with Register are the pod's jumpstarter.dev/
 // labels; the guest ports are the container's named TCP ports (unnamed:
 // "tcp-<port>"); the hostname is the pod name. A missing or bad key is a
 // ConfigError naming it (never the token's value). Pure.
 func Settings(pod *corev1.Pod, secret *corev1.Secret) (jumpstarter.Config, error) {
 	where := podspec.ExporterSecretWhere(pod)
-	get := func(key string) (string, error) {
-		v := strings.TrimSpace(string(secret.Data[key]))
-		if v == "" {
-			v = strings.TrimSpace(secret.StringData[key])
-		}
-		if v == "" {
-			return "", &podspec.ConfigError{Msg: fmt.Sprintf("%s: key %q is missing or empty", where, key)}
-		}
-		return v, nil
-	}
-	var cfg jumpstarter.Config
-	var err error
-	if cfg.Endpoint, err = get(v1alpha1.JumpstarterSecretEndpoint); err != nil {
+	cfg, err := credentials(secret, where) // exporterconfig.go: upstream's config.yaml or our keys
+	if err != nil {
 		return cfg, err
-	}
-	if err := validateEndpoint(cfg.Endpoint); err != nil {
-		return cfg, &podspec.ConfigError{Msg: fmt.Sprintf("%s: key %q: %v", where, v1alpha1.JumpstarterSecretEndpoint, err)}
-	}
-	if cfg.Token, err = get(v1alpha1.JumpstarterSecretToken); err != nil {
-		return cfg, err
-	}
-	if strings.ContainsAny(cfg.Token, " \t\r\n") {
-		return cfg, &podspec.ConfigError{Msg: fmt.Sprintf("%s: key %q holds white space inside the token", where, v1alpha1.JumpstarterSecretToken)}
-	}
-	if cfg.Namespace, err = get(v1alpha1.JumpstarterSecretNamespace); err != nil {
-		return cfg, err
-	}
-	if cfg.Name, err = get(v1alpha1.JumpstarterSecretName); err != nil {
-		return cfg, err
-	}
-	if ca := secret.Data[v1alpha1.JumpstarterSecretCA]; len(ca) > 0 {
-		if !x509.NewCertPool().AppendCertsFromPEM(ca) {
-			return cfg, &podspec.ConfigError{Msg: fmt.Sprintf("%s: key %q holds no PEM certificate", where, v1alpha1.JumpstarterSecretCA)}
-		}
-		cfg.CABundle = append([]byte(nil), ca...)
 	}
 	for k, v := range pod.Labels {
 		if strings.HasPrefix(k, "jumpstarter.dev/") {
@@ -324,7 +291,7 @@ func readConfig(ctx context.Context, secrets func(ctx context.Context, namespace
 		return jumpstarter.Config{}, fmt.Errorf("jumpstarter exporter: %w", err)
 	}
 	if s == nil {
-		return jumpstarter.Config{}, &podspec.ConfigError{Msg: fmt.Sprintf("secret %q not found (the Jumpstarter exporter secret named by annotation %s)", name, v1alpha1.JumpstarterSecretAnnotation)}
+		return jumpstarter.Config{}, podspec.ExporterSecretNotFound(pod)
 	}
 	return Settings(pod, s)
 }
@@ -540,6 +507,14 @@ func (s *Supervisor) supervise(ctx context.Context) {
 			log.Info("Exporter secret changed; restarting the exporter")
 			attempt = 0
 			continue
+		case errors.Is(err, jumpstarter.ErrExitOnLeaseEnd):
+			// As upstream's exporter with exitOnLeaseEnd: offline for good;
+			// the pod's set replaces the pod (exporterconfig.go).
+			log.Info("Exporter ended at lease end (exitOnLeaseEnd)")
+			s.setState(jumpstarter.StateStopped, exitedOnLeaseEnd)
+			<-ctx.Done()
+			s.setState(jumpstarter.StateStopped, "")
+			return
 		case errors.Is(err, jumpstarter.ErrHookExit):
 			// As upstream's exit code 1: not restarted; the pod's
 			// recreation (or the node agent's restart) brings it back.
@@ -579,7 +554,8 @@ func (s *Supervisor) watchSecret(ctx context.Context, pod *corev1.Pod, cfg jumps
 				continue // keep the running exporter; a fixed Secret restarts it
 			}
 			if cur.Endpoint != cfg.Endpoint || cur.Token != cfg.Token || cur.Namespace != cfg.Namespace ||
-				cur.Name != cfg.Name || string(cur.CABundle) != string(cfg.CABundle) || !reflect.DeepEqual(cur.Labels, cfg.Labels) {
+				cur.Name != cfg.Name || string(cur.CABundle) != string(cfg.CABundle) || !reflect.DeepEqual(cur.Labels, cfg.Labels) ||
+				cur.ExitOnLeaseEnd != cfg.ExitOnLeaseEnd {
 				return true
 			}
 		}

@@ -125,7 +125,7 @@ func exporterGuestLogin(ctx context.Context, pod *corev1.Pod, src ConfigSources)
 		return nil, err
 	}
 	if s == nil {
-		return nil, &ConfigError{Msg: fmt.Sprintf("secret %q not found (the Jumpstarter exporter secret named by annotation %s)", name, v1alpha1.JumpstarterSecretAnnotation)}
+		return nil, ExporterSecretNotFound(pod)
 	}
 	return GuestLoginFromSecret(s, ExporterSecretWhere(pod))
 }
@@ -165,9 +165,4 @@ func withGuestLogin(disks []guestDisk, pod *corev1.Pod, login *GuestLogin) ([]gu
 		seedVendorData: login.VendorData(),
 	}}
 	return append(append([]guestDisk(nil), disks...), seed), nil
-}
-
-// ExporterSecretWhere names the pod's exporter Secret in messages.
-func ExporterSecretWhere(pod *corev1.Pod) string {
-	return fmt.Sprintf("Jumpstarter exporter secret %q (annotation %s)", ExporterSecretName(pod), v1alpha1.JumpstarterSecretAnnotation)
 }

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	corev1 "k8s.io/api/core/v1"
@@ -53,10 +52,4 @@ func DecideHold(pod *corev1.Pod, plan Plan, features *config.FeatureConfig, node
 	return &Hold{Features: off, Message: fmt.Sprintf(
 		"pod needs %s (%s), disabled on node %s (%s in its configuration); it starts once enabled and the configuration is reloaded",
 		strings.Join(off, ", "), strings.Join(why, "; "), nodeName, strings.Join(fields, ", "))}
-}
-
-// ExporterSecretName is the Secret the pod names for its exporter ("": the
-// pod is no exporter).
-func ExporterSecretName(pod *corev1.Pod) string {
-	return strings.TrimSpace(pod.Annotations[v1alpha1.JumpstarterSecretAnnotation])
 }

@@ -192,7 +192,7 @@ func Translate(pod *corev1.Pod, arch qemu.Arch) (Plan, *Rejection) {
 			bad(f, "volume %q: this volume type is not supported by VM pods", v.Name)
 		}
 	}
-	problems = append(problems, ValidateGuestVolumes(spec, pod.Annotations[v1alpha1.JumpstarterSecretAnnotation])...)
+	problems = append(problems, ValidateGuestVolumes(spec, ExporterSecretName(pod))...)
 	if len(spec.Containers) > 0 {
 		c := spec.Containers[0]
 		translateContainer(c, bad, &plan)
@@ -209,7 +209,7 @@ func Translate(pod *corev1.Pod, arch qemu.Arch) (Plan, *Rejection) {
 		validateEmptyDisk(pod.Annotations, plan, bad)
 	}
 	if plan.SnapshotStart {
-		validateSnapshotStart(spec, pod.Annotations[v1alpha1.JumpstarterSecretAnnotation], bad)
+		validateSnapshotStart(spec, ExporterSecretName(pod), bad)
 		if plan.StatePolicy == v1alpha1.StatePolicyRetain {
 			// A snapshot's memory belongs with the snapshot's disk: restored
 			// over a disk the guest changed since, it corrupts the guest.

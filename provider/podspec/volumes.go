@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -91,7 +90,7 @@ type guestDisk struct {
 var fatLabelRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,10})$`)
 
 // hostOnlyVolume reports whether v is the secret volume of the pod's
-// Jumpstarter exporter Secret (exporterSecret, the annotation's value): it
+// Jumpstarter exporter Secret (exporterSecret, ExporterSecretName): it
 // is there so the Node authorizer lets this node read the Secret, and it
 // never becomes a guest disk (the token stays on the host).
 func hostOnlyVolume(v corev1.Volume, exporterSecret string) bool {
@@ -155,7 +154,7 @@ func ValidateGuestEnv(c *corev1.Container, field string) []string {
 // give a ConfigError naming them.
 func planGuestDisks(ctx context.Context, pod *corev1.Pod, src ConfigSources) ([]guestDisk, error) {
 	var out []guestDisk
-	exporterSecret := pod.Annotations[v1alpha1.JumpstarterSecretAnnotation]
+	exporterSecret := ExporterSecretName(pod)
 	for _, v := range pod.Spec.Volumes {
 		switch {
 		case hostOnlyVolume(v, exporterSecret):
