@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"testing"
@@ -256,7 +257,8 @@ func TestEnvtestUpstreamProvisioner(t *testing.T) {
 // gated pod with its Exporter (owned by the pod, upstream's set label);
 // once Jumpstarter issued the credential, the Secret exporter-config-<pod>
 // holds the endpoint, token and the CA of the namespace's
-// jumpstarter-service-ca-cert and the gate goes. ExitAndReplace: the
+// jumpstarter-service-ca-cert, in our keys and in upstream's config.yaml
+// (exitOnLeaseEnd unless InPlaceReuse), and the gate goes. ExitAndReplace: the
 // lease's end retires the pod and its Exporter (back to the cold one);
 // InPlaceReuse keeps the pod and its Exporter.
 func TestEnvtestUpstreamLeaseFromZero(t *testing.T) {
@@ -319,6 +321,14 @@ func TestEnvtestUpstreamLeaseFromZero(t *testing.T) {
 		assert.Equal(t, testCA, string(sec.Data[v1alpha1.JumpstarterSecretCA]), "the CA of "+upstreamCAConfigMap)
 		assert.Equal(t, p.Name, string(sec.Data[v1alpha1.JumpstarterSecretName]))
 		assert.Equal(t, tc.name, sec.Labels[UpstreamExporterSetLabel])
+		doc, err := jsv1.ParseExporterConfig(sec.Data[jsv1.ExporterConfigSecretKey])
+		require.NoError(t, err, "config.yaml: upstream's ExporterConfig")
+		assert.Equal(t, jsv1.ExporterConfigMetadata{Name: p.Name, Namespace: ns}, doc.Metadata)
+		assert.Equal(t, "jumpstarter-own.example:8082", doc.Endpoint)
+		assert.Equal(t, "tok-"+p.Name, doc.Token)
+		require.NotNil(t, doc.TLS)
+		assert.Equal(t, base64.StdEncoding.EncodeToString([]byte(testCA)), doc.TLS.CA, "tls.ca: the CA, base64 encoded")
+		assert.Equal(t, tc.strategy == vtv1.RecycleStrategyExitAndReplace, doc.ExitOnLeaseEnd, "exitOnLeaseEnd unless InPlaceReuse")
 
 		readyAll(t, []corev1.Pod{*getPod(t, &p)})
 		updateExporterStatus(t, ns, p.Name, func(e *jsv1.Exporter) {
@@ -346,7 +356,7 @@ func TestEnvtestUpstreamLeaseFromZero(t *testing.T) {
 			left := upstreamPods(t, ns, tc.name)
 			return len(left) == 0 && apierrors.IsNotFound(err), fmt.Sprintf("%d pods, exporter: %v", len(left), err)
 		})
-		_, err := getExporter(t, ns, tc.name+"-cold")
+		_, err = getExporter(t, ns, tc.name+"-cold")
 		assert.NoError(t, err, "the cold exporter stays")
 	}
 }

@@ -64,6 +64,10 @@ type jsTarget struct {
 	// exporter Secrets; SecretName names a pod's exporter Secret.
 	SetLabel   string
 	SecretName func(pod string) string
+	// ExporterConfig, when set, is the config.yaml (upstream's
+	// ExporterConfig) the exporter Secret holds besides our keys
+	// (upstream_exporterconfig.go).
+	ExporterConfig func(namespace, name, endpoint string, token []byte) ([]byte, error)
 }
 
 // ourJS is one of our own Jumpstarter-mode sets (the effective one).
@@ -398,6 +402,13 @@ func (r jsClient) writeExporterSecret(ctx context.Context, set jsTarget, p *core
 	}
 	if user != nil {
 		data[v1alpha1.JumpstarterSecretUsername], data[v1alpha1.JumpstarterSecretPassword] = user, pass
+	}
+	if set.ExporterConfig != nil {
+		doc, err := set.ExporterConfig(e.Namespace, e.Name, endpoint, token)
+		if err != nil {
+			return fmt.Sprintf("building the ExporterConfig of Exporter %s failed: %v", e.Name, err)
+		}
+		data[jsv1.ExporterConfigSecretKey] = doc
 	}
 	name := p.Annotations[v1alpha1.JumpstarterSecretAnnotation]
 	if name == "" {

@@ -42,11 +42,12 @@ const (
 
 // upstreamSecretName is the name of the exporter Secret of the exporter
 // (and pod) named exporter: upstream's exporter-config-<exporter>.
-func upstreamSecretName(exporter string) string { return "exporter-config-" + exporter }
+func upstreamSecretName(exporter string) string { return jsv1.ExporterConfigSecretName(exporter) }
 
 // upstreamTarget is an upstream set as the Jumpstarter steps see it: the
 // template's labels are the Exporters' (Leases select on them), the
-// endpoint is each Exporter's status.endpoint, ca the CA bundle.
+// endpoint is each Exporter's status.endpoint, ca the CA bundle; the
+// exporter Secrets hold upstream's config.yaml too.
 func upstreamTarget(set *vtv1.ExporterSet, reuse bool, ca string) jsTarget {
 	return jsTarget{
 		Obj:        set,
@@ -55,6 +56,9 @@ func upstreamTarget(set *vtv1.ExporterSet, reuse bool, ca string) jsTarget {
 		Reuse:      reuse,
 		SetLabel:   UpstreamExporterSetLabel,
 		SecretName: upstreamSecretName,
+		ExporterConfig: func(namespace, name, endpoint string, token []byte) ([]byte, error) {
+			return upstreamExporterConfig(set, reuse, ca, namespace, name, endpoint, token)
+		},
 	}
 }
 
