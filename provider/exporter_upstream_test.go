@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -70,11 +71,6 @@ func TestExporterUpstreamLayoutFake(t *testing.T) {
 		VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "exporter-config-pool-1"}}})
 	pod.Spec.Containers[0].VolumeMounts = append(pod.Spec.Containers[0].VolumeMounts,
 		corev1.VolumeMount{Name: "exporter-config", MountPath: jsv1.ExporterConfigMountPath, ReadOnly: true})
-	require.NoError(t, h.vms.CreatePod(ctx, pod))
-	run := h.vms.runOf(pod.UID)
-	require.NotNil(t, run)
-	run.startExporter(h.vms.base)
-
 	// A real CA bundle (jstest's), as the operator's ConfigMap holds one.
 	ctrl, err := jstest.Start(jstest.Options{})
 	require.NoError(t, err)
@@ -90,7 +86,15 @@ func TestExporterUpstreamLayoutFake(t *testing.T) {
 	}
 
 	put(doc(true))
-	p := h.wait(pod.UID, 10*time.Second, "exporter Failed (tls.insecure)", condReason("Failed"))
+	require.NoError(t, h.vms.CreatePod(ctx, pod))
+	run := h.vms.runOf(pod.UID)
+	require.NotNil(t, run)
+	run.startExporter(h.vms.base)
+
+	p := h.wait(pod.UID, 10*time.Second, "exporter Failed (tls.insecure)", func(p *corev1.Pod) bool {
+		c := exporterCond(p)
+		return c != nil && c.Reason == "Failed" && strings.Contains(c.Message, "tls.insecure")
+	})
 	assert.Contains(t, exporterCond(p).Message, `"exporter-config-pool-1" (volume "exporter-config" mounted at /etc/jumpstarter/exporters`)
 	assert.Contains(t, exporterCond(p).Message, "tls.insecure: true is refused")
 	assert.NotContains(t, exporterCond(p).Message, token)
