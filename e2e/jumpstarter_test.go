@@ -2,8 +2,10 @@ package e2e
 
 import (
 	"context"
-	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
+	"crypto/rand"
+	"encoding/base64"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +14,7 @@ import (
 	"time"
 
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
+	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/jstest"
 	"github.com/qemu-kubelet/qemu-kubelet/jumpstarter/pb"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/exporter"
@@ -20,6 +23,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/crypto/ssh"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -57,8 +61,16 @@ func (e *podEnv) testJumpstarter(t *testing.T) {
 	// The pod references the Secret from a volume: the Node authorizer then
 	// lets this node read it (an annotation alone is no reference); the
 	// node keeps that volume on the host.
+	// The guest login, as the ExporterSet controller generates one: the
+	// node seeds it into the guest (NoCloud vendor-data), the exporter
+	// answers it to get_username and get_password.
+	pw := make([]byte, 24)
+	_, err = rand.Read(pw)
+	require.NoError(t, err)
 	_, err = e.c.Kubectl(ctx, "create", "secret", "generic", "js-e2e", "-n", "default", "--from-literal=endpoint="+ctrl.Endpoint(),
-		"--from-literal=token="+token, "--from-literal=namespace="+ns, "--from-literal=name="+exporter, "--from-file=ca.crt="+caFile)
+		"--from-literal=token="+token, "--from-literal=namespace="+ns, "--from-literal=name="+exporter, "--from-file=ca.crt="+caFile,
+		"--from-literal="+v1alpha1.JumpstarterSecretUsername+"="+v1alpha1.GeneratedGuestLoginUser,
+		"--from-literal="+v1alpha1.JumpstarterSecretPassword+"="+base64.RawURLEncoding.EncodeToString(pw))
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		_, _ = e.c.Kubectl(context.Background(), "delete", "-n", "default", "secret/js-e2e", "--ignore-not-found")
@@ -117,7 +129,7 @@ func (e *podEnv) testJumpstarter(t *testing.T) {
 	require.NoError(t, err)
 	testutil.ReadUntil(t, con, "QK-ECHO: hello-e2e", 30*time.Second)
 	con.Close()
-	e.checkSSHChild(ctx, t, s, p.Name, dir)
+	e.checkSSHChild(ctx, t, s, dir)
 
 	_, err = s.Call(ctx, uuidOf("power"), "off")
 	require.NoError(t, err)
@@ -184,24 +196,65 @@ func (e *podEnv) testJumpstarter(t *testing.T) {
 
 // checkSSHChild: the exporter reports the default ssh child (the pod names
 // no port ssh), a NetworkClient as upstream's QEMU driver reports it, and
-// its connect reaches whatever the guest runs on TCP port 22: the test
-// image has no sshd, so the guest is told (kubectl exec, through its
-// agent) to serve its HTTP page there, and the page comes back through the
-// router. The child adds no QEMU process.
-func (e *podEnv) checkSSHChild(ctx context.Context, t *testing.T, s *jstest.Session, pod, dir string) {
+// its connect reaches the guest's TCP port 22, where the test image runs
+// sshd (dropbear) with the login the node seeded from the pod's exporter
+// Secret: an ssh client through the router logs in with get_username and
+// get_password, as shell() does, and runs id -un; a wrong password is
+// refused. The child adds no QEMU process.
+func (e *podEnv) checkSSHChild(ctx context.Context, t *testing.T, s *jstest.Session, dir string) {
 	t.Helper()
 	rep, err := s.GetReport(ctx)
 	require.NoError(t, err)
 	d, ok := jstest.FindDriver(rep, "ssh")
 	require.True(t, ok, "the default ssh child is reported")
 	assert.Equal(t, "jumpstarter_driver_network.client.NetworkClient", d.Labels["jumpstarter.dev/client"])
-	k := &kubectlEnv{t: t, c: e.c}
-	k.eventually(90*time.Second, "QK-PORT22-UP", "exec", pod, "--", "sh", "-c", "httpd -p 22 -h /www </dev/null >/dev/null 2>&1 && echo QK-PORT22-UP")
-	ssh, err := s.Stream(ctx, d.GetUuid(), "connect")
+	root, ok := jstest.FindDriver(rep, "")
+	require.True(t, ok, "the root driver")
+	call := func(m string) string {
+		v, err := s.Call(ctx, root.GetUuid(), m)
+		require.NoError(t, err, m)
+		str, _ := v.(string)
+		return str
+	}
+	user, pass := call("get_username"), call("get_password")
+	require.Equal(t, v1alpha1.GeneratedGuestLoginUser, user, "get_username is the Secret's")
+	require.NotEmpty(t, pass, "get_password is the Secret's")
+	waitFileContains(t, filepath.Join(dir, qemu.ConsoleLogName), "QK-LOGIN-USER "+user+" ", 30*time.Second)
+
+	_, err = sshThrough(ctx, t, s, d.GetUuid(), user, pass+"-wrong")
+	require.Error(t, err, "a wrong password is refused")
+	assert.Contains(t, err.Error(), "unable to authenticate", "refused at authentication, not before")
+
+	c, err := sshThrough(ctx, t, s, d.GetUuid(), user, pass)
+	require.NoError(t, err, "ssh login as %s with get_password's password through the ssh child", user)
+	defer c.Close()
+	sess, err := c.NewSession()
 	require.NoError(t, err)
-	defer ssh.Close()
-	_, err = io.WriteString(ssh, "GET / HTTP/1.0\r\nHost: guest\r\n\r\n")
-	require.NoError(t, err)
-	testutil.ReadUntil(t, ssh, "QK-HTTP-OK", 30*time.Second)
+	defer sess.Close()
+	out, err := sess.CombinedOutput("id -un")
+	require.NoError(t, err, "id -un over ssh: %s", out)
+	assert.Equal(t, user, strings.TrimSpace(string(out)), "the guest runs the command as the seeded user")
 	assert.Len(t, vmtest.QEMUPids(dir), 1, "one QEMU, as before")
+}
+
+// sshThrough opens the ssh child's connect stream through the router and
+// logs in over it with user and password (never logged); the handshake
+// (the guest's sshd makes its host key then) has 2 minutes.
+func sshThrough(ctx context.Context, t *testing.T, s *jstest.Session, uuid, user, password string) (*ssh.Client, error) {
+	t.Helper()
+	st, err := s.Stream(ctx, uuid, "connect")
+	require.NoError(t, err, "the ssh child's connect stream")
+	conn, far := net.Pipe()
+	go func() { _, _ = io.Copy(far, st); far.Close() }()
+	go func() { _, _ = io.Copy(st, far); st.Close() }()
+	cfg := &ssh.ClientConfig{User: user, Auth: []ssh.AuthMethod{ssh.Password(password)},
+		HostKeyCallback: ssh.InsecureIgnoreHostKey()} // a fresh guest's key: nothing to pin
+	require.NoError(t, conn.SetDeadline(time.Now().Add(2*time.Minute)))
+	cc, chans, reqs, err := ssh.NewClientConn(conn, "guest:22", cfg)
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	require.NoError(t, conn.SetDeadline(time.Time{}))
+	return ssh.NewClient(cc, chans, reqs), nil
 }

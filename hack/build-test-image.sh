@@ -111,6 +111,15 @@ if [ "$ARCH" = "$HOSTARCH" ]; then
   QGAVER="$(candidate qemu-guest-agent)"
   [ -n "$QGAVER" ] || { log "no candidate version for qemu-guest-agent (apt-get update?)"; exit 1; }
 fi
+# dropbear (sshd) likewise, with the two libraries it links that the host
+# need not have (libtomcrypt, libtommath), taken from their packages.
+DBVER="" TCVER="" TMVER=""
+if [ "$ARCH" = "$HOSTARCH" ]; then
+  DBVER="$(candidate dropbear-bin)"
+  TCVER="$(candidate libtomcrypt1)"
+  TMVER="$(candidate libtommath1)"
+  [ -n "$DBVER" ] && [ -n "$TCVER" ] && [ -n "$TMVER" ] || { log "no candidate version for dropbear-bin, libtomcrypt1 or libtommath1 (apt-get update?)"; exit 1; }
+fi
 TOOLS="dpkg-deb cpio gzip qemu-img mkfs.vfat mcopy"
 [ -n "$QGAVER" ] && TOOLS="$TOOLS ldd"
 [ "$ARCH" = amd64 ] && TOOLS="$TOOLS syslinux"
@@ -118,7 +127,7 @@ for tool in $TOOLS; do
   command -v "$tool" >/dev/null || { log "missing tool $tool (run hack/install-deps.sh)"; exit 1; }
 done
 INIT_SUM="$(cat "$HERE/testimage/init.sh" "$HERE/build-test-image.sh" | sha256sum | cut -c1-12)"
-VERSION="${KPKG#linux-image-}_${KVER}_bb${BBVER}${QGAVER:+_ga$QGAVER}_r${SCRIPT_REV}_${INIT_SUM}"
+VERSION="${KPKG#linux-image-}_${KVER}_bb${BBVER}${QGAVER:+_ga$QGAVER}${DBVER:+_db${DBVER}_tc${TCVER}_tm${TMVER}}_r${SCRIPT_REV}_${INIT_SUM}"
 [ "$ARCH" = amd64 ] || VERSION="${ARCH}_${VERSION}"
 VERSION="$(echo "$VERSION" | tr -c 'A-Za-z0-9._\n-' '_')"
 OUT="$CACHE/$VERSION"
@@ -155,21 +164,36 @@ if [ "$ARCH" != "$HOSTARCH" ]; then
   BUSYBOX="$TMP/busybox/bin/busybox"
 fi
 QGAROOT=""
-if [ -n "$QGAVER" ]; then
-  # qemu-ga and what it links (the loader and libraries at the paths ldd
-  # prints), nothing else from the package.
-  QGAROOT="$TMP/qga"
-  mkdir -p "$TMP/qgadeb" "$QGAROOT/bin"
-  dpkg-deb -x "$(fetchdeb qemu-guest-agent "$QGAVER")" "$TMP/qgadeb"
-  cp "$TMP/qgadeb/usr/sbin/qemu-ga" "$QGAROOT/bin/qemu-ga"
-  LIBS="$(ldd "$QGAROOT/bin/qemu-ga")" || { log "ldd qemu-ga failed"; exit 1; }
-  if echo "$LIBS" | grep -q 'not found'; then
-    log "qemu-ga needs libraries the host lacks: $(echo "$LIBS" | grep 'not found' | tr -s ' \t\n' ' ')"; exit 1
+addbin() { # $1 binary, $2 a tree of extracted library packages (or ""):
+  # copies it to $QGAROOT/bin with what it links (the loader and libraries
+  # at the paths ldd prints, those from $2 at their paths in their
+  # package), nothing else from its package.
+  local bin lib libs dst libdir=""
+  [ -n "$2" ] && libdir="$(dirname "$(find "$2" -name '*.so.*' | head -1)")"
+  bin="$QGAROOT/bin/$(basename "$1")"
+  cp "$1" "$bin"
+  libs="$(LD_LIBRARY_PATH="$libdir" ldd "$bin")" || { log "ldd $1 failed"; exit 1; }
+  if echo "$libs" | grep -q 'not found'; then
+    log "$(basename "$1") needs libraries the host lacks: $(echo "$libs" | grep 'not found' | tr -s ' \t\n' ' ')"; exit 1
   fi
-  for lib in $(echo "$LIBS" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'); do
-    mkdir -p "$QGAROOT$(dirname "$lib")"
-    cp -L "$lib" "$QGAROOT$lib"
+  for lib in $(echo "$libs" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'); do
+    dst="$lib"
+    [ -n "$2" ] && case "$lib" in "$2"/*) dst="${lib#"$2"}" ;; esac
+    mkdir -p "$QGAROOT$(dirname "$dst")"
+    cp -L "$lib" "$QGAROOT$dst"
   done
+}
+if [ -n "$QGAVER" ]; then
+  # qemu-ga, and dropbear (the sshd: dropbear-bin's server only, with
+  # libtomcrypt1's and libtommath1's libraries).
+  QGAROOT="$TMP/qga"
+  mkdir -p "$TMP/qgadeb" "$TMP/dbdeb" "$QGAROOT/bin"
+  dpkg-deb -x "$(fetchdeb qemu-guest-agent "$QGAVER")" "$TMP/qgadeb"
+  addbin "$TMP/qgadeb/usr/sbin/qemu-ga" ""
+  for d in "$(fetchdeb dropbear-bin "$DBVER")" "$(fetchdeb libtomcrypt1 "$TCVER")" "$(fetchdeb libtommath1 "$TMVER")"; do
+    dpkg-deb -x "$d" "$TMP/dbdeb"
+  done
+  addbin "$TMP/dbdeb/usr/sbin/dropbear" "$TMP/dbdeb"
 fi
 mkdir -p "$TMP/kernel" "$TMP/img"
 dpkg-deb -x "$DEB" "$TMP/kernel"
@@ -260,6 +284,7 @@ qemu-img convert -q -f raw -O qcow2 "$TMP/disk.raw" "$TMP/img/disk.qcow2"
   echo "kernel_version=$KVER"
   echo "busybox_static=$BBVER"
   [ -n "$QGAVER" ] && echo "qemu_guest_agent=$QGAVER"
+  [ -n "$DBVER" ] && echo "dropbear_bin=$DBVER" && echo "ssh_port=22"
   echo "script_rev=$SCRIPT_REV"
   echo "boot_marker=QK-BOOT-OK"
   echo "http_port=8080"

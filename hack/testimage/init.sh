@@ -40,6 +40,54 @@ for b in /sys/block/vd*; do
     echo "QK-DISK $s $(cat "$b/size") sectors"
   fi
 done
+# The NoCloud seed (the FAT disk labelled CIDATA the node attaches): this
+# image is no cloud-init; it applies one subset of a #cloud-config
+# vendor-data, the guest login qemu-kubelet seeds for a Jumpstarter
+# exporter pod: each chpasswd.users entry (name, password; plain or
+# single-quoted YAML scalars) becomes a user with that password, uid 1000
+# on, shell /bin/sh (the image has no bash), home /home/<name>. The
+# password is hashed (sha512) into /etc/shadow and never printed.
+# Anything else in the seed is ignored.
+printf 'root:x:0:0:root:/root:/bin/sh\n' > /etc/passwd
+printf 'root:x:0:\n' > /etc/group
+printf 'root:*:0:0:99999:7:::\n' > /etc/shadow
+chmod 0600 /etc/shadow
+printf '/bin/sh\n' > /etc/shells
+seed=$(findfs LABEL=CIDATA 2>/dev/null)
+if [ -n "$seed" ] && mkdir -p /run/nocloud && mount -t vfat -o ro "$seed" /run/nocloud 2>/dev/null; then
+  uid=1000
+  if [ -f /run/nocloud/vendor-data ]; then
+    awk '
+      function scalar(v) {
+        sub(/^[ \t]+/, "", v); sub(/[ \t]+$/, "", v)
+        if (v ~ /^\x27.*\x27$/) { v = substr(v, 2, length(v) - 2); gsub(/\x27\x27/, "\x27", v) }
+        else if (v ~ /^"/) v = ""   # double-quoted: not in this subset
+        return v
+      }
+      function flush() { if (name != "" && pass != "") printf "%s\t%s\n", name, pass; name = ""; pass = "" }
+      /^[^ #-]/ { flush(); top = $0; sub(/:.*/, "", top); sub_ = ""; next }
+      top != "chpasswd" { next }
+      /^  [a-z_]+:/ { flush(); sub_ = $0; sub(/^  /, "", sub_); sub(/:.*/, "", sub_); next }
+      sub_ != "users" { next }
+      /^  *- / { flush(); sub(/^  *- /, "    ") }
+      /^    name:/ { v = $0; sub(/^    name:/, "", v); name = scalar(v) }
+      /^    password:/ { v = $0; sub(/^    password:/, "", v); pass = scalar(v) }
+      END { flush() }
+    ' /run/nocloud/vendor-data > /run/nocloud-users
+  fi
+  while IFS=$(printf '\t') read -r user pass; do
+    case "$user" in ''|root|*[!a-z0-9_-]*) continue ;; esac
+    hash=$(printf '%s\n' "$pass" | mkpasswd -m sha512)
+    echo "$user:x:$uid:$uid::/home/$user:/bin/sh" >> /etc/passwd
+    echo "$user:x:$uid:" >> /etc/group
+    echo "$user:$hash:0:0:99999:7:::" >> /etc/shadow
+    mkdir -p "/home/$user" && chown "$uid:$uid" "/home/$user"
+    echo "QK-LOGIN-USER $user uid=$uid"
+    uid=$((uid+1))
+  done < /run/nocloud-users 2>/dev/null
+  rm -f /run/nocloud-users
+  umount /run/nocloud
+fi
 # acpid before httpd: the HTTP server is what readiness probes see, and a
 # pod deleted as soon as it is Ready must find the power button handled.
 if [ "$VARIANT" = acpi ]; then
@@ -103,6 +151,15 @@ case " $(cat /proc/cmdline) " in
     fi
     ;;
 esac
+
+# sshd: dropbear on port 22 (when the image has it), password login
+# allowed, host keys generated at the first connection that needs one (-R).
+if [ -x /bin/dropbear ]; then
+  mkdir -p /etc/dropbear /dev/pts /var/log
+  mount -t devpts devpts /dev/pts 2>/dev/null
+  : > /var/log/lastlog
+  dropbear -R -p 22 && echo "QK-SSHD-OK port=22"
+fi
 
 echo "QK-BOOT-OK variant=$VARIANT kernel=$(uname -r) arch=$(uname -m)"
 
