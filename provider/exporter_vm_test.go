@@ -109,7 +109,7 @@ func TestJumpstarterExporterVM(t *testing.T) {
 		// A request and no limit: the VM may be resized up to what the node has.
 		p.Spec.Containers[0].Resources = corev1.ResourceRequirements{Requests: podtest.RL("cpu", "1", "memory", "256Mi")}
 		p.Spec.TerminationGracePeriodSeconds = &grace
-		p.Spec.Containers[0].Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}, {Name: "ssh", ContainerPort: 22}}
+		p.Spec.Containers[0].Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}, {Name: "ssh", ContainerPort: 22}, {Name: "telnet", ContainerPort: 23}}
 		return p
 	}
 	pod := mkPod("u-js", "js")
@@ -174,8 +174,12 @@ func TestJumpstarterExporterVM(t *testing.T) {
 		require.NoError(t, err)
 		testutil.ReadUntil(t, bufio.NewReader(c), "QK-HTTP-OK", 30*time.Second)
 		c.Close()
-		_, err = s.Stream(ctx, uuidOf("ssh"), "connect")
-		require.Error(t, err, "nothing listens on 22 in the test image")
+		c, err = s.Stream(ctx, uuidOf("ssh"), "connect")
+		require.NoError(t, err, "the test image's sshd listens on 22")
+		testutil.ReadUntil(t, bufio.NewReader(c), "SSH-2.0-", 30*time.Second)
+		c.Close()
+		_, err = s.Stream(ctx, uuidOf("telnet"), "connect")
+		require.Error(t, err, "nothing listens on 23 in the test image")
 		assert.Contains(t, err.Error(), "connection refused by the guest")
 	})
 
