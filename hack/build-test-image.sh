@@ -20,7 +20,15 @@
 #                              qemu-guest-agent (Debian's qemu-guest-agent
 #                              with the shared libraries ldd finds for it) on
 #                              the org.qemu.guest_agent.0 virtio-serial port,
-#                              unless the kernel command line has qk.noagent
+#                              unless the kernel command line has qk.noagent,
+#                              and an sshd on guest port 22 (Debian's
+#                              dropbear-bin, its libraries likewise; password
+#                              login, host keys made at first use); from a
+#                              NoCloud seed (FAT labelled CIDATA) it applies
+#                              only the guest login of vendor-data's
+#                              chpasswd.users (user and password), as
+#                              qemu-kubelet seeds it for a Jumpstarter
+#                              exporter pod: no cloud-init
 #   initramfs-noacpi.cpio.gz   same, but ignores the ACPI power button
 #   initramfs-panic.cpio.gz    prints the marker, then panics the kernel
 #                              (pvpanic reports it to QEMU)
