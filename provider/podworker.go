@@ -437,7 +437,9 @@ func (w podWorker) running(e workerEvent) (podWorker, []workerAction) {
 func (w podWorker) afterExit(e workerEvent, acts ...workerAction) (podWorker, []workerAction) {
 	if !podstatus.RestartDecision(w.policy, e.exitCode) || e.reason == podstatus.ReasonInvalidVMSpec {
 		// The state dir (console log) stays until the pod is deleted.
-		return w.enter(stateFinished, append(acts, act(actMarkFinal), act(actReleaseImage))...)
+		// The image is given up before the status says finished: a pod
+		// shown Succeeded or Failed holds no image.
+		return w.enter(stateFinished, append(acts, act(actReleaseImage), act(actMarkFinal))...)
 	}
 	w.crashes++
 	return w.enter(stateBackOff, append(acts, workerAction{kind: actBeginBackOff, crash: w.crashes})...)

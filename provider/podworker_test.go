@@ -58,8 +58,8 @@ func TestPodWorkerTransitions(t *testing.T) {
 		{"start failed, Always: back-off", pw(stateStarting, 0, always), evStartFail(podstatus.ReasonStartError), stateBackOff, 1, "AnswerStartError,BeginBackOff(1)"},
 		{"start failed, crash counted on", pw(stateStarting, 3, always), evStartFail(podstatus.ReasonStartError), stateBackOff, 4, "AnswerStartError,BeginBackOff(4)"},
 		{"start failed, OnFailure: back-off", pw(stateStarting, 0, onFailure), evStartFail(podstatus.ReasonStartError), stateBackOff, 1, "AnswerStartError,BeginBackOff(1)"},
-		{"start failed, Never: finished", pw(stateStarting, 0, never), evStartFail(podstatus.ReasonStartError), stateFinished, 0, "AnswerStartError,MarkFinal,ReleaseImage,AnswerFinished,StopExporter"},
-		{"invalid spec never restarts", pw(stateStarting, 0, always), evStartFail(podstatus.ReasonInvalidVMSpec), stateFinished, 0, "AnswerStartError,MarkFinal,ReleaseImage,AnswerFinished,StopExporter"},
+		{"start failed, Never: finished", pw(stateStarting, 0, never), evStartFail(podstatus.ReasonStartError), stateFinished, 0, "AnswerStartError,ReleaseImage,MarkFinal,AnswerFinished,StopExporter"},
+		{"invalid spec never restarts", pw(stateStarting, 0, always), evStartFail(podstatus.ReasonInvalidVMSpec), stateFinished, 0, "AnswerStartError,ReleaseImage,MarkFinal,AnswerFinished,StopExporter"},
 		{"delete while starting", pw(stateStarting, 1, always), ev(evDelete), stateTerminating, 1, "AnswerDeleted"},
 		{"shutdown while starting", pw(stateStarting, 0, always), ev(evShutdown), stateDetached, 0, ""},
 		{"starting takes no request", pw(stateStarting, 0, always), evReq(opPowerOff), stateStarting, 0, ""},
@@ -70,9 +70,9 @@ func TestPodWorkerTransitions(t *testing.T) {
 		{"exit 0, Always: back-off", pw(stateRunning, 0, always), evExit(0, "Completed", false), stateBackOff, 1, "BeginBackOff(1)"},
 		{"exit 1, Always: back-off", pw(stateRunning, 2, always), evExit(1, "Error", false), stateBackOff, 3, "BeginBackOff(3)"},
 		{"long run resets the crash count", pw(stateRunning, 5, always), evExit(1, "Error", true), stateBackOff, 1, "BeginBackOff(1)"},
-		{"exit 0, OnFailure: finished", pw(stateRunning, 0, onFailure), evExit(0, "Completed", false), stateFinished, 0, "MarkFinal,ReleaseImage,AnswerFinished,StopExporter"},
+		{"exit 0, OnFailure: finished", pw(stateRunning, 0, onFailure), evExit(0, "Completed", false), stateFinished, 0, "ReleaseImage,MarkFinal,AnswerFinished,StopExporter"},
 		{"exit 1, OnFailure: back-off", pw(stateRunning, 0, onFailure), evExit(1, "Error", false), stateBackOff, 1, "BeginBackOff(1)"},
-		{"exit 1, Never: finished", pw(stateRunning, 0, never), evExit(1, "Error", false), stateFinished, 0, "MarkFinal,ReleaseImage,AnswerFinished,StopExporter"},
+		{"exit 1, Never: finished", pw(stateRunning, 0, never), evExit(1, "Error", false), stateFinished, 0, "ReleaseImage,MarkFinal,AnswerFinished,StopExporter"},
 		{"unset policy is Always", pw(stateRunning, 0, ""), evExit(0, "Completed", false), stateBackOff, 1, "BeginBackOff(1)"},
 		{"delete while running", pw(stateRunning, 0, always), ev(evDelete), stateTerminating, 0, "AnswerDeleted"},
 		{"shutdown while running detaches", pw(stateRunning, 0, always), ev(evShutdown), stateDetached, 0, "Detach"},
@@ -128,7 +128,7 @@ func TestPodWorkerTransitions(t *testing.T) {
 
 		// Recovery found the VM ended.
 		{"recovered exit, Always", pw(stateExited, 0, always), evExit(0, "Completed", false), stateBackOff, 1, "BeginBackOff(1)"},
-		{"recovered exit, Never", pw(stateExited, 0, never), evExit(137, "Error", false), stateFinished, 0, "MarkFinal,ReleaseImage,AnswerFinished,StopExporter"},
+		{"recovered exit, Never", pw(stateExited, 0, never), evExit(137, "Error", false), stateFinished, 0, "ReleaseImage,MarkFinal,AnswerFinished,StopExporter"},
 		{"recovered unreachable QEMU, OnFailure", pw(stateExited, 0, onFailure), evExit(128, podstatus.ReasonStartError, false), stateBackOff, 1, "BeginBackOff(1)"},
 		{"delete before the recovered exit is handled", pw(stateExited, 0, always), ev(evDelete), stateTerminating, 0, "AnswerDeleted"},
 
