@@ -9,6 +9,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/base64"
 	"encoding/pem"
+	"fmt"
 	"math/big"
 	"strings"
 	"testing"
@@ -145,6 +146,7 @@ func TestSettingsUpstreamExporterConfigRefused(t *testing.T) {
 		"tls.ca raw PEM":         {upstreamDoc(`"-----BEGIN CERTIFICATE-----"`), "tls.ca: not base64"},
 		"tls.ca no certificate":  {upstreamDoc(base64.StdEncoding.EncodeToString([]byte("hello"))), "tls.ca: holds no PEM certificate"},
 		"bad driver tree":        {upstreamDoc(b64, "  console: {type: X, ref: power}"), "export.console: type and ref are mutually exclusive"},
+		"alias bomb":             {aliasBomb(), "excessive aliasing"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			pod := upstreamLayoutPod()
@@ -165,4 +167,19 @@ func TestSettingsUpstreamExporterConfigRefused(t *testing.T) {
 			assert.Equal(t, err.Error(), cerr.Error())
 		})
 	}
+}
+
+// aliasBomb is a YAML document of a few hundred bytes whose aliases expand
+// to 10^9 strings (a "billion laughs"): the decoder must refuse it rather
+// than expand it.
+func aliasBomb() string {
+	var b strings.Builder
+	b.WriteString("a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n")
+	prev := "a"
+	for _, n := range []string{"b", "c", "d", "e", "f", "g", "h", "i"} {
+		fmt.Fprintf(&b, "%s: &%s [*%s,*%s,*%s,*%s,*%s,*%s,*%s,*%s,*%s,*%s]\n", n, n, prev, prev, prev, prev, prev, prev, prev, prev, prev, prev)
+		prev = n
+	}
+	b.WriteString("token: " + upstreamToken + "\n")
+	return b.String()
 }
