@@ -96,7 +96,18 @@ if [ "$VARIANT" = acpi ]; then
   mkdir -p /etc/acpi/PWRF
   printf '#!/bin/sh\necho QK-ACPI-POWERDOWN > /dev/%s\nexec poweroff -f\n' "$CONSOLE" > /etc/acpi/PWRF/00000080
   chmod 0755 /etc/acpi/PWRF/00000080
-  acpid -c /etc/acpi -l /tmp/acpid.log
+  # acpid daemonizes before it opens /dev/input/event*: a button pressed
+  # between its return and that open is lost (seen under load: a pod
+  # deleted as soon as it was Ready waited its whole grace period out).
+  # So it runs in the foreground, backgrounded here, and init waits up to
+  # ~10s until it holds an event device open.
+  acpid -f -c /etc/acpi -l /tmp/acpid.log &
+  apid=$!
+  i=0
+  while [ $i -lt 100 ] && ! ls -l "/proc/$apid/fd" 2>/dev/null | grep -q /dev/input/event; do
+    usleep 100000; i=$((i+1))
+  done
+  [ $i -lt 100 ] || echo "QK-ACPI-NOTREADY (acpid holds no /dev/input/event* after 10s)"
 fi
 echo "QK-HTTP-OK" > /www/index.html
 # GET /cgi-bin/burn?SECS keeps one vCPU busy for SECS seconds (default 60,
