@@ -137,6 +137,7 @@ func Resolve(set *v1alpha1.ExporterSet, class *v1alpha1.VirtualTargetClass) (*Re
 			js.GuestLoginSecretName = own.GuestLoginSecretName // the set's alone: a class names no Secret of the set's namespace
 			js.DefaultGuestLogin = own.DefaultGuestLogin       // the set's alone, as its login Secret
 			js.SSHDriver = own.SSHDriver                       // the set's alone, as its default login
+			js.VNCDriver = own.VNCDriver                       // the set's alone, as sshDriver
 			js.LeaseStatePolicy = orDefault(own.LeaseStatePolicy, cs.Jumpstarter.LeaseStatePolicy)
 			js.Hooks = cs.Jumpstarter.Hooks.DeepCopy()
 			if own.Hooks != nil {
@@ -200,6 +201,9 @@ func DriverAnnotations(js *v1alpha1.JumpstarterSpec) map[string]string {
 	ann := map[string]string{}
 	if js.SSHDriver == v1alpha1.DriverDisabled {
 		ann[v1alpha1.SSHDriverAnnotation] = string(v1alpha1.DriverDisabled)
+	}
+	if js.VNCDriver == v1alpha1.DriverDisabled {
+		ann[v1alpha1.DisplayAnnotation] = v1alpha1.DisplayNone // over the template's own
 	}
 	return ann
 }

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -282,6 +283,49 @@ func TestResolve(t *testing.T) {
 			assert.Equal(t, "Disabled", off.Set.Spec.Template.Annotations[v1alpha1.SSHDriverAnnotation], "class %v", class)
 			assert.Equal(t, v1alpha1.DriverDisabled, off.Set.Spec.Jumpstarter.SSHDriver, "the set's switch is kept (class %v)", class)
 			assert.NotEqual(t, setHash(base.Set), setHash(off.Set), "switching it off rolls the pods (class %v)", class)
+		}
+	})
+	t.Run("vncDriver: the set's, Disabled becomes the pod annotation display none, Enabled is the default", func(t *testing.T) {
+		c := fullClass()
+		c.Spec.Jumpstarter = &v1alpha1.ClassJumpstarter{ExporterLabels: map[string]string{"board": "rpi4"}}
+		js := func(vnc v1alpha1.DriverSwitch, class bool, templateDisplay string) *v1alpha1.ExporterSet {
+			return classSet(func(s *v1alpha1.ExporterSet) {
+				if class {
+					s.Spec.ClassName = "c"
+				}
+				s.Spec.RecyclePolicy = v1alpha1.RecyclePolicyReuse
+				s.Spec.Jumpstarter = &v1alpha1.JumpstarterSpec{ExporterLabels: map[string]string{"board": "rpi4"}, VNCDriver: vnc}
+				if templateDisplay != "" {
+					s.Spec.Template.Annotations = map[string]string{v1alpha1.DisplayAnnotation: templateDisplay}
+				}
+			})
+		}
+		for _, class := range []bool{false, true} {
+			var cl *v1alpha1.VirtualTargetClass
+			if class {
+				cl = c
+			}
+			base, err := Resolve(js("", class, ""), cl)
+			require.Nil(t, err)
+			on, err := Resolve(js(v1alpha1.DriverEnabled, class, ""), cl)
+			require.Nil(t, err)
+			off, err := Resolve(js(v1alpha1.DriverDisabled, class, ""), cl)
+			require.Nil(t, err)
+			assert.NotContains(t, base.Set.Spec.Template.Annotations, v1alpha1.DisplayAnnotation, "the default display: no annotation (class %v)", class)
+			assert.Equal(t, base.Set.Spec.Template.Annotations, on.Set.Spec.Template.Annotations, "Enabled is the default: same pods (class %v)", class)
+			b, jerr := json.Marshal(base.Set.Spec.Jumpstarter)
+			require.NoError(t, jerr)
+			assert.NotContains(t, string(b), "vncDriver", "unset, the settings hash as before the field existed: existing sets keep their pods (class %v)", class)
+			assert.Equal(t, "none", off.Set.Spec.Template.Annotations[v1alpha1.DisplayAnnotation], "class %v", class)
+			assert.Equal(t, v1alpha1.DriverDisabled, off.Set.Spec.Jumpstarter.VNCDriver, "the set's switch is kept (class %v)", class)
+			assert.NotEqual(t, setHash(base.Set), setHash(off.Set), "switching it off rolls the pods (class %v)", class)
+
+			over, err := Resolve(js(v1alpha1.DriverDisabled, class, "vnc"), cl)
+			require.Nil(t, err)
+			assert.Equal(t, "none", over.Set.Spec.Template.Annotations[v1alpha1.DisplayAnnotation], "Disabled wins over the template's display (class %v)", class)
+			own, err := Resolve(js("", class, "vnc"), cl)
+			require.Nil(t, err)
+			assert.Equal(t, "vnc", own.Set.Spec.Template.Annotations[v1alpha1.DisplayAnnotation], "the template's own display is left alone (class %v)", class)
 		}
 	})
 	t.Run("lease state policy and hooks: the set's win, non-defaults become pod annotations", func(t *testing.T) {

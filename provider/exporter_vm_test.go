@@ -104,7 +104,7 @@ func TestJumpstarterExporterVM(t *testing.T) {
 
 	grace := int64(6)
 	mkPod := func(uid, secret string) *corev1.Pod {
-		p := podFor(uid, refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, map[string]string{v1alpha1.JumpstarterSecretAnnotation: secret, podspec.AnnotationDisplay: podspec.DisplayVNC})
+		p := podFor(uid, refs[vmtest.VariantACPI], corev1.RestartPolicyAlways, map[string]string{v1alpha1.JumpstarterSecretAnnotation: secret}) // no display annotation: the vnc child by default
 		p.Labels = map[string]string{"jumpstarter.dev/board": "qemu-test", "app": "x"}
 		// A request and no limit: the VM may be resized up to what the node has.
 		p.Spec.Containers[0].Resources = corev1.ResourceRequirements{Requests: podtest.RL("cpu", "1", "memory", "256Mi")}
@@ -277,7 +277,7 @@ func TestJumpstarterExporterVM(t *testing.T) {
 
 	t.Run("Display", func(t *testing.T) {
 		vnc, ok := jstest.FindDriver(rep, "vnc")
-		require.True(t, ok, "a pod with a display has a vnc child")
+		require.True(t, ok, "an exporter pod with no display annotation has the vnc child by default")
 		assert.Equal(t, jumpstarter.ClassNetwork, vnc.GetLabels()[jumpstarter.LabelClient])
 		c, err := s.Stream(ctx, vnc.GetUuid(), "connect")
 		require.NoError(t, err)

@@ -276,6 +276,17 @@ const (
 // spec.jumpstarter.sshDriver is Disabled.
 const SSHDriverAnnotation = "qemu-kubelet.io/jumpstarter-ssh"
 
+// DisplayAnnotation on a pod gives its VM a display or none: "vnc" (a
+// graphics card and QEMU's VNC server, served as the exporter's vnc
+// child) or DisplayNone. Absent, an exporter pod has one and any other pod
+// none (the node's podspec.DisplayOf). The ExporterSet controller sets it,
+// to DisplayNone only, on the pods of a set whose spec.jumpstarter.vncDriver
+// is Disabled.
+const DisplayAnnotation = "qemu-kubelet.io/display"
+
+// DisplayNone is the DisplayAnnotation value of a VM without a display.
+const DisplayNone = "none"
+
 // GeneratedGuestLoginUser is the user of a generated guest login (the
 // default user of upstream's QEMU driver).
 const GeneratedGuestLoginUser = "jumpstarter"
@@ -346,6 +357,15 @@ type JumpstarterSpec struct {
 	// as the annotation qemu-kubelet.io/jumpstarter-ssh.
 	// +optional
 	SSHDriver DriverSwitch `json:"sshDriver,omitempty"`
+
+	// VNCDriver says whether each pod's VM has a display and its exporter
+	// the vnc child upstream's QEMU driver always has: a graphics card and
+	// QEMU's VNC server on a unix socket on the node (QemuClient.novnc()
+	// reaches it through the router). Enabled (the default) or Disabled.
+	// Disabled reaches the pods as the annotation qemu-kubelet.io/display:
+	// none, over the template's own.
+	// +optional
+	VNCDriver DriverSwitch `json:"vncDriver,omitempty"`
 
 	// LeaseStatePolicy says what a lease leaves for the next one: Reset
 	// (default) returns the target to what the set defines when a lease

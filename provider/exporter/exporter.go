@@ -145,7 +145,10 @@ func Settings(pod *corev1.Pod, secret *corev1.Secret) (jumpstarter.Config, error
 		return cfg, &podspec.ConfigError{Msg: err.Error()}
 	}
 	cfg.Hooks = leaseHooks(ls)
-	cfg.Display = pod.Annotations[podspec.AnnotationDisplay] == podspec.DisplayVNC
+	cfg.Display, err = podspec.DisplayOf(pod) // the VM's display (Plan.Display): on by default
+	if err != nil {
+		return cfg, &podspec.ConfigError{Msg: err.Error()}
+	}
 	ssh, err := podspec.SSHDriverOf(pod)
 	if err != nil {
 		return cfg, &podspec.ConfigError{Msg: err.Error()}

@@ -90,23 +90,35 @@ func TestApplyExporterCondition(t *testing.T) {
 	}
 }
 
+// TestExporterSettingsLoginAndDisplay: the Secret's login; the vnc child
+// by default (an exporter pod's VM has a display: podspec.DisplayOf), which
+// takes the name vnc from a container port; display none switches it off
+// and leaves the name to the port; a bad value is a config error.
 func TestExporterSettingsLoginAndDisplay(t *testing.T) {
 	pod := exporterPod(nil, corev1.ContainerPort{Name: "vnc", ContainerPort: 5900}, corev1.ContainerPort{Name: "ssh", ContainerPort: 22})
 	cfg, err := Settings(pod, podtest.ExporterSecret(append(append([]string{}, podtest.ExporterSecretKV...), "username", "ci", "password", "pw-1")...))
 	require.NoError(t, err)
 	assert.Equal(t, "ci", cfg.Username)
 	assert.Equal(t, "pw-1", cfg.Password)
-	assert.False(t, cfg.Display)
+	assert.True(t, cfg.Display, "an exporter pod has the vnc child by default")
+	assert.Equal(t, []jumpstarter.Port{{Name: "ssh", Port: 22}, {Name: "tcp-5900", Port: 5900}}, cfg.Ports, "the vnc child takes the name")
+	pod.Annotations[podspec.AnnotationDisplay] = podspec.DisplayNone
+	cfg, err = Settings(pod, podtest.ExporterSecret(podtest.ExporterSecretKV...))
+	require.NoError(t, err)
+	assert.False(t, cfg.Display, "display none: no vnc child")
+	assert.Empty(t, cfg.Username, "no login in the Secret: empty, as before")
 	assert.Equal(t, []jumpstarter.Port{{Name: "ssh", Port: 22}, {Name: "vnc", Port: 5900}}, cfg.Ports, "no display: a port may be called vnc")
 	pod.Annotations[podspec.AnnotationDisplay] = podspec.DisplayVNC
 	cfg, err = Settings(pod, podtest.ExporterSecret(podtest.ExporterSecretKV...))
 	require.NoError(t, err)
-	assert.True(t, cfg.Display)
-	assert.Empty(t, cfg.Username, "no login in the Secret: empty, as before")
-	assert.Equal(t, []jumpstarter.Port{{Name: "ssh", Port: 22}, {Name: "tcp-5900", Port: 5900}}, cfg.Ports, "the vnc child takes the name")
+	assert.True(t, cfg.Display, "display vnc")
 	_, err = Settings(pod, podtest.ExporterSecret(append(append([]string{}, podtest.ExporterSecretKV...), "username", "ci")...))
 	assert.ErrorContains(t, err, `key "username" is set but "password" is missing`)
-	_ = v1alpha1.JumpstarterSecretUsername
+	pod.Annotations[podspec.AnnotationDisplay] = "on"
+	_, err = Settings(pod, podtest.ExporterSecret(podtest.ExporterSecretKV...))
+	require.Error(t, err)
+	assert.True(t, podspec.IsConfigError(err), "a config error: %v", err)
+	assert.ErrorContains(t, err, `annotation qemu-kubelet.io/display: "on": want vnc or none`)
 }
 
 // TestExporterSettingsSSH: every exporter pod reports an ssh child to the

@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
 )
 
@@ -239,24 +240,82 @@ func TestPlanGuestDisksLogin(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, disks, "no login, no seed")
 }
-func TestTranslateDisplay(t *testing.T) {
-	pod := podtest.VMPod(func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationDisplay: "vnc"} })
-	plan, rej := Translate(pod, qemu.ArchX86_64)
-	require.Nil(t, rej)
-	assert.True(t, plan.Display)
-	pod.Annotations[AnnotationDisplay] = "none"
-	plan, rej = Translate(pod, qemu.ArchX86_64)
-	require.Nil(t, rej)
-	assert.False(t, plan.Display)
-	pod.Annotations[AnnotationDisplay] = "spice"
-	_, rej = Translate(pod, qemu.ArchX86_64)
+
+// TestDisplayDefault: an exporter pod's VM has a display (and its
+// exporter the vnc child) unless the annotation says none, as upstream's
+// QEMU driver always has vnc; any other pod has none unless it asks. Where
+// the display cannot apply (machine microvm) the default is off, never a
+// refused pod; asked for there, the pod is refused. DisplayOf (the
+// exporter's view) and Translate's Plan.Display (the VM's) agree on every
+// row.
+func TestDisplayDefault(t *testing.T) {
+	exporter := func(p *corev1.Pod) { p.Annotations[v1alpha1.JumpstarterSecretAnnotation] = "js" }
+	ann := func(k, v string) func(*corev1.Pod) { return func(p *corev1.Pod) { p.Annotations[k] = v } }
+	emptyDisk := func(p *corev1.Pod) {
+		p.Spec.Containers[0].Image = v1alpha1.EmptyDiskImage
+		p.Spec.Containers[0].Resources.Limits = podtest.RL("ephemeral-storage", "1Gi")
+	}
+	snapshotStart := func(p *corev1.Pod) {
+		p.Annotations[AnnotationStartFromSnapshot] = "true"
+		p.Spec.Containers[0].ReadinessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(80)}}}
+	}
+	for _, tc := range []struct {
+		name   string
+		arch   qemu.Arch
+		mut    []func(*corev1.Pod)
+		want   bool
+		refuse string // a rejection containing this ("": valid)
+	}{
+		{name: "exporter pod: on by default", mut: []func(*corev1.Pod){exporter}, want: true},
+		{name: "exporter pod, display none: off", mut: []func(*corev1.Pod){exporter, ann(AnnotationDisplay, "none")}},
+		{name: "exporter pod, display vnc: on", mut: []func(*corev1.Pod){exporter, ann(AnnotationDisplay, "vnc")}, want: true},
+		{name: "exporter pod of machine pc: on", mut: []func(*corev1.Pod){exporter, ann(AnnotationMachine, "pc")}, want: true},
+		{name: "exporter pod on arm64 (virtio-gpu): on", arch: qemu.ArchAArch64, mut: []func(*corev1.Pod){exporter}, want: true},
+		{name: "exporter pod of an empty disk: on", mut: []func(*corev1.Pod){exporter, emptyDisk}, want: true},
+		{name: "exporter pod starting from a snapshot: on", mut: []func(*corev1.Pod){exporter, snapshotStart}, want: true},
+		{name: "exporter pod, ssh Disabled: display on still", mut: []func(*corev1.Pod){exporter, ann(v1alpha1.SSHDriverAnnotation, "Disabled")}, want: true},
+		{name: "exporter pod of machine microvm: off, not refused", mut: []func(*corev1.Pod){exporter, ann(AnnotationMachine, "microvm")}},
+		{name: "exporter pod of machine microvm, display vnc: refused", mut: []func(*corev1.Pod){exporter, ann(AnnotationMachine, "microvm"), ann(AnnotationDisplay, "vnc")},
+			want: true, refuse: "machine microvm has no graphics card"},
+		{name: "non-exporter pod: off", mut: nil},
+		{name: "non-exporter pod, display vnc: on", mut: []func(*corev1.Pod){ann(AnnotationDisplay, "vnc")}, want: true},
+		{name: "non-exporter pod, display none: off", mut: []func(*corev1.Pod){ann(AnnotationDisplay, "none")}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pod := podtest.VMPod(func(p *corev1.Pod) { p.Annotations = map[string]string{} })
+			for _, m := range tc.mut {
+				m(pod)
+			}
+			arch := tc.arch
+			if arch == "" {
+				arch = qemu.ArchX86_64
+			}
+			got, err := DisplayOf(pod)
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, got, "DisplayOf")
+			plan, rej := Translate(pod, arch)
+			if tc.refuse != "" {
+				require.NotNil(t, rej)
+				assert.Contains(t, rej.Message, tc.refuse)
+				return
+			}
+			require.Nil(t, rej)
+			assert.Equal(t, tc.want, plan.Display, "Plan.Display")
+		})
+	}
+}
+
+// TestDisplayBadValue: a display other than vnc or none refuses the pod
+// and keeps its exporter from starting, naming the annotation.
+func TestDisplayBadValue(t *testing.T) {
+	pod := podtest.VMPod(func(p *corev1.Pod) {
+		p.Annotations = map[string]string{AnnotationDisplay: "spice", v1alpha1.JumpstarterSecretAnnotation: "js"}
+	})
+	_, rej := Translate(pod, qemu.ArchX86_64)
 	require.NotNil(t, rej)
-	assert.Contains(t, rej.Message, `display "spice": want vnc or none`)
-	pod.Annotations[AnnotationDisplay] = "vnc"
-	pod.Annotations[AnnotationMachine] = "microvm"
-	_, rej = Translate(pod, qemu.ArchX86_64)
-	require.NotNil(t, rej)
-	assert.Contains(t, rej.Message, "machine microvm has no graphics card")
+	assert.Contains(t, rej.Message, `metadata.annotations[qemu-kubelet.io/display]: display "spice": want vnc or none`)
+	_, err := DisplayOf(pod)
+	assert.ErrorContains(t, err, `annotation qemu-kubelet.io/display: "spice": want vnc or none`)
 }
 
 // TestTranslateSSHDriver: the exporter's ssh switch is a known annotation,

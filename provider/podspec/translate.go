@@ -42,9 +42,10 @@ const (
 	AnnotationStartFromSnapshot = v1alpha1.StartFromSnapshotAnnotation
 	// AnnotationDisplay gives the VM a display: "vnc" (a graphics card and
 	// a VNC server on a unix socket in the pod's state dir, served as the
-	// Jumpstarter exporter's vnc child) or "none" (the default). Not with
+	// Jumpstarter exporter's vnc child) or "none". Absent: an exporter
+	// pod's VM has one, any other's none (DisplayOf). "vnc" not with
 	// machine microvm.
-	AnnotationDisplay = AnnotationPrefix + "display"
+	AnnotationDisplay = v1alpha1.DisplayAnnotation
 	// AnnotationCPUModel names the guest CPU model, QEMU's -cpu: a model,
 	// optionally with comma-separated features (e.g. max, Haswell-v4,
 	// max,la57=off; host under KVM only). Default: the node's
@@ -54,7 +55,7 @@ const (
 
 // Values of AnnotationDisplay.
 const (
-	DisplayNone = "none"
+	DisplayNone = v1alpha1.DisplayNone
 	DisplayVNC  = "vnc"
 )
 
@@ -204,7 +205,7 @@ func Translate(pod *corev1.Pod, arch qemu.Arch) (Plan, *Rejection) {
 		}
 		plan.PullSecrets = append(plan.PullSecrets, s.Name)
 	}
-	translateAnnotations(pod.Annotations, arch, bad, &plan)
+	translateAnnotations(pod.Annotations, arch, ExporterSecretName(pod) != "", bad, &plan)
 	if plan.IsEmptyDisk() {
 		validateEmptyDisk(pod.Annotations, plan, bad)
 	}
@@ -351,7 +352,9 @@ func GuestMemory(r corev1.ResourceRequirements) resource.Quantity {
 	return DefaultMemory.DeepCopy()
 }
 
-func translateAnnotations(ann map[string]string, arch qemu.Arch, bad func(field, format string, a ...any), plan *Plan) {
+// translateAnnotations reads the qemu-kubelet annotations of a pod into
+// plan; exporter: the pod has a Jumpstarter exporter (its display default).
+func translateAnnotations(ann map[string]string, arch qemu.Arch, exporter bool, bad func(field, format string, a ...any), plan *Plan) {
 	keys := make([]string, 0, len(ann))
 	for k := range ann {
 		keys = append(keys, k)
@@ -437,11 +440,7 @@ func translateAnnotations(ann map[string]string, arch qemu.Arch, bad func(field,
 				plan.CPUModel = v
 			}
 		case AnnotationDisplay:
-			switch v {
-			case DisplayVNC:
-				plan.Display = true
-			case DisplayNone:
-			default:
+			if v != DisplayVNC && v != DisplayNone {
 				bad(f, "display %q: want %s or %s", v, DisplayVNC, DisplayNone)
 			}
 		}
@@ -449,6 +448,8 @@ func translateAnnotations(ann map[string]string, arch qemu.Arch, bad func(field,
 	if plan.Machine == "" {
 		plan.Machine = arch.DefaultMachine()
 	}
+	v, set := ann[AnnotationDisplay]
+	plan.Display = decideDisplay(v, set, exporter, plan.Machine)
 	if plan.Firmware == "" {
 		plan.Firmware = qemu.FirmwareBIOS
 	}
@@ -456,7 +457,7 @@ func translateAnnotations(ann map[string]string, arch qemu.Arch, bad func(field,
 	if plan.Machine == "microvm" && plan.Firmware == qemu.FirmwareUEFI {
 		bad("metadata.annotations["+AnnotationFirmware+"]", "uefi is not available with machine microvm")
 	}
-	if plan.Machine == "microvm" && plan.Display {
+	if plan.Machine == "microvm" && v == DisplayVNC {
 		bad("metadata.annotations["+AnnotationDisplay+"]", "machine microvm has no graphics card (use q35 or pc)")
 	}
 }
