@@ -48,6 +48,54 @@ func TestDisplayVNC(t *testing.T) {
 	}
 }
 
+// TestDisplaySnapshotRestore: a VM with a display (an exporter pod's
+// default) saves its state and a VM of the same spec starts from it, as a
+// snapshot-start pod does: it runs the guest without booting it (console
+// input echoed) and its VNC server greets a client.
+func TestDisplaySnapshotRestore(t *testing.T) {
+	testutil.SkipIfShort(t, "boots VMs under QEMU")
+	spec := testSpec(t, "acpi")
+	spec.MemoryMiB, spec.Network, spec.Display = 128, true, true
+	spec.MAC = "52:54:00:01:02:04"
+	src := startVM(t, spec, newStateDir(t))
+	waitBoot(t, src)
+	snapDir := t.TempDir()
+	path := filepath.Join(snapDir, "state")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if _, err := src.SaveState(ctx, path, func() error { return nil }); err != nil {
+		t.Fatalf("save the state of a VM with a display: %v", err)
+	}
+	killVM(src)
+
+	restored := spec
+	restored.Name, restored.Incoming = "restored", path
+	restored.AllowedDirs = append(restored.AllowedDirs, snapDir)
+	dst := startVM(t, restored, newStateDir(t))
+	if st, err := dst.RunState(ctx); err != nil || st != "running" {
+		t.Fatalf("restored VM with a display: %q (%v), want running", st, err)
+	}
+	con, err := dst.AttachConsole(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer con.Close()
+	if _, err := con.Write([]byte("hello-display\n")); err != nil {
+		t.Fatal(err)
+	}
+	testutil.ReadUntil(t, con, "QK-ECHO: hello-display", 30*time.Second)
+	c, err := dst.DialDisplay(ctx)
+	if err != nil {
+		t.Fatalf("the restored VM's display: %v", err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	greet := make([]byte, 12)
+	if _, err := io.ReadFull(c, greet); err != nil || string(greet[:4]) != "RFB " {
+		t.Fatalf("the restored VM's VNC greeting: %q (%v), want RFB", greet, err)
+	}
+}
+
 // TestGrowImage grows a qcow2 image's virtual size and never shrinks it.
 func TestGrowImage(t *testing.T) {
 	testutil.SkipIfShort(t, "qemu-img")
