@@ -109,15 +109,21 @@ func nodeSpec(b *testing.B, img, initrd string) qemu.Spec {
 		Kernel: filepath.Join(img, "vmlinuz"), Initrd: initrd, Cmdline: cmdline,
 		Network:     true,
 		AllowedDirs: []string{img},
-		Memory: qemu.MemoryTuning{
-			TCGTranslationBufferMiB: n.VMMemory.TCGTranslationBufferMiB,
-			FreePageReporting:       n.VMMemory.FreePageReporting,
-			MemMerge:                n.VMMemory.PageMerging,
-		},
-		Nice: p.Nice,
+		Memory:      nodeMemory(n),
+		Nice:        p.Nice,
 		// QK_BENCH_BOOT_NODE_CPU: another -cpu for the node's side ("":
 		// the default, qemu.DefaultCPUModel).
 		CPUModel: os.Getenv("QK_BENCH_BOOT_NODE_CPU"),
+	}
+}
+
+// nodeMemory is the memory tuning node n gives its VMs (as
+// cmd/qemu-kubelet passes its vmMemory to the provider).
+func nodeMemory(n *config.Node) qemu.MemoryTuning {
+	return qemu.MemoryTuning{
+		TCGTranslationBufferMiB: n.VMMemory.TCGTranslationBufferMiB,
+		FreePageReporting:       n.VMMemory.FreePageReporting,
+		MemMerge:                n.VMMemory.PageMerging,
 	}
 }
 

@@ -26,6 +26,15 @@ type densityConfig struct {
 	// guest is a shell command each guest runs through its agent once at
 	// its marker (before the idle window).
 	guest string
+	// prepare readies each VM's spec in its state dir before it starts,
+	// as the node does for a pod (guest disks, display; nil: the base spec
+	// as it is). Configurations built with the provider's helpers come
+	// from the external benchmarks (AddDensityConfig).
+	prepare func(ctx context.Context, s *Spec, dir string) error
+	// versus names the configuration, run before this one, that its PSS
+	// and anonymous memory are reported against (<cfg>-pss-x-of-<versus>,
+	// <cfg>-anon-x-of-<versus>; "": none).
+	versus string
 }
 
 // densityConfigs: QEMU's defaults (the baseline: mem-merge on is QEMU's
@@ -79,7 +88,13 @@ func envInt(name string, def int) int {
 //     share of one CPU, mean per VM), <cfg>-ksmd-cpu-%: ksmd's share of
 //     one CPU;
 //   - <cfg>-marker-s: start of the first VM to the last boot marker;
-//   - <cfg>-pss-x-of-baseline: PSS per VM / qemu-defaults' PSS per VM.
+//   - <cfg>-pss-x-of-baseline: PSS per VM / qemu-defaults' PSS per VM;
+//   - <cfg>-pss-x-of-<other>, <cfg>-anon-x-of-<other>: the same against
+//     the configuration it is compared with (densityConfig.versus).
+//
+// Besides the memory tunings, the external benchmarks add configurations
+// of the node's defaults built as the node builds a pod's VM
+// (density_exporter_bench_test.go): exporter-before and exporter-defaults.
 //
 // N is QK_BENCH_DENSITY_N (default 4). The KSM configuration starts KSM
 // (root only; skipped otherwise), waits for two full scans after boot (at
@@ -106,6 +121,8 @@ func BenchmarkIdleDensity(b *testing.B) {
 	base.Network = true
 	b.Logf("N=%d guest=%dMiB idle=%s", n, mem, idle)
 	var basePSS float64
+	// pss and anon per VM of each configuration run so far (versus).
+	pss, anon := map[string]float64{}, map[string]float64{}
 	for i := 0; i < b.N; i++ {
 		for _, cfg := range densityConfigs {
 			if len(only) > 0 && !only[cfg.name] {
@@ -137,6 +154,12 @@ func BenchmarkIdleDensity(b *testing.B) {
 				basePSS = r.pssMiB
 			} else if basePSS > 0 {
 				b.ReportMetric(r.pssMiB/basePSS, cfg.name+"-pss-x-of-baseline")
+			}
+			pss[cfg.name], anon[cfg.name] = r.pssMiB, r.anonMiB
+			if v := cfg.versus; v != "" && pss[v] > 0 && anon[v] > 0 {
+				b.Logf("%s against %s: PSS %.3fx, anon %.3fx", cfg.name, v, r.pssMiB/pss[v], r.anonMiB/anon[v])
+				b.ReportMetric(r.pssMiB/pss[v], cfg.name+"-pss-x-of-"+v)
+				b.ReportMetric(r.anonMiB/anon[v], cfg.name+"-anon-x-of-"+v)
 			}
 		}
 	}
@@ -229,7 +252,14 @@ func idleDensity(b *testing.B, base Spec, cfg densityConfig, n int, idle time.Du
 			s := base
 			s.Name = fmt.Sprintf("density-%d", i)
 			s.Memory = cfg.memory
-			vm, err := Start(ctx, s, newStateDir(b))
+			dir := newStateDir(b)
+			if cfg.prepare != nil {
+				if err := cfg.prepare(ctx, &s, dir); err != nil {
+					errs[i] = fmt.Errorf("prepare the spec: %w", err)
+					return
+				}
+			}
+			vm, err := Start(ctx, s, dir)
 			if err != nil {
 				errs[i] = err
 				return
