@@ -599,8 +599,9 @@ func TestEnvtestJumpstarterGuestLogin(t *testing.T) {
 // pod's exporter Secret, which the pod owns; the password is in no log
 // line of the controller (every level captured) and no event; a set with
 // defaultGuestLogin None gets none. Their pods report the default ssh
-// child (no annotation); a set with sshDriver Disabled puts the
-// annotation that switches it off on its pods.
+// child and the display (no annotations); a set with sshDriver and
+// vncDriver Disabled puts the annotations that switch them off on its
+// pods.
 func TestEnvtestJumpstarterDefaultGuestLogin(t *testing.T) {
 	ns := namespace(t)
 	var logs syncLog
@@ -622,15 +623,18 @@ func TestEnvtestJumpstarterDefaultGuestLogin(t *testing.T) {
 		q := getPod(t, &p)
 		assert.True(t, metav1.IsControlledBy(sec, q), "the pod owns its login Secret: %v", sec.OwnerReferences)
 		assert.NotContains(t, q.Annotations, v1alpha1.SSHDriverAnnotation, "the default ssh child: no annotation")
+		assert.NotContains(t, q.Annotations, v1alpha1.DisplayAnnotation, "the default display and vnc child: no annotation")
 	}
 
 	createSet(t, jsSet(ns, "nologin", 1, func(s *v1alpha1.ExporterSet) {
 		s.Spec.MinAvailable = ptr.To(int32(0))
 		s.Spec.Jumpstarter.DefaultGuestLogin = v1alpha1.DefaultGuestLoginNone
 		s.Spec.Jumpstarter.SSHDriver = v1alpha1.DriverDisabled
+		s.Spec.Jumpstarter.VNCDriver = v1alpha1.DriverDisabled
 	}))
 	none := waitPodCount(t, ns, "nologin", 1)
 	assert.Equal(t, "Disabled", none[0].Annotations[v1alpha1.SSHDriverAnnotation], "sshDriver Disabled reaches the pod")
+	assert.Equal(t, "none", none[0].Annotations[v1alpha1.DisplayAnnotation], "vncDriver Disabled reaches the pod: no display")
 	credentialAll(t, ns, none)
 	sec, err := exporterSecret(t, ns, none[0].Name)
 	require.NoError(t, err)
