@@ -182,30 +182,67 @@ type densityResult struct {
 
 const ksmDir = "/sys/kernel/mm/ksm"
 
+// startKSM starts the host's KSM for configuration cfg and scans
+// QK_BENCH_DENSITY_KSM_PAGES pages per wake-up; restore puts both back.
+// ok false: KSM cannot run here (logged), the configuration is skipped.
+func startKSM(b *testing.B, cfg densityConfig) (restore func(), ok bool, err error) {
+	prev, err := os.ReadFile(filepath.Join(ksmDir, "run"))
+	if err != nil {
+		b.Logf("%s skipped: %v", cfg.name, err)
+		return nil, false, nil
+	}
+	if err := os.WriteFile(filepath.Join(ksmDir, "run"), []byte("1\n"), 0); err != nil {
+		b.Logf("%s skipped: cannot start KSM: %v", cfg.name, err)
+		return nil, false, nil
+	}
+	undos := []func(){func() { os.WriteFile(filepath.Join(ksmDir, "run"), prev, 0) }}
+	// The kernel's default rate (100 pages every 20 ms, ~20 MiB/s)
+	// needs 15 minutes a scan over 200 96-MiB guests: the bench scans
+	// QK_BENCH_DENSITY_KSM_PAGES (default 1000) per wake-up and puts
+	// pages_to_scan back.
+	pages := envInt("QK_BENCH_DENSITY_KSM_PAGES", 1000)
+	if prevPages, err := os.ReadFile(filepath.Join(ksmDir, "pages_to_scan")); err == nil {
+		if err := os.WriteFile(filepath.Join(ksmDir, "pages_to_scan"), []byte(strconv.Itoa(pages)+"\n"), 0); err != nil {
+			undo(undos)
+			return nil, false, fmt.Errorf("set KSM pages_to_scan to %d: %w", pages, err)
+		}
+		undos = append(undos, func() { os.WriteFile(filepath.Join(ksmDir, "pages_to_scan"), prevPages, 0) })
+		b.Logf("%s: KSM pages_to_scan %d (was %s)", cfg.name, pages, strings.TrimSpace(string(prevPages)))
+	}
+	return func() { undo(undos) }, true, nil
+}
+
+// awaitKSMScans waits for two full KSM scans (merging needs two: the
+// unstable tree, then the stable), at most 5 minutes, and says how long
+// it waited in seconds.
+func awaitKSMScans() (float64, error) {
+	first, err := ksmCounter("full_scans")
+	if err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	for deadline := time.Now().Add(5 * time.Minute); time.Now().Before(deadline); time.Sleep(2 * time.Second) {
+		if v, _ := ksmCounter("full_scans"); v >= first+2 {
+			break
+		}
+	}
+	return time.Since(start).Seconds(), nil
+}
+
+// undo runs fs in reverse order.
+func undo(fs []func()) {
+	for i := len(fs) - 1; i >= 0; i-- {
+		fs[i]()
+	}
+}
+
 func idleDensity(b *testing.B, base Spec, cfg densityConfig, n int, idle time.Duration) (*densityResult, error) {
 	if cfg.ksm {
-		prev, err := os.ReadFile(filepath.Join(ksmDir, "run"))
-		if err != nil {
-			b.Logf("%s skipped: %v", cfg.name, err)
-			return nil, nil
+		restore, ok, err := startKSM(b, cfg)
+		if !ok || err != nil {
+			return nil, err
 		}
-		if err := os.WriteFile(filepath.Join(ksmDir, "run"), []byte("1\n"), 0); err != nil {
-			b.Logf("%s skipped: cannot start KSM: %v", cfg.name, err)
-			return nil, nil
-		}
-		defer os.WriteFile(filepath.Join(ksmDir, "run"), prev, 0)
-		// The kernel's default rate (100 pages every 20 ms, ~20 MiB/s)
-		// needs 15 minutes a scan over 200 96-MiB guests: the bench scans
-		// QK_BENCH_DENSITY_KSM_PAGES (default 1000) per wake-up and puts
-		// pages_to_scan back.
-		pages := envInt("QK_BENCH_DENSITY_KSM_PAGES", 1000)
-		if prevPages, err := os.ReadFile(filepath.Join(ksmDir, "pages_to_scan")); err == nil {
-			if err := os.WriteFile(filepath.Join(ksmDir, "pages_to_scan"), []byte(strconv.Itoa(pages)+"\n"), 0); err != nil {
-				return nil, fmt.Errorf("set KSM pages_to_scan to %d: %w", pages, err)
-			}
-			defer os.WriteFile(filepath.Join(ksmDir, "pages_to_scan"), prevPages, 0)
-			b.Logf("%s: KSM pages_to_scan %d (was %s)", cfg.name, pages, strings.TrimSpace(string(prevPages)))
-		}
+		defer restore()
 	}
 	for k, v := range cfg.env {
 		prev, had := os.LookupEnv(k)
@@ -249,26 +286,7 @@ func idleDensity(b *testing.B, base Spec, cfg densityConfig, n int, idle time.Du
 		go func(i int) {
 			defer wg.Done()
 			defer func() { <-sem }()
-			s := base
-			s.Name = fmt.Sprintf("density-%d", i)
-			s.Memory = cfg.memory
-			dir := newStateDir(b)
-			if cfg.prepare != nil {
-				if err := cfg.prepare(ctx, &s, dir); err != nil {
-					errs[i] = fmt.Errorf("prepare the spec: %w", err)
-					return
-				}
-			}
-			vm, err := Start(ctx, s, dir)
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			vms[i] = vm
-			errs[i] = vm.WaitConsole(ctx, bootMarker)
-			if errs[i] == nil && cfg.guest != "" {
-				errs[i] = guestRun(ctx, vm, cfg.guest)
-			}
+			vms[i], errs[i] = startDensityVM(ctx, b, base, cfg, i)
 		}(i)
 	}
 	wg.Wait()
@@ -293,18 +311,9 @@ func idleDensity(b *testing.B, base Spec, cfg densityConfig, n int, idle time.Du
 		b.Logf("%s: starts paused %.0f s in all for MemAvailable to come back over the floor", cfg.name, paced.Seconds())
 	}
 	if cfg.ksm {
-		// Merging needs two full scans (unstable tree, then stable).
-		first, err := ksmCounter("full_scans")
-		if err != nil {
+		if r.ksmWaitS, err = awaitKSMScans(); err != nil {
 			return nil, err
 		}
-		ksmStart := time.Now()
-		for deadline := time.Now().Add(5 * time.Minute); time.Now().Before(deadline); time.Sleep(2 * time.Second) {
-			if v, _ := ksmCounter("full_scans"); v >= first+2 {
-				break
-			}
-		}
-		r.ksmWaitS = time.Since(ksmStart).Seconds()
 		b.Logf("%s: waited %.0f s for two full KSM scans", cfg.name, r.ksmWaitS)
 	}
 	cpu0, err := hostCPUTimes()
@@ -329,15 +338,8 @@ func idleDensity(b *testing.B, base Spec, cfg densityConfig, n int, idle time.Du
 	if dt := cpu1.total - cpu0.total; dt > 0 {
 		r.hostBusyPct = float64(cpu1.busy-cpu0.busy) / float64(dt) * 100
 	}
-	for i, vm := range vms {
-		st, err := vm.Stats()
-		if err != nil {
-			return nil, fmt.Errorf("VM %d stats: %w", i, err)
-		}
-		r.rssMiB += float64(st.RSSBytes) / (1 << 20) / float64(n)
-		r.pssMiB += float64(st.PSSBytes) / (1 << 20) / float64(n)
-		r.anonMiB += float64(st.AnonBytes) / (1 << 20) / float64(n)
-		r.qemuCPUPct += (st.CPUTime - qemuCPU0[i]).Seconds() / wall.Seconds() * 100 / float64(n)
+	if err := r.addVMStats(vms, qemuCPU0, wall); err != nil {
+		return nil, err
 	}
 	if cfg.ksm {
 		if sharing, err := ksmCounter("pages_sharing"); err == nil {
@@ -350,6 +352,50 @@ func idleDensity(b *testing.B, base Spec, cfg densityConfig, n int, idle time.Du
 	}
 	r.hostMiB = float64(availBefore-availAfter) / (1 << 20) / float64(n)
 	return r, nil
+}
+
+// addVMStats adds the means per VM of vms' memory, and of their CPU
+// time since cpu0 over wall, to r.
+func (r *densityResult) addVMStats(vms []*VM, cpu0 []time.Duration, wall time.Duration) error {
+	n := float64(len(vms))
+	for i, vm := range vms {
+		st, err := vm.Stats()
+		if err != nil {
+			return fmt.Errorf("VM %d stats: %w", i, err)
+		}
+		r.rssMiB += float64(st.RSSBytes) / (1 << 20) / n
+		r.pssMiB += float64(st.PSSBytes) / (1 << 20) / n
+		r.anonMiB += float64(st.AnonBytes) / (1 << 20) / n
+		r.qemuCPUPct += (st.CPUTime - cpu0[i]).Seconds() / wall.Seconds() * 100 / n
+	}
+	return nil
+}
+
+// startDensityVM starts VM i of configuration cfg from base (prepared as
+// cfg says) and waits for its boot marker, then runs cfg's guest command.
+// The VM is returned whenever it started, also with an error (to be
+// killed).
+func startDensityVM(ctx context.Context, b *testing.B, base Spec, cfg densityConfig, i int) (*VM, error) {
+	s := base
+	s.Name = fmt.Sprintf("density-%d", i)
+	s.Memory = cfg.memory
+	dir := newStateDir(b)
+	if cfg.prepare != nil {
+		if err := cfg.prepare(ctx, &s, dir); err != nil {
+			return nil, fmt.Errorf("prepare the spec: %w", err)
+		}
+	}
+	vm, err := Start(ctx, s, dir)
+	if err != nil {
+		return nil, err
+	}
+	if err := vm.WaitConsole(ctx, bootMarker); err != nil {
+		return vm, err
+	}
+	if cfg.guest != "" {
+		return vm, guestRun(ctx, vm, cfg.guest)
+	}
+	return vm, nil
 }
 
 // guestRun runs shell command c in vm's guest through its agent.

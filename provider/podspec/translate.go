@@ -119,7 +119,8 @@ type Plan struct {
 	StatePolicy v1alpha1.StatePolicy
 	// SnapshotStart: start from a memory snapshot (AnnotationStartFromSnapshot).
 	SnapshotStart bool
-	// Display: the VM has a graphics card and a VNC server (AnnotationDisplay).
+	// Display: the VM has a graphics card and a VNC server (AnnotationDisplay;
+	// by default an exporter pod's: DisplayOf).
 	Display bool
 	// CPUModel: the guest CPU model the pod asks for (AnnotationCPUModel;
 	// "": the node's choice, see CPUModel).
