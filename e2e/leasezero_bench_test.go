@@ -46,79 +46,101 @@ import (
 // exporter registered and the controller double assigned the lease), on
 // the real control plane with the node agent, the exporterset-controller,
 // the jstest controller and jsfake (as BenchmarkJumpstarterLease's "zero");
+// the same on a snapshot-warm set (the same template with
+// qemu-kubelet.io/start-from-snapshot "true": each lease's new pod is
+// restored from the memory snapshot the set's first pod saved before the
+// timer, untimed; the benchmark fails if one was booted instead; such pods
+// get no generated guest login, api/v1alpha1.StartFromSnapshotAnnotation);
 // vs the same guest booted by a bare qemu-system-x86_64 (same kernel,
 // initrd and command line, 256 MiB, one vCPU, TCG, guest port 8080
 // forwarded) from its exec until an HTTP GET of its readiness port
-// answers (tried every 20 ms). Rounds alternate (bare first in even
-// rounds), QK_BENCH_LEASE_ROUNDS (default 3) per iteration; medians.
-// Reported: x-of-baseline (lease -> Ready / bare exec -> port; target
-// 1.15), both figures, and the medians of the pod's stages after the
-// lease's creation (pod created, bound, Ready).
+// answers (tried every 20 ms). Each round takes one of each, alternating
+// the order (bare, zero, snap in even rounds, the reverse in odd ones),
+// QK_BENCH_LEASE_ROUNDS (default 3) per iteration; medians. Reported:
+// x-of-baseline (zero lease -> Ready / bare exec -> port; target 1.15),
+// snap-x-of-baseline (snapshot-warm lease -> Ready / bare; target 0.3),
+// the three figures, and the medians of each set's pod stages after the
+// lease's creation (pod created, bound, Ready); the log has each set's
+// timeline of steps.
 func BenchmarkLeaseFromZero(b *testing.B) {
 	rounds := envPositive(b, "QK_BENCH_LEASE_ROUNDS", 3)
 	e := startExsEnv(b)
 	js := e.jumpstarter(b)
-	set := e.jsSet("jslz", 0, 0, js)
-	e.createSet(b, set)
-	e.waitColdExporter(b, js, set)
-	bare := newBareGuest(b)
-
-	n := 0
-	pods := map[string]*burstPod{} // the timelines, shifted to a common origin
+	zero, snap := e.jsSet("jslz", 0, 0, js), e.jsSnapSet("jslzs", 0, 0, js)
+	e.createSet(b, zero)
+	e.createSet(b, snap)
+	// The snapshot: the snap set's first pod saves it at its first Ready
+	// (untimed; it pulls the image too).
+	b.Logf("snapshot: %s", e.makeSnapshot(b, js, snap.Name))
 	base := time.Now()
-	lease := func() (time.Duration, podStages) {
-		n++
-		name := fmt.Sprintf("lz-%d", n)
-		logFrom := fileSize(e.agentLog)
-		t0, ref, st, exp := e.leaseToReady(b, js, set.Spec.Jumpstarter.ExporterLabels, "app="+set.Name, name)
-		pod, err := e.c.Client().CoreV1().Pods(e.ns).Get(context.Background(), exp, metav1.GetOptions{})
-		if err != nil {
-			b.Fatalf("lease %s: exporter %s is no pod: %v", name, exp, err)
-		}
-		pods[name] = e.leaseTimeline(b, exp, logFrom, t0, ref, st, base)
-		js.release(b, e.ns, name)
-		js.waitLease(b, e.ns, name, 30*time.Second, "ended", leaseEnded)
-		e.waitVMGone(b, *pod, 2*time.Minute)
-		e.waitSet(b, set.Name, 2*time.Minute, "no VM", func(_ *v1alpha1.ExporterSet, pods []corev1.Pod) bool { return len(pods) == 0 })
-		return ref, st
+	sides := []*zeroSide{
+		{side: "zero", set: zero.Name, labels: zero.Spec.Jumpstarter.ExporterLabels, pods: "app=" + zero.Name,
+			tl: map[string]*burstPod{}, base: base, log: e.ctrlLog},
+		{side: "snap", set: snap.Name, labels: snap.Spec.Jumpstarter.ExporterLabels, pods: "app=" + snap.Name,
+			tl: map[string]*burstPod{}, base: base, log: e.ctrlLog, restored: true},
 	}
-	// Warm-up (untimed): the first VM pulls the image.
-	lease()
+	bare := newBareGuest(b)
+	// Warm-up (untimed): one of each.
+	for _, s := range sides {
+		e.leaseFromZero(b, js, s)
+		clear(s.tl)
+	}
 	bare.toPort(b)
-	clear(pods)
 
-	var leases, bares, created, bound, ready []time.Duration
+	var bares []time.Duration
 	b.Logf("load average at the start: %s", loadAvg())
 	for b.Loop() {
 		for r := range rounds {
-			var l, p time.Duration
-			var st podStages
-			if r%2 == 0 {
-				p = bare.toPort(b)
-				l, st = lease()
-			} else {
-				l, st = lease()
-				p = bare.toPort(b)
+			steps := []func(){func() { bares = append(bares, bare.toPort(b)) }}
+			for _, s := range sides {
+				steps = append(steps, func() {
+					d, st, _ := e.leaseFromZero(b, js, s)
+					s.took, s.stages = append(s.took, d), append(s.stages, st)
+				})
 			}
-			leases, bares = append(leases, l), append(bares, p)
-			created, bound, ready = append(created, st.created), append(bound, st.bound), append(ready, st.ready)
+			if r%2 == 1 {
+				slices.Reverse(steps)
+			}
+			for _, step := range steps {
+				step()
+			}
 		}
 	}
 	b.Logf("load average at the end: %s", loadAvg())
-	ml, mb := pbMedianDur(leases), pbMedianDur(bares)
-	b.ReportMetric(pbMs(ml), "lease-to-ready-ms")
+	mb := pbMedianDur(bares)
 	b.ReportMetric(pbMs(mb), "bare-to-port-ms")
-	b.ReportMetric(float64(ml)/float64(mb), "x-of-baseline")
-	b.ReportMetric(pbMs(pbMedianDur(created)), "pod-created-ms")
-	b.ReportMetric(pbMs(pbMedianDur(bound)), "pod-bound-ms")
-	b.ReportMetric(pbMs(pbMedianDur(ready)), "pod-ready-ms")
-	hops := hopsOf(leaseSteps, pods, base)
-	for _, h := range hops {
-		b.ReportMetric(h.meanMs, "tl-"+h.step+"-hop-avg-ms")
+	b.Logf("rounds=%d bare exec -> port answers %s", len(bares), durList(bares))
+	for _, s := range sides {
+		e.reportLeases(b, s, mb)
 	}
-	b.Logf("timeline from the lease's creation (hop: from the step before, mean over the rounds; pushed: the probe's first success handed over):\n%s", formatHops(hops))
-	b.Logf("rounds=%d lease -> Ready %s; bare exec -> port answers %s; pod created %s, bound %s, Ready %s (after the lease's creation)",
-		len(leases), durList(leases), durList(bares), durList(created), durList(bound), durList(ready))
+	b.ReportMetric(float64(pbMedianDur(sides[1].took))/float64(pbMedianDur(sides[0].took)), "snap-x-of-zero")
+}
+
+// reportLeases reports the leases of side s of BenchmarkLeaseFromZero
+// against the bare boot's median mb: the zero side's metrics carry no
+// prefix (as before the snap side), the others' their side's.
+func (e *exsEnv) reportLeases(b *testing.B, s *zeroSide, mb time.Duration) {
+	b.Helper()
+	prefix := s.side + "-"
+	if s.side == "zero" {
+		prefix = ""
+	}
+	var created, bound, ready []time.Duration
+	for _, st := range s.stages {
+		created, bound, ready = append(created, st.created), append(bound, st.bound), append(ready, st.ready)
+	}
+	ml := pbMedianDur(s.took)
+	b.ReportMetric(pbMs(ml), prefix+"lease-to-ready-ms")
+	b.ReportMetric(float64(ml)/float64(mb), prefix+"x-of-baseline")
+	b.ReportMetric(pbMs(pbMedianDur(created)), prefix+"pod-created-ms")
+	b.ReportMetric(pbMs(pbMedianDur(bound)), prefix+"pod-bound-ms")
+	b.ReportMetric(pbMs(pbMedianDur(ready)), prefix+"pod-ready-ms")
+	hops := hopsOf(zeroSteps, s.tl, s.base)
+	for _, h := range hops {
+		b.ReportMetric(h.meanMs, "tl-"+prefix+h.step+"-hop-avg-ms")
+	}
+	b.Logf("%s: rounds=%d lease -> Ready %s; pod created %s, bound %s, Ready %s (after the lease's creation); timeline from the lease's creation (hop: from the step before, mean over the rounds; pushed: the probe's first success handed over):\n%s",
+		s.side, len(s.took), durList(s.took), durList(created), durList(bound), durList(ready), formatHops(hops))
 }
 
 // leaseSteps are the timeline of a lease from zero: the bench's watches
@@ -322,6 +344,9 @@ type zeroSide struct {
 	tl     map[string]*burstPod // their timelines by lease, shifted to base
 	base   time.Time
 	log    string // the log of the set's controller (-v 2)
+	// restored: the set's pods start from a memory snapshot; a lease
+	// whose pod booted instead fails the benchmark.
+	restored bool
 }
 
 // zeroPair creates, on the env's node, the upstream set upz of class qkz
@@ -405,9 +430,12 @@ func (e *exsEnv) leaseFromZero(b *testing.B, js *jsEnv, s *zeroSide) (time.Durat
 			s.tl[name].at["gateLifted"] = s.base.Add(at.Sub(t0))
 		}
 	}
-	// The pod has no readiness probe: the guest may still boot. Let it,
-	// so the release's ACPI power-off ends it at once.
-	if err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, vmBoot, true, func(context.Context) (bool, error) {
+	if s.restored {
+		// A restored guest prints no boot (its console log starts empty).
+		e.waitPodEvent(b, exp, "Started", "restored from a memory snapshot", 30*time.Second)
+	} else if err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, vmBoot, true, func(context.Context) (bool, error) {
+		// Without a readiness probe the guest may still boot. Let it,
+		// so the release's ACPI power-off ends it at once.
 		return e.booted(*pod), nil
 	}); err != nil {
 		b.Fatalf("lease %s: the guest of pod %s printed no boot marker within %s", name, pod.Name, vmBoot)
