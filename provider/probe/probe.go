@@ -272,6 +272,15 @@ const probeFastInterval = 100 * time.Millisecond
 // a connection made before the guest's network was up is answered only at
 // a retransmission (seconds later), and a guest answering slowly while it
 // boots takes long; neither holds back the next check.
+//
+// An early check also ends after the window the in-flight checks span
+// (maxEarly checks begun fast apart: 1 s), not only at the probe's
+// timeout: with timeoutSeconds 5, ten checks hung on connections the
+// booting guest never saw held every slot for 5 s, and the guest's port,
+// answering since, was seen only when one of them ended (2 s after the
+// boot marker, BenchmarkLeaseFromZero). The regular checks keep the
+// probe's timeout: a guest that answers slower than the window is still
+// seen, a period later.
 const maxEarlyChecks = 10
 
 // probeSchedule is when a probe's loop begins checks, as plain data
@@ -287,6 +296,9 @@ const maxEarlyChecks = 10
 type probeSchedule struct {
 	period, fast time.Duration
 	maxEarly     int
+	// timeout bounds a regular check (the probe's), earlyTimeout an early
+	// one (timeoutOf).
+	timeout, earlyTimeout time.Duration
 	// due is when the next regular check is due; regularBusy: one runs.
 	due         time.Duration
 	regularBusy bool
@@ -302,15 +314,28 @@ type probeSchedule struct {
 // is set, at most maxEarly at once (0: maxEarlyChecks, or as many as fit in
 // the timeout).
 func newProbeSchedule(period, timeout time.Duration, early bool, maxEarly int) probeSchedule {
-	s := probeSchedule{period: period}
+	s := probeSchedule{period: period, timeout: timeout, earlyTimeout: timeout}
 	if early && period > probeFastInterval {
 		s.fast = probeFastInterval
 		s.maxEarly = maxEarly
 		if s.maxEarly <= 0 {
 			s.maxEarly = min(maxEarlyChecks, max(1, int((timeout+probeFastInterval-1)/probeFastInterval)))
 		}
+		if s.maxEarly > 1 {
+			// The window of the overlapping checks (maxEarlyChecks); one
+			// at a time (exec) has no slot another check waits for.
+			s.earlyTimeout = min(timeout, time.Duration(s.maxEarly)*s.fast)
+		}
 	}
 	return s
+}
+
+// timeoutOf is how long a regular or an early check may take. Pure.
+func (s probeSchedule) timeoutOf(regular bool) time.Duration {
+	if regular {
+		return s.timeout
+	}
+	return s.earlyTimeout
 }
 
 // next is the next check to begin at or after now: when, and whether it is
@@ -446,8 +471,9 @@ func runProbe(ctx context.Context, vm VM, c *corev1.Container, kind string, prob
 				checkCtx = ectx
 			}
 			running++
+			checkTimeout := sched.timeoutOf(regular)
 			go func() {
-				ok, msg := g.check(checkCtx, timeout)
+				ok, msg := g.check(checkCtx, checkTimeout)
 				results <- probeResult{began: began, regular: regular, ok: ok, msg: msg}
 			}()
 			continue

@@ -249,9 +249,10 @@ type simCheck struct {
 }
 
 // simulateProbe runs a probeSchedule as runProbe does, with checks that
-// each take took(began) and pass when they begin at readyAt or later, until
-// limit; it returns the checks begun, in order, and when the first counted
-// success ended (-1: none).
+// each take took(began), cut at their timeout (timeoutOf: failed), and
+// pass when they begin at readyAt or later, until limit; it returns the
+// checks begun, in order, and when the first counted success ended (-1:
+// none).
 func simulateProbe(s probeSchedule, took func(time.Duration) time.Duration, readyAt, limit time.Duration) ([]simCheck, time.Duration) {
 	type end struct {
 		at time.Duration
@@ -274,10 +275,11 @@ func simulateProbe(s probeSchedule, took func(time.Duration) time.Duration, read
 				break
 			}
 			now = at
-			c := simCheck{at, regular, at >= readyAt}
+			d := took(at)
+			c := simCheck{at, regular, at >= readyAt && d <= s.timeoutOf(regular)}
 			out = append(out, c)
 			s = s.began(at, regular)
-			running = append(running, end{at + took(at), c})
+			running = append(running, end{at + min(d, s.timeoutOf(regular)), c})
 			continue
 		}
 		if ei < 0 {
@@ -370,6 +372,55 @@ func TestProbeScheduleOverlappingEarlyChecks(t *testing.T) {
 	want := []simCheck{{0, true, false}, {100 * ms, false, false}, {350 * ms, false, false}, {600 * ms, false, false}, {850 * ms, false, false}, {time.Second, true, false}}
 	if !slices.Equal(checks, want) {
 		t.Errorf("exec probe checks %v, want %v", checks, want)
+	}
+}
+
+// TestProbeScheduleHungEarlyChecksOfALongTimeout: with a 5 s timeout, the
+// early checks hung on connections the booting guest never saw end after
+// the window of maxEarly checks (1 s), not the timeout: slots free every
+// probeFastInterval, and the port answering from 1.55 s is seen by the
+// early check begun at 1.6 s, not when the first hung check times out
+// (5.1 s). Regular checks keep the probe's timeout.
+func TestProbeScheduleHungEarlyChecksOfALongTimeout(t *testing.T) {
+	ms := time.Millisecond
+	// Before 1.5 s a check hangs (longer than any timeout); after, the guest answers in 300 ms.
+	took := func(at time.Duration) time.Duration {
+		if at < 1500*ms {
+			return time.Minute
+		}
+		return 300 * ms
+	}
+	s := newProbeSchedule(time.Second, 5*time.Second, true, 0)
+	if s.maxEarly != 10 || s.timeoutOf(false) != time.Second || s.timeoutOf(true) != 5*time.Second {
+		t.Fatalf("maxEarly %d, early timeout %v, regular %v; want 10, 1s, 5s", s.maxEarly, s.timeoutOf(false), s.timeoutOf(true))
+	}
+	checks, firstOK := simulateProbe(s, took, 1550*ms, 8*time.Second)
+	if firstOK != 1900*ms {
+		t.Errorf("first success at %v, want 1.9s: %v", firstOK, checks)
+	}
+	// The first regular check hangs its whole 5 s: the next begins then.
+	var regular []time.Duration
+	for _, c := range checks {
+		if c.regular {
+			regular = append(regular, c.at)
+		}
+	}
+	if len(regular) < 2 || regular[1] != 5*time.Second {
+		t.Errorf("regular checks at %v, want the second at 5s", regular)
+	}
+	// A guest answering slower than the window: only a regular check sees it.
+	slow := func(time.Duration) time.Duration { return 1500 * ms }
+	checks, firstOK = simulateProbe(s, slow, 0, 8*time.Second)
+	if firstOK != 1500*ms || !checks[0].regular || !checks[0].ok {
+		t.Errorf("answers of 1.5 s: first success at %v (want 1.5s, the regular check at 0): %v", firstOK, checks)
+	}
+	// One early check at a time (exec) keeps the probe's timeout.
+	if s := newProbeSchedule(time.Second, 5*time.Second, true, 1); s.timeoutOf(false) != 5*time.Second {
+		t.Errorf("exec probe: early timeout %v, want 5s", s.timeoutOf(false))
+	}
+	// A short timeout is its own window.
+	if s := newProbeSchedule(time.Second, 300*ms, true, 0); s.maxEarly != 3 || s.timeoutOf(false) != 300*ms {
+		t.Errorf("300 ms timeout: maxEarly %d, early timeout %v; want 3, 300ms", s.maxEarly, s.timeoutOf(false))
 	}
 }
 
