@@ -3,6 +3,7 @@ package probe
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -18,6 +19,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/qemu-kubelet/qemu-kubelet/provider/guest"
 )
 
 func TestProbeCounter(t *testing.T) {
@@ -449,4 +452,94 @@ func TestProbeScheduleKubeletTiming(t *testing.T) {
 	if !slices.Equal(checks, want) {
 		t.Errorf("checks of 1.5 s with a 1 s period: %v, want %v", checks, want)
 	}
+}
+
+// hangVM is a VM whose forwarded guest port is a loopback listener: what
+// a booting guest's port looks like before its network is up.
+type hangVM struct {
+	guest.VM // nil: only what runProbe uses is implemented
+	port     int
+	dir      string
+	done     chan struct{}
+}
+
+func (v *hangVM) Done() <-chan struct{}                              { return v.done }
+func (v *hangVM) ForwardPort(context.Context, int, int) (int, error) { return v.port, nil }
+func (v *hangVM) RemoveForward(context.Context, int) error           { return nil }
+func (v *hangVM) Pid() int                                           { return 1 }
+func (v *hangVM) StateDir() string                                   { return v.dir }
+func (nopSink) Event(string, string, string)                         {}
+func (nopSink) Changed()                                             {}
+func (nopSink) Failed(string, string)                                {}
+
+type nopSink struct{}
+
+// TestRunProbeEndsHungEarlyChecks: against a port that accepts and never
+// answers, a readiness probe with timeoutSeconds 5 keeps beginning early
+// checks while its first checks still wait: the early checks end after
+// their window (1 s), not the probe's timeout, so hung ones do not hold
+// every slot. The 20th connection comes while one of the first three (the
+// regular check begun at once, which waits its 5 s) is open; with the
+// probe's timeout on early checks, it could only come once nine checks had
+// timed out, the first three among them.
+func TestRunProbeEndsHungEarlyChecks(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var mu sync.Mutex
+	accepted, firstOpen, firstOpenAt20 := 0, 0, -1
+	var conns []net.Conn
+	t.Cleanup(func() {
+		l.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			i := accepted
+			accepted++
+			conns = append(conns, c)
+			if i < 3 {
+				firstOpen++
+			}
+			if accepted == 20 {
+				firstOpenAt20 = firstOpen
+			}
+			mu.Unlock()
+			go func() { // the client's close ends the read
+				_, _ = io.Copy(io.Discard, c)
+				if i < 3 {
+					mu.Lock()
+					firstOpen--
+					mu.Unlock()
+				}
+			}()
+		}
+	}()
+	vm := &hangVM{port: l.Addr().(*net.TCPAddr).Port, dir: t.TempDir(), done: make(chan struct{})}
+	c := &corev1.Container{Name: "vm", Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}}}
+	probe := &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/", Port: intstr.FromString("http")}},
+		PeriodSeconds: 1, TimeoutSeconds: 5, FailureThreshold: 3}
+	stop := make(chan struct{})
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		runProbe(context.Background(), vm, c, "Readiness", probe, false, true, stop, nil, nopSink{}, func(bool, string) bool { return true })
+	}()
+	defer func() { close(stop); <-ended }()
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return accepted >= 20
+	}, time.Minute, 20*time.Millisecond, "20 probe connections to the hung port")
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Positive(t, firstOpenAt20, "the 20th connection came only after the first three checks ended: hung early checks held every slot")
 }
