@@ -71,7 +71,7 @@ func attachEcho(t *testing.T, vms *VMs, pod *corev1.Pod, word string) {
 // vmUserDirs does for uid 107 what the agent does at start
 // (cmd/qemu-kubelet vmUserSearch): the state dir and its vms dir are
 // searchable by gid 107.
-func vmUserDirs(t *testing.T, stateDir string) {
+func vmUserDirs(t testing.TB, stateDir string) {
 	t.Helper()
 	for _, d := range []string{stateDir, filepath.Join(stateDir, VMsDirName)} {
 		require.NoError(t, os.MkdirAll(d, 0o710))
