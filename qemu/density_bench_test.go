@@ -1,8 +1,6 @@
 package qemu
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -12,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 )
 
 // densityConfig is one memory tuning compared by BenchmarkIdleDensity.
@@ -59,13 +59,6 @@ var densityConfigs = []densityConfig{
 	{name: "tb32-fpr-order0", memory: MemoryTuning{TCGTranslationBufferMiB: 32, FreePageReporting: true}, guest: "echo 0 > /sys/module/page_reporting/parameters/page_reporting_order && dd if=/dev/zero of=/dev/null bs=4M count=1 2>/dev/null"},
 }
 
-func envInt(name string, def int) int {
-	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
-		return v
-	}
-	return def
-}
-
 // BenchmarkIdleDensity: what an idle VM costs the host, per memory tuning,
 // all in the same run. For each configuration N test-image VMs (acpi
 // variant, 1 vCPU, QK_BENCH_DENSITY_MEM MiB, default 96) are started at
@@ -104,9 +97,9 @@ func envInt(name string, def int) int {
 // reporting the wait as <cfg>-ksm-wait-s. QK_BENCH_DENSITY_CONFIGS (comma-separated names) runs a
 // subset.
 func BenchmarkIdleDensity(b *testing.B) {
-	n := envInt("QK_BENCH_DENSITY_N", 4)
-	idle := time.Duration(envInt("QK_BENCH_DENSITY_IDLE", 30)) * time.Second
-	mem := envInt("QK_BENCH_DENSITY_MEM", 96)
+	n := testutil.EnvInt("QK_BENCH_DENSITY_N", 4)
+	idle := time.Duration(testutil.EnvInt("QK_BENCH_DENSITY_IDLE", 30)) * time.Second
+	mem := testutil.EnvInt("QK_BENCH_DENSITY_MEM", 96)
 	only := map[string]bool{}
 	for _, c := range strings.Split(os.Getenv("QK_BENCH_DENSITY_CONFIGS"), ",") {
 		if c = strings.TrimSpace(c); c != "" {
@@ -176,7 +169,7 @@ type densityResult struct {
 	// ksmWaitS: the wait for two full KSM scans after the boots.
 	ksmWaitS float64
 	// pacedS: how long starts waited for MemAvailable to come back over
-	// the floor (awaitMemory).
+	// the floor (testutil.AwaitMemory).
 	pacedS float64
 }
 
@@ -200,7 +193,7 @@ func startKSM(b *testing.B, cfg densityConfig) (restore func(), ok bool, err err
 	// needs 15 minutes a scan over 200 96-MiB guests: the bench scans
 	// QK_BENCH_DENSITY_KSM_PAGES (default 1000) per wake-up and puts
 	// pages_to_scan back.
-	pages := envInt("QK_BENCH_DENSITY_KSM_PAGES", 1000)
+	pages := testutil.EnvInt("QK_BENCH_DENSITY_KSM_PAGES", 1000)
 	if prevPages, err := os.ReadFile(filepath.Join(ksmDir, "pages_to_scan")); err == nil {
 		if err := os.WriteFile(filepath.Join(ksmDir, "pages_to_scan"), []byte(strconv.Itoa(pages)+"\n"), 0); err != nil {
 			undo(undos)
@@ -253,7 +246,7 @@ func idleDensity(b *testing.B, base Spec, cfg densityConfig, n int, idle time.Du
 			defer os.Unsetenv(k)
 		}
 	}
-	availBefore, err := memAvailable()
+	availBefore, err := testutil.MemAvailable()
 	if err != nil {
 		return nil, err
 	}
@@ -266,20 +259,20 @@ func idleDensity(b *testing.B, base Spec, cfg densityConfig, n int, idle time.Du
 	// At most `parallel` VMs boot at once; no VM starts once the host's
 	// MemAvailable is under the floor: the limit is reached, reported
 	// instead of driving the host out of memory.
-	parallel := envInt("QK_BENCH_DENSITY_PARALLEL", 8)
-	floor := int64(envInt("QK_BENCH_DENSITY_FLOOR_MIB", 2048)) << 20
-	maxPace := time.Duration(envInt("QK_BENCH_DENSITY_PACE_S", 600)) * time.Second
+	parallel := testutil.EnvInt("QK_BENCH_DENSITY_PARALLEL", 8)
+	floor := int64(testutil.EnvInt("QK_BENCH_DENSITY_FLOOR_MIB", 2048)) << 20
+	maxPace := time.Duration(testutil.EnvInt("QK_BENCH_DENSITY_PACE_S", 600)) * time.Second
 	sem := make(chan struct{}, parallel)
 	started := n
 	var paced time.Duration
 	for i := range vms {
 		sem <- struct{}{}
-		avail, err := awaitMemory(ctx, floor, maxPace-paced)
-		paced += avail.waited
-		if err == nil && avail.bytes < floor {
+		avail, err := testutil.AwaitMemory(ctx, floor, maxPace-paced)
+		paced += avail.Waited
+		if err == nil && avail.Bytes < floor {
 			<-sem
 			started = i
-			b.Logf("%s: limit reached after %d VMs: host MemAvailable %d MiB under the floor of %d MiB after waiting %.0f s for it to come back", cfg.name, i, avail.bytes>>20, floor>>20, paced.Seconds())
+			b.Logf("%s: limit reached after %d VMs: host MemAvailable %d MiB under the floor of %d MiB after waiting %.0f s for it to come back", cfg.name, i, avail.Bytes>>20, floor>>20, paced.Seconds())
 			break
 		}
 		wg.Add(1)
@@ -316,7 +309,7 @@ func idleDensity(b *testing.B, base Spec, cfg densityConfig, n int, idle time.Du
 		}
 		b.Logf("%s: waited %.0f s for two full KSM scans", cfg.name, r.ksmWaitS)
 	}
-	cpu0, err := hostCPUTimes()
+	cpu0, err := testutil.HostCPUTimes()
 	if err != nil {
 		return nil, err
 	}
@@ -329,15 +322,13 @@ func idleDensity(b *testing.B, base Spec, cfg densityConfig, n int, idle time.Du
 	}
 	t0 := time.Now()
 	time.Sleep(idle)
-	cpu1, err := hostCPUTimes()
+	cpu1, err := testutil.HostCPUTimes()
 	if err != nil {
 		return nil, err
 	}
 	wall := time.Since(t0)
 	r.ksmdPct = (ksmdCPU() - ksmd0).Seconds() / wall.Seconds() * 100
-	if dt := cpu1.total - cpu0.total; dt > 0 {
-		r.hostBusyPct = float64(cpu1.busy-cpu0.busy) / float64(dt) * 100
-	}
+	r.hostBusyPct = cpu1.BusyPercentSince(cpu0)
 	if err := r.addVMStats(vms, qemuCPU0, wall); err != nil {
 		return nil, err
 	}
@@ -346,7 +337,7 @@ func idleDensity(b *testing.B, base Spec, cfg densityConfig, n int, idle time.Du
 			r.ksmSavedMiB = float64(sharing) * float64(os.Getpagesize()) / (1 << 20) / float64(n)
 		}
 	}
-	availAfter, err := memAvailable()
+	availAfter, err := testutil.MemAvailable()
 	if err != nil {
 		return nil, err
 	}
@@ -408,76 +399,6 @@ func guestRun(ctx context.Context, vm *VM, c string) error {
 		return fmt.Errorf("in the guest, %q: %w", c, err)
 	}
 	return nil
-}
-
-// memSample is the host's MemAvailable once it is over the floor, or
-// when the wait for it ended, and how long that wait was.
-type memSample struct {
-	bytes  int64
-	waited time.Duration
-}
-
-// awaitMemory paces VM starts as a node under memory pressure does (its
-// MemoryPressure condition taints it and the scheduler places nothing
-// until the condition clears): while MemAvailable is under floor it polls
-// every 2 s, at most max in all, for boots to settle and KSM to merge the
-// new guests' pages.
-func awaitMemory(ctx context.Context, floor int64, max time.Duration) (memSample, error) {
-	start := time.Now()
-	for {
-		v, err := memAvailable()
-		if err != nil || v >= floor || time.Since(start) >= max || ctx.Err() != nil {
-			return memSample{bytes: v, waited: time.Since(start)}, err
-		}
-		time.Sleep(2 * time.Second)
-	}
-}
-
-func memAvailable() (int64, error) {
-	b, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return 0, err
-	}
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) >= 2 && f[0] == "MemAvailable:" {
-			v, err := strconv.ParseInt(f[1], 10, 64)
-			return v << 10, err
-		}
-	}
-	return 0, fmt.Errorf("no MemAvailable in /proc/meminfo")
-}
-
-type cpuTimes struct{ busy, total int64 }
-
-// hostCPUTimes reads the aggregate cpu line of /proc/stat (ticks); idle
-// and iowait are not busy, guest times are already in user.
-func hostCPUTimes() (cpuTimes, error) {
-	b, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return cpuTimes{}, err
-	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	f := strings.Fields(line)
-	if len(f) < 5 || f[0] != "cpu" {
-		return cpuTimes{}, fmt.Errorf("/proc/stat: unexpected first line %q", line)
-	}
-	var t cpuTimes
-	for i, v := range f[1:] {
-		if i >= 8 {
-			break
-		}
-		x, err := strconv.ParseInt(v, 10, 64)
-		if err != nil {
-			return cpuTimes{}, fmt.Errorf("/proc/stat: %w", err)
-		}
-		t.total += x
-		if i != 3 && i != 4 {
-			t.busy += x
-		}
-	}
-	return t, nil
 }
 
 func ksmCounter(name string) (int64, error) {
