@@ -18,6 +18,7 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/provider/internal/podtest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 )
@@ -26,14 +27,23 @@ import (
 // compare, each a node configuration file's fields (YAML) over an empty
 // file: "stock" is a node with an empty configuration file (its
 // defaults: the figure of issue #42), the others change one default.
-var densityNodes = []struct{ name, file string }{
-	{"stock", ""},
+var densityNodes = []struct {
+	name, file string
+	// thpOff: the agent starts its QEMUs with transparent huge pages
+	// disabled (prctl PR_SET_THP_DISABLE, which QEMU inherits): what THP
+	// costs in host memory (QEMU asks for huge pages for the guest's RAM
+	// and the translation buffer). Not a node setting: this process sets
+	// it on itself while its pods start.
+	thpOff bool
+}{
+	{"stock", "", false},
 	// Without free page reporting: what that default returns of an idle
 	// guest's RAM.
-	{"fpr-off", "vmMemory:\n  freePageReporting: false\n"},
+	{"fpr-off", "vmMemory:\n  freePageReporting: false\n", false},
 	// A 16 MiB translation buffer: what the buffer costs (and its boot's
 	// CPU, marker-s).
-	{"tb16", "vmMemory:\n  tcgTranslationBuffer: 16Mi\n"},
+	{"tb16", "vmMemory:\n  tcgTranslationBuffer: 16Mi\n", false},
+	{"thp-off", "", true},
 }
 
 // BenchmarkIdlePodDensity: what an idle VM pod costs the host on a stock
@@ -117,18 +127,26 @@ func newDensityImage(b *testing.B) *densityImage {
 // name as cmd/qemu-kubelet does (its defaults for what the file leaves
 // out), with stateDir as its state dir.
 func stockNode(name, stateDir string) (*config.Node, error) {
+	n, _, err := densityNode(name, stateDir)
+	return n, err
+}
+
+// densityNode is stockNode and whether the entry starts its QEMUs with
+// transparent huge pages disabled.
+func densityNode(name, stateDir string) (*config.Node, bool, error) {
 	for _, d := range densityNodes {
 		if d.name != name {
 			continue
 		}
 		file, err := config.Decode([]byte("apiVersion: " + config.APIVersion + "\nkind: " + config.Kind + "\n" + d.file))
 		if err != nil {
-			return nil, fmt.Errorf("node configuration %s: %w", name, err)
+			return nil, false, fmt.Errorf("node configuration %s: %w", name, err)
 		}
 		file.NodeName, file.StateDir = "n1", stateDir
-		return config.Resolve(file, config.Environment{Hostname: "n1", HostIP: "10.1.2.3", AgentUID: uint32(os.Geteuid()), AgentGID: uint32(os.Getegid())})
+		n, err := config.Resolve(file, config.Environment{Hostname: "n1", HostIP: "10.1.2.3", AgentUID: uint32(os.Geteuid()), AgentGID: uint32(os.Getegid())})
+		return n, d.thpOff, err
 	}
-	return nil, fmt.Errorf("no node configuration %q in densityNodes", name)
+	return nil, false, fmt.Errorf("no node configuration %q in densityNodes", name)
 }
 
 // densityEnv is a provider configured as a node from one of densityNodes.
@@ -139,13 +157,14 @@ type densityEnv struct {
 	ref       string
 	memoryMiB int
 	blobs     []testutil.Blob
+	thpOff    bool
 }
 
 // node is a provider configured as cmd/qemu-kubelet's newVMs configures
 // one from densityNodes' entry name, with a state dir of its own.
 func (img *densityImage) node(b *testing.B, name string, n, memoryMiB int) *densityEnv {
 	stateDir := filepath.Join(img.env.root, "state-"+name)
-	node, err := stockNode(name, stateDir)
+	node, thpOff, err := densityNode(name, stateDir)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -178,7 +197,20 @@ func (img *densityImage) node(b *testing.B, name string, n, memoryMiB int) *dens
 			return podtest.RL("cpu", strconv.Itoa(n), "memory", strconv.Itoa(n*(memoryMiB+512))+"Mi", "pods", strconv.Itoa(n))
 		}
 	})
-	return &densityEnv{name: name, h: h, stateDir: stateDir, ref: img.ref, memoryMiB: memoryMiB, blobs: img.blobs}
+	return &densityEnv{name: name, h: h, stateDir: stateDir, ref: img.ref, memoryMiB: memoryMiB, blobs: img.blobs, thpOff: thpOff}
+}
+
+// setTHPDisabled sets or clears PR_SET_THP_DISABLE on this process: the
+// processes it starts meanwhile inherit it (prctl(2)).
+func setTHPDisabled(off bool) error {
+	v := 0
+	if off {
+		v = 1
+	}
+	if err := unix.Prctl(unix.PR_SET_THP_DISABLE, uintptr(v), 0, 0, 0); err != nil {
+		return fmt.Errorf("prctl PR_SET_THP_DISABLE %d: %w", v, err)
+	}
+	return nil
 }
 
 // stockPlacement is the VMs' CPU placement cmd/qemu-kubelet's
@@ -216,8 +248,18 @@ func (e *densityEnv) run(b *testing.B, prefix string, n int, idle time.Duration)
 	if err != nil {
 		return nil, err
 	}
+	if e.thpOff {
+		if err := setTHPDisabled(true); err != nil {
+			return nil, err
+		}
+	}
 	start := time.Now()
 	pods, paced, err := e.startPods(b, prefix, n)
+	if e.thpOff {
+		if err := setTHPDisabled(false); err != nil {
+			return nil, err
+		}
+	}
 	defer e.deletePods(b, pods)
 	if err != nil {
 		return nil, err
@@ -349,7 +391,32 @@ func (e *densityEnv) bootPod(ctx context.Context, p *densityPod) error {
 		return fmt.Errorf("QEMUs of %s: %v, want one", p.dir, pids)
 	}
 	p.pid = pids[0]
+	if err := e.checkTHP(p.pid); err != nil {
+		return err
+	}
 	return e.checkSpec(p)
+}
+
+// checkTHP holds QEMU's transparent huge pages (THP_enabled of
+// /proc/PID/status) to the node configuration's: off for thpOff.
+func (e *densityEnv) checkTHP(pid int) error {
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return err
+	}
+	want := "1"
+	if e.thpOff {
+		want = "0"
+	}
+	for _, l := range strings.Split(string(status), "\n") {
+		if f := strings.Fields(l); len(f) == 2 && f[0] == "THP_enabled:" {
+			if f[1] != want {
+				return fmt.Errorf("QEMU %d: THP_enabled %s, want %s (node %s)", pid, f[1], want, e.name)
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("QEMU %d: no THP_enabled in /proc/%d/status", pid, pid)
 }
 
 // checkSpec holds the VM's recorded spec to the run's assumptions: the
@@ -454,6 +521,7 @@ func TestDensityNodes(t *testing.T) {
 			stock.VMMemory, stock.VMCgroup, stock.VMNice, stock.VMUser, empty.VMMemory, empty.VMCgroup, empty.VMNice, empty.VMUser)
 	}
 	want := map[string]func(m *config.VMMemoryConfig){
+		"thp-off": nil,
 		"fpr-off": func(m *config.VMMemoryConfig) { m.FreePageReporting = false },
 		"tb16":    func(m *config.VMMemoryConfig) { m.TCGTranslationBufferMiB = 16 },
 	}
@@ -466,6 +534,12 @@ func TestDensityNodes(t *testing.T) {
 		change, ok := want[d.name]
 		if !ok {
 			t.Fatalf("%s: no expectation in this test", d.name)
+		}
+		if change == nil {
+			if n.VMMemory != m {
+				t.Errorf("%s: vmMemory %+v, want the stock node's %+v", d.name, n.VMMemory, m)
+			}
+			continue
 		}
 		change(&m)
 		if n.VMMemory != m || m == stock.VMMemory {
