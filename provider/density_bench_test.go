@@ -73,6 +73,10 @@ var densityNodes = []struct {
 //     kernel and its mapping of the initrd; heap: QEMU's heap, malloc
 //     arenas and other anonymous memory; files: the QEMU binary and
 //     shared libraries), and pagetables-MiB/vm (VmPTE);
+//   - guest-reserved-MiB/vm: the guest's RAM outside its MemTotal,
+//     guest-used-MiB/vm: MemTotal - MemFree (the guest's /proc/meminfo,
+//     read through an exec after QEMU's memory): guest-ram beyond their
+//     sum is memory the guest touched and freed;
 //   - qemu-cpu-%/vm: each idle QEMU's CPU over the window (a share of one
 //     CPU); host-cpu-busy-%: the host's CPU busy over the window (all
 //     CPUs; meaningless on a machine shared with other work);
@@ -300,6 +304,16 @@ func (e *densityEnv) run(b *testing.B, prefix string, n int, idle time.Duration)
 		}
 		r.pageTables += m.PageTableBytes
 	}
+	// The guest's side of its RAM, read after QEMU's (an exec touches
+	// guest memory).
+	for _, p := range pods {
+		g, err := e.guestMemory(p)
+		if err != nil {
+			return nil, err
+		}
+		r.guestReserved += int64(e.memoryMiB)<<20 - g.total
+		r.guestUsed += g.total - g.free
+	}
 	availAfter, err := testutil.MemAvailable()
 	if err != nil {
 		return nil, err
@@ -449,6 +463,40 @@ func (e *densityEnv) deletePods(b *testing.B, pods []*densityPod) {
 	}
 }
 
+// guestMeminfo is the guest's own view of its RAM (/proc/meminfo).
+type guestMeminfo struct{ total, free int64 }
+
+// guestMemory reads MemTotal and MemFree of the pod's guest through an
+// exec (the guest agent).
+func (e *densityEnv) guestMemory(p *densityPod) (guestMeminfo, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var out execIO
+	if err := e.h.vms.RunInContainer(ctx, p.pod.Namespace, p.pod.Name, "vm", []string{"cat", "/proc/meminfo"}, &out); err != nil {
+		return guestMeminfo{}, fmt.Errorf("pod %s: guest /proc/meminfo: %w (stderr %q)", p.pod.Name, err, out.stderr.String())
+	}
+	var g guestMeminfo
+	for _, l := range strings.Split(out.stdout.String(), "\n") {
+		f := strings.Fields(l)
+		if len(f) < 2 || (f[0] != "MemTotal:" && f[0] != "MemFree:") {
+			continue
+		}
+		v, err := strconv.ParseInt(f[1], 10, 64)
+		if err != nil {
+			return guestMeminfo{}, fmt.Errorf("pod %s: guest /proc/meminfo: %q: %w", p.pod.Name, l, err)
+		}
+		if f[0] == "MemTotal:" {
+			g.total = v << 10
+		} else {
+			g.free = v << 10
+		}
+	}
+	if g.total == 0 || g.free == 0 {
+		return guestMeminfo{}, fmt.Errorf("pod %s: guest /proc/meminfo without MemTotal or MemFree:\n%s", p.pod.Name, out.stdout.String())
+	}
+	return g, nil
+}
+
 // procCPUTime is the CPU time (user + system) of process pid.
 func procCPUTime(pid int) (time.Duration, error) {
 	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
@@ -471,8 +519,12 @@ func procCPUTime(pid int) (time.Duration, error) {
 
 // densityResult sums a density run over its VMs.
 type densityResult struct {
-	vms                                      int
-	hostBytes, pageTables                    int64
+	vms                   int
+	hostBytes, pageTables int64
+	// guestReserved: the guest's RAM outside its MemTotal (its kernel's
+	// code and data, memory map, firmware tables); guestUsed: MemTotal -
+	// MemFree as the guest sees it.
+	guestReserved, guestUsed                 int64
 	parts                                    map[string]testutil.MemUse
 	hostBusyPct, qemuCPUPct, markerS, pacedS float64
 }
@@ -489,6 +541,8 @@ func (r *densityResult) report(b *testing.B, name string) {
 		parts = append(parts, fmt.Sprintf("%s %.1f / %.1f", p, perVM(u.RSS), perVM(u.PSS)))
 	}
 	b.ReportMetric(perVM(r.pageTables), name+"-pagetables-MiB/vm")
+	b.ReportMetric(perVM(r.guestReserved), name+"-guest-reserved-MiB/vm")
+	b.ReportMetric(perVM(r.guestUsed), name+"-guest-used-MiB/vm")
 	b.ReportMetric(perVM(r.hostBytes), name+"-host-MiB/vm")
 	b.ReportMetric(perVM(total.RSS), name+"-rss-MiB/vm")
 	b.ReportMetric(perVM(total.PSS), name+"-pss-MiB/vm")
@@ -498,9 +552,9 @@ func (r *densityResult) report(b *testing.B, name string) {
 	b.ReportMetric(r.markerS, name+"-marker-s")
 	b.ReportMetric(r.pacedS, name+"-paced-s")
 	b.ReportMetric(float64(r.vms), name+"-vms")
-	b.Logf("%s, %d VMs: host %.1f MiB/vm; QEMU RSS %.1f, PSS %.1f, anon %.1f MiB/vm; RSS / PSS by part (MiB/vm): %s; page tables %.2f; host CPU busy %.1f%%, QEMU %.2f%% of a CPU per VM; all at marker %.1f s",
+	b.Logf("%s, %d VMs: host %.1f MiB/vm; QEMU RSS %.1f, PSS %.1f, anon %.1f MiB/vm; RSS / PSS by part (MiB/vm): %s; page tables %.2f; the guest's view of its RAM: %.1f MiB outside MemTotal, %.1f used (MemTotal - MemFree); host CPU busy %.1f%%, QEMU %.2f%% of a CPU per VM; all at marker %.1f s",
 		name, r.vms, perVM(r.hostBytes), perVM(total.RSS), perVM(total.PSS), perVM(total.Anon), strings.Join(parts, ", "),
-		perVM(r.pageTables), r.hostBusyPct, r.qemuCPUPct/float64(r.vms), r.markerS)
+		perVM(r.pageTables), perVM(r.guestReserved), perVM(r.guestUsed), r.hostBusyPct, r.qemuCPUPct/float64(r.vms), r.markerS)
 }
 
 // TestDensityNodes: each node configuration BenchmarkIdlePodDensity
