@@ -80,7 +80,9 @@ var densityNodes = []struct {
 //   - qemu-cpu-%/vm: each idle QEMU's CPU over the window (a share of one
 //     CPU); host-cpu-busy-%: the host's CPU busy over the window (all
 //     CPUs; meaningless on a machine shared with other work);
-//   - marker-s: first create to the last boot marker; vms and paced-s.
+//   - marker-s: first create to the last boot marker; boot-cpu-s/vm: each
+//     QEMU's CPU time when its marker was seen (a boot's cost, less
+//     sensitive to other load than marker-s); vms and paced-s.
 func BenchmarkIdlePodDensity(b *testing.B) {
 	n := testutil.EnvInt("QK_BENCH_DENSITY_N", 4)
 	idle := time.Duration(testutil.EnvInt("QK_BENCH_DENSITY_IDLE", 30)) * time.Second
@@ -241,8 +243,9 @@ type densityPod struct {
 	pod *corev1.Pod
 	dir string
 	pid int
-	// cpu0 is QEMU's CPU time at the start of the idle window.
-	cpu0 time.Duration
+	// bootCPU is QEMU's CPU time once the marker was seen (polled every
+	// 200 ms); cpu0 at the start of the idle window.
+	bootCPU, cpu0 time.Duration
 }
 
 // run starts n pods (bounded, paced on MemAvailable), waits for their
@@ -273,6 +276,7 @@ func (e *densityEnv) run(b *testing.B, prefix string, n int, idle time.Duration)
 		if p.cpu0, err = procCPUTime(p.pid); err != nil {
 			return nil, err
 		}
+		r.bootCPUS += p.bootCPU.Seconds()
 	}
 	cpu0, err := testutil.HostCPUTimes()
 	if err != nil {
@@ -405,6 +409,10 @@ func (e *densityEnv) bootPod(ctx context.Context, p *densityPod) error {
 		return fmt.Errorf("QEMUs of %s: %v, want one", p.dir, pids)
 	}
 	p.pid = pids[0]
+	var err error
+	if p.bootCPU, err = procCPUTime(p.pid); err != nil {
+		return err
+	}
 	if err := e.checkTHP(p.pid); err != nil {
 		return err
 	}
@@ -527,6 +535,8 @@ type densityResult struct {
 	guestReserved, guestUsed                 int64
 	parts                                    map[string]testutil.MemUse
 	hostBusyPct, qemuCPUPct, markerS, pacedS float64
+	// bootCPUS sums each QEMU's CPU seconds to its boot marker.
+	bootCPUS float64
 }
 
 func (r *densityResult) report(b *testing.B, name string) {
@@ -550,11 +560,12 @@ func (r *densityResult) report(b *testing.B, name string) {
 	b.ReportMetric(r.hostBusyPct, name+"-host-cpu-busy-%")
 	b.ReportMetric(r.qemuCPUPct/float64(r.vms), name+"-qemu-cpu-%/vm")
 	b.ReportMetric(r.markerS, name+"-marker-s")
+	b.ReportMetric(r.bootCPUS/float64(r.vms), name+"-boot-cpu-s/vm")
 	b.ReportMetric(r.pacedS, name+"-paced-s")
 	b.ReportMetric(float64(r.vms), name+"-vms")
-	b.Logf("%s, %d VMs: host %.1f MiB/vm; QEMU RSS %.1f, PSS %.1f, anon %.1f MiB/vm; RSS / PSS by part (MiB/vm): %s; page tables %.2f; the guest's view of its RAM: %.1f MiB outside MemTotal, %.1f used (MemTotal - MemFree); host CPU busy %.1f%%, QEMU %.2f%% of a CPU per VM; all at marker %.1f s",
+	b.Logf("%s, %d VMs: host %.1f MiB/vm; QEMU RSS %.1f, PSS %.1f, anon %.1f MiB/vm; RSS / PSS by part (MiB/vm): %s; page tables %.2f; the guest's view of its RAM: %.1f MiB outside MemTotal, %.1f used (MemTotal - MemFree); host CPU busy %.1f%%, QEMU %.2f%% of a CPU per VM; all at marker %.1f s, QEMU CPU to its marker %.2f s per VM",
 		name, r.vms, perVM(r.hostBytes), perVM(total.RSS), perVM(total.PSS), perVM(total.Anon), strings.Join(parts, ", "),
-		perVM(r.pageTables), perVM(r.guestReserved), perVM(r.guestUsed), r.hostBusyPct, r.qemuCPUPct/float64(r.vms), r.markerS)
+		perVM(r.pageTables), perVM(r.guestReserved), perVM(r.guestUsed), r.hostBusyPct, r.qemuCPUPct/float64(r.vms), r.markerS, r.bootCPUS/float64(r.vms))
 }
 
 // TestDensityNodes: each node configuration BenchmarkIdlePodDensity
