@@ -404,7 +404,9 @@ func (e *densityEnv) bootPod(ctx context.Context, p *densityPod) error {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	pids := vmtest.QEMUPids(p.dir)
+	// dir/ : QEMUPids matches a substring, and pod n-1's dir is a prefix
+	// of pod n-10's.
+	pids := vmtest.QEMUPids(p.dir + "/")
 	if len(pids) != 1 {
 		return fmt.Errorf("QEMUs of %s: %v, want one", p.dir, pids)
 	}
