@@ -174,30 +174,17 @@ func (img *densityImage) node(b *testing.B, name string, n, memoryMiB int) *dens
 	if err != nil {
 		b.Fatal(err)
 	}
-	var user *qemu.User
-	if u := node.VMUser; u.UID != uint32(os.Geteuid()) || u.GID != uint32(os.Getegid()) {
+	vm := VMSettingsOf(node)
+	if vm.VMUser != nil {
 		// What the agent does at start for its vmUser (cmd/qemu-kubelet
 		// vmUserSearch).
-		user = &qemu.User{UID: u.UID, GID: u.GID}
 		testutil.Searchable(b, img.env.root)
 		vmUserDirs(b, stateDir)
 	}
-	placement := stockPlacement(node.VMCgroup, node.VMNice)
 	b.Logf("node %s: N=%d, guest %d MiB, %+v, vmUser %+v, emulated kernel args %q, CPU placement: %s",
-		name, n, memoryMiB, node.VMMemory, node.VMUser, node.EmulatedKernelArgs, placement.Why)
+		name, n, memoryMiB, node.VMMemory, node.VMUser, node.EmulatedKernelArgs, vm.Placement.Why)
 	h := newHarnessWith(b, stateDir, img.env.store, img.env.imageDir, func(c *VMsConfig) {
-		c.QEMUBinary = node.QEMUBinary
-		c.Memory = qemu.MemoryTuning{
-			TCGTranslationBufferMiB: node.VMMemory.TCGTranslationBufferMiB,
-			FreePageReporting:       node.VMMemory.FreePageReporting,
-			MemMerge:                node.VMMemory.PageMerging,
-		}
-		c.VMNice, c.VMCgroup = placement.Nice, placement.Cgroup
-		c.EmulatedKernelArgs = node.EmulatedKernelArgs
-		c.CPUModels = node.CPUModels
-		c.VMOverhead = node.VMMemory.Overhead
-		c.VMUser = user
-		c.Features = node.Features
+		vm.Apply(c)
 		// Room for N pods: density is measured, not admission.
 		c.Allocatable = func() corev1.ResourceList {
 			return podtest.RL("cpu", strconv.Itoa(n), "memory", strconv.Itoa(n*(memoryMiB+512))+"Mi", "pods", strconv.Itoa(n))
@@ -217,25 +204,6 @@ func setTHPDisabled(off bool) error {
 		return fmt.Errorf("prctl PR_SET_THP_DISABLE %d: %w", v, err)
 	}
 	return nil
-}
-
-// stockPlacement is the VMs' CPU placement cmd/qemu-kubelet's
-// vmPlacement decides for this process as the agent.
-func stockPlacement(c config.VMCgroupConfig, nice int) qemu.CPUPlacement {
-	in := qemu.PlacementInput{
-		Base: qemu.Cgroup{Root: c.Root, Parent: c.Parent, Namespace: c.Namespace},
-		Own:  c.Own, Weight: c.CPUWeight, Nice: nice,
-	}
-	if !c.Own && c.CPUWeight > 0 {
-		in.AgentCPUCgroup, in.AgentErr = qemu.AgentCPUCgroupOf(c.Root, os.Getpid())
-	}
-	p := qemu.PlanCPUPlacement(in)
-	if p.Cgroup != nil && p.Cgroup.ParentCPUWeight > 0 {
-		if err := qemu.PrepareCgroupParent(*p.Cgroup); err != nil {
-			p = p.Fallback(in, err)
-		}
-	}
-	return p
 }
 
 // densityPod is one pod of a density run and its QEMU.

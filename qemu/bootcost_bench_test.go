@@ -141,20 +141,12 @@ func envMiB(b *testing.B, name string) int {
 }
 
 // nodePlacement is the CPU placement a default node's agent running as
-// this process picks (cmd/qemu-kubelet's vmPlacement): a CPU cgroup of
+// this process picks (PlaceCPU, as provider.VMPlacement): a CPU cgroup of
 // weight vmCgroup.cpuWeight where it may make one, else vmNice.
 func nodePlacement(b *testing.B, n *config.Node) qemu.CPUPlacement {
 	b.Helper()
 	c := n.VMCgroup
-	in := qemu.PlacementInput{Base: qemu.Cgroup{Root: c.Root, Parent: c.Parent}, Own: c.Own, Weight: c.CPUWeight, Nice: n.VMNice}
-	in.AgentCPUCgroup, in.AgentErr = qemu.AgentCPUCgroupOf(c.Root, os.Getpid())
-	p := qemu.PlanCPUPlacement(in)
-	if p.Cgroup != nil && p.Cgroup.ParentCPUWeight > 0 {
-		if err := qemu.PrepareCgroupParent(*p.Cgroup); err != nil {
-			p = p.Fallback(in, err)
-		}
-	}
-	return p
+	return qemu.PlaceCPU(qemu.PlacementInput{Base: qemu.Cgroup{Root: c.Root, Parent: c.Parent}, Own: c.Own, Weight: c.CPUWeight, Nice: n.VMNice})
 }
 
 // nodeBoot starts spec through package qemu (state dir, QMP, -S and the

@@ -2,6 +2,7 @@ package qemu
 
 import (
 	"fmt"
+	"os"
 
 	"golang.org/x/sys/unix"
 )
@@ -96,6 +97,23 @@ func (p CPUPlacement) Fallback(in PlacementInput, err error) CPUPlacement {
 		out.Cgroup = &c
 	}
 	return out
+}
+
+// PlaceCPU carries PlanCPUPlacement out for this process as the agent:
+// it reads the agent's CPU cgroup when the plan needs it (mode Inherit
+// with a weight), prepares the VMs' parent cgroup, and falls back
+// (Fallback) when it may not. The outcome says why in Why.
+func PlaceCPU(in PlacementInput) CPUPlacement {
+	if !in.Own && in.Weight > 0 && in.AgentCPUCgroup == "" && in.AgentErr == nil {
+		in.AgentCPUCgroup, in.AgentErr = AgentCPUCgroupOf(in.Base.Root, os.Getpid())
+	}
+	p := PlanCPUPlacement(in)
+	if p.Cgroup != nil && p.Cgroup.ParentCPUWeight > 0 {
+		if err := PrepareCgroupParent(*p.Cgroup); err != nil {
+			p = p.Fallback(in, err)
+		}
+	}
+	return p
 }
 
 // AgentCPUCgroupOf is pid's cgroup in the hierarchy of the CPU controller

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/qemu-kubelet/qemu-kubelet/oci"
+	"github.com/qemu-kubelet/qemu-kubelet/provider"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/config"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/nodestatus"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
@@ -208,7 +209,7 @@ func probe(ctx context.Context, cfg *config.Node) nodestatus.Facts {
 		Policy:     qemu.AccelPolicy(cfg.AcceleratorPolicy),
 		Timeout:    cfg.ProbeTimeout,
 		WorkDir:    filepath.Join(cfg.StateDir, "probe"),
-		RunAs:      vmUser(cfg.VMUser),
+		RunAs:      provider.VMUserOf(cfg.VMUser),
 	})
 	f.Accelerator = nodestatus.Accelerator{Name: string(res.Accelerator), Reason: res.Reason, KVMError: res.KVMError}
 	if err != nil {

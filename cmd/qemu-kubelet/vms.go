@@ -56,13 +56,13 @@ func newVMs(ctx context.Context, cfg *config.Node, facts nodestatus.Facts, clien
 		}
 		arch = a
 	}
-	placement := vmPlacement(ctx, cfg.VMCgroup, cfg.VMNice)
-	vms := provider.NewVMs(ctx, provider.VMsConfig{
+	node := provider.VMSettingsOf(cfg)
+	klog.FromContext(ctx).Info("VM CPU placement", "cgroup", node.Placement.Cgroup != nil, "nice", node.Placement.Nice, "why", node.Placement.Why)
+	vc := provider.VMsConfig{
 		Arch:        arch,
 		NodeName:    cfg.NodeName,
 		NodeIP:      cfg.NodeIP,
 		StateDir:    cfg.StateDir,
-		QEMUBinary:  cfg.QEMUBinary,
 		Hypervisor:  provider.QEMU{},
 		UEFICode:    cfg.UEFICode,
 		UEFIVars:    cfg.UEFIVars,
@@ -81,19 +81,9 @@ func newVMs(ctx context.Context, cfg *config.Node, facts nodestatus.Facts, clien
 			return podstatus.FinalDelete(ctx, client.CoreV1(), pod)
 		},
 		Exporters: exporterRunner(leaseLimits(cfg)),
-		Memory: qemu.MemoryTuning{
-			TCGTranslationBufferMiB: cfg.VMMemory.TCGTranslationBufferMiB,
-			FreePageReporting:       cfg.VMMemory.FreePageReporting,
-			MemMerge:                cfg.VMMemory.PageMerging,
-		},
-		VMNice:             placement.Nice,
-		EmulatedKernelArgs: cfg.EmulatedKernelArgs,
-		CPUModels:          cfg.CPUModels,
-		VMOverhead:         cfg.VMMemory.Overhead,
-		VMCgroup:           placement.Cgroup,
-		VMUser:             vmUser(cfg.VMUser),
-		Features:           cfg.Features,
-	})
+	}
+	node.Apply(&vc)
+	vms := provider.NewVMs(ctx, vc)
 	res, err := vms.Recover(ctx)
 	if err != nil {
 		return nil, err
@@ -141,37 +131,6 @@ func exporterRunner(limits jumpstarter.ResourceOptions) exporter.Runner {
 	})
 }
 
-// vmPlacement decides, once per agent, how the VMs are kept below the
-// agent on the CPU (qemu.PlanCPUPlacement): a CPU cgroup of lower weight
-// (its parent prepared here: a failure, e.g. an unprivileged agent, falls
-// back to vmNice) or vmNice. The outcome and why are logged.
-func vmPlacement(ctx context.Context, c config.VMCgroupConfig, nice int) qemu.CPUPlacement {
-	in := qemu.PlacementInput{
-		Base: qemu.Cgroup{Root: c.Root, Parent: c.Parent, Namespace: c.Namespace},
-		Own:  c.Own, Weight: c.CPUWeight, Nice: nice,
-	}
-	if !c.Own && c.CPUWeight > 0 {
-		in.AgentCPUCgroup, in.AgentErr = qemu.AgentCPUCgroupOf(c.Root, os.Getpid())
-	}
-	p := qemu.PlanCPUPlacement(in)
-	if p.Cgroup != nil && p.Cgroup.ParentCPUWeight > 0 {
-		if err := qemu.PrepareCgroupParent(*p.Cgroup); err != nil {
-			p = p.Fallback(in, err)
-		}
-	}
-	klog.FromContext(ctx).Info("VM CPU placement", "cgroup", p.Cgroup != nil, "nice", p.Nice, "why", p.Why)
-	return p
-}
-
-// vmUser is the user QEMU starts as: nil when it is the agent's own (a
-// non-root agent, or vmUser 0:0 under a root agent).
-func vmUser(u config.VMUserConfig) *qemu.User {
-	if u.UID == uint32(os.Geteuid()) && u.GID == uint32(os.Getegid()) {
-		return nil
-	}
-	return &qemu.User{UID: u.UID, GID: u.GID}
-}
-
 // vmUserSearch lets the VMs' user (vmUser) search, and only search, the
 // directories between the main state dir and every node's VM directories
 // (stateDir, stateDir/vms, stateDir/arch/<arch>/vms): each gets the
@@ -180,7 +139,7 @@ func vmUser(u config.VMUserConfig) *qemu.User {
 // directory the user cannot search. Nothing changes when QEMU runs as
 // the agent.
 func vmUserSearch(cfg *config.Node) error {
-	u := vmUser(cfg.VMUser)
+	u := provider.VMUserOf(cfg.VMUser)
 	if u == nil {
 		return nil
 	}
