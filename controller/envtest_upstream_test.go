@@ -42,7 +42,9 @@ func startUpstreamManager(t *testing.T, ns string, opts ...func(*UpstreamReconci
 	})
 	require.NoError(t, err)
 	require.NoError(t, NewReconciler(mgr.GetClient(), mgr.GetEventRecorder("exporterset-controller"), nil).SetupWithManager(mgr, 2))
-	require.True(t, UpstreamServed(mgr), "envtest serves virtualtarget.jumpstarter.dev")
+	up, err := UpstreamServed(mgr)
+	require.NoError(t, err)
+	require.True(t, up, "envtest serves virtualtarget.jumpstarter.dev")
 	u := NewUpstreamReconciler(mgr.GetClient(), mgr.GetEventRecorder("exporterset-controller"), "")
 	for _, o := range opts {
 		o(u)

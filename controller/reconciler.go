@@ -11,7 +11,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -137,7 +136,11 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, workers int) error {
 			return out
 		})).
 		WithOptions(crcontroller.Options{MaxConcurrentReconciles: max(workers, 1)})
-	if jumpstarterServed(mgr) {
+	js, err := jumpstarterServed(mgr)
+	if err != nil {
+		return err
+	}
+	if js {
 		r.Jumpstarter = true
 		// An Exporter names its set in a label (a pod's Exporter is owned
 		// by the pod); a Lease may concern any Jumpstarter-mode set of its
@@ -162,27 +165,6 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, workers int) error {
 		}))
 	}
 	return b.Complete(r)
-}
-
-// jumpstarterServed reports whether the manager's scheme has Jumpstarter's
-// Exporter and Lease types and the API server serves them.
-func jumpstarterServed(mgr ctrl.Manager) bool {
-	return served(mgr, jsv1.GroupVersion, "Exporter", "Lease")
-}
-
-// served reports whether the manager's scheme has each kind of gv and the
-// API server serves it.
-func served(mgr ctrl.Manager, gv schema.GroupVersion, kinds ...string) bool {
-	for _, kind := range kinds {
-		gvk := gv.WithKind(kind)
-		if !mgr.GetScheme().Recognizes(gvk) {
-			return false
-		}
-		if _, err := mgr.GetRESTMapper().RESTMapping(gvk.GroupKind(), gvk.Version); err != nil {
-			return false
-		}
-	}
-	return true
 }
 
 // podEvents settles expectations from pod events before queueing the

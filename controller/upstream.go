@@ -84,9 +84,10 @@ func (r *UpstreamReconciler) now() time.Time {
 }
 
 // UpstreamServed reports whether the manager's scheme has upstream's
-// ExporterSet and VirtualTargetClass and the API server serves them.
-func UpstreamServed(mgr ctrl.Manager) bool {
-	return served(mgr, vtv1.GroupVersion, "ExporterSet", "VirtualTargetClass")
+// ExporterSet and VirtualTargetClass and the API server serves them
+// (Served: an error when discovery does not answer).
+func UpstreamServed(mgr ctrl.Manager) (bool, error) {
+	return Served(mgr, vtv1.GroupVersion, "ExporterSet", "VirtualTargetClass")
 }
 
 // SetupWithManager registers the controller: upstream sets (spec
@@ -125,7 +126,11 @@ func (r *UpstreamReconciler) SetupWithManager(mgr ctrl.Manager, workers int) err
 			return out
 		})).
 		WithOptions(crcontroller.Options{MaxConcurrentReconciles: max(workers, 1)})
-	if r.Jumpstarter = jumpstarterServed(mgr); r.Jumpstarter {
+	js, err := jumpstarterServed(mgr)
+	if err != nil {
+		return err
+	}
+	if r.Jumpstarter = js; r.Jumpstarter {
 		// An Exporter names its set in a label (a pod's Exporter is owned
 		// by the pod); a Lease may concern any set of its namespace.
 		b = b.Watches(&jsv1.Exporter{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {

@@ -13,7 +13,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/record"
@@ -139,8 +138,14 @@ func run(ctx context.Context, cfg *rest.Config, o options) error {
 	if err != nil {
 		return err
 	}
-	upstream := controller.UpstreamServed(mgr)
-	ours := served(mgr, v1alpha1.GroupVersion.WithKind("ExporterSet"))
+	upstream, err := controller.UpstreamServed(mgr)
+	if err != nil {
+		return err
+	}
+	ours, err := controller.Served(mgr, v1alpha1.GroupVersion, "ExporterSet")
+	if err != nil {
+		return err
+	}
 	r := controller.NewReconciler(mgr.GetClient(), mgr.GetEventRecorder("exporterset-controller"), m)
 	// Under Jumpstarter's operator (--provisioner) its Role grants upstream's
 	// API alone: our own ExporterSet is then not watched, even when served.
@@ -153,6 +158,7 @@ func run(ctx context.Context, cfg *rest.Config, o options) error {
 			return fmt.Errorf("set up exporterset controller: %w", err)
 		}
 	}
+	upstreamJumpstarter := false
 	if upstream {
 		rec := mgr.GetEventRecorder("exporterset-controller")
 		if o.upstreamOnly {
@@ -163,6 +169,7 @@ func run(ctx context.Context, cfg *rest.Config, o options) error {
 		if err := u.SetupWithManager(mgr, o.workers); err != nil {
 			return fmt.Errorf("set up virtualtarget exporterset controller: %w", err)
 		}
+		upstreamJumpstarter = u.Jumpstarter
 	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return fmt.Errorf("add healthz check: %w", err)
@@ -171,17 +178,11 @@ func run(ctx context.Context, cfg *rest.Config, o options) error {
 		return fmt.Errorf("add readyz check: %w", err)
 	}
 	klog.InfoS("starting exporterset-controller", "metrics", o.metricsAddr, "health", o.healthAddr, "leaderElect", o.leaderElect, "namespace", o.namespace,
-		"jumpstarter", r.Jumpstarter, "qemu-kubelet.io", ours || !upstream && !o.upstreamOnly, "virtualtarget.jumpstarter.dev", upstream, "provisioner", o.provisioner)
+		"jumpstarter", r.Jumpstarter, "qemu-kubelet.io", ours || !upstream && !o.upstreamOnly, "virtualtarget.jumpstarter.dev", upstream, "upstreamJumpstarter", upstreamJumpstarter, "provisioner", o.provisioner)
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("run manager: %w", err)
 	}
 	return nil
-}
-
-// served reports whether the API server serves gvk.
-func served(mgr ctrl.Manager, gvk schema.GroupVersionKind) bool {
-	_, err := mgr.GetRESTMapper().RESTMapping(gvk.GroupKind(), gvk.Version)
-	return err == nil
 }
 
 // coreEvents records events.EventRecorder events through the core

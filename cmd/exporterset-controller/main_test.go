@@ -221,7 +221,9 @@ func TestRunAsUpstreamProvisioner(t *testing.T) {
 	deadline := time.Now().Add(time.Minute)
 	for count("lab", "served") != 1 { // waits for the served set's pod
 		if time.Now().After(deadline) {
-			t.Fatal("the set of our provisioner got no pod")
+			var s vtv1.ExporterSet
+			_ = c.Get(ctx, client.ObjectKey{Namespace: "lab", Name: "served"}, &s)
+			t.Fatalf("the set of our provisioner has %d pods after a minute, want 1; its conditions: %+v", count("lab", "served"), s.Status.Conditions)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
