@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -58,6 +59,10 @@ import (
 // the order (bare, zero, snap in even rounds, the reverse in odd ones),
 // QK_BENCH_LEASE_ROUNDS (default 3) per iteration; medians. Reported:
 // x-of-baseline (zero lease -> Ready / bare exec -> port; target 1.15),
+// x-of-own-vm (the same against the bare QEMU booting what the lease's VM
+// has besides: the exporter pod's defaults, the generated login's NoCloud
+// seed disk and the display, built by podspec as the node builds them:
+// exporterDefaultsArgs; it boots in each round too),
 // snap-x-of-baseline (snapshot-warm lease -> Ready / bare; target 0.3),
 // the three figures, and the medians of each set's pod stages after the
 // lease's creation (pod created, bound, Ready); the log has each set's
@@ -86,13 +91,18 @@ func BenchmarkLeaseFromZero(b *testing.B) {
 		e.leaseFromZero(b, js, s)
 		clear(s.tl)
 	}
+	own := exporterDefaultsArgs(b)
 	bare.toPort(b)
+	bare.toPort(b, own...)
 
-	var bares []time.Duration
+	var bares, owns []time.Duration
 	b.Logf("load average at the start: %s", loadAvg())
 	for b.Loop() {
 		for r := range rounds {
-			steps := []func(){func() { bares = append(bares, bare.toPort(b)) }}
+			steps := []func(){
+				func() { bares = append(bares, bare.toPort(b)) },
+				func() { owns = append(owns, bare.toPort(b, own...)) },
+			}
 			for _, s := range sides {
 				steps = append(steps, func() {
 					d, st, _ := e.leaseFromZero(b, js, s)
@@ -111,6 +121,10 @@ func BenchmarkLeaseFromZero(b *testing.B) {
 	mb := pbMedianDur(bares)
 	b.ReportMetric(pbMs(mb), "bare-to-port-ms")
 	b.Logf("rounds=%d bare exec -> port answers %s", len(bares), durList(bares))
+	mo := pbMedianDur(owns)
+	b.ReportMetric(pbMs(mo), "own-vm-to-port-ms")
+	b.ReportMetric(float64(pbMedianDur(sides[0].took))/float64(mo), "x-of-own-vm")
+	b.Logf("rounds=%d bare exec of the exporter pod's own VM (its login's seed disk and display) -> port answers %s", len(owns), durList(owns))
 	for _, s := range sides {
 		e.reportLeases(b, s, mb)
 	}
@@ -242,6 +256,41 @@ func (e *exsEnv) leaseToReady(b *testing.B, js *jsEnv, labels map[string]string,
 	return t0, took, <-stages, leaseExporter(l)
 }
 
+// exporterDefaultsArgs are the QEMU arguments an exporter pod's VM has
+// by default besides the bare guest's: the NoCloud seed disk of a
+// generated login (podspec.PrepareGuestDisks from the exporter Secret, as
+// the node makes it; the test image applies the login at boot) and the
+// display (podspec.Translate's decision; QEMU's VNC server on a unix
+// socket and a VGA card, as qemu.Spec.Display renders it on x86_64).
+func exporterDefaultsArgs(b *testing.B) []string {
+	b.Helper()
+	dir := b.TempDir()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "bench", Name: "own", UID: "uid-own",
+			Annotations: map[string]string{v1alpha1.JumpstarterSecretAnnotation: "js"}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "vm", Image: "bench.invalid/test-image:1"}}},
+	}
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "bench", Name: "js"}, Data: map[string][]byte{
+		v1alpha1.JumpstarterSecretUsername: []byte(v1alpha1.GeneratedGuestLoginUser),
+		v1alpha1.JumpstarterSecretPassword: []byte("bench-" + strconv.FormatInt(time.Now().UnixNano(), 36)),
+	}}
+	plan, rej := podspec.Translate(pod, qemu.ArchX86_64)
+	if rej != nil {
+		b.Fatal(rej)
+	}
+	disks, err := podspec.PrepareGuestDisks(context.Background(), dir, pod, podspec.ConfigSources{
+		Secret: func(context.Context, string, string) (*corev1.Secret, error) { return secret, nil },
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if !plan.Display || len(disks) != 1 {
+		b.Fatalf("the node gives this exporter pod display %v and %d guest disks; want the display and the login's seed disk", plan.Display, len(disks))
+	}
+	return []string{"-drive", fmt.Sprintf("file=%s,if=virtio,format=%s,readonly=on", disks[0].Path, disks[0].Format),
+		"-vnc", "unix:" + filepath.Join(dir, "vnc.sock"), "-device", "VGA"}
+}
+
 // bareGuest boots the test image's ACPI guest by a bare qemu-system-x86_64.
 type bareGuest struct{ kernel, initrd, cmdline string }
 
@@ -258,9 +307,10 @@ func newBareGuest(b *testing.B) *bareGuest {
 			podspec.KernelCmdline(qemu.ArchX86_64, strings.TrimSpace(string(cmdline)), ""), config.DefaultEmulatedKernelArgs)}
 }
 
-// toPort boots the guest with guest port 8080 forwarded and returns the
-// time from exec until an HTTP GET of it answers with a status < 400.
-func (g *bareGuest) toPort(b *testing.B) time.Duration {
+// toPort boots the guest with guest port 8080 forwarded (and extra
+// arguments) and returns the time from exec until an HTTP GET of it
+// answers with a status < 400.
+func (g *bareGuest) toPort(b *testing.B, extra ...string) time.Duration {
 	b.Helper()
 	testutil.SkipIfShort(b, "QEMU")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -271,6 +321,7 @@ func (g *bareGuest) toPort(b *testing.B) time.Duration {
 		"-nodefaults", "-no-user-config", "-display", "none", "-serial", "null", "-device", "pvpanic",
 		"-netdev", fmt.Sprintf("user,id=net0,hostfwd=tcp:127.0.0.1:%d-:8080", port), "-device", "virtio-net-pci,netdev=net0",
 		"-kernel", g.kernel, "-initrd", g.initrd, "-append", g.cmdline)
+	cmd.Args = append(cmd.Args, extra...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	if err := cmd.Start(); err != nil {
