@@ -186,8 +186,10 @@ func validateFeatures(f Features, errs field.ErrorList) (*FeatureConfig, field.E
 // ReloadPlan is what re-reading the configuration file changes in a running
 // agent.
 type ReloadPlan struct {
-	// Features to apply (the new file's); Changes lists how they differ
-	// from those in force.
+	// Features to apply (the new file's, or those in force when no feature
+	// changed: two reloads of one file, by its change and by SIGHUP, leave
+	// the same value in force); Changes lists how they differ from those in
+	// force.
 	Features *FeatureConfig
 	Changes  []FeatureChange
 	// RestartRequired names the top-level fields of the file that differ
@@ -205,6 +207,9 @@ var reloadable = map[string]bool{"features": true}
 // differs from started is reported as needing a restart. Pure.
 func PlanReload(started *Node, current *FeatureConfig, next *Node) ReloadPlan {
 	plan := ReloadPlan{Features: next.Features, Changes: DiffFeatures(current, next.Features)}
+	if len(plan.Changes) == 0 {
+		plan.Features = current // nothing changed: the features in force stay, the same value
+	}
 	if started.File == nil || next.File == nil {
 		return plan
 	}
