@@ -171,6 +171,9 @@ func (r *Reconciler) createPods(ctx context.Context, set *v1alpha1.ExporterSet, 
 		// One event per batch, not per pod: a 100-pod scale-up writes 7
 		// events instead of 100 (the apiserver is busy creating the pods).
 		if created := compact(names); len(created) > 0 {
+			// The events of one pass fold into one (same reason, same
+			// version of the set): the log names every pod.
+			logf.FromContext(ctx).V(1).Info("created pods", "pods", created)
 			r.Recorder.Eventf(set, nil, corev1.EventTypeNormal, EventSuccessfulCreate, "Create", "Created %s", podList(created))
 		}
 		if err := errors.Join(errs...); err != nil {

@@ -2,11 +2,9 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,7 +13,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
@@ -55,6 +52,14 @@ func (e *exsEnv) testWarmBuffer(t *testing.T) {
 	set := e.newSet(name, e.image, 1, 2)
 	e.createSet(t, set)
 	created := e.recordCreates(t, name)
+	created.setStep("1 two Ready")
+	// On failure, before the set is deleted (cleanups run last first):
+	// which step made each pod, and the controller's account of it.
+	t.Cleanup(func() {
+		if t.Failed() {
+			e.logSetHistory(t, name, created)
+		}
+	})
 
 	// 1. Two Ready, unleased VMs.
 	_, pods := e.waitCounts(t, name, counts{2, 2, 2, 2, 0}, 2*vmBoot)
@@ -69,6 +74,7 @@ func (e *exsEnv) testWarmBuffer(t *testing.T) {
 	assertColumns(t, out, name, "2", "2", "2", "2", "0")
 
 	// 2. Claim one with the documented recipe: a third VM boots to Ready.
+	created.setStep("2 claim")
 	leased := e.claim(t, name, "ci-job-1")
 	assert.Contains(t, podNames(pods), leased, "the recipe claims one of the Ready pods")
 	_, pods = e.waitCounts(t, name, counts{3, 3, 3, 2, 1}, vmBoot)
@@ -102,12 +108,14 @@ func (e *exsEnv) testWarmBuffer(t *testing.T) {
 	assert.Contains(t, err.Error(), "already has a value")
 
 	// 3. kubectl scale up: 5 pods.
+	created.setStep("3 scale to 5")
 	_, err = e.c.Kubectl(ctx, "scale", "exs/"+name, "--replicas=5")
 	require.NoError(t, err)
 	_, pods = e.waitCounts(t, name, counts{5, 5, 5, 4, 1}, vmBoot)
 
 	// 4. Release with Replace (remove the lease label): the used VM is
 	// deleted, its QEMU stops, and a fresh VM fills the set back to 5.
+	created.setStep("4 Replace release")
 	_, err = e.c.Kubectl(ctx, "label", "pod", leased, v1alpha1.LeaseLabel+"-")
 	require.NoError(t, err)
 	e.waitVMGone(t, leasedPod, 90*time.Second)
@@ -120,6 +128,7 @@ func (e *exsEnv) testWarmBuffer(t *testing.T) {
 	// 4b. A lease claimed and released at once (both before the controller
 	// may have seen the lease) still retires the pod: the claim's used mark
 	// is durable.
+	created.setStep("4b quick claim and release")
 	quick := e.claim(t, name, "ci-job-quick")
 	_, err = e.c.Kubectl(ctx, "label", "pod", quick, v1alpha1.LeaseLabel+"-")
 	require.NoError(t, err)
@@ -134,6 +143,7 @@ func (e *exsEnv) testWarmBuffer(t *testing.T) {
 	// 5. Claim again, then scale to 0: the target is leased + minAvailable
 	// = 3; the two newest unleased pods go (after the 3s cooldown), the
 	// leased one stays.
+	created.setStep("5 claim, scale to 0")
 	leased = e.claim(t, name, "ci-job-3")
 	_, pods = e.waitCounts(t, name, counts{5, 5, 5, 4, 1}, time.Minute)
 	before := pods
@@ -157,6 +167,7 @@ func (e *exsEnv) testWarmBuffer(t *testing.T) {
 	// 6. Reuse: with replicas 3 (the target stays 3), removing the lease
 	// label returns the pod to the buffer: the controller clears the used
 	// mark, the pod keeps its UID and its VM keeps running.
+	created.setStep("6 Reuse release")
 	var reused corev1.Pod
 	for _, p := range pods {
 		if p.Name == leased {
@@ -190,6 +201,7 @@ func (e *exsEnv) testWarmBuffer(t *testing.T) {
 	// 7. A template change rolls the unleased VMs; the leased one stays
 	// until released, then goes as outdated (Reuse does not keep an
 	// outdated pod) and is replaced.
+	created.setStep("7 rollout")
 	var holder corev1.Pod
 	for _, p := range pods {
 		if p.Name == again {
@@ -210,6 +222,7 @@ func (e *exsEnv) testWarmBuffer(t *testing.T) {
 		return true
 	})
 	require.Contains(t, podNames(pods), again, "a rollout never deletes the leased pod")
+	created.setStep("7 release the outdated leased pod")
 	_, err = e.c.Kubectl(ctx, "label", "pod", again, v1alpha1.LeaseLabel+"-")
 	require.NoError(t, err)
 	e.waitVMGone(t, holder, 90*time.Second)
@@ -231,7 +244,7 @@ func (e *exsEnv) testWarmBuffer(t *testing.T) {
 	// 2 + 1 (lease) + 2 (scale up) + 1 (Replace) + 1 (quick lease) + 2
 	// (rollout) + 1 (outdated leased pod released) = 10; no pod was created
 	// twice.
-	assert.Equal(t, 10, created.count(), "pods created: %v", created.names())
+	assert.Equal(t, 10, created.count(), "pods created (history below)")
 }
 
 // missingImage is the set of startMissingImage, watched for churn until
@@ -312,75 +325,6 @@ func (m *missingImage) finish(t *testing.T) {
 	pods, err = e.livePods(context.Background(), name)
 	require.NoError(t, err)
 	assert.Empty(t, pods)
-}
-
-// createRecorder counts the distinct pods (by UID) that appear with
-// app=<set> while a test runs.
-type createRecorder struct {
-	mu      sync.Mutex
-	seen    map[types.UID]string
-	created map[types.UID]time.Time
-}
-
-func (r *createRecorder) uids() []types.UID {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var out []types.UID
-	for uid := range r.seen {
-		out = append(out, uid)
-	}
-	return out
-}
-
-// times returns the pods' creation timestamps, sorted.
-func (r *createRecorder) times() []time.Time {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var out []time.Time
-	for _, t := range r.created {
-		out = append(out, t)
-	}
-	slices.SortFunc(out, func(a, b time.Time) int { return a.Compare(b) })
-	return out
-}
-
-func (r *createRecorder) count() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.seen)
-}
-
-func (r *createRecorder) names() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var out []string
-	for uid, n := range r.seen {
-		out = append(out, fmt.Sprintf("%s(%s)", n, uid))
-	}
-	return out
-}
-
-func (e *exsEnv) recordCreates(t *testing.T, set string) *createRecorder {
-	t.Helper()
-	r := &createRecorder{seen: map[types.UID]string{}, created: map[types.UID]time.Time{}}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	w, err := e.c.Client().CoreV1().Pods(e.ns).Watch(ctx, metav1.ListOptions{LabelSelector: "app=" + set})
-	require.NoError(t, err)
-	go func() {
-		defer w.Stop()
-		for ev := range w.ResultChan() {
-			p, ok := ev.Object.(*corev1.Pod)
-			if !ok || ev.Type == watch.Error {
-				continue
-			}
-			r.mu.Lock()
-			r.seen[p.UID] = p.Name
-			r.created[p.UID] = p.CreationTimestamp.Time
-			r.mu.Unlock()
-		}
-	}()
-	return r
 }
 
 // assertColumns checks the `kubectl get exs` row for name: DESIRED,
