@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -9,6 +10,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 
 	"github.com/qemu-kubelet/qemu-kubelet/api/v1alpha1"
 )
@@ -22,6 +25,24 @@ func TestExpectations(t *testing.T) {
 		}
 		return out
 	}
+	// owned is pod n of the set, as its informer events carry it.
+	owned := func(n string) *corev1.Pod {
+		p := &cached(n)[0]
+		p.Namespace = key.Namespace
+		p.OwnerReferences = []metav1.OwnerReference{{APIVersion: v1alpha1.GroupVersion.String(), Kind: "ExporterSet", Name: key.Name, Controller: ptr.To(true)}}
+		return p
+	}
+	terminating := func(ps []corev1.Pod) []corev1.Pod {
+		for i := range ps {
+			ps[i].DeletionTimestamp = &metav1.Time{Time: t0}
+		}
+		return ps
+	}
+	// events is the reconciler's pod event handler over e.
+	events := func(e *expectations) podEvents {
+		return podEvents{exp: e, inner: handler.Funcs{}, owner: v1alpha1.GroupVersion.String()}
+	}
+	ctx := context.Background()
 	cases := []struct {
 		name         string
 		setup        func(e *expectations)
@@ -34,18 +55,53 @@ func TestExpectations(t *testing.T) {
 		{name: "created pods missing from the cache are pending",
 			setup: func(e *expectations) { e.ExpectCreate(key, "a", t0); e.ExpectCreate(key, "b", t0) },
 			cache: cached("a"), at: t0, wantCreates: []string{"b"}},
-		{name: "an observed create is settled by the event handler",
-			setup: func(e *expectations) { e.ExpectCreate(key, "a", t0); e.Observe(key, "a", "uid-a", false) },
-			at:    t0},
-		{name: "a pod deleted before the cache saw it is settled by its delete event",
-			setup: func(e *expectations) { e.ExpectCreate(key, "a", t0); e.Observe(key, "a", "uid-a", true) },
-			at:    t0},
+		{name: "a created pod the list shows is settled",
+			setup: func(e *expectations) { e.ExpectCreate(key, "a", t0) },
+			cache: cached("a"), at: t0},
+		// The list is read before the expectations are settled: an add
+		// event that lands between the two must not settle the create, or
+		// the pod is neither listed nor pending and is created again.
+		{name: "an add event after the list was read leaves the create pending for that list",
+			setup: func(e *expectations) {
+				e.ExpectCreate(key, "a", t0)
+				events(e).Create(ctx, event.CreateEvent{Object: owned("a")}, nil)
+			},
+			at: t0, wantCreates: []string{"a"}},
+		{name: "an update event after the list was read leaves the create pending for that list",
+			setup: func(e *expectations) {
+				e.ExpectCreate(key, "a", t0)
+				events(e).Update(ctx, event.UpdateEvent{ObjectOld: owned("a"), ObjectNew: owned("a")}, nil)
+			},
+			at: t0, wantCreates: []string{"a"}},
+		{name: "a pod deleted before a list showed it is settled by its delete event",
+			setup: func(e *expectations) {
+				e.ExpectCreate(key, "a", t0)
+				events(e).Delete(ctx, event.DeleteEvent{Object: owned("a")}, nil)
+			},
+			at: t0},
+		{name: "a delete event of another set's pod settles nothing",
+			setup: func(e *expectations) {
+				e.ExpectCreate(key, "a", t0)
+				p := owned("a")
+				p.OwnerReferences[0].Name = "other"
+				events(e).Delete(ctx, event.DeleteEvent{Object: p}, nil)
+			},
+			at: t0, wantCreates: []string{"a"}},
 		{name: "an unobserved create expires after the TTL",
 			setup: func(e *expectations) { e.ExpectCreate(key, "a", t0) },
 			at:    t0.Add(expectationTTL + time.Second)},
 		{name: "deleted pods the cache still shows live are hidden",
 			setup: func(e *expectations) { e.ExpectDelete(key, "uid-a", t0); e.ExpectDelete(key, "uid-b", t0) },
 			cache: cached("a"), at: t0, wantDeleting: []types.UID{"uid-a"}},
+		{name: "a delete event after the list was read keeps the listed pod hidden",
+			setup: func(e *expectations) {
+				e.ExpectDelete(key, "uid-a", t0)
+				events(e).Delete(ctx, event.DeleteEvent{Object: owned("a")}, nil)
+			},
+			cache: cached("a"), at: t0, wantDeleting: []types.UID{"uid-a"}},
+		{name: "a deleted pod the list shows terminating is settled",
+			setup: func(e *expectations) { e.ExpectDelete(key, "uid-a", t0) },
+			cache: terminating(cached("a")), at: t0},
 		{name: "expectations of another set do not count",
 			setup: func(e *expectations) { e.ExpectCreate(types.NamespacedName{Namespace: "ns", Name: "other"}, "x", t0) },
 			at:    t0},

@@ -15,7 +15,10 @@ const expectationTTL = 5 * time.Minute
 
 // expectations remembers, per set, the pods this controller created or
 // deleted that its informer cache has not shown yet, so that a lagging cache
-// never leads to creating (or deleting) the same pods twice.
+// never leads to creating (or deleting) the same pods twice. The reconcile
+// of a set owns its entries' settling (Pending); the executor adds them
+// (ExpectCreate, ExpectDelete) and the pod delete events drop created pods
+// that are gone (Gone).
 type expectations struct {
 	mu   sync.Mutex
 	sets map[types.NamespacedName]*setExpectations
@@ -53,19 +56,21 @@ func (e *expectations) ExpectDelete(key types.NamespacedName, uid types.UID, now
 	e.get(key).deletes[uid] = now
 }
 
-// Observe is called from informer events: a pod that was seen existing or
-// deleted is no longer an unobserved create; a pod seen deleted is no longer
-// an unobserved delete.
-func (e *expectations) Observe(key types.NamespacedName, pod string, uid types.UID, deleted bool) {
+// Gone is called from informer delete events: a created pod that is gone
+// is no longer awaited, whether or not a list showed it.
+//
+// Add and update events settle nothing: a reconcile reads its pod list
+// before it settles the expectations (Pending), and an add event that
+// lands between the two would settle a create the list does not show,
+// leaving the pod neither listed nor pending, so the plan would create it
+// again. Only the list a plan is made from settles what it shows. A pod
+// gone between the list and Pending is rightly not counted as created; a
+// delete expectation stays until a list no longer shows the pod live.
+func (e *expectations) Gone(key types.NamespacedName, pod string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	s := e.sets[key]
-	if s == nil {
-		return
-	}
-	delete(s.creates, pod)
-	if deleted {
-		delete(s.deletes, uid)
+	if s := e.sets[key]; s != nil {
+		delete(s.creates, pod)
 	}
 }
 
@@ -76,9 +81,12 @@ func (e *expectations) Forget(key types.NamespacedName) {
 	delete(e.sets, key)
 }
 
-// Pending settles the expectations against the pods the cache shows and
-// returns the names of created pods still missing from it (sorted) and the
-// UIDs of deleted pods it still shows as live (to be left out of the plan).
+// Pending settles the expectations against cached, the pod list a plan is
+// made from, and returns the names of created pods still missing from it
+// (sorted) and the UIDs of deleted pods it still shows as live (to be left
+// out of the plan). A create is settled once a list shows the pod (or a
+// delete event says it is gone, Gone), a delete once a list shows the pod
+// terminating or no more: never by an event the list may predate.
 func (e *expectations) Pending(key types.NamespacedName, cached []corev1.Pod, now time.Time) ([]string, map[types.UID]bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()

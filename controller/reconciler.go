@@ -167,9 +167,11 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, workers int) error {
 	return b.Complete(r)
 }
 
-// podEvents settles expectations from pod events before queueing the
-// owner: pods an ExporterSet of apiVersion owner controls (ours or
-// upstream's virtualtarget.jumpstarter.dev).
+// podEvents queues the owner of pod events: pods an ExporterSet of
+// apiVersion owner controls (ours or upstream's
+// virtualtarget.jumpstarter.dev). A delete event also tells the
+// expectations that a created pod is gone (expectations.Gone says why add
+// and update events settle nothing).
 type podEvents struct {
 	exp   *expectations
 	inner handler.EventHandler
@@ -178,26 +180,24 @@ type podEvents struct {
 
 type queue = workqueue.TypedRateLimitingInterface[reconcile.Request]
 
-func (h podEvents) observe(obj client.Object, deleted bool) {
+func (h podEvents) gone(obj client.Object) {
 	ref := metav1.GetControllerOf(obj)
 	if ref == nil || ref.Kind != "ExporterSet" || ref.APIVersion != h.owner {
 		return
 	}
-	h.exp.Observe(types.NamespacedName{Namespace: obj.GetNamespace(), Name: ref.Name}, obj.GetName(), obj.GetUID(), deleted)
+	h.exp.Gone(types.NamespacedName{Namespace: obj.GetNamespace(), Name: ref.Name}, obj.GetName())
 }
 
 func (h podEvents) Create(ctx context.Context, e event.CreateEvent, q queue) {
-	h.observe(e.Object, false)
 	h.inner.Create(ctx, e, q)
 }
 
 func (h podEvents) Update(ctx context.Context, e event.UpdateEvent, q queue) {
-	h.observe(e.ObjectNew, false)
 	h.inner.Update(ctx, e, q)
 }
 
 func (h podEvents) Delete(ctx context.Context, e event.DeleteEvent, q queue) {
-	h.observe(e.Object, true)
+	h.gone(e.Object)
 	h.inner.Delete(ctx, e, q)
 }
 
