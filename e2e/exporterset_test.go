@@ -176,6 +176,12 @@ func (e *exsEnv) testWarmBuffer(t *testing.T) {
 	}
 	patch := client.RawPatch(types.MergePatchType, []byte(`{"spec":{"recyclePolicy":"Reuse","replicas":3}}`))
 	require.NoError(t, e.cl.Patch(ctx, &v1alpha1.ExporterSet{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns}}, patch))
+	// Release once the controller has seen the patch: it watches sets and
+	// pods apart, so a release it saw first would go by the policy then in
+	// force (Replace deletes the pod), as docs/exporterset.md says.
+	e.waitSet(t, name, time.Minute, "the Reuse patch observed", func(s *v1alpha1.ExporterSet, _ []corev1.Pod) bool {
+		return s.Status.ObservedGeneration == s.Generation
+	})
 	_, err = e.c.Kubectl(ctx, "label", "pod", leased, v1alpha1.LeaseLabel+"-")
 	require.NoError(t, err)
 	_, pods = e.waitSet(t, name, 2*time.Minute, "reused pod back in the buffer, 3 pods", func(s *v1alpha1.ExporterSet, pods []corev1.Pod) bool {
