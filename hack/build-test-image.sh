@@ -9,7 +9,9 @@
 #   vmlinuz                    Debian kernel: linux-image-*-cloud-amd64,
 #                              linux-image-*-arm64
 #   initramfs-acpi.cpio.gz     busybox init (virtio drivers, virtio_balloon for free
-#                              page reporting): prints QK-BOOT-OK on the serial
+#                              page reporting, at the command line's
+#                              page_reporting.page_reporting_order, which
+#                              6.1's driver would override): prints QK-BOOT-OK on the serial
 #                              console (ttyS0; ttyAMA0 on arm64), serves
 #                              "QK-HTTP-OK" over HTTP on guest port 8080 (GET
 #                              /cgi-bin/burn?SECS burns a vCPU for SECS s,

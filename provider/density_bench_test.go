@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -44,6 +45,33 @@ var densityNodes = []struct {
 	// CPU, marker-s).
 	{"tb16", "vmMemory:\n  tcgTranslationBuffer: 16Mi\n", false},
 	{"thp-off", "", true},
+	// Free page reporting from a finer order than the guest's pageblock
+	// (order 9, 2 MiB, Linux's default): the guest's freed memory in
+	// smaller free blocks is returned too, at the cost of more reports.
+	// Through emulatedKernelArgs, which this TCG node adds after the
+	// image's and the pod's arguments.
+	{"fpr-o0", fprOrderFile(0), false},
+	{"fpr-o3", fprOrderFile(3), false},
+	{"fpr-o5", fprOrderFile(5), false},
+	{"fpr-o9", fprOrderFile(9), false},
+	// Order 0 with QEMU's transparent huge pages disabled: khugepaged
+	// cannot collapse the guest's partly reported 2 MiB ranges again.
+	{"fpr-o0-thp-off", fprOrderFile(0), true},
+}
+
+// fprOrderFile is a node configuration file whose emulatedKernelArgs are
+// the defaults and page_reporting.page_reporting_order=order.
+func fprOrderFile(order int) string {
+	f := "emulatedKernelArgs:\n"
+	for _, a := range append(append([]string(nil), config.DefaultEmulatedKernelArgs...), fprOrderArg(order)) {
+		f += "  - " + a + "\n"
+	}
+	return f
+}
+
+// fprOrderArg is the kernel argument of free page reporting order order.
+func fprOrderArg(order int) string {
+	return "page_reporting.page_reporting_order=" + strconv.Itoa(order)
 }
 
 // BenchmarkIdlePodDensity: what an idle VM pod costs the host on a stock
@@ -76,7 +104,8 @@ var densityNodes = []struct {
 //   - guest-reserved-MiB/vm: the guest's RAM outside its MemTotal,
 //     guest-used-MiB/vm: MemTotal - MemFree (the guest's /proc/meminfo,
 //     read through an exec after QEMU's memory): guest-ram beyond their
-//     sum is memory the guest touched and freed;
+//     sum is memory the guest touched and freed; guest-fpr-order: the
+//     guests' free page reporting order in force (mean; each in the log);
 //   - qemu-cpu-%/vm: each idle QEMU's CPU over the window (a share of one
 //     CPU); host-cpu-busy-%: the host's CPU busy over the window (all
 //     CPUs; meaningless on a machine shared with other work);
@@ -285,6 +314,7 @@ func (e *densityEnv) run(b *testing.B, prefix string, n int, idle time.Duration)
 		}
 		r.guestReserved += int64(e.memoryMiB)<<20 - g.total
 		r.guestUsed += g.total - g.free
+		r.guestFPROrders = append(r.guestFPROrders, g.fprOrder)
 	}
 	availAfter, err := testutil.MemAvailable()
 	if err != nil {
@@ -441,21 +471,33 @@ func (e *densityEnv) deletePods(b *testing.B, pods []*densityPod) {
 	}
 }
 
-// guestMeminfo is the guest's own view of its RAM (/proc/meminfo).
-type guestMeminfo struct{ total, free int64 }
+// guestMeminfo is the guest's own view of its RAM (/proc/meminfo) and
+// the free page reporting order in force in it.
+type guestMeminfo struct{ total, free, fprOrder int64 }
 
-// guestMemory reads MemTotal and MemFree of the pod's guest through an
-// exec (the guest agent).
+// guestFPROrderFile is where Linux shows its free page reporting order.
+const guestFPROrderFile = "/sys/module/page_reporting/parameters/page_reporting_order"
+
+// guestMemory reads MemTotal and MemFree of the pod's guest and its free
+// page reporting order through an exec (the guest agent).
 func (e *densityEnv) guestMemory(p *densityPod) (guestMeminfo, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var out execIO
-	if err := e.h.vms.RunInContainer(ctx, p.pod.Namespace, p.pod.Name, "vm", []string{"cat", "/proc/meminfo"}, &out); err != nil {
+	var err error
+	if err = e.h.vms.RunInContainer(ctx, p.pod.Namespace, p.pod.Name, "vm", []string{"cat", "/proc/meminfo", guestFPROrderFile}, &out); err != nil {
 		return guestMeminfo{}, fmt.Errorf("pod %s: guest /proc/meminfo: %w (stderr %q)", p.pod.Name, err, out.stderr.String())
 	}
-	var g guestMeminfo
+	g := guestMeminfo{fprOrder: -1}
 	for _, l := range strings.Split(out.stdout.String(), "\n") {
 		f := strings.Fields(l)
+		if len(f) == 1 {
+			// The order file's one line: the only line of one field.
+			if g.fprOrder, err = strconv.ParseInt(f[0], 10, 64); err != nil {
+				return guestMeminfo{}, fmt.Errorf("pod %s: guest %s: %q: %w", p.pod.Name, guestFPROrderFile, l, err)
+			}
+			continue
+		}
 		if len(f) < 2 || (f[0] != "MemTotal:" && f[0] != "MemFree:") {
 			continue
 		}
@@ -469,8 +511,8 @@ func (e *densityEnv) guestMemory(p *densityPod) (guestMeminfo, error) {
 			g.free = v << 10
 		}
 	}
-	if g.total == 0 || g.free == 0 {
-		return guestMeminfo{}, fmt.Errorf("pod %s: guest /proc/meminfo without MemTotal or MemFree:\n%s", p.pod.Name, out.stdout.String())
+	if g.total == 0 || g.free == 0 || g.fprOrder < 0 {
+		return guestMeminfo{}, fmt.Errorf("pod %s: guest /proc/meminfo without MemTotal or MemFree, or no %s:\n%s", p.pod.Name, guestFPROrderFile, out.stdout.String())
 	}
 	return g, nil
 }
@@ -502,7 +544,9 @@ type densityResult struct {
 	// guestReserved: the guest's RAM outside its MemTotal (its kernel's
 	// code and data, memory map, firmware tables); guestUsed: MemTotal -
 	// MemFree as the guest sees it.
-	guestReserved, guestUsed                 int64
+	guestReserved, guestUsed int64
+	// guestFPROrders: each guest's free page reporting order in force.
+	guestFPROrders                           []int64
 	parts                                    map[string]testutil.MemUse
 	hostBusyPct, qemuCPUPct, markerS, pacedS float64
 	// bootCPUS sums each QEMU's CPU seconds to its boot marker.
@@ -523,6 +567,11 @@ func (r *densityResult) report(b *testing.B, name string) {
 	b.ReportMetric(perVM(r.pageTables), name+"-pagetables-MiB/vm")
 	b.ReportMetric(perVM(r.guestReserved), name+"-guest-reserved-MiB/vm")
 	b.ReportMetric(perVM(r.guestUsed), name+"-guest-used-MiB/vm")
+	var orders int64
+	for _, o := range r.guestFPROrders {
+		orders += o
+	}
+	b.ReportMetric(float64(orders)/float64(len(r.guestFPROrders)), name+"-guest-fpr-order")
 	b.ReportMetric(perVM(r.hostBytes), name+"-host-MiB/vm")
 	b.ReportMetric(perVM(total.RSS), name+"-rss-MiB/vm")
 	b.ReportMetric(perVM(total.PSS), name+"-pss-MiB/vm")
@@ -533,9 +582,9 @@ func (r *densityResult) report(b *testing.B, name string) {
 	b.ReportMetric(r.bootCPUS/float64(r.vms), name+"-boot-cpu-s/vm")
 	b.ReportMetric(r.pacedS, name+"-paced-s")
 	b.ReportMetric(float64(r.vms), name+"-vms")
-	b.Logf("%s, %d VMs: host %.1f MiB/vm; QEMU RSS %.1f, PSS %.1f, anon %.1f MiB/vm; RSS / PSS by part (MiB/vm): %s; page tables %.2f; the guest's view of its RAM: %.1f MiB outside MemTotal, %.1f used (MemTotal - MemFree); host CPU busy %.1f%%, QEMU %.2f%% of a CPU per VM; all at marker %.1f s, QEMU CPU to its marker %.2f s per VM",
+	b.Logf("%s, %d VMs: host %.1f MiB/vm; QEMU RSS %.1f, PSS %.1f, anon %.1f MiB/vm; RSS / PSS by part (MiB/vm): %s; page tables %.2f; the guest's view of its RAM: %.1f MiB outside MemTotal, %.1f used (MemTotal - MemFree), free page reporting orders %v; host CPU busy %.1f%%, QEMU %.2f%% of a CPU per VM; all at marker %.1f s, QEMU CPU to its marker %.2f s per VM",
 		name, r.vms, perVM(r.hostBytes), perVM(total.RSS), perVM(total.PSS), perVM(total.Anon), strings.Join(parts, ", "),
-		perVM(r.pageTables), perVM(r.guestReserved), perVM(r.guestUsed), r.hostBusyPct, r.qemuCPUPct/float64(r.vms), r.markerS, r.bootCPUS/float64(r.vms))
+		perVM(r.pageTables), perVM(r.guestReserved), perVM(r.guestUsed), r.guestFPROrders, r.hostBusyPct, r.qemuCPUPct/float64(r.vms), r.markerS, r.bootCPUS/float64(r.vms))
 }
 
 // TestDensityNodes: each node configuration BenchmarkIdlePodDensity
@@ -556,14 +605,31 @@ func TestDensityNodes(t *testing.T) {
 			stock.VMMemory, stock.VMCgroup, stock.VMNice, stock.VMUser, empty.VMMemory, empty.VMCgroup, empty.VMNice, empty.VMUser)
 	}
 	want := map[string]func(m *config.VMMemoryConfig){
-		"thp-off": nil,
-		"fpr-off": func(m *config.VMMemoryConfig) { m.FreePageReporting = false },
-		"tb16":    func(m *config.VMMemoryConfig) { m.TCGTranslationBufferMiB = 16 },
+		"thp-off":        nil,
+		"fpr-off":        func(m *config.VMMemoryConfig) { m.FreePageReporting = false },
+		"tb16":           func(m *config.VMMemoryConfig) { m.TCGTranslationBufferMiB = 16 },
+		"fpr-o0":         nil,
+		"fpr-o3":         nil,
+		"fpr-o5":         nil,
+		"fpr-o9":         nil,
+		"fpr-o0-thp-off": nil,
 	}
+	// The free page reporting orders: the stock node's emulated kernel
+	// arguments and that order's.
+	wantArgs := map[string]string{"fpr-o0": "page_reporting.page_reporting_order=0", "fpr-o3": "page_reporting.page_reporting_order=3",
+		"fpr-o5": "page_reporting.page_reporting_order=5", "fpr-o9": "page_reporting.page_reporting_order=9",
+		"fpr-o0-thp-off": "page_reporting.page_reporting_order=0"}
 	for _, d := range densityNodes[1:] {
 		n, err := stockNode(d.name, "/var/lib/qk-bench")
 		if err != nil {
 			t.Fatalf("%s: %v", d.name, err)
+		}
+		args := stock.EmulatedKernelArgs
+		if a, ok := wantArgs[d.name]; ok {
+			args = append(append([]string(nil), stock.EmulatedKernelArgs...), a)
+		}
+		if !reflect.DeepEqual(n.EmulatedKernelArgs, args) {
+			t.Errorf("%s: emulatedKernelArgs %q, want %q", d.name, n.EmulatedKernelArgs, args)
 		}
 		m := stock.VMMemory
 		change, ok := want[d.name]

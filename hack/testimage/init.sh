@@ -10,8 +10,21 @@ mkdir -p /proc /sys /dev /tmp /run /www
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
+# Linux 6.1's virtio_balloon sets the free page reporting order when it
+# registers, over the command line's page_reporting.page_reporting_order;
+# later kernels keep the command line's. Put it back right after the
+# driver loads, before the first report (2 s after registration), so the
+# test guest reports as a later kernel does.
+PRORDER=
+for a in $(cat /proc/cmdline); do
+  [ "$a" = -- ] && break
+  case "$a" in page_reporting.page_reporting_order=*) PRORDER=${a#*=} ;; esac
+done
 for m in $(cat /etc/qk-modules); do
   [ -f "/lib/modules/$m.ko" ] && insmod "/lib/modules/$m.ko" 2>/dev/null
+  if [ "$m" = virtio_balloon ] && [ -n "$PRORDER" ]; then
+    echo "$PRORDER" > /sys/module/page_reporting/parameters/page_reporting_order 2>/dev/null
+  fi
 done
 echo 1 > /proc/sys/kernel/printk 2>/dev/null
 
