@@ -91,6 +91,42 @@ func TestVMSpecEmulatedKernelArgs(t *testing.T) {
 		"-append no_timer_check tsc=reliable sysctl.vm.compaction_proactiveness=0 console=ttyS0 quiet")
 }
 
+// TestVMSpecFreePageReportingOrder: a VM with free page reporting asks
+// its directly booted guest for reports from order 0 under either
+// accelerator, after the node's emulated arguments; the pod's own order
+// wins; without reporting, or booting a disk, nothing is added.
+func TestVMSpecFreePageReportingOrder(t *testing.T) {
+	dir := t.TempDir()
+	imageDir := filepath.Join(dir, "images")
+	kernel := &oci.Image{Ref: "r/os:1", Digest: "sha256:x", Kernel: filepath.Join(imageDir, "k", "vmlinuz"), Cmdline: "quiet"}
+	disk := &oci.Image{Ref: "r/os:2", Digest: "sha256:y", Disk: filepath.Join(imageDir, "d", "disk.qcow2")}
+	cases := []struct {
+		name, accel, extra string
+		reporting          bool
+		img                *oci.Image
+		want               string
+	}{
+		{"tcg", "tcg", "", true, kernel, "page_reporting.page_reporting_order=0 no_timer_check tsc=reliable console=ttyS0 quiet"},
+		{"kvm", "kvm", "", true, kernel, "page_reporting.page_reporting_order=0 console=ttyS0 quiet"},
+		{"the pod's order", "kvm", "page_reporting.page_reporting_order=9", true, kernel, "console=ttyS0 quiet page_reporting.page_reporting_order=9"},
+		{"no reporting", "tcg", "", false, kernel, "no_timer_check tsc=reliable console=ttyS0 quiet"},
+		{"a disk boot has no command line", "kvm", "", true, disk, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := NewVMs(context.Background(), VMsConfig{StateDir: dir, ImageDir: imageDir, Accelerator: tc.accel,
+				Memory: qemu.MemoryTuning{FreePageReporting: tc.reporting}, EmulatedKernelArgs: []string{"tsc=reliable"}})
+			pod := podtest.VMPod()
+			plan, rej := podspec.Translate(pod, qemu.ArchX86_64)
+			require.Nil(t, rej)
+			plan.ExtraCmdline = tc.extra
+			spec, err := vmSpec(vmRun{name: vmName(pod), dir: p.podDir("uid-f"), plan: plan}, tc.img, p.nodeVMSettings())
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, spec.Cmdline)
+		})
+	}
+}
+
 // TestVMSpecSSHDriverCostsNothing: the exporter's default ssh child is
 // only reported, and dialled on demand through a runtime forward: the
 // VM's QEMU command line is the same with it on and off (no device, no
