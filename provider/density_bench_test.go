@@ -45,11 +45,12 @@ var densityNodes = []struct {
 	// CPU, marker-s).
 	{"tb16", "vmMemory:\n  tcgTranslationBuffer: 16Mi\n", false},
 	{"thp-off", "", true},
-	// Free page reporting from a finer order than the guest's pageblock
-	// (order 9, 2 MiB, Linux's default): the guest's freed memory in
-	// smaller free blocks is returned too, at the cost of more reports.
-	// Through emulatedKernelArgs, which this TCG node adds after the
-	// image's and the pod's arguments.
+	// Free page reporting orders (the node's default is 0,
+	// podspec.FreePageReportingArg; 9, the guest's pageblock of 2 MiB, is
+	// Linux's own): a finer order returns the guest's freed memory in
+	// smaller free blocks too, at the cost of more reports. Through
+	// emulatedKernelArgs, which the node adds before its own order, so
+	// theirs wins.
 	{"fpr-o0", fprOrderFile(0), false},
 	{"fpr-o3", fprOrderFile(3), false},
 	{"fpr-o5", fprOrderFile(5), false},
