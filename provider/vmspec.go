@@ -117,7 +117,7 @@ func vmSpec(r vmRun, img *oci.Image, n nodeVMSettings) (qemu.Spec, error) {
 	if img.Kernel != "" {
 		spec.Cmdline = podspec.KernelCmdline(n.arch, img.Cmdline, r.plan.ExtraCmdline) // the arch's console unless one is named
 		spec.Cmdline = podspec.EmulatedKernelCmdline(n.arch, spec.Accelerator, spec.Cmdline, n.emulatedKernelArgs)
-		spec.Cmdline = podspec.FreePageReportingCmdline(spec.Cmdline, n.memory.FreePageReporting)
+		spec.Cmdline = podspec.FreePageReportingCmdline(spec.Accelerator, spec.Cmdline, n.memory.FreePageReporting)
 	}
 	if r.plan.Firmware == qemu.FirmwareUEFI {
 		spec.UEFICode, spec.UEFIVarsTemplate = n.uefiCode, n.uefiVars

@@ -92,9 +92,9 @@ func TestVMSpecEmulatedKernelArgs(t *testing.T) {
 }
 
 // TestVMSpecFreePageReportingOrder: a VM with free page reporting asks
-// its directly booted guest for reports from order 0 under either
-// accelerator, after the node's emulated arguments; the pod's own order
-// wins; without reporting, or booting a disk, nothing is added.
+// its directly booted guest for reports from order 0 under TCG, after the
+// node's emulated arguments; the pod's own order wins; under KVM, without
+// reporting, or booting a disk, nothing is added.
 func TestVMSpecFreePageReportingOrder(t *testing.T) {
 	dir := t.TempDir()
 	imageDir := filepath.Join(dir, "images")
@@ -107,8 +107,8 @@ func TestVMSpecFreePageReportingOrder(t *testing.T) {
 		want               string
 	}{
 		{"tcg", "tcg", "", true, kernel, "page_reporting.page_reporting_order=0 no_timer_check tsc=reliable console=ttyS0 quiet"},
-		{"kvm", "kvm", "", true, kernel, "page_reporting.page_reporting_order=0 console=ttyS0 quiet"},
-		{"the pod's order", "kvm", "page_reporting.page_reporting_order=9", true, kernel, "console=ttyS0 quiet page_reporting.page_reporting_order=9"},
+		{"kvm keeps the huge-page order", "kvm", "", true, kernel, "console=ttyS0 quiet"},
+		{"the pod's order", "tcg", "page_reporting.page_reporting_order=9", true, kernel, "no_timer_check tsc=reliable console=ttyS0 quiet page_reporting.page_reporting_order=9"},
 		{"no reporting", "tcg", "", false, kernel, "no_timer_check tsc=reliable console=ttyS0 quiet"},
 		{"a disk boot has no command line", "kvm", "", true, disk, ""},
 	}

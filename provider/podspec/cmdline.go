@@ -83,12 +83,16 @@ func EmulatedKernelCmdline(arch qemu.Arch, accel qemu.Accelerator, cmdline strin
 const FreePageReportingArg = "page_reporting.page_reporting_order=0"
 
 // FreePageReportingCmdline is cmdline with FreePageReportingArg first
-// when the VM has free page reporting (reporting) and the command line
-// names no page_reporting.page_reporting_order before any "--": the
-// image's or the pod's own order wins. For a directly booted kernel of
-// any architecture and accelerator. Pure.
-func FreePageReportingCmdline(cmdline string, reporting bool) string {
-	if !reporting {
+// when the VM has free page reporting (reporting), runs under TCG and the
+// command line names no page_reporting.page_reporting_order before any
+// "--": the image's or the pod's own order wins. Under KVM the guest keeps
+// Linux's default order: a report smaller than a huge page splits the
+// host's huge page backing that guest memory, and a KVM guest's speed
+// depends on them; an emulated guest's does not (QEMU's software TLB maps
+// 4 KiB pages either way). For a directly booted kernel of any
+// architecture. Pure.
+func FreePageReportingCmdline(accel qemu.Accelerator, cmdline string, reporting bool) string {
+	if !reporting || accel != qemu.AccelTCG {
 		return cmdline
 	}
 	return withArgs(cmdline, []string{FreePageReportingArg})

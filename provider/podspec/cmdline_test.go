@@ -1,6 +1,7 @@
 package podspec
 
 import (
+	"cmp"
 	"testing"
 
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
@@ -66,29 +67,31 @@ func TestEmulatedKernelCmdline(t *testing.T) {
 	}
 }
 
-// TestFreePageReportingCmdline: a VM with free page reporting asks its
-// guest for reports from order 0, unless the command line names an order
-// before "--" (the image's or the pod's wins); without reporting nothing
-// is added.
+// TestFreePageReportingCmdline: an emulated VM with free page reporting
+// asks its guest for reports from order 0, unless the command line names
+// an order before "--" (the image's or the pod's wins); without reporting,
+// or under KVM, nothing is added.
 func TestFreePageReportingCmdline(t *testing.T) {
 	cases := []struct {
 		name      string
 		reporting bool
 		in, want  string
+		accel     qemu.Accelerator
 	}{
-		{"reporting on", true, "console=ttyS0 quiet", "page_reporting.page_reporting_order=0 console=ttyS0 quiet"},
-		{"reporting off", false, "console=ttyS0 quiet", "console=ttyS0 quiet"},
-		{"empty", true, "", "page_reporting.page_reporting_order=0"},
-		{"the image's order wins", true, "page_reporting.page_reporting_order=5 quiet", "page_reporting.page_reporting_order=5 quiet"},
-		{"the pod's order wins", true, "console=ttyS0 quiet page_reporting.page_reporting_order=9", "console=ttyS0 quiet page_reporting.page_reporting_order=9"},
+		{"kvm keeps the huge-page order", true, "console=ttyS0 quiet", "console=ttyS0 quiet", qemu.AccelKVM},
+		{"reporting on", true, "console=ttyS0 quiet", "page_reporting.page_reporting_order=0 console=ttyS0 quiet", ""},
+		{"reporting off", false, "console=ttyS0 quiet", "console=ttyS0 quiet", ""},
+		{"empty", true, "", "page_reporting.page_reporting_order=0", ""},
+		{"the image's order wins", true, "page_reporting.page_reporting_order=5 quiet", "page_reporting.page_reporting_order=5 quiet", ""},
+		{"the pod's order wins", true, "console=ttyS0 quiet page_reporting.page_reporting_order=9", "console=ttyS0 quiet page_reporting.page_reporting_order=9", ""},
 		{"after -- is init's", true, "quiet -- page_reporting.page_reporting_order=5",
-			"page_reporting.page_reporting_order=0 quiet -- page_reporting.page_reporting_order=5"},
+			"page_reporting.page_reporting_order=0 quiet -- page_reporting.page_reporting_order=5", ""},
 		{"another page_reporting argument is not the order", true, "page_reporting.other=1",
-			"page_reporting.page_reporting_order=0 page_reporting.other=1"},
+			"page_reporting.page_reporting_order=0 page_reporting.other=1", ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			assert.Equal(t, tc.want, FreePageReportingCmdline(tc.in, tc.reporting))
+			assert.Equal(t, tc.want, FreePageReportingCmdline(cmp.Or(tc.accel, qemu.AccelTCG), tc.in, tc.reporting))
 		})
 	}
 }
