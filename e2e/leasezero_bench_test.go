@@ -303,8 +303,8 @@ func newBareGuest(b *testing.B) *bareGuest {
 	}
 	return &bareGuest{kernel: filepath.Join(dir, "vmlinuz"), initrd: filepath.Join(dir, "initramfs-"+vmtest.VariantACPI+".cpio.gz"),
 		// The command line the node gives this image on a TCG node.
-		cmdline: podspec.EmulatedKernelCmdline(qemu.ArchX86_64, qemu.AccelTCG,
-			podspec.KernelCmdline(qemu.ArchX86_64, strings.TrimSpace(string(cmdline)), ""), config.DefaultEmulatedKernelArgs)}
+		cmdline: podspec.NodeKernelCmdline(qemu.ArchX86_64, qemu.AccelTCG,
+			strings.TrimSpace(string(cmdline)), "", config.DefaultEmulatedKernelArgs, config.DefaultFreePageReporting)}
 }
 
 // toPort boots the guest with guest port 8080 forwarded (and extra

@@ -258,8 +258,8 @@ func newPodBenchEnvWith(b *testing.B, o podBenchOptions) *podBenchEnv {
 		kernel: filepath.Join(imgDir, "vmlinuz"), initrd: filepath.Join(imgDir, "initramfs-"+vmtest.VariantACPI+".cpio.gz"),
 		imageCmdline: strings.TrimSpace(string(cmdline)),
 		// The command line the node gives this image on a TCG node.
-		cmdline: podspec.EmulatedKernelCmdline(qemu.ArchX86_64, qemu.AccelTCG,
-			podspec.KernelCmdline(qemu.ArchX86_64, strings.TrimSpace(string(cmdline)), ""), config.DefaultEmulatedKernelArgs)}
+		cmdline: podspec.NodeKernelCmdline(qemu.ArchX86_64, qemu.AccelTCG,
+			strings.TrimSpace(string(cmdline)), "", config.DefaultEmulatedKernelArgs, config.DefaultFreePageReporting)}
 	vmtest.ReapQEMU(b, e.dir)
 	ip := benchHostIP(b)
 	kc, err := c.NodeKubeconfig(e.node)

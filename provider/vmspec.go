@@ -115,9 +115,7 @@ func vmSpec(r vmRun, img *oci.Image, n nodeVMSettings) (qemu.Spec, error) {
 		RunAs: n.runAs,
 	}
 	if img.Kernel != "" {
-		spec.Cmdline = podspec.KernelCmdline(n.arch, img.Cmdline, r.plan.ExtraCmdline) // the arch's console unless one is named
-		spec.Cmdline = podspec.EmulatedKernelCmdline(n.arch, spec.Accelerator, spec.Cmdline, n.emulatedKernelArgs)
-		spec.Cmdline = podspec.FreePageReportingCmdline(spec.Accelerator, spec.Cmdline, n.memory.FreePageReporting)
+		spec.Cmdline = podspec.NodeKernelCmdline(n.arch, spec.Accelerator, img.Cmdline, r.plan.ExtraCmdline, n.emulatedKernelArgs, n.memory.FreePageReporting)
 	}
 	if r.plan.Firmware == qemu.FirmwareUEFI {
 		spec.UEFICode, spec.UEFIVarsTemplate = n.uefiCode, n.uefiVars

@@ -88,8 +88,7 @@ func plainBoot(b *testing.B, args []string) boot {
 // nodeSpec is the VM a node on its default configuration gives a pod of
 // the test image with one vCPU and 256 MiB under TCG: the memory tuning,
 // vmNice and kernel command line of provider/config's defaults, through
-// the same functions the node calls (podspec.KernelCmdline,
-// podspec.EmulatedKernelCmdline), with network (every pod has it). Not
+// the function the node calls (podspec.NodeKernelCmdline), with network (every pod has it). Not
 // here: the node's vmUser (QEMU runs as the caller). Its CPU placement
 // (a CPU cgroup of the default vmCgroup.cpuWeight, or vmNice) is decided
 // as the agent decides it for this process (nodePlacement).
@@ -99,8 +98,8 @@ func nodeSpec(b *testing.B, img, initrd string) qemu.Spec {
 	if err != nil {
 		b.Fatalf("resolve the default node configuration: %v", err)
 	}
-	cmdline := podspec.EmulatedKernelCmdline(qemu.ArchX86_64, qemu.AccelTCG,
-		podspec.KernelCmdline(qemu.ArchX86_64, imageCmdline(img), ""), n.EmulatedKernelArgs)
+	cmdline := podspec.NodeKernelCmdline(qemu.ArchX86_64, qemu.AccelTCG,
+		imageCmdline(img), "", n.EmulatedKernelArgs, n.VMMemory.FreePageReporting)
 	p := nodePlacement(b, n)
 	return qemu.Spec{
 		Cgroup: p.Cgroup,

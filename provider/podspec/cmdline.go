@@ -98,6 +98,16 @@ func FreePageReportingCmdline(accel qemu.Accelerator, cmdline string, reporting 
 	return withArgs(cmdline, []string{FreePageReportingArg})
 }
 
+// NodeKernelCmdline is the command line the node gives a directly booted
+// kernel: KernelCmdline of the image's and the pod's (extra), then
+// EmulatedKernelCmdline with the node's idleArgs, then
+// FreePageReportingCmdline. The one place the node's command line is
+// composed (the VMs, and benchmarks that boot the node's VM bare). Pure.
+func NodeKernelCmdline(arch qemu.Arch, accel qemu.Accelerator, image, extra string, idleArgs []string, freePageReporting bool) string {
+	cmd := EmulatedKernelCmdline(arch, accel, KernelCmdline(arch, image, extra), idleArgs)
+	return FreePageReportingCmdline(accel, cmd, freePageReporting)
+}
+
 // withArgs is cmdline with each of args first whose name (argName) the
 // command line does not have before any "--", in args' order, each name
 // once.
