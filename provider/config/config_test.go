@@ -246,6 +246,8 @@ func TestResolveValidation(t *testing.T) {
 		{"negative vm uid", "vmUser: {uid: -1, gid: 107}", []string{"vmUser.uid", "-1", "between 0 and 4294967294"}},
 		{"vm gid (gid_t)-1", "vmUser: {uid: 107, gid: 4294967295}", []string{"vmUser.gid", "between 0 and 4294967294"}},
 		{"ksm rate negative", "vmMemory: {pageMerging: true, enableKSM: true, ksmPagesToScan: -1}", []string{"vmMemory.ksmPagesToScan", "between 0 and 100000"}},
+		{"thp lower case", "vmMemory: {transparentHugePages: disabled}", []string{"vmMemory.transparentHugePages", `"disabled"`, `"Auto", "Enabled", "Disabled"`}},
+		{"thp bool", "vmMemory: {transparentHugePages: 'off'}", []string{"vmMemory.transparentHugePages", `"off"`, `"Auto", "Enabled", "Disabled"`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -287,6 +289,21 @@ func TestResolveKSMPagesToScan(t *testing.T) {
 	n, err = Resolve(c, env)
 	require.NoError(t, err)
 	assert.Equal(t, 0, n.VMMemory.KSMPagesToScan, "absent: the kernel's rate")
+}
+
+func TestResolveTransparentHugePages(t *testing.T) {
+	for body, want := range map[string]string{
+		"":                                       THPAuto,
+		"vmMemory: {transparentHugePages: Auto}": THPAuto,
+		"vmMemory: {transparentHugePages: Enabled}":  THPEnabled,
+		"vmMemory: {transparentHugePages: Disabled}": THPDisabled,
+	} {
+		c, err := Decode([]byte(header + body + "\n"))
+		require.NoError(t, err)
+		n, err := Resolve(c, env)
+		require.NoError(t, err)
+		assert.Equal(t, want, n.VMMemory.TransparentHugePages, "body %q", body)
+	}
 }
 
 func TestThreshold(t *testing.T) {

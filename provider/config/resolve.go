@@ -50,6 +50,11 @@ const (
 	DefaultFreePageReporting                   = true
 	DefaultPageMerging                         = false
 	DefaultEnableKSM                           = false
+	// DefaultTransparentHugePages: under TCG huge pages do not speed the
+	// guest (QEMU's software TLB maps 4 KiB pages) and khugepaged fills
+	// again what free page reporting returned (bench/history.md, issue
+	// #42); under KVM the guest's speed depends on them.
+	DefaultTransparentHugePages = THPAuto
 	// ProviderTaintKey is the key of the default taint.
 	ProviderTaintKey = "virtual-kubelet.io/provider"
 )
@@ -225,6 +230,8 @@ type VMMemoryConfig struct {
 	// KSMPagesToScan: written to the kernel's pages_to_scan with
 	// EnableKSM; 0 leaves the kernel's rate.
 	KSMPagesToScan int
+	// TransparentHugePages: THPAuto, THPEnabled or THPDisabled.
+	TransparentHugePages string
 }
 
 // Default fills the absent fields of c (in place) with their defaults.
@@ -313,6 +320,9 @@ func Default(c *NodeConfiguration, env Environment) {
 	defaultBool(&vm.FreePageReporting, DefaultFreePageReporting)
 	defaultBool(&vm.PageMerging, DefaultPageMerging)
 	defaultBool(&vm.EnableKSM, DefaultEnableKSM)
+	if vm.TransparentHugePages == "" {
+		vm.TransparentHugePages = DefaultTransparentHugePages
+	}
 	defaultVMCgroup(&c.VMCgroup)
 	defaultVMUser(&c.VMUser, env)
 	defaultGuestArchitectures(c, env)

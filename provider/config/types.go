@@ -174,7 +174,26 @@ type VMMemory struct {
 	// 96-MiB guests in ~16 minutes); 1000 scans ~200 MiB/s and cost ksmd
 	// 5.4% of a CPU over 16 merged idle VMs (docs/performance.md).
 	KSMPagesToScan *int32 `json:"ksmPagesToScan,omitempty"`
+	// TransparentHugePages says whether the VMs' QEMUs may have the
+	// kernel's transparent huge pages: Auto (default: disabled when the
+	// node's VMs run under TCG, the kernel's choice under KVM), Enabled
+	// (the kernel's choice: its transparent_hugepage mode, for which QEMU
+	// asks for huge pages for guest RAM) or Disabled. Disabling is process
+	// wide (prctl PR_SET_THP_DISABLE on the agent, which its QEMUs
+	// inherit): the agent's own memory has no huge pages either.
+	TransparentHugePages string `json:"transparentHugePages,omitempty"`
 }
+
+// vmMemory.transparentHugePages values.
+const (
+	// THPAuto: disabled for the VMs under TCG, the kernel's choice under
+	// KVM (provider.DecideTHP).
+	THPAuto = "Auto"
+	// THPEnabled: the kernel's choice (its transparent_hugepage mode).
+	THPEnabled = "Enabled"
+	// THPDisabled: no transparent huge pages for the VMs' QEMUs.
+	THPDisabled = "Disabled"
+)
 
 // Overcommit ratios (>= 1 means more than the host has, < 1 holds back).
 type Overcommit struct {

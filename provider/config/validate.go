@@ -266,6 +266,12 @@ func validateVMMemory(v VMMemory, errs field.ErrorList) (VMMemoryConfig, field.E
 			out.KSMPagesToScan = int(n)
 		}
 	}
+	switch v.TransparentHugePages {
+	case THPAuto, THPEnabled, THPDisabled:
+		out.TransparentHugePages = v.TransparentHugePages
+	default:
+		errs = append(errs, field.NotSupported(p.Child("transparentHugePages"), v.TransparentHugePages, []string{THPAuto, THPEnabled, THPDisabled}))
+	}
 	if out.EnableKSM && !out.PageMerging {
 		errs = append(errs, field.Invalid(p.Child("enableKSM"), true, "needs vmMemory.pageMerging: true (guest RAM is not mergeable otherwise, KSM would only cost CPU)"))
 	}
