@@ -19,7 +19,6 @@ import (
 	"github.com/qemu-kubelet/qemu-kubelet/provider/internal/podtest"
 	"github.com/qemu-kubelet/qemu-kubelet/provider/vmtest"
 	"github.com/qemu-kubelet/qemu-kubelet/qemu"
-	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 )
@@ -28,36 +27,34 @@ import (
 // compare, each a node configuration file's fields (YAML) over an empty
 // file: "stock" is a node with an empty configuration file (its
 // defaults: the figure of issue #42), the others change one default.
+// Each node's QEMUs get transparent huge pages as the agent decides for a
+// TCG node (DecideTHP, SetProcessTHP: this process sets the flag while
+// its pods start).
 var densityNodes = []struct {
 	name, file string
-	// thpOff: the agent starts its QEMUs with transparent huge pages
-	// disabled (prctl PR_SET_THP_DISABLE, which QEMU inherits): what THP
-	// costs in host memory (QEMU asks for huge pages for the guest's RAM
-	// and the translation buffer). Not a node setting: this process sets
-	// it on itself while its pods start.
-	thpOff bool
 }{
-	{"stock", "", false},
+	{"stock", ""},
 	// Without free page reporting: what that default returns of an idle
 	// guest's RAM.
-	{"fpr-off", "vmMemory:\n  freePageReporting: false\n", false},
+	{"fpr-off", "vmMemory:\n  freePageReporting: false\n"},
 	// A 16 MiB translation buffer: what the buffer costs (and its boot's
 	// CPU, marker-s).
-	{"tb16", "vmMemory:\n  tcgTranslationBuffer: 16Mi\n", false},
-	{"thp-off", "", true},
+	{"tb16", "vmMemory:\n  tcgTranslationBuffer: 16Mi\n"},
+	// Transparent huge pages left to the kernel (the stock node disables
+	// them under TCG): what they cost in host memory (QEMU asks for huge
+	// pages for the guest's RAM and the translation buffer; khugepaged
+	// collapses the 2 MiB ranges free page reporting split).
+	{"thp-enabled", "vmMemory:\n  transparentHugePages: Enabled\n"},
 	// Free page reporting orders (the node's default is 0,
 	// podspec.FreePageReportingArg; 9, the guest's pageblock of 2 MiB, is
 	// Linux's own): a finer order returns the guest's freed memory in
 	// smaller free blocks too, at the cost of more reports. Through
 	// emulatedKernelArgs, which the node adds before its own order, so
 	// theirs wins.
-	{"fpr-o0", fprOrderFile(0), false},
-	{"fpr-o3", fprOrderFile(3), false},
-	{"fpr-o5", fprOrderFile(5), false},
-	{"fpr-o9", fprOrderFile(9), false},
-	// Order 0 with QEMU's transparent huge pages disabled: khugepaged
-	// cannot collapse the guest's partly reported 2 MiB ranges again.
-	{"fpr-o0-thp-off", fprOrderFile(0), true},
+	{"fpr-o0", fprOrderFile(0)},
+	{"fpr-o3", fprOrderFile(3)},
+	{"fpr-o5", fprOrderFile(5)},
+	{"fpr-o9", fprOrderFile(9)},
 }
 
 // fprOrderFile is a node configuration file whose emulatedKernelArgs are
@@ -163,26 +160,18 @@ func newDensityImage(b *testing.B) *densityImage {
 // name as cmd/qemu-kubelet does (its defaults for what the file leaves
 // out), with stateDir as its state dir.
 func stockNode(name, stateDir string) (*config.Node, error) {
-	n, _, err := densityNode(name, stateDir)
-	return n, err
-}
-
-// densityNode is stockNode and whether the entry starts its QEMUs with
-// transparent huge pages disabled.
-func densityNode(name, stateDir string) (*config.Node, bool, error) {
 	for _, d := range densityNodes {
 		if d.name != name {
 			continue
 		}
 		file, err := config.Decode([]byte("apiVersion: " + config.APIVersion + "\nkind: " + config.Kind + "\n" + d.file))
 		if err != nil {
-			return nil, false, fmt.Errorf("node configuration %s: %w", name, err)
+			return nil, fmt.Errorf("node configuration %s: %w", name, err)
 		}
 		file.NodeName, file.StateDir = "n1", stateDir
-		n, err := config.Resolve(file, config.Environment{Hostname: "n1", HostIP: "10.1.2.3", AgentUID: uint32(os.Geteuid()), AgentGID: uint32(os.Getegid())})
-		return n, d.thpOff, err
+		return config.Resolve(file, config.Environment{Hostname: "n1", HostIP: "10.1.2.3", AgentUID: uint32(os.Geteuid()), AgentGID: uint32(os.Getegid())})
 	}
-	return nil, false, fmt.Errorf("no node configuration %q in densityNodes", name)
+	return nil, fmt.Errorf("no node configuration %q in densityNodes", name)
 }
 
 // densityEnv is a provider configured as a node from one of densityNodes.
@@ -193,17 +182,20 @@ type densityEnv struct {
 	ref       string
 	memoryMiB int
 	blobs     []testutil.Blob
-	thpOff    bool
+	// thp is the agent's decision for the node's transparent huge pages
+	// under TCG.
+	thp THPDecision
 }
 
 // node is a provider configured as cmd/qemu-kubelet's newVMs configures
 // one from densityNodes' entry name, with a state dir of its own.
 func (img *densityImage) node(b *testing.B, name string, n, memoryMiB int) *densityEnv {
 	stateDir := filepath.Join(img.env.root, "state-"+name)
-	node, thpOff, err := densityNode(name, stateDir)
+	node, err := stockNode(name, stateDir)
 	if err != nil {
 		b.Fatal(err)
 	}
+	thp := DecideTHP(node.VMMemory.TransparentHugePages, []qemu.Accelerator{qemu.AccelTCG})
 	vm := VMSettingsOf(node)
 	if vm.VMUser != nil {
 		// What the agent does at start for its vmUser (cmd/qemu-kubelet
@@ -211,8 +203,8 @@ func (img *densityImage) node(b *testing.B, name string, n, memoryMiB int) *dens
 		testutil.Searchable(b, img.env.root)
 		vmUserDirs(b, stateDir)
 	}
-	b.Logf("node %s: N=%d, guest %d MiB, %+v, vmUser %+v, emulated kernel args %q, CPU placement: %s",
-		name, n, memoryMiB, node.VMMemory, node.VMUser, node.EmulatedKernelArgs, vm.Placement.Why)
+	b.Logf("node %s: N=%d, guest %d MiB, %+v, vmUser %+v, emulated kernel args %q, CPU placement: %s; transparent huge pages disabled %v: %s",
+		name, n, memoryMiB, node.VMMemory, node.VMUser, node.EmulatedKernelArgs, vm.Placement.Why, thp.Disable, thp.Why)
 	h := newHarnessWith(b, stateDir, img.env.store, img.env.imageDir, func(c *VMsConfig) {
 		vm.Apply(c)
 		// Room for N pods: density is measured, not admission.
@@ -220,20 +212,7 @@ func (img *densityImage) node(b *testing.B, name string, n, memoryMiB int) *dens
 			return podtest.RL("cpu", strconv.Itoa(n), "memory", strconv.Itoa(n*(memoryMiB+512))+"Mi", "pods", strconv.Itoa(n))
 		}
 	})
-	return &densityEnv{name: name, h: h, stateDir: stateDir, ref: img.ref, memoryMiB: memoryMiB, blobs: img.blobs, thpOff: thpOff}
-}
-
-// setTHPDisabled sets or clears PR_SET_THP_DISABLE on this process: the
-// processes it starts meanwhile inherit it (prctl(2)).
-func setTHPDisabled(off bool) error {
-	v := 0
-	if off {
-		v = 1
-	}
-	if err := unix.Prctl(unix.PR_SET_THP_DISABLE, uintptr(v), 0, 0, 0); err != nil {
-		return fmt.Errorf("prctl PR_SET_THP_DISABLE %d: %w", v, err)
-	}
-	return nil
+	return &densityEnv{name: name, h: h, stateDir: stateDir, ref: img.ref, memoryMiB: memoryMiB, blobs: img.blobs, thp: thp}
 }
 
 // densityPod is one pod of a density run and its QEMU.
@@ -253,17 +232,14 @@ func (e *densityEnv) run(b *testing.B, prefix string, n int, idle time.Duration)
 	if err != nil {
 		return nil, err
 	}
-	if e.thpOff {
-		if err := setTHPDisabled(true); err != nil {
-			return nil, err
-		}
+	// As the agent at its start; cleared after, for the next node.
+	if err := SetProcessTHP(e.thp.Disable); err != nil {
+		return nil, err
 	}
 	start := time.Now()
 	pods, paced, err := e.startPods(b, prefix, n)
-	if e.thpOff {
-		if err := setTHPDisabled(false); err != nil {
-			return nil, err
-		}
+	if err := SetProcessTHP(false); err != nil {
+		return nil, err
 	}
 	defer e.deletePods(b, pods)
 	if err != nil {
@@ -421,25 +397,20 @@ func (e *densityEnv) bootPod(ctx context.Context, p *densityPod) error {
 }
 
 // checkTHP holds QEMU's transparent huge pages (THP_enabled of
-// /proc/PID/status) to the node configuration's: off for thpOff.
+// /proc/PID/status) to the node's decision.
 func (e *densityEnv) checkTHP(pid int) error {
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return err
 	}
-	want := "1"
-	if e.thpOff {
-		want = "0"
+	on, err := processTHPEnabled(string(status))
+	if err != nil {
+		return fmt.Errorf("QEMU %d: %w", pid, err)
 	}
-	for _, l := range strings.Split(string(status), "\n") {
-		if f := strings.Fields(l); len(f) == 2 && f[0] == "THP_enabled:" {
-			if f[1] != want {
-				return fmt.Errorf("QEMU %d: THP_enabled %s, want %s (node %s)", pid, f[1], want, e.name)
-			}
-			return nil
-		}
+	if on == e.thp.Disable {
+		return fmt.Errorf("QEMU %d: THP_enabled %v, the node (%s) decided disabled %v", pid, on, e.name, e.thp.Disable)
 	}
-	return fmt.Errorf("QEMU %d: no THP_enabled in /proc/%d/status", pid, pid)
+	return nil
 }
 
 // checkSpec holds the VM's recorded spec to the run's assumptions: the
@@ -606,20 +577,18 @@ func TestDensityNodes(t *testing.T) {
 			stock.VMMemory, stock.VMCgroup, stock.VMNice, stock.VMUser, empty.VMMemory, empty.VMCgroup, empty.VMNice, empty.VMUser)
 	}
 	want := map[string]func(m *config.VMMemoryConfig){
-		"thp-off":        nil,
-		"fpr-off":        func(m *config.VMMemoryConfig) { m.FreePageReporting = false },
-		"tb16":           func(m *config.VMMemoryConfig) { m.TCGTranslationBufferMiB = 16 },
-		"fpr-o0":         nil,
-		"fpr-o3":         nil,
-		"fpr-o5":         nil,
-		"fpr-o9":         nil,
-		"fpr-o0-thp-off": nil,
+		"thp-enabled": func(m *config.VMMemoryConfig) { m.TransparentHugePages = config.THPEnabled },
+		"fpr-off":     func(m *config.VMMemoryConfig) { m.FreePageReporting = false },
+		"tb16":        func(m *config.VMMemoryConfig) { m.TCGTranslationBufferMiB = 16 },
+		"fpr-o0":      nil,
+		"fpr-o3":      nil,
+		"fpr-o5":      nil,
+		"fpr-o9":      nil,
 	}
 	// The free page reporting orders: the stock node's emulated kernel
 	// arguments and that order's.
 	wantArgs := map[string]string{"fpr-o0": "page_reporting.page_reporting_order=0", "fpr-o3": "page_reporting.page_reporting_order=3",
-		"fpr-o5": "page_reporting.page_reporting_order=5", "fpr-o9": "page_reporting.page_reporting_order=9",
-		"fpr-o0-thp-off": "page_reporting.page_reporting_order=0"}
+		"fpr-o5": "page_reporting.page_reporting_order=5", "fpr-o9": "page_reporting.page_reporting_order=9"}
 	for _, d := range densityNodes[1:] {
 		n, err := stockNode(d.name, "/var/lib/qk-bench")
 		if err != nil {
@@ -647,6 +616,17 @@ func TestDensityNodes(t *testing.T) {
 		if n.VMMemory != m || m == stock.VMMemory {
 			t.Errorf("%s: vmMemory %+v, want %+v (the stock node's %+v, one field changed)", d.name, n.VMMemory, m, stock.VMMemory)
 		}
+	}
+	// Under TCG the stock node's QEMUs run without transparent huge
+	// pages, thp-enabled's with the kernel's.
+	thpOn, err := stockNode("thp-enabled", "/var/lib/qk-bench")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tcg := []qemu.Accelerator{qemu.AccelTCG}
+	if !DecideTHP(stock.VMMemory.TransparentHugePages, tcg).Disable || DecideTHP(thpOn.VMMemory.TransparentHugePages, tcg).Disable {
+		t.Errorf("transparent huge pages under TCG: stock %s, thp-enabled %s; want disabled on stock only",
+			stock.VMMemory.TransparentHugePages, thpOn.VMMemory.TransparentHugePages)
 	}
 	if _, err := stockNode("nope", "/var/lib/qk-bench"); err == nil || !strings.Contains(err.Error(), `"nope"`) {
 		t.Errorf("unknown node configuration: error %v, want one naming it", err)

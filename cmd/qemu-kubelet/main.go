@@ -297,14 +297,25 @@ func runNode(ctx context.Context, o options, cfg *config.Node, hup <-chan os.Sig
 	sh.reload = newConfigReloader(o.configFile, cfg, func() (*config.Node, error) { return loadConfig(o) }, hup)
 	go sh.reload.run(ctx)
 	nodes := append([]*config.Node{cfg}, cfg.GuestArchitectures...)
+	// Every node's accelerator is probed before any node starts a VM: the
+	// VMs' transparent huge pages are decided for the process from all
+	// of them.
+	nctxs := make([]context.Context, len(nodes))
+	facts := make([]nodestatus.Facts, len(nodes))
+	for i, n := range nodes {
+		nctxs[i] = ctx
+		if i > 0 {
+			nctxs[i] = klog.NewContext(ctx, klog.FromContext(ctx).WithValues("node", n.NodeName, "guestArch", n.GuestArch))
+		}
+		facts[i] = probe(nctxs[i], n)
+	}
+	if err := applyTHP(ctx, cfg.VMMemory.TransparentHugePages, facts); err != nil {
+		return err
+	}
 	errs := make(chan error, len(nodes))
 	for i, n := range nodes {
-		nctx := ctx
-		if i > 0 {
-			nctx = klog.NewContext(ctx, klog.FromContext(ctx).WithValues("node", n.NodeName, "guestArch", n.GuestArch))
-		}
 		go func() {
-			err := runOneNode(nctx, n, &sh, i == 0)
+			err := runOneNode(nctxs[i], n, facts[i], &sh, i == 0)
 			if err != nil && ctx.Err() == nil {
 				err = fmt.Errorf("node %s: %w", n.NodeName, err)
 				cancel(err)
@@ -332,10 +343,33 @@ func runNode(ctx context.Context, o options, cfg *config.Node, hup <-chan os.Sig
 	return first
 }
 
+// applyTHP decides the VMs' transparent huge pages from the setting and
+// the nodes' accelerators (provider.DecideTHP) and sets the process's
+// flag, which the QEMUs it starts inherit (the agent's own memory then
+// has no huge pages either). A failure is an error under Disabled; else
+// logged, and the VMs keep the kernel's choice.
+func applyTHP(ctx context.Context, setting string, facts []nodestatus.Facts) error {
+	accels := make([]qemu.Accelerator, 0, len(facts))
+	for _, f := range facts {
+		accels = append(accels, qemu.Accelerator(f.Accelerator.Name))
+	}
+	d := provider.DecideTHP(setting, accels)
+	logger := klog.FromContext(ctx)
+	if err := provider.SetProcessTHP(d.Disable); err != nil {
+		if setting == config.THPDisabled {
+			return fmt.Errorf("vmMemory.transparentHugePages Disabled: %w", err)
+		}
+		logger.Error(err, "VMs' transparent huge pages left to the kernel", "disable", d.Disable, "why", d.Why)
+		return nil
+	}
+	logger.Info("VMs' transparent huge pages", "disabled", d.Disable, "why", d.Why)
+	return nil
+}
+
 // runOneNode runs one node until ctx ends (nil) or it fails. main: the
 // host-architecture node, whose VMs and image cache the Prometheus state
-// metrics describe.
-func runOneNode(ctx context.Context, cfg *config.Node, sh *shared, main bool) error {
+// metrics describe; facts its probe's.
+func runOneNode(ctx context.Context, cfg *config.Node, facts nodestatus.Facts, sh *shared, main bool) error {
 	logger := klog.FromContext(ctx)
 	if err := os.MkdirAll(cfg.StateDir, 0o750); err != nil {
 		return fmt.Errorf("create state directory: %w", err)
@@ -350,7 +384,6 @@ func runOneNode(ctx context.Context, cfg *config.Node, sh *shared, main bool) er
 		}
 		logger.Info("KSM started for mergeable guest RAM", "dir", nodestatus.KSMDir, "pagesToScan", cfg.VMMemory.KSMPagesToScan)
 	}
-	facts := probe(ctx, cfg)
 	facts.ConfigState = sh.reload.State()
 	host := nodestatus.HostSource{StateDir: cfg.StateDir, QEMUBinary: cfg.QEMUBinary}
 	status := nodestatus.NewNodeStatus(ctx, facts, host.Read)
