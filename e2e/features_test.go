@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -30,7 +31,8 @@ import (
 // nothing changes); a good one enabling uefi starts the held pod while the
 // running VM keeps its QEMU process, with a changed restart-only field
 // reported (RestartRequired); a change of the file alone (no signal) is
-// picked up too.
+// picked up too. The node's QEMU runs without transparent huge pages
+// (TCG, vmMemory.transparentHugePages Auto).
 func TestNodeFeatures(t *testing.T) {
 	ctx := context.Background()
 	prebuild(t, kubeletPkg) // under way while the control plane starts
@@ -63,6 +65,12 @@ func TestNodeFeatures(t *testing.T) {
 	run = waitPod(t, c, "default", run.Name, 120*time.Second, "Running", podRunning)
 	runPids := vmtest.QEMUPids(a.vmDir(string(run.UID)))
 	require.Len(t, runPids, 1)
+	// A TCG node's QEMU runs without transparent huge pages
+	// (vmMemory.transparentHugePages: Auto): the flag the agent set on
+	// itself at start.
+	status, err := os.ReadFile("/proc/" + strconv.Itoa(runPids[0]) + "/status")
+	require.NoError(t, err)
+	assert.Regexp(t, `(?m)^THP_enabled:\s+0$`, string(status), "QEMU %d of a TCG node", runPids[0])
 	runStarted := run.Status.ContainerStatuses[0].State.Running.StartedAt
 
 	// port-forward is refused by the node, naming the setting.
