@@ -69,9 +69,10 @@ func VirtualTargetCRDs(root string) string {
 
 // UpstreamJumpstarterCRDs finds upstream Jumpstarter's generated CRDs, the
 // extra check of the project's objects against the real schema:
-// $QK_JUMPSTARTER_CRDS, else the jumpstarter/crds folder of the shared
-// folder beside the repository root. ok is false when neither is there (a clone of the
-// repository alone); $QK_JUMPSTARTER_CRDS naming a directory without
+// $QK_JUMPSTARTER_CRDS, else a conventional directory beside the
+// repository root when a developer's machine has one. ok is false when
+// neither is there (a clone of the repository alone: the check is then
+// not made); $QK_JUMPSTARTER_CRDS naming a directory without
 // jumpstarter.dev_exporters.yaml is an error.
 func UpstreamJumpstarterCRDs(root string) (dir string, ok bool, err error) {
 	if d := os.Getenv("QK_JUMPSTARTER_CRDS"); d != "" {
