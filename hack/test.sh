@@ -6,6 +6,7 @@
 #
 # so a run's log says where its time went. The order, and why:
 #
+#   disk                the free disk the test nodes need (below);
 #   control plane       first, alone: it compiles most of the dependencies the
 #                       module shares with it (client-go, apimachinery, grpc),
 #                       which every later step then finds in the build cache.
@@ -48,6 +49,28 @@ step() {
 }
 
 gotest() { "$GO" test $TEST_GOFLAGS -p 1 -count=1 -timeout "$TEST_TIMEOUT" "$@"; }
+
+# disk: the test nodes keep their state under TMPDIR and, like kubelet,
+# report DiskPressure and take no pods when its filesystem has less than 10%
+# available (their default pressure.diskAvailable); every test that schedules
+# a pod would then fail on a timeout that does not say why. So a run that
+# starts below it stops here and says so. A cold run (empty caches) writes
+# about 10 GiB: below that much headroom it warns.
+disk_check() {
+	local dir=${TMPDIR:-/tmp} avail blocks bsize pct head
+	read -r avail blocks bsize < <(stat -f -c '%a %b %S' "$dir") || return 0
+	[ "$blocks" -gt 0 ] || return 0
+	pct=$((avail * 100 / blocks))
+	head=$(((avail - blocks / 10) * bsize / 1024 / 1024 / 1024))
+	if [ "$avail" -lt $((blocks / 10)) ]; then
+		echo "make test: only ${pct}% of the filesystem holding $dir is available ($((avail * bsize / 1024 / 1024 / 1024)) GiB): under 10% the test nodes report DiskPressure and take no pods. Free space (old Go build caches, old clones), then run again." >&2
+		return 1
+	fi
+	if [ "$head" -lt 10 ]; then
+		echo "make test: warning: ${head} GiB above the test nodes' DiskPressure threshold (10% available) on the filesystem holding $dir; a run with empty caches writes about 10 GiB" >&2
+	fi
+}
+step disk disk_check || exit 1
 
 bin_file=$(mktemp)
 trap 'rm -f "$bin_file"' EXIT
