@@ -46,14 +46,13 @@ var densityConfigs = []densityConfig{
 	{name: "tb32-fpr-ksm", memory: MemoryTuning{TCGTranslationBufferMiB: 32, FreePageReporting: true, MemMerge: true}, ksm: true},
 	// Cuts of issue #42 on the node's defaults (tb32-fpr), one at a time:
 	// a 16 MiB translation buffer; one glibc malloc arena in QEMU (one
-	// per thread otherwise); the guest reporting free pages from order 0
-	// (4 KiB) up instead of its pageblock order (2 MiB: a zone then needs
-	// 64 MiB free beyond its low watermark before it reports anything,
-	// more than a small guest has; Linux 6.1 takes the value from
-	// virtio_balloon when the driver loads, ignoring the command line, so
-	// it is set at run time here). A zone is looked at when a free block
-	// of at least that order is freed: the 4 MiB buffer dd allocates and
-	// frees is the idle guest's next such free.
+	// per thread otherwise); the guest's free page reporting order set
+	// again at run time and a 4 MiB block freed once booted. Every
+	// configuration with free page reporting has the node's order 0 on
+	// its command line (densityCmdline), which the test image's init
+	// writes back after virtio_balloon loads (Linux 6.1's driver
+	// overrides it); tb32-fpr-order0 adds only the later free (a zone is
+	// looked at again when a free block of at least that order is freed).
 	{name: "tb16-fpr", memory: MemoryTuning{TCGTranslationBufferMiB: 16, FreePageReporting: true}},
 	{name: "tb32-fpr-arena1", memory: MemoryTuning{TCGTranslationBufferMiB: 32, FreePageReporting: true}, env: map[string]string{"MALLOC_ARENA_MAX": "1"}},
 	{name: "tb32-fpr-order0", memory: MemoryTuning{TCGTranslationBufferMiB: 32, FreePageReporting: true}, guest: "echo 0 > /sys/module/page_reporting/parameters/page_reporting_order && dd if=/dev/zero of=/dev/null bs=4M count=1 2>/dev/null"},
@@ -109,7 +108,8 @@ func BenchmarkIdleDensity(b *testing.B) {
 	base := testSpec(b, "acpi")
 	base.MemoryMiB = mem
 	// The command line a TCG node gives this image (provider's
-	// EmulatedKernelCmdline with the default emulatedKernelArgs).
+	// EmulatedKernelCmdline with the default emulatedKernelArgs); the free
+	// page reporting order is added per configuration (densityCmdline).
 	base.Cmdline = "no_timer_check tsc=reliable sysctl.vm.compaction_proactiveness=0 " + base.Cmdline
 	base.Network = true
 	b.Logf("N=%d guest=%dMiB idle=%s", n, mem, idle)
@@ -362,6 +362,23 @@ func (r *densityResult) addVMStats(vms []*VM, cpu0 []time.Duration, wall time.Du
 	return nil
 }
 
+// nodeFreePageReportingArg is provider/podspec.FreePageReportingArg,
+// the free page reporting order a TCG node gives a directly booted kernel
+// whose VM has free page reporting, restated: this package may not import
+// provider (build/deps_test.go). TestDensityFreePageReportingArg (package
+// qemu_test) holds the two equal.
+const nodeFreePageReportingArg = "page_reporting.page_reporting_order=0"
+
+// densityCmdline is the kernel command line cmdline as a TCG node gives it
+// to a VM of memory tuning m: with nodeFreePageReportingArg first when m
+// has free page reporting (podspec.FreePageReportingCmdline). Pure.
+func densityCmdline(cmdline string, m MemoryTuning) string {
+	if !m.FreePageReporting {
+		return cmdline
+	}
+	return nodeFreePageReportingArg + " " + cmdline
+}
+
 // startDensityVM starts VM i of configuration cfg from base (prepared as
 // cfg says) and waits for its boot marker, then runs cfg's guest command.
 // The VM is returned whenever it started, also with an error (to be
@@ -370,6 +387,7 @@ func startDensityVM(ctx context.Context, b *testing.B, base Spec, cfg densityCon
 	s := base
 	s.Name = fmt.Sprintf("density-%d", i)
 	s.Memory = cfg.memory
+	s.Cmdline = densityCmdline(s.Cmdline, cfg.memory)
 	dir := newStateDir(b)
 	if cfg.prepare != nil {
 		if err := cfg.prepare(ctx, &s, dir); err != nil {

@@ -10,6 +10,9 @@ var (
 	NewStateDir   = newStateDir
 	KillVM        = killVM
 	ReadProcStats = readProcStats
+	// DensityCmdline is the command line BenchmarkIdleDensity gives a
+	// configuration's VMs.
+	DensityCmdline = densityCmdline
 )
 
 // AddDensityConfig adds a configuration to BenchmarkIdleDensity, after the
