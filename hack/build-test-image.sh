@@ -11,7 +11,8 @@
 #   initramfs-acpi.cpio.gz     busybox init (virtio drivers, virtio_balloon for free
 #                              page reporting, at the command line's
 #                              page_reporting.page_reporting_order, which
-#                              6.1's driver would override): prints QK-BOOT-OK on the serial
+#                              6.1's driver would override; the module
+#                              files deleted once loaded): prints QK-BOOT-OK on the serial
 #                              console (ttyS0; ttyAMA0 on arm64), serves
 #                              "QK-HTTP-OK" over HTTP on guest port 8080 (GET
 #                              /cgi-bin/burn?SECS burns a vCPU for SECS s,

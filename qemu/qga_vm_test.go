@@ -34,6 +34,13 @@ func TestGuestExecRealQEMU(t *testing.T) {
 	assert.Equal(t, string(HostArch()), strings.TrimSpace(string(res.Stdout)))
 	assert.Equal(t, 0, res.ExitCode)
 
+	// The test image's init loads its modules, then deletes their files
+	// (its root file system is guest RAM).
+	res, err = vm.GuestExec(ctx, ExecRequest{Path: "sh", Args: []string{"-c",
+		"[ -e /lib/modules ] && echo module files kept; grep -o '^virtio_balloon ' /proc/modules"}})
+	require.NoError(t, err)
+	assert.Equal(t, "virtio_balloon \n", string(res.Stdout), "the guest's module files and loaded virtio_balloon")
+
 	res, err = vm.GuestExec(ctx, ExecRequest{Path: "cat", Stdin: []byte("line one\nline two\n")})
 	require.NoError(t, err)
 	assert.Equal(t, "line one\nline two\n", string(res.Stdout))

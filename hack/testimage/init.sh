@@ -26,6 +26,11 @@ for m in $(cat /etc/qk-modules); do
     echo "$PRORDER" > /sys/module/page_reporting/parameters/page_reporting_order 2>/dev/null
   fi
 done
+# The modules are in the kernel now. The root file system is the
+# initramfs (tmpfs: its files are guest RAM) and nothing loads a module
+# later, so their files go, as an initramfs is freed once its init has
+# done its work.
+rm -rf /lib/modules /etc/qk-modules
 echo 1 > /proc/sys/kernel/printk 2>/dev/null
 
 ifconfig lo 127.0.0.1 up
