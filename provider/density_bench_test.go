@@ -55,13 +55,29 @@ var densityNodes = []struct {
 	{"fpr-o3", fprOrderFile(3)},
 	{"fpr-o5", fprOrderFile(5)},
 	{"fpr-o9", fprOrderFile(9)},
+	// The guest's kernel without zeroing every page it allocates
+	// (init_on_alloc=0; Debian's kernels zero by default,
+	// CONFIG_INIT_ON_ALLOC_DEFAULT_ON): what that hardening costs an idle
+	// guest's RAM and its boot's CPU. Measured only: the node does not
+	// turn a guest's hardening off.
+	{"init-on-alloc-0", emulatedArgsFile(initOnAllocOffArg)},
 }
+
+// initOnAllocOffArg turns off the guest kernel's zeroing of allocated
+// pages.
+const initOnAllocOffArg = "init_on_alloc=0"
 
 // fprOrderFile is a node configuration file whose emulatedKernelArgs are
 // the defaults and page_reporting.page_reporting_order=order.
 func fprOrderFile(order int) string {
+	return emulatedArgsFile(fprOrderArg(order))
+}
+
+// emulatedArgsFile is a node configuration file whose emulatedKernelArgs
+// are the defaults and arg.
+func emulatedArgsFile(arg string) string {
 	f := "emulatedKernelArgs:\n"
-	for _, a := range append(append([]string(nil), config.DefaultEmulatedKernelArgs...), fprOrderArg(order)) {
+	for _, a := range append(append([]string(nil), config.DefaultEmulatedKernelArgs...), arg) {
 		f += "  - " + a + "\n"
 	}
 	return f
@@ -577,18 +593,21 @@ func TestDensityNodes(t *testing.T) {
 			stock.VMMemory, stock.VMCgroup, stock.VMNice, stock.VMUser, empty.VMMemory, empty.VMCgroup, empty.VMNice, empty.VMUser)
 	}
 	want := map[string]func(m *config.VMMemoryConfig){
-		"thp-enabled": func(m *config.VMMemoryConfig) { m.TransparentHugePages = config.THPEnabled },
-		"fpr-off":     func(m *config.VMMemoryConfig) { m.FreePageReporting = false },
-		"tb16":        func(m *config.VMMemoryConfig) { m.TCGTranslationBufferMiB = 16 },
-		"fpr-o0":      nil,
-		"fpr-o3":      nil,
-		"fpr-o5":      nil,
-		"fpr-o9":      nil,
+		"thp-enabled":     func(m *config.VMMemoryConfig) { m.TransparentHugePages = config.THPEnabled },
+		"fpr-off":         func(m *config.VMMemoryConfig) { m.FreePageReporting = false },
+		"tb16":            func(m *config.VMMemoryConfig) { m.TCGTranslationBufferMiB = 16 },
+		"fpr-o0":          nil,
+		"fpr-o3":          nil,
+		"fpr-o5":          nil,
+		"fpr-o9":          nil,
+		"init-on-alloc-0": nil,
 	}
-	// The free page reporting orders: the stock node's emulated kernel
-	// arguments and that order's.
+	// The variants of one kernel argument (the free page reporting
+	// orders, init_on_alloc): the stock node's emulated kernel arguments
+	// and that one.
 	wantArgs := map[string]string{"fpr-o0": "page_reporting.page_reporting_order=0", "fpr-o3": "page_reporting.page_reporting_order=3",
-		"fpr-o5": "page_reporting.page_reporting_order=5", "fpr-o9": "page_reporting.page_reporting_order=9"}
+		"fpr-o5": "page_reporting.page_reporting_order=5", "fpr-o9": "page_reporting.page_reporting_order=9",
+		"init-on-alloc-0": "init_on_alloc=0"}
 	for _, d := range densityNodes[1:] {
 		n, err := stockNode(d.name, "/var/lib/qk-bench")
 		if err != nil {
