@@ -35,11 +35,12 @@ func TestGuestExecRealQEMU(t *testing.T) {
 	assert.Equal(t, 0, res.ExitCode)
 
 	// The test image's init loads its modules, then deletes their files
-	// (its root file system is guest RAM).
+	// (its root file system is guest RAM); its kernel does not account
+	// its memory to cgroups (it runs none).
 	res, err = vm.GuestExec(ctx, ExecRequest{Path: "sh", Args: []string{"-c",
-		"[ -e /lib/modules ] && echo module files kept; grep -o '^virtio_balloon ' /proc/modules"}})
+		"[ -e /lib/modules ] && echo module files kept; grep -o '^virtio_balloon ' /proc/modules; grep -o cgroup.memory=nokmem /proc/cmdline"}})
 	require.NoError(t, err)
-	assert.Equal(t, "virtio_balloon \n", string(res.Stdout), "the guest's module files and loaded virtio_balloon")
+	assert.Equal(t, "virtio_balloon \ncgroup.memory=nokmem\n", string(res.Stdout), "the guest's module files, loaded virtio_balloon and kernel command line")
 
 	res, err = vm.GuestExec(ctx, ExecRequest{Path: "cat", Stdin: []byte("line one\nline two\n")})
 	require.NoError(t, err)
