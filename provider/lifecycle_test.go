@@ -3,6 +3,7 @@ package provider
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -30,9 +31,10 @@ import (
 // harness runs a VMs provider against a real registry, image store and QEMU
 // (TCG), recording every status it pushes.
 type harness struct {
-	t      testing.TB
-	vms    *VMs
-	cancel context.CancelFunc
+	t        testing.TB
+	vms      *VMs
+	cancel   context.CancelFunc
+	stateDir string
 	// events holds the pod events, "Type Reason Message" (buffered).
 	events *record.FakeRecorder
 
@@ -48,7 +50,7 @@ func newHarness(t testing.TB, stateDir string, store ImageStore, imageDir string
 // newHarnessWith lets mutate change the provider's configuration.
 func newHarnessWith(t testing.TB, stateDir string, store ImageStore, imageDir string, mutate func(*VMsConfig)) *harness {
 	ctx, cancel := context.WithCancel(context.Background())
-	h := &harness{t: t, cancel: cancel, last: map[types.UID]*corev1.Pod{}, seen: map[types.UID][]string{}, events: record.NewFakeRecorder(1000)}
+	h := &harness{t: t, cancel: cancel, stateDir: stateDir, last: map[types.UID]*corev1.Pod{}, seen: map[types.UID][]string{}, events: record.NewFakeRecorder(1000)}
 	cfg := VMsConfig{
 		Recorder: h.events,
 		NodeName: "n1", NodeIP: "10.1.2.3", StateDir: stateDir, Accelerator: "tcg",
@@ -98,10 +100,35 @@ func (h *harness) wait(uid types.UID, timeout time.Duration, what string, ok fun
 			return p
 		}
 		if time.Now().After(deadline) {
-			h.t.Fatalf("pod %s: waiting for %s: statuses seen %v; last %+v", uid, what, seen, lastState(p))
+			h.t.Fatalf("pod %s: waiting for %s: statuses seen %v; last %+v\n%s", uid, what, seen, lastState(p), h.diagnose(uid))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// diagnose describes the pod's VM for a failed wait: vmtest.Diagnose of its
+// state dir, and QEMU's run state (QMP query-status) while the provider
+// holds a running VM for it.
+func (h *harness) diagnose(uid types.UID) string {
+	d := vmtest.Diagnose(filepath.Join(h.stateDir, VMsDirName, string(uid)))
+	rec := h.rec(uid)
+	if rec == nil {
+		return d + "QMP: the provider holds no run for the pod\n"
+	}
+	vm := rec.vm.get()
+	if vm == nil {
+		return d + "QMP: the provider holds no VM for the pod\n"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var st struct {
+		Running bool   `json:"running"`
+		Status  string `json:"status"`
+	}
+	if err := vm.QMP(ctx, "query-status", nil, &st); err != nil {
+		return d + fmt.Sprintf("QMP query-status (pid %d): %v\n", vm.Pid(), err)
+	}
+	return d + fmt.Sprintf("QMP query-status (pid %d): status %q running %t\n", vm.Pid(), st.Status, st.Running)
 }
 
 // drainEvents returns the events recorded since the last call.

@@ -22,6 +22,7 @@ import (
 
 	"github.com/qemu-kubelet/qemu-kubelet/internal/testutil"
 	"github.com/qemu-kubelet/qemu-kubelet/oci/ocitest"
+	"github.com/qemu-kubelet/qemu-kubelet/qemu"
 )
 
 // Boot markers printed on the serial console by the test images.
@@ -277,4 +278,57 @@ func ReapQEMU(tb testing.TB, dir string) {
 			tb.Errorf("QEMU processes left running under %s: %v (killed)", dir, pids)
 		}
 	})
+}
+
+// Diagnose describes the VM whose state is in dir, for a test that waited
+// for it in vain: the QEMU processes under dir (pid, process state, CPU
+// time: a paused QEMU burns none, a guest that boots over and over
+// burns a lot), the exit record if one was written, and the last lines of
+// the console. Small enough for a failure message.
+func Diagnose(dir string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "VM state dir %s\n", dir)
+	pids := QEMUPids(dir)
+	if len(pids) == 0 {
+		b.WriteString("QEMU: no process running\n")
+	}
+	for _, pid := range pids {
+		fmt.Fprintf(&b, "QEMU pid %d: %s\n", pid, procSummary(pid))
+	}
+	if ex, err := os.ReadFile(filepath.Join(dir, qemu.ExitFileName)); err == nil {
+		fmt.Fprintf(&b, "exit record %s: %s\n", qemu.ExitFileName, strings.TrimSpace(string(ex)))
+	} else {
+		fmt.Fprintf(&b, "exit record %s: %v\n", qemu.ExitFileName, err)
+	}
+	tail, err := qemu.TailConsole(dir, diagnoseConsoleLines)
+	switch {
+	case err != nil:
+		fmt.Fprintf(&b, "console: %v\n", err)
+	case len(tail) == 0:
+		b.WriteString("console: empty\n")
+	default:
+		fmt.Fprintf(&b, "console (last %d lines):\n%s\n", diagnoseConsoleLines, strings.TrimRight(string(tail), "\n"))
+	}
+	return b.String()
+}
+
+// diagnoseConsoleLines is how much of the console Diagnose shows.
+const diagnoseConsoleLines = 30
+
+// procSummary is a process's state and CPU time from /proc/<pid>/stat.
+func procSummary(pid int) string {
+	st, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return err.Error()
+	}
+	s := string(st)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 13 {
+		return "unreadable /proc stat: " + s
+	}
+	// After the comm: state is field 0, utime 11 and stime 12 (clock ticks,
+	// 100 a second on Linux).
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	stt, _ := strconv.ParseInt(f[12], 10, 64)
+	return fmt.Sprintf("state %s, CPU user %.1fs system %.1fs", f[0], float64(ut)/100, float64(stt)/100)
 }
