@@ -77,7 +77,8 @@ func (vm *VM) run(ctx context.Context, cmd any) ([]byte, error) {
 }
 
 // quit tells QEMU to quit (after a guest shutdown or panic), bounded by
-// quitTimeout; a QEMU that does not answer is killed.
+// quitTimeout; a QEMU that does not answer, or is still there quitTimeout
+// after the command failed, is killed (unless the VM was detached).
 func (vm *VM) quit() {
 	ctx, cancel := context.WithTimeout(context.Background(), quitTimeout)
 	defer cancel()
@@ -89,7 +90,20 @@ func (vm *VM) quit() {
 		vm.log.Info("QEMU did not answer quit; killing it", "timeout", quitTimeout)
 		vm.Kill()
 	default:
-		// QEMU closes the connection as it quits: the reply may be lost.
-		vm.log.V(2).Info("quit", "err", err)
+		// QEMU closes the connection as it quits, so the reply may be lost
+		// and the error is then the connection's end. But QEMU may also
+		// still be there, paused (guest shutdown or panic), waiting for a
+		// quit that never came: whatever the error, it gets quitTimeout to
+		// go away and is killed if it does not, so the exit is recorded.
+		t := time.NewTimer(quitTimeout)
+		defer t.Stop()
+		select {
+		case <-vm.done:
+			vm.log.V(2).Info("quit: QEMU exited; its reply was lost", "err", err)
+		case <-vm.detached: // left running on purpose, for the next agent
+		case <-t.C:
+			vm.log.Info("QEMU did not quit after a failed quit command; killing it", "err", err, "timeout", quitTimeout)
+			vm.Kill()
+		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -19,11 +20,23 @@ import (
 
 // hungQMP is a fake QMP server on a unix socket: it sends the greeting and
 // answers qmp_capabilities, then reads every further command and never
-// answers (a hung QEMU). No QEMU runs.
+// answers (a hung QEMU), except the commands given a reply in answers.
+// No QEMU runs.
 type hungQMP struct {
 	mu       sync.Mutex
 	commands []string
 	conns    []net.Conn
+	answers  map[string]string // command -> reply line
+}
+
+// answer makes the server reply to command with reply from now on.
+func (h *hungQMP) answer(command, reply string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.answers == nil {
+		h.answers = map[string]string{}
+	}
+	h.answers[command] = reply
 }
 
 func startHungQMP(t *testing.T, sock string) *hungQMP {
@@ -85,7 +98,13 @@ func (h *hungQMP) serve(c net.Conn) {
 		}
 		h.mu.Lock()
 		h.commands = append(h.commands, cmd)
+		reply, ok := h.answers[cmd]
 		h.mu.Unlock()
+		if ok {
+			if _, err := c.Write([]byte(reply + "\n")); err != nil {
+				return
+			}
+		}
 	}
 }
 
@@ -198,6 +217,56 @@ func TestQuitHasATimeout(t *testing.T) {
 	forcing := vm.forcing
 	vm.mu.Unlock()
 	require.True(t, strings.Contains(forcing, "SIGKILL"), "an unanswered quit kills QEMU: %q", forcing)
+}
+
+// TestQuitErrorKillsAStillRunningQEMU: a quit that fails with an error
+// other than a timeout (here QEMU answers it with an error and stays) does
+// not leave QEMU paused for ever: it is killed quitTimeout later, so the
+// exit gets recorded. A VM detached meanwhile is left running.
+func TestQuitErrorKillsAStillRunningQEMU(t *testing.T) {
+	const refused = `{"error": {"class": "GenericError", "desc": "quit refused"}}`
+	old := quitTimeout
+	quitTimeout = 100 * time.Millisecond
+	t.Cleanup(func() { quitTimeout = old })
+	forcing := func(vm *VM) string {
+		vm.mu.Lock()
+		defer vm.mu.Unlock()
+		return vm.forcing
+	}
+	quitWithin := func(t *testing.T, vm *VM, d time.Duration) {
+		t.Helper()
+		done := make(chan struct{})
+		go func() { vm.quit(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(d):
+			t.Fatalf("quit did not return %s after its %s timeout against a QEMU that refused it", d, quitTimeout)
+		}
+	}
+
+	t.Run("Killed", func(t *testing.T) {
+		vm, h := connectToFake(t)
+		h.answer("quit", refused)
+		quitWithin(t, vm, 5*time.Second)
+		require.Contains(t, h.seen(), "quit")
+		require.Contains(t, forcing(vm), "SIGKILL", "a QEMU still there after a failed quit is killed")
+	})
+	t.Run("DetachedIsLeftRunning", func(t *testing.T) {
+		vm, h := connectToFake(t)
+		h.answer("quit", refused)
+		quitTimeout = 2 * time.Second // room to detach while quit waits
+		t.Cleanup(func() { quitTimeout = 100 * time.Millisecond })
+		done := make(chan struct{})
+		go func() { vm.quit(); close(done) }()
+		require.Eventually(t, func() bool { return slices.Contains(h.seen(), "quit") }, 5*time.Second, 10*time.Millisecond, "the quit command reaches QEMU")
+		vm.Detach()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("quit did not return within 10 s of Detach")
+		}
+		require.Empty(t, forcing(vm), "a detached VM is not killed")
+	})
 }
 
 // TestEventsClosedOnDetach: Detach ends every event subscription (the
