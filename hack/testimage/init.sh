@@ -231,6 +231,20 @@ case " $(cat /proc/cmdline) " in
 esac
 
 if [ "$VARIANT" = panic ]; then
+  # The node learns of the panic from pvpanic (pvpanic-mmio on x86's ACPI
+  # QEMU0001, pvpanic-pci on arm64 virt), bound when its module was
+  # insmod'ed above. A panic it cannot report reboots the guest
+  # (panic=-1) into the same panic, for ever, while the pod reads Running:
+  # say so on the console first.
+  pvbound() {
+    for d in /sys/bus/platform/drivers/pvpanic-mmio/*:* /sys/bus/pci/drivers/pvpanic-pci/*:*; do
+      [ -e "$d" ] && return 0
+    done
+    return 1
+  }
+  i=0
+  while ! pvbound && [ $i -lt 50 ]; do usleep 100000; i=$((i+1)); done
+  pvbound || echo "QK-PANIC-UNREPORTED (no pvpanic device bound after 5s; modules: $(grep -o '^pvpanic[a-z_]*' /proc/modules | tr '\n' ' '))"
   echo "QK-PANIC-NOW"
   echo c > /proc/sysrq-trigger
   exit 1
