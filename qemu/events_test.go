@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/digitalocean/go-qemu/qmp"
+	"github.com/go-logr/logr/funcr"
+	"github.com/stretchr/testify/assert"
 )
 
 func TestClassify(t *testing.T) {
@@ -128,5 +130,40 @@ func TestConsoleCapTailFollow(t *testing.T) {
 	}
 	if out.String() != "live-1\nlive-2\n" {
 		t.Fatalf("followed %q", out.String())
+	}
+}
+
+// TestNotableEventsLoggedAtInfo: what the guest does to itself (panic,
+// shutdown, reset) is logged at Info with its fields, so a node's log at
+// the default verbosity tells a panic from a reboot loop; Stop, Resume
+// and Powerdown are not.
+func TestNotableEventsLoggedAtInfo(t *testing.T) {
+	cases := []struct {
+		ev   Event
+		want string // "" not at Info
+	}{
+		{GuestPanicked{Action: "pause"}, `"event"="GuestPanicked" "action"="pause"`},
+		{Shutdown{Guest: true, Reason: "guest-shutdown"}, `"event"="Shutdown" "guest"=true "reason"="guest-shutdown"`},
+		{Reset{Guest: true, Reason: "guest-reset"}, `"event"="Reset" "guest"=true "reason"="guest-reset"`},
+		{Stop{}, ""},
+		{Resume{}, ""},
+		{Powerdown{}, ""},
+	}
+	for _, c := range cases {
+		var lines []string
+		log := funcr.New(func(prefix, args string) { lines = append(lines, args) }, funcr.Options{Verbosity: 0})
+		vm := newVM(Spec{Name: "t", StateDir: t.TempDir()}, t.TempDir(), 0, log)
+		if _, quits := c.ev.(GuestPanicked); quits {
+			vm.Detach() // handle quits a panicked VM: nothing to quit here
+		}
+		vm.handle(c.ev)
+		if c.want == "" {
+			assert.Empty(t, lines, "%T is not logged at Info", c.ev)
+			continue
+		}
+		if assert.Len(t, lines, 1, "%T", c.ev) {
+			assert.Contains(t, lines[0], `"msg"="VM event"`)
+			assert.Contains(t, lines[0], c.want)
+		}
 	}
 }

@@ -88,13 +88,34 @@ func (vm *VM) handle(ev Event) {
 	}
 	vm.broadcastLocked(ev)
 	vm.mu.Unlock()
-	vm.log.V(2).Info("VM event", "event", fmt.Sprintf("%T", ev))
+	if kv, notable := notableEvent(ev); notable {
+		vm.log.Info("VM event", kv...)
+	} else {
+		vm.log.V(2).Info("VM event", "event", fmt.Sprintf("%T", ev))
+	}
 	if quit {
 		// With -action shutdown=pause,panic=pause QEMU waits for us: quit it
 		// now that the cause is known. Asynchronously: Run needs this
 		// goroutine to keep draining events.
 		go vm.quit()
 	}
+}
+
+// notableEvent says whether ev is logged at Info, with its fields: what
+// the guest did to itself (panic, shutdown, reset), rare in a VM's life
+// and what tells, in a node's log, a guest that panicked but stayed from
+// one that reboots into the same panic. Stop, Resume and the power button
+// (snapshots, stops) stay at V(2). Pure.
+func notableEvent(ev Event) (kv []any, notable bool) {
+	switch e := ev.(type) {
+	case GuestPanicked:
+		return []any{"event", "GuestPanicked", "action", e.Action}, true
+	case Shutdown:
+		return []any{"event", "Shutdown", "guest", e.Guest, "reason", e.Reason}, true
+	case Reset:
+		return []any{"event", "Reset", "guest", e.Guest, "reason", e.Reason}, true
+	}
+	return nil, false
 }
 
 func (vm *VM) applyRunState(st string) {
