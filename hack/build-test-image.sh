@@ -97,17 +97,36 @@ candidate() { aptcache show --no-all-versions "$1" 2>/dev/null | sed -n 's/^Vers
 # one builds no gpio_keys: on the virt machine booted with a device tree the
 # power button is a gpio-keys line, and without it a VM cannot be stopped
 # gracefully.
+#
+# QK_TESTIMAGE_KERNEL=minimal (amd64 only) boots a kernel built from
+# Debian's kernel source instead, everything the image uses built in and
+# nothing else (hack/build-guest-kernel.sh): a test guest of a few MiB of
+# kernel where the cloud kernel holds about 38 MiB of the guest's RAM.
+# Default: debian.
 case "$ARCH" in
   amd64) KMETA=linux-image-cloud-amd64 ;;
   arm64) KMETA=linux-image-arm64 ;;
 esac
+KIND="${QK_TESTIMAGE_KERNEL:-debian}"
+MINDIR=""
+case "$KIND" in
+  debian) ;;
+  minimal)
+    [ "$ARCH" = amd64 ] || { log "QK_TESTIMAGE_KERNEL=minimal is built for amd64 only"; exit 2; }
+    MINDIR="$("$HERE/build-guest-kernel.sh" | tail -1)" || { log "building the minimal guest kernel failed"; exit 1; }
+    ;;
+  *) log "QK_TESTIMAGE_KERNEL=$KIND: want debian or minimal"; exit 2 ;;
+esac
 KPKG="${QK_TESTIMAGE_KERNEL_PKG:-}"
-if [ -z "$KPKG" ]; then
+if [ -n "$MINDIR" ]; then
+  KPKG="linux-minimal-$(sed -n 's/^kernel_release=//p' "$MINDIR/VERSION")"
+  KVER="$(sed -n 's/^source_version=//p' "$MINDIR/VERSION")_$(sed -n 's/^fragment_sum=//p' "$MINDIR/VERSION")"
+elif [ -z "$KPKG" ]; then
   KPKG="$(aptcache show --no-all-versions "$KMETA" 2>/dev/null |
     sed -n "s/^Depends: *\(linux-image-[^ ,]*-$ARCH\).*/\1/p" | head -1)"
 fi
 [ -n "$KPKG" ] || { log "cannot resolve the kernel package from $KMETA (apt-get update?)"; exit 1; }
-KVER="$(candidate "$KPKG")"
+[ -n "$MINDIR" ] || KVER="$(candidate "$KPKG")"
 [ -n "$KVER" ] || { log "no candidate version for $KPKG"; exit 1; }
 if [ "$ARCH" = "$HOSTARCH" ]; then
   BBVER="$(dpkg-query -W -f='${Version}' busybox-static 2>/dev/null)" || { log "busybox-static is not installed (hack/install-deps.sh)"; exit 1; }
@@ -168,7 +187,8 @@ fetchdeb() { # $1 package, $2 version; prints the cached .deb
   fi
   echo "$f"
 }
-DEB="$(fetchdeb "$KPKG" "$KVER")"
+DEB=""
+[ -n "$MINDIR" ] || DEB="$(fetchdeb "$KPKG" "$KVER")"
 BUSYBOX=/bin/busybox
 if [ "$ARCH" != "$HOSTARCH" ]; then
   mkdir -p "$TMP/busybox"
@@ -208,10 +228,17 @@ if [ -n "$QGAVER" ]; then
   addbin "$TMP/dbdeb/usr/sbin/dropbear" "$TMP/dbdeb"
 fi
 mkdir -p "$TMP/kernel" "$TMP/img"
-dpkg-deb -x "$DEB" "$TMP/kernel"
-cp "$TMP/kernel/boot/vmlinuz-"* "$TMP/img/vmlinuz"
-MODROOT="$(echo "$TMP/kernel/lib/modules/"*)/kernel"
-cp "$TMP/kernel/boot/config-"* "$TMP/img/kernel-config"
+if [ -n "$MINDIR" ]; then
+  # Everything built in: no modules to ship.
+  cp "$MINDIR/bzImage" "$TMP/img/vmlinuz"
+  cp "$MINDIR/config" "$TMP/img/kernel-config"
+  MODROOT="$TMP/kernel"
+else
+  dpkg-deb -x "$DEB" "$TMP/kernel"
+  cp "$TMP/kernel/boot/vmlinuz-"* "$TMP/img/vmlinuz"
+  MODROOT="$(echo "$TMP/kernel/lib/modules/"*)/kernel"
+  cp "$TMP/kernel/boot/config-"* "$TMP/img/kernel-config"
+fi
 
 # Modules the cloud kernel builds as modules but the test images need, in
 # dependency order (modules.dep is generated at install time, not shipped).
@@ -296,6 +323,7 @@ qemu-img convert -q -f raw -O qcow2 "$TMP/disk.raw" "$TMP/img/disk.qcow2"
 {
   echo "arch=$ARCH"
   echo "console=$CONSOLE"
+  echo "kernel=$KIND"
   echo "kernel_package=$KPKG"
   echo "kernel_version=$KVER"
   echo "busybox_static=$BBVER"

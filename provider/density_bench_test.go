@@ -103,8 +103,11 @@ func fprOrderArg(order int) string {
 // measured. At most QK_BENCH_DENSITY_PARALLEL pods (default 8) start at
 // once, and none while the host's MemAvailable is under
 // QK_BENCH_DENSITY_FLOOR_MIB (default 2048; waiting QK_BENCH_DENSITY_PACE_S
-// seconds in all at most, default 600: then vms < N). Metrics, prefixed
-// with the configuration's name, per VM (mean):
+// seconds in all at most, default 600: then vms < N). Each configuration
+// runs for each kernel of the test image in QK_BENCH_DENSITY_KERNELS
+// (comma-separated, vmtest.KernelDebian and KernelMinimal; default
+// debian), its metrics' prefix the configuration's name with "-minimal"
+// for the minimal kernel. Metrics, prefixed with that name, per VM (mean):
 //   - host-MiB/vm: drop of the host's MemAvailable from before the first
 //     pod to the end of the idle window (noisy on a shared machine);
 //   - rss-, pss-, anon-MiB/vm: QEMU's resident, proportional and anonymous
@@ -133,10 +136,17 @@ func BenchmarkIdlePodDensity(b *testing.B) {
 	if os.Getenv("QK_BENCH_DENSITY_NODES") == "" {
 		names = []string{"stock"}
 	}
-	img := newDensityImage(b)
+	kernels := strings.Split(os.Getenv("QK_BENCH_DENSITY_KERNELS"), ",")
+	if os.Getenv("QK_BENCH_DENSITY_KERNELS") == "" {
+		kernels = []string{vmtest.KernelDebian}
+	}
+	env := newVMEnv(b)
 	var nodes []*densityEnv
-	for _, name := range names {
-		nodes = append(nodes, img.node(b, strings.TrimSpace(name), n, testutil.EnvInt("QK_BENCH_DENSITY_MEM", 256)))
+	for _, kernel := range kernels {
+		img := newDensityImage(b, env, strings.TrimSpace(kernel))
+		for _, name := range names {
+			nodes = append(nodes, img.node(b, strings.TrimSpace(name), n, testutil.EnvInt("QK_BENCH_DENSITY_MEM", 256)))
+		}
 	}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -151,16 +161,27 @@ func BenchmarkIdlePodDensity(b *testing.B) {
 	b.ReportMetric(float64(n), "N")
 }
 
-// densityImage is the test image in a registry and cached in a store.
+// densityImage is the test image with one kernel in a registry and cached
+// in a store.
 type densityImage struct {
-	env   *vmEnv
-	ref   string
-	blobs []testutil.Blob
+	env *vmEnv
+	// kernel is the image's kernel (vmtest.KernelDebian, KernelMinimal);
+	// suffix is appended to the names of its nodes' metrics ("" for
+	// Debian's, as before there was a choice).
+	kernel, suffix string
+	ref            string
+	blobs          []testutil.Blob
 }
 
-func newDensityImage(b *testing.B) *densityImage {
-	env := newVMEnv(b)
-	ref := env.refs[vmtest.VariantACPI]
+func newDensityImage(b *testing.B, env *vmEnv, kernel string) *densityImage {
+	ref, suffix := env.refs[vmtest.VariantACPI], ""
+	switch kernel {
+	case vmtest.KernelDebian:
+	case vmtest.KernelMinimal:
+		ref, suffix = vmtest.PushKernelVariant(b, env.reg.Addr, kernel, vmtest.VariantACPI), "-"+kernel
+	default:
+		b.Fatalf("QK_BENCH_DENSITY_KERNELS: %q is not %s or %s", kernel, vmtest.KernelDebian, vmtest.KernelMinimal)
+	}
 	img, err := env.store.Pull(context.Background(), ref, oci.PullOptions{})
 	if err != nil {
 		b.Fatal(err)
@@ -169,7 +190,8 @@ func newDensityImage(b *testing.B) *densityImage {
 	if err != nil {
 		b.Fatal(err)
 	}
-	return &densityImage{env: env, ref: ref, blobs: blobs}
+	b.Logf("image %s: kernel %s (%d bytes), initrd %d bytes", ref, kernel, blobs[0].Bytes, blobs[1].Bytes)
+	return &densityImage{env: env, kernel: kernel, suffix: suffix, ref: ref, blobs: blobs}
 }
 
 // stockNode resolves the node configuration file of densityNodes' entry
@@ -206,7 +228,7 @@ type densityEnv struct {
 // node is a provider configured as cmd/qemu-kubelet's newVMs configures
 // one from densityNodes' entry name, with a state dir of its own.
 func (img *densityImage) node(b *testing.B, name string, n, memoryMiB int) *densityEnv {
-	stateDir := filepath.Join(img.env.root, "state-"+name)
+	stateDir := filepath.Join(img.env.root, "state-"+name+img.suffix)
 	node, err := stockNode(name, stateDir)
 	if err != nil {
 		b.Fatal(err)
@@ -219,8 +241,8 @@ func (img *densityImage) node(b *testing.B, name string, n, memoryMiB int) *dens
 		testutil.Searchable(b, img.env.root)
 		vmUserDirs(b, stateDir)
 	}
-	b.Logf("node %s: N=%d, guest %d MiB, %+v, vmUser %+v, emulated kernel args %q, CPU placement: %s; transparent huge pages disabled %v: %s",
-		name, n, memoryMiB, node.VMMemory, node.VMUser, node.EmulatedKernelArgs, vm.Placement.Why, thp.Disable, thp.Why)
+	b.Logf("node %s, image's kernel %s: N=%d, guest %d MiB, %+v, vmUser %+v, emulated kernel args %q, CPU placement: %s; transparent huge pages disabled %v: %s",
+		name, img.kernel, n, memoryMiB, node.VMMemory, node.VMUser, node.EmulatedKernelArgs, vm.Placement.Why, thp.Disable, thp.Why)
 	h := newHarnessWith(b, stateDir, img.env.store, img.env.imageDir, func(c *VMsConfig) {
 		vm.Apply(c)
 		// Room for N pods: density is measured, not admission.
@@ -228,7 +250,7 @@ func (img *densityImage) node(b *testing.B, name string, n, memoryMiB int) *dens
 			return podtest.RL("cpu", strconv.Itoa(n), "memory", strconv.Itoa(n*(memoryMiB+512))+"Mi", "pods", strconv.Itoa(n))
 		}
 	})
-	return &densityEnv{name: name, h: h, stateDir: stateDir, ref: img.ref, memoryMiB: memoryMiB, blobs: img.blobs, thp: thp}
+	return &densityEnv{name: name + img.suffix, h: h, stateDir: stateDir, ref: img.ref, memoryMiB: memoryMiB, blobs: img.blobs, thp: thp}
 }
 
 // densityPod is one pod of a density run and its QEMU.

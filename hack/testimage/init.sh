@@ -26,6 +26,11 @@ for m in $(cat /etc/qk-modules); do
     echo "$PRORDER" > /sys/module/page_reporting/parameters/page_reporting_order 2>/dev/null
   fi
 done
+# A kernel with virtio_balloon built in (QK_TESTIMAGE_KERNEL=minimal)
+# registered it before init: put the order back now.
+if [ -n "$PRORDER" ] && ! grep -qx virtio_balloon /etc/qk-modules; then
+  echo "$PRORDER" > /sys/module/page_reporting/parameters/page_reporting_order 2>/dev/null
+fi
 # The modules are in the kernel now. The root file system is the
 # initramfs (tmpfs: its files are guest RAM) and nothing loads a module
 # later, so their files go, as an initramfs is freed once its init has

@@ -54,10 +54,28 @@ func BuildTestImages(tb testing.TB) string {
 // arm64; "" the host's).
 func BuildTestImagesArch(tb testing.TB, debArch string) string {
 	tb.Helper()
+	return BuildTestImagesKernel(tb, debArch, "")
+}
+
+// The test image's kernels (hack/build-test-image.sh's QK_TESTIMAGE_KERNEL).
+const (
+	// KernelDebian is Debian's cloud kernel with the modules the image
+	// loads.
+	KernelDebian = "debian"
+	// KernelMinimal is built from Debian's kernel source with only what
+	// the image uses, built in (hack/build-guest-kernel.sh; amd64).
+	KernelMinimal = "minimal"
+)
+
+// BuildTestImagesKernel is BuildTestImagesArch with the image's kernel
+// ("" the environment's QK_TESTIMAGE_KERNEL, else KernelDebian).
+func BuildTestImagesKernel(tb testing.TB, debArch, kernel string) string {
+	tb.Helper()
 	testutil.SkipIfShort(tb, "QEMU test images (hack/build-test-image.sh)")
 	builtMu.Lock()
 	defer builtMu.Unlock()
-	if dir, ok := built[debArch]; ok {
+	key := debArch + "/" + kernel
+	if dir, ok := built[key]; ok {
 		return dir
 	}
 	root := ocitest.RepoRoot(tb)
@@ -66,6 +84,9 @@ func BuildTestImagesArch(tb testing.TB, debArch string) string {
 		args = append(args, debArch)
 	}
 	cmd := exec.Command(filepath.Join(root, "hack", "build-test-image.sh"), args...)
+	if kernel != "" {
+		cmd.Env = append(os.Environ(), "QK_TESTIMAGE_KERNEL="+kernel)
+	}
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -74,11 +95,11 @@ func BuildTestImagesArch(tb testing.TB, debArch string) string {
 	}
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	dir := strings.TrimSpace(lines[len(lines)-1])
-	built[debArch] = dir
+	built[key] = dir
 	return dir
 }
 
-// built memoizes BuildTestImagesArch's directory by architecture for the
+// built memoizes BuildTestImagesKernel's directory by architecture and kernel for the
 // test process: the script's answer does not change within a run, and each
 // call costs seconds of apt-cache lookups to find that its cache is current.
 var (
@@ -119,9 +140,23 @@ func PushTestImages(tb testing.TB, addr string) map[string]string {
 // (kernel + initrd + cmdline) as <addr>/<Repo>:<variant>-<debArch>.
 func PushArchVariant(tb testing.TB, addr, debArch, variant string) string {
 	tb.Helper()
-	dir := BuildTestImagesArch(tb, debArch)
+	return pushVariantOf(tb, addr, BuildTestImagesArch(tb, debArch), variant+"-"+debArch, variant)
+}
+
+// PushKernelVariant pushes one variant of the host architecture's test
+// image with kernel (KernelDebian, KernelMinimal) as
+// <addr>/<Repo>:<variant>-<kernel>.
+func PushKernelVariant(tb testing.TB, addr, kernel, variant string) string {
+	tb.Helper()
+	return pushVariantOf(tb, addr, BuildTestImagesKernel(tb, "", kernel), variant+"-"+kernel, variant)
+}
+
+// pushVariantOf pushes variant's kernel, initrd and cmdline from the image
+// directory dir as <addr>/<Repo>:<tag>.
+func pushVariantOf(tb testing.TB, addr, dir, tag, variant string) string {
+	tb.Helper()
 	oras := ocitest.Oras(tb)
-	ref := fmt.Sprintf("%s/%s:%s-%s", addr, Repo, variant, debArch)
+	ref := fmt.Sprintf("%s/%s:%s", addr, Repo, tag)
 	work := tb.TempDir()
 	initrd := "initramfs-" + variant + ".cpio.gz"
 	for _, f := range []string{"vmlinuz", initrd, "cmdline"} {

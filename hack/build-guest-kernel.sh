@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# build-guest-kernel.sh builds a minimal x86_64 guest kernel for the test
+# image (QK_TESTIMAGE_KERNEL=minimal in hack/build-test-image.sh): Debian's
+# own kernel source (the linux-source-<series> package, Debian's patches
+# applied) configured from tinyconfig plus hack/testimage/minimal-kernel.config,
+# everything the test image uses built in, no modules. Nothing it produces is
+# committed.
+#
+# Output (printed on stdout as the last line): a directory
+#   ${QK_CACHE_DIR:-$HOME/.cache/qemu-kubelet}/guestkernel/<version>/
+# holding bzImage, config (the full .config) and VERSION.
+#
+# The series is QK_GUEST_KERNEL_SERIES (default 6.1, the series of Debian
+# 12's cloud kernel). Installs linux-source-<series> and the build tools
+# (flex, bison, bc, libelf-dev, gcc, make) when missing (root or sudo).
+# Cached by the source package's version, the fragment and the compiler;
+# safe under concurrent runs (flock + atomic rename). A cold build takes a
+# few minutes of CPU.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+CACHE="${QK_CACHE_DIR:-$HOME/.cache/qemu-kubelet}/guestkernel"
+FRAGMENT="$HERE/testimage/minimal-kernel.config"
+SERIES="${QK_GUEST_KERNEL_SERIES:-6.1}"
+SRCPKG="linux-source-$SERIES"
+log() { echo "build-guest-kernel: $*" >&2; }
+
+[ "$(dpkg --print-architecture)" = amd64 ] || { log "builds an x86_64 kernel on an amd64 host only"; exit 2; }
+
+need=()
+for p in "$SRCPKG" flex bison bc libelf-dev gcc make xz-utils; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  log "installing ${need[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >&2 ||
+    { $SUDO apt-get update -qq >&2 && $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >&2; } ||
+    { log "cannot install ${need[*]}"; exit 1; }
+fi
+
+SRCVER="$(dpkg-query -W -f='${Version}' "$SRCPKG")"
+TARBALL="/usr/src/$SRCPKG.tar.xz"
+[ -f "$TARBALL" ] || { log "$SRCPKG $SRCVER is installed but $TARBALL is missing"; exit 1; }
+GCCVER="$(gcc -dumpfullversion)"
+SUM="$(cat "$FRAGMENT" "$HERE/build-guest-kernel.sh" | sha256sum | cut -c1-12)"
+VERSION="$(echo "${SRCPKG}_${SRCVER}_gcc${GCCVER}_${SUM}" | tr -c 'A-Za-z0-9._\n-' '_')"
+OUT="$CACHE/$VERSION"
+
+if [ -f "$OUT/VERSION" ]; then echo "$OUT"; exit 0; fi
+mkdir -p "$CACHE"
+exec 9>"$CACHE/.lock-$VERSION"
+flock 9
+if [ -f "$OUT/VERSION" ]; then echo "$OUT"; exit 0; fi
+
+TMP="$(mktemp -d "$CACHE/.build-$VERSION.XXXXXX")"
+trap 'rm -rf "$TMP"' EXIT
+log "building $VERSION in $TMP"
+tar -xJf "$TARBALL" -C "$TMP"
+SRC="$TMP/$SRCPKG"
+mk() { make -C "$SRC" -s "$@" >&2; }
+# Kconfig's notes (each option the fragment overrides) go to a log shown
+# only if a step fails.
+(cd "$SRC" && make -s tinyconfig && scripts/kconfig/merge_config.sh -m -O . .config "$FRAGMENT" && make -s olddefconfig) >"$TMP/kconfig.log" 2>&1 ||
+  { cat "$TMP/kconfig.log" >&2; log "configuring the kernel failed"; exit 1; }
+# Every option the fragment turns on must survive olddefconfig: one whose
+# dependencies are missing is dropped silently, and the image would boot
+# without it.
+missing="$(sed -n 's/^\(CONFIG_[A-Z0-9_]*\)=y$/\1/p' "$FRAGMENT" | while read -r o; do
+  grep -qx "$o=y" "$SRC/.config" || echo "$o"
+done)"
+[ -z "$missing" ] || { log "options of $FRAGMENT not in the configuration (a dependency is missing): $(echo "$missing" | tr '\n' ' ')"; exit 1; }
+mk -j"$(nproc)" bzImage KBUILD_BUILD_USER=qemu-kubelet KBUILD_BUILD_HOST=build KBUILD_BUILD_TIMESTAMP="$(date -u -r "$TARBALL" "+%F %T UTC")"
+mkdir -p "$TMP/out"
+cp "$SRC/arch/x86/boot/bzImage" "$TMP/out/bzImage"
+cp "$SRC/.config" "$TMP/out/config"
+{
+  echo "source_package=$SRCPKG"
+  echo "source_version=$SRCVER"
+  echo "kernel_release=$(make -C "$SRC" -s kernelrelease)"
+  echo "gcc=$GCCVER"
+  echo "fragment_sum=$SUM"
+} > "$TMP/out/VERSION"
+chmod -R a+rX "$TMP/out"
+rm -rf "$OUT.old"; [ -d "$OUT" ] && mv "$OUT" "$OUT.old"
+mv "$TMP/out" "$OUT"
+rm -rf "$OUT.old"
+log "built $OUT"
+echo "$OUT"
