@@ -13,8 +13,8 @@
 # The series is QK_GUEST_KERNEL_SERIES (default 6.1, the series of Debian
 # 12's cloud kernel). Installs linux-source-<series> and the build tools
 # (flex, bison, bc, libelf-dev, gcc, make) when missing (root or sudo).
-# Cached by the source package's version, the fragment and the compiler;
-# safe under concurrent runs (flock + atomic rename). A cold build takes a
+# Cached by the source package's version, the fragment and the compiler
+# (hack/lib/versioncache.sh: safe under concurrent runs). A cold build takes a
 # few minutes of CPU.
 set -euo pipefail
 
@@ -46,16 +46,10 @@ TARBALL="/usr/src/$SRCPKG.tar.xz"
 GCCVER="$(gcc -dumpfullversion)"
 SUM="$(cat "$FRAGMENT" "$HERE/build-guest-kernel.sh" | sha256sum | cut -c1-12)"
 VERSION="$(echo "${SRCPKG}_${SRCVER}_gcc${GCCVER}_${SUM}" | tr -c 'A-Za-z0-9._\n-' '_')"
-OUT="$CACHE/$VERSION"
-
-if [ -f "$OUT/VERSION" ]; then echo "$OUT"; exit 0; fi
-mkdir -p "$CACHE"
-exec 9>"$CACHE/.lock-$VERSION"
-flock 9
-if [ -f "$OUT/VERSION" ]; then echo "$OUT"; exit 0; fi
-
-TMP="$(mktemp -d "$CACHE/.build-$VERSION.XXXXXX")"
-trap 'rm -rf "$TMP"' EXIT
+# shellcheck source=lib/versioncache.sh
+. "$HERE/lib/versioncache.sh"
+cache_open "$CACHE" "$VERSION"
+TMP="$CACHE_TMP"
 log "building $VERSION in $TMP"
 tar -xJf "$TARBALL" -C "$TMP"
 SRC="$TMP/$SRCPKG"
@@ -83,8 +77,5 @@ cp "$SRC/.config" "$TMP/out/config"
   echo "fragment_sum=$SUM"
 } > "$TMP/out/VERSION"
 chmod -R a+rX "$TMP/out"
-rm -rf "$OUT.old"; [ -d "$OUT" ] && mv "$OUT" "$OUT.old"
-mv "$TMP/out" "$OUT"
-rm -rf "$OUT.old"
-log "built $OUT"
-echo "$OUT"
+log "built $CACHE_OUT"
+cache_publish "$TMP/out"

@@ -165,17 +165,10 @@ INIT_SUM="$(cat "$HERE/testimage/init.sh" "$HERE/build-test-image.sh" | sha256su
 VERSION="${KPKG#linux-image-}_${KVER}_bb${BBVER}${QGAVER:+_ga$QGAVER}${DBVER:+_db${DBVER}_tc${TCVER}_tm${TMVER}}_r${SCRIPT_REV}_${INIT_SUM}"
 [ "$ARCH" = amd64 ] || VERSION="${ARCH}_${VERSION}"
 VERSION="$(echo "$VERSION" | tr -c 'A-Za-z0-9._\n-' '_')"
-OUT="$CACHE/$VERSION"
-
-if [ -f "$OUT/VERSION" ]; then echo "$OUT"; exit 0; fi
-
-mkdir -p "$CACHE"
-exec 9>"$CACHE/.lock-$VERSION"
-flock 9
-if [ -f "$OUT/VERSION" ]; then echo "$OUT"; exit 0; fi
-
-TMP="$(mktemp -d "$CACHE/.build-$VERSION.XXXXXX")"
-trap 'rm -rf "$TMP"' EXIT
+# shellcheck source=lib/versioncache.sh
+. "$HERE/lib/versioncache.sh"
+cache_open "$CACHE" "$VERSION"
+TMP="$CACHE_TMP"
 log "building $VERSION in $TMP"
 
 # Packages (cached separately: the kernel is the slow part).
@@ -343,8 +336,5 @@ rm -f "$TMP/img/VERSION.extra"
 mv "$TMP/img/VERSION.new" "$TMP/img/VERSION"
 
 chmod -R a+rX "$TMP/img"
-rm -rf "$OUT.old"; [ -d "$OUT" ] && mv "$OUT" "$OUT.old"
-mv "$TMP/img" "$OUT"
-rm -rf "$OUT.old"
-log "built $OUT"
-echo "$OUT"
+log "built $CACHE_OUT"
+cache_publish "$TMP/img"
