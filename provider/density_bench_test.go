@@ -174,14 +174,17 @@ type densityImage struct {
 }
 
 func newDensityImage(b *testing.B, env *vmEnv, kernel string) *densityImage {
-	ref, suffix := env.refs[vmtest.VariantACPI], ""
+	// Each kernel's image is pushed under its own tag: env.refs are the
+	// environment's (QK_TESTIMAGE_KERNEL), which need not be Debian's.
+	suffix := ""
 	switch kernel {
 	case vmtest.KernelDebian:
 	case vmtest.KernelMinimal:
-		ref, suffix = vmtest.PushKernelVariant(b, env.reg.Addr, kernel, vmtest.VariantACPI), "-"+kernel
+		suffix = "-" + kernel
 	default:
 		b.Fatalf("QK_BENCH_DENSITY_KERNELS: %q is not %s or %s", kernel, vmtest.KernelDebian, vmtest.KernelMinimal)
 	}
+	ref := vmtest.PushKernelVariant(b, env.reg.Addr, kernel, vmtest.VariantACPI)
 	img, err := env.store.Pull(context.Background(), ref, oci.PullOptions{})
 	if err != nil {
 		b.Fatal(err)
