@@ -11,7 +11,7 @@
 # holding bzImage, config (the full .config) and VERSION.
 #
 # The series is QK_GUEST_KERNEL_SERIES (default 6.1, the series of Debian
-# 12's cloud kernel). Installs linux-source-<series> and the build tools
+# 12's cloud kernel). amd64 hosts only. Installs linux-source-<series> and the build tools
 # (flex, bison, bc, libelf-dev, gcc, make) when missing (root or sudo).
 # Cached by the source package's version, the fragment and the compiler
 # (hack/lib/versioncache.sh: safe under concurrent runs). A cold build takes a
@@ -35,16 +35,21 @@ if [ ${#need[@]} -gt 0 ]; then
   log "installing ${need[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   export DEBIAN_FRONTEND=noninteractive
-  $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >&2 ||
-    { $SUDO apt-get update -qq >&2 && $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >&2; } ||
+  # Two first runs at once (test packages in parallel) wait for each
+  # other's dpkg lock instead of failing on it.
+  APT=(apt-get -o DPkg::Lock::Timeout=600)
+  $SUDO "${APT[@]}" install -y -qq --no-install-recommends "${need[@]}" >&2 ||
+    { $SUDO "${APT[@]}" update -qq >&2 && $SUDO "${APT[@]}" install -y -qq --no-install-recommends "${need[@]}" >&2; } ||
     { log "cannot install ${need[*]}"; exit 1; }
 fi
 
 SRCVER="$(dpkg-query -W -f='${Version}' "$SRCPKG")"
 TARBALL="/usr/src/$SRCPKG.tar.xz"
 [ -f "$TARBALL" ] || { log "$SRCPKG $SRCVER is installed but $TARBALL is missing"; exit 1; }
-GCCVER="$(gcc -dumpfullversion)"
-SUM="$(cat "$FRAGMENT" "$HERE/build-guest-kernel.sh" | sha256sum | cut -c1-12)"
+GCCVER="$(dpkg-query -W -f='${Version}' "gcc-$(gcc -dumpversion)" 2>/dev/null || gcc -dumpfullversion)"
+# The fragment's and this script's lines but comments: editing a comment
+# does not rebuild the kernel.
+SUM="$(cat "$FRAGMENT" "$HERE/build-guest-kernel.sh" | grep -v '^[[:space:]]*#' | sha256sum | cut -c1-12)"
 VERSION="$(echo "${SRCPKG}_${SRCVER}_gcc${GCCVER}_${SUM}" | tr -c 'A-Za-z0-9._\n-' '_')"
 # shellcheck source=lib/versioncache.sh
 . "$HERE/lib/versioncache.sh"
@@ -58,21 +63,28 @@ mk() { make -C "$SRC" -s "$@" >&2; }
 # only if a step fails.
 (cd "$SRC" && make -s tinyconfig && scripts/kconfig/merge_config.sh -m -O . .config "$FRAGMENT" && make -s olddefconfig) >"$TMP/kconfig.log" 2>&1 ||
   { cat "$TMP/kconfig.log" >&2; log "configuring the kernel failed"; exit 1; }
-# Every option the fragment turns on must survive olddefconfig: one whose
-# dependencies are missing is dropped silently, and the image would boot
-# without it.
+# Every option the fragment sets must be so after olddefconfig: one whose
+# dependencies are missing is dropped silently (the image would boot
+# without it), one another option selects stays on.
 missing="$(sed -n 's/^\(CONFIG_[A-Z0-9_]*\)=y$/\1/p' "$FRAGMENT" | while read -r o; do
   grep -qx "$o=y" "$SRC/.config" || echo "$o"
 done)"
 [ -z "$missing" ] || { log "options of $FRAGMENT not in the configuration (a dependency is missing): $(echo "$missing" | tr '\n' ' ')"; exit 1; }
+forced="$(sed -n 's/^\(CONFIG_[A-Z0-9_]*\)=n$/\1/p' "$FRAGMENT" | while read -r o; do
+  grep -qx "$o=y" "$SRC/.config" && echo "$o"
+done || true)"
+[ -z "$forced" ] || { log "options $FRAGMENT turns off are on in the configuration (another option selects them): $(echo "$forced" | tr '\n' ' ')"; exit 1; }
 mk -j"$(nproc)" bzImage KBUILD_BUILD_USER=qemu-kubelet KBUILD_BUILD_HOST=build KBUILD_BUILD_TIMESTAMP="$(date -u -r "$TARBALL" "+%F %T UTC")"
+RELEASE="$(make -C "$SRC" -s kernelrelease)"
+[ -n "$RELEASE" ] || { log "the kernel's release is empty"; exit 1; }
 mkdir -p "$TMP/out"
 cp "$SRC/arch/x86/boot/bzImage" "$TMP/out/bzImage"
 cp "$SRC/.config" "$TMP/out/config"
 {
+  echo "version=$VERSION"
   echo "source_package=$SRCPKG"
   echo "source_version=$SRCVER"
-  echo "kernel_release=$(make -C "$SRC" -s kernelrelease)"
+  echo "kernel_release=$RELEASE"
   echo "gcc=$GCCVER"
   echo "fragment_sum=$SUM"
 } > "$TMP/out/VERSION"

@@ -7,7 +7,9 @@
 #   ${QK_CACHE_DIR:-$HOME/.cache/qemu-kubelet}/testimage/<version>/
 # holding
 #   vmlinuz                    Debian kernel: linux-image-*-cloud-amd64,
-#                              linux-image-*-arm64
+#                              linux-image-*-arm64; with
+#                              QK_TESTIMAGE_KERNEL=minimal (amd64) the
+#                              kernel hack/build-guest-kernel.sh builds
 #   initramfs-acpi.cpio.gz     busybox init (virtio drivers, virtio_balloon for free
 #                              page reporting, at the command line's
 #                              page_reporting.page_reporting_order, which
@@ -43,7 +45,8 @@
 #                              and AAVMF (UEFI), no -kernel
 #   cmdline                    kernel command line for the initramfs variants
 #                              (cgroup.memory=nokmem: the image has no cgroups)
-#   VERSION                    what it was built from
+#   VERSION                    what it was built from (kernel=debian or
+#                              minimal, the packages' versions)
 #
 # Usage: build-test-image.sh [ARCH]   ARCH: a Debian architecture, amd64 or
 # arm64 (default: $QK_TESTIMAGE_ARCH, else the host's). A foreign ARCH's
@@ -124,11 +127,14 @@ esac
 KPKG="${QK_TESTIMAGE_KERNEL_PKG:-}"
 if [ -n "$MINDIR" ]; then
   KPKG="linux-minimal-$(sed -n 's/^kernel_release=//p' "$MINDIR/VERSION")"
-  KVER="$(sed -n 's/^source_version=//p' "$MINDIR/VERSION")_$(sed -n 's/^fragment_sum=//p' "$MINDIR/VERSION")"
+  # The kernel build's own version (source, compiler, fragment): a new
+  # kernel is a new image.
+  KVER="$(sed -n 's/^version=//p' "$MINDIR/VERSION")"
 elif [ -z "$KPKG" ]; then
   KPKG="$(aptcache show --no-all-versions "$KMETA" 2>/dev/null |
     sed -n "s/^Depends: *\(linux-image-[^ ,]*-$ARCH\).*/\1/p" | head -1)"
 fi
+[ -n "$MINDIR" ] && [ -n "${QK_TESTIMAGE_KERNEL_PKG:-}" ] && log "QK_TESTIMAGE_KERNEL_PKG=$QK_TESTIMAGE_KERNEL_PKG is not used: QK_TESTIMAGE_KERNEL=minimal"
 [ -n "$KPKG" ] || { log "cannot resolve the kernel package from $KMETA (apt-get update?)"; exit 1; }
 [ -n "$MINDIR" ] || KVER="$(candidate "$KPKG")"
 [ -n "$KVER" ] || { log "no candidate version for $KPKG"; exit 1; }

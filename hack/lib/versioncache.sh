@@ -8,7 +8,11 @@
 #   lock (flock on DIR/.lock-VERSION, held until the script exits: one build
 #   of a version at a time; a second run waits and then finds it finished),
 #   and sets CACHE_OUT (DIR/VERSION) and CACHE_TMP (a new directory under DIR,
-#   removed when the script exits) for the build.
+#   removed when the script exits) for the build. Build directories a killed
+#   run of the same version left behind are removed first (only the lock's
+#   holder makes them). It holds the lock on file descriptor 9 and sets the
+#   script's EXIT trap: a script using either for something else cannot use
+#   it.
 # cache_publish SRC
 #   Moves the finished build SRC (a directory with a VERSION file, under
 #   CACHE_TMP) to CACHE_OUT in one rename, replacing an older one, and
@@ -22,6 +26,7 @@ cache_open() {
   exec 9>"$dir/.lock-$version"
   flock 9
   if [ -f "$CACHE_OUT/VERSION" ]; then echo "$CACHE_OUT"; exit 0; fi
+  rm -rf "$dir/.build-$version."*
   CACHE_TMP="$(mktemp -d "$dir/.build-$version.XXXXXX")"
   trap 'rm -rf "$CACHE_TMP"' EXIT
 }

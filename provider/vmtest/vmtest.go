@@ -95,8 +95,32 @@ func BuildTestImagesKernel(tb testing.TB, debArch, kernel string) string {
 	}
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	dir := strings.TrimSpace(lines[len(lines)-1])
+	if kernel != "" {
+		// The script falls back to Debian's kernel where the minimal one
+		// is not built (arm64): a caller asking for one kernel must not
+		// measure the other under its name.
+		if got := imageKernel(tb, dir); got != kernel {
+			tb.Fatalf("hack/build-test-image.sh %s with QK_TESTIMAGE_KERNEL=%s built an image with the %s kernel (%s)", debArch, kernel, got, dir)
+		}
+	}
 	built[key] = dir
 	return dir
+}
+
+// imageKernel is the kernel= line of the image directory's VERSION
+// (KernelDebian when it has none).
+func imageKernel(tb testing.TB, dir string) string {
+	tb.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "VERSION"))
+	if err != nil {
+		tb.Fatalf("test image: %v", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, ok := strings.CutPrefix(line, "kernel="); ok {
+			return k
+		}
+	}
+	return KernelDebian
 }
 
 // built memoizes BuildTestImagesKernel's directory by architecture and kernel for the
